@@ -1,0 +1,3 @@
+from turnkeeper.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,343 @@
+"""Configuration: TOML file + `TURNKEEPER_SECTION__KEY` environment overrides, validated by
+pydantic, frozen into an immutable `Policy` snapshot (SPEC 12).
+
+Every turn runs under exactly one Policy; a reload builds a new one and swaps it
+atomically. Unknown keys are errors: a typo in a limit must not silently fall back to a
+default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+EX_CONFIG = 78
+BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify"})
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent run by turnkeeper. Use the tools offered to do the user's task. "
+    "When you are done, answer in plain text. If you cannot finish, call report_blocked "
+    "with what you tried and what you found; if you need the user, call clarify."
+)
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class ConfigError(Exception):
+    """An invalid configuration; the message names each failing key."""
+
+    exit_code = EX_CONFIG
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DaemonConfig(_Section):
+    socket: str = ""
+    socket_mode: str = "0660"
+    allowed_uids: tuple[NonNegInt, ...] = ()
+    allowed_gids: tuple[NonNegInt, ...] = ()
+    state_dir: str = ""
+    max_concurrent_turns: PositiveInt = 64
+    max_queued_turns: NonNegInt = 1000
+    drain_timeout: NonNegFloat = 30.0
+    shutdown_timeout: NonNegFloat = 60.0
+    watch_config: bool = True
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+
+    @field_validator("socket_mode")
+    @classmethod
+    def _octal_mode(cls, v: str) -> str:
+        try:
+            mode = int(v, 8)
+        except ValueError:
+            raise ValueError("must be an octal file mode such as \"0660\"") from None
+        if not 0 <= mode <= 0o777:
+            raise ValueError("must be between 0000 and 0777")
+        return v
+
+    @property
+    def socket_mode_int(self) -> int:
+        return int(self.socket_mode, 8)
+
+
+class AgentConfig(_Section):
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    api_max_retries: NonNegInt = 3
+    max_restarts: NonNegInt = 3
+    auto_recovery_cycles: NonNegInt = 5
+    recovery_schedule: tuple[NonNegFloat, ...] = (15.0, 30.0, 60.0, 60.0, 60.0)
+    recovery_jitter: Annotated[float, Field(ge=0, le=10)] = 0.2
+
+    @field_validator("recovery_schedule")
+    @classmethod
+    def _non_empty(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v:
+            raise ValueError("needs at least one wait")
+        return v
+
+
+class RetryConfig(_Section):
+    base_delay: NonNegFloat = 0.5
+    max_delay: NonNegFloat = 30.0
+    jitter: Literal["full", "decorrelated"] = "full"
+    max_retry_after: NonNegFloat = 120.0
+
+
+class RetryBudgetConfig(_Section):
+    ratio: Annotated[float, Field(ge=0)] = 0.2
+    min_concurrency: NonNegInt = 3
+
+
+class CircuitBreakerConfig(_Section):
+    failure_threshold: PositiveInt = 5
+    cooldown: NonNegFloat = 30.0
+    half_open_probes: PositiveInt = 1
+
+
+class FailureLoopConfig(_Section):
+    deterministic: PositiveInt = 2
+    unknown: PositiveInt = 3
+    retryable: PositiveInt = 5
+
+
+class BudgetConfig(_Section):
+    max_tokens: PositiveInt = 200_000
+    max_seconds: PositiveFloat = 300.0
+    max_steps: PositiveInt = 40
+    max_cost_usd: NonNegFloat = 0.0
+    soft_limit: Annotated[float, Field(gt=0, le=1)] = 0.8
+
+
+class LoopDetectionConfig(_Section):
+    warn_repeats: PositiveInt = 2
+    max_repeats: PositiveInt = 3
+    max_state_revisits: PositiveInt = 2
+    max_no_progress: PositiveInt = 5
+
+
+class ClarifyConfig(_Section):
+    timeout: PositiveFloat = 3600.0
+
+
+class ProviderConfig(_Section):
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    kind: Literal["openai", "anthropic", "scripted"]
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    timeout: PositiveFloat = 60.0
+    stream: bool = True
+    max_output_tokens: PositiveInt = 4096
+    price_input_per_mtok: NonNegFloat = 0.0
+    price_output_per_mtok: NonNegFloat = 0.0
+    max_connections: PositiveInt = 100
+    script: str = ""  # scripted only: path of a script file; empty = the built-in demo
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> ProviderConfig:
+        if self.kind in ("openai", "anthropic") and not self.base_url:
+            raise ValueError(f"provider {self.name!r} of kind {self.kind} needs base_url")
+        if self.kind != "scripted" and self.script:
+            raise ValueError("script is only for providers of kind scripted")
+        return self
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class ToolConfig(_Section):
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
+    kind: Literal["http", "echo"] = "http"
+    description: str = ""
+    url: str = ""
+    method: Literal["POST", "PUT", "PATCH", "GET", "DELETE"] = "POST"
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}})
+    timeout: PositiveFloat = 10.0
+    idempotent: bool = False
+    polling: bool = False
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> ToolConfig:
+        if self.kind == "http" and not self.url:
+            raise ValueError(f"tool {self.name!r} of kind http needs url")
+        if self.name in BUILTIN_TOOL_NAMES:
+            raise ValueError(f"tool name {self.name!r} is reserved for a built-in tool")
+        return self
+
+    def resolved_headers(self) -> dict[str, str]:
+        """Header values `env:NAME` are read from the environment at call time."""
+        out = {}
+        for k, v in self.headers.items():
+            out[k] = os.environ.get(v[4:], "") if v.startswith("env:") else v
+        return out
+
+
+DEFAULT_PROVIDERS = (ProviderConfig(name="scripted", kind="scripted"),)
+DEFAULT_TOOLS = (ToolConfig(name="echo", kind="echo",
+                            description="Echo the arguments back (offline demo tool)",
+                            parameters={"type": "object",
+                                        "properties": {"text": {"type": "string"}}},
+                            idempotent=True),)
+
+
+class Config(BaseSettings):
+    """The whole validated configuration. Immutable."""
+
+    model_config = SettingsConfigDict(env_prefix="TURNKEEPER_", env_nested_delimiter="__",
+                                      extra="forbid", frozen=True, case_sensitive=False)
+
+    daemon: DaemonConfig = DaemonConfig()
+    agent: AgentConfig = AgentConfig()
+    retry: RetryConfig = RetryConfig()
+    retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
+    failure_loop: FailureLoopConfig = FailureLoopConfig()
+    budget: BudgetConfig = BudgetConfig()
+    loop_detection: LoopDetectionConfig = LoopDetectionConfig()
+    clarify: ClarifyConfig = ClarifyConfig()
+    providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
+    tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file (passed as init values).
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        if not self.providers:
+            raise ValueError("providers: at least one provider is needed")
+        for kind, items in (("providers", self.providers), ("tools", self.tools)):
+            seen: set[str] = set()
+            for item in items:
+                if item.name in seen:
+                    raise ValueError(f"{kind}: name {item.name!r} appears twice")
+                seen.add(item.name)
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective config as JSON, secrets replaced: literal header values (an
+        `env:NAME` reference is shown, never its value)."""
+        data = self.model_dump(mode="json")
+        for tool in data["tools"]:
+            tool["headers"] = {k: (v if v.startswith("env:") else "<redacted>")
+                               for k, v in tool["headers"].items()}
+        return data
+
+
+# Keys whose change cannot be applied without a restart (SPEC 9).
+RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "state_dir"),
+                ("daemon", "allowed_uids"), ("daemon", "allowed_gids"))
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """An immutable snapshot of the validated configuration, numbered by the daemon."""
+
+    version: int
+    config: Config
+    source_path: str | None
+    content_hash: str
+
+    def pending_restart(self, new: Config) -> list[str]:
+        out = []
+        for section, key in RESTART_KEYS:
+            if getattr(getattr(self.config, section), key) != getattr(getattr(new, section), key):
+                out.append(f"{section}.{key}")
+        return out
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def read_config_file(path: Path) -> tuple[dict[str, Any], str]:
+    """The parsed TOML and the hash of its bytes. Raises ConfigError naming the file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"invalid configuration ({path}): not valid TOML: {exc}") from None
+    return data, hashlib.sha256(raw).hexdigest()
+
+
+def build_config(data: Mapping[str, Any], source: str = "embedded defaults") -> Config:
+    try:
+        return Config(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def load_config(path: str | Path | None) -> tuple[Config, str]:
+    """Load the config (file or embedded defaults) with environment overrides.
+    Returns it with the hash of the file's content ("" for embedded defaults)."""
+    if path is None or str(path) == "":
+        return build_config({}), ""
+    p = Path(path)
+    data, digest = read_config_file(p)
+    return build_config(data, str(p)), digest
+
+
+def config_path_from_env(cli_value: str | None) -> str | None:
+    return cli_value or os.environ.get("TURNKEEPER_CONFIG") or None
+
+
+def default_state_dir() -> Path:
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "turnkeeper"
+
+
+def default_socket_path() -> Path:
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0]) / "control.sock"
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "turnkeeper" / "control.sock"
+    return Path(f"/tmp/turnkeeper-{os.getuid()}") / "control.sock"
+
+
+def socket_path(config: Config) -> Path:
+    return Path(config.daemon.socket) if config.daemon.socket else default_socket_path()
+
+
+def state_dir(config: Config) -> Path:
+    return Path(config.daemon.state_dir) if config.daemon.state_dir else default_state_dir()

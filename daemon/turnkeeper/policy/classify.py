@@ -1,0 +1,165 @@
+"""Every failed call, model or tool, is classified here before anything counts it (SPEC 4).
+
+The input is one value, `CallFailure`, built at the edge by the provider or tool adapter
+from what it saw (status, headers, body, transport exception). Nothing else decides
+whether a failure is retryable.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class FailureClass(StrEnum):
+    RETRYABLE = "retryable"
+    DETERMINISTIC = "deterministic"
+    UNKNOWN = "unknown"
+
+
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+DETERMINISTIC_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422})
+
+# Transport exception type names (the class name and its bases, as the adapter reports
+# them) that mean the peer did not answer or the connection broke: worth another attempt.
+RETRYABLE_EXCEPTIONS = frozenset({
+    "TimeoutError", "ConnectionError", "ConnectionResetError", "ConnectionRefusedError",
+    "ConnectionAbortedError", "BrokenPipeError", "ServerDisconnectedError",
+    "ClientConnectionError", "ClientConnectorError", "ClientOSError", "ClientPayloadError",
+    "ServerTimeoutError", "SocketTimeoutError", "ConnectionTimeoutError",
+    "IncompleteStream", "CorruptStream", "StalledStream",
+})
+# Exceptions that say the request itself is wrong: sending it again cannot help.
+DETERMINISTIC_EXCEPTIONS = frozenset({
+    "ValueError", "TypeError", "KeyError", "FileNotFoundError", "PermissionError",
+    "JSONDecodeError", "UnicodeDecodeError", "InvalidURL", "MalformedArguments",
+    "UnknownTool", "SchemaViolation",
+})
+
+_OVERFLOW_PATTERNS = re.compile(
+    r"context_length_exceeded|context length|context window|prompt is too long|"
+    r"maximum context|too many tokens|request too large|reduce the length",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CallFailure:
+    """What the edge saw of one failed call. `exception` holds the transport exception's
+    type names, most specific first (e.g. ("ConnectionResetError", "ConnectionError"))."""
+
+    status: int | None = None
+    error_type: str | None = None
+    exception: tuple[str, ...] = ()
+    message: str = ""
+    retry_after_s: float | None = None
+    context_overflow: bool = False
+
+    def describe(self) -> str:
+        parts = []
+        if self.status is not None:
+            parts.append(f"HTTP {self.status}")
+        if self.error_type:
+            parts.append(self.error_type)
+        if self.exception:
+            parts.append(self.exception[0])
+        if self.message:
+            parts.append(self.message[:300])
+        return ": ".join(parts) or "unknown failure"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "error_type": self.error_type,
+                "exception": list(self.exception), "message": self.message,
+                "retry_after_s": self.retry_after_s, "context_overflow": self.context_overflow}
+
+
+def exception_names(exc: BaseException) -> tuple[str, ...]:
+    """The exception's class name and those of its bases up to BaseException."""
+    return tuple(k.__name__ for k in type(exc).__mro__ if k not in (object, BaseException))
+
+
+def classify(failure: CallFailure) -> FailureClass:
+    """Status first (it is the server's own word), then the transport exception, then
+    unknown. A context overflow never reaches here as a failure: it is a rebuild."""
+    if failure.status is not None:
+        if failure.status in RETRYABLE_STATUSES:
+            return FailureClass.RETRYABLE
+        if failure.status in DETERMINISTIC_STATUSES:
+            return FailureClass.DETERMINISTIC
+        if 500 <= failure.status < 600:
+            return FailureClass.RETRYABLE
+        if 400 <= failure.status < 500:
+            return FailureClass.DETERMINISTIC
+    for name in failure.exception:
+        if name in RETRYABLE_EXCEPTIONS:
+            return FailureClass.RETRYABLE
+        if name in DETERMINISTIC_EXCEPTIONS:
+            return FailureClass.DETERMINISTIC
+    return FailureClass.UNKNOWN
+
+
+def classify_exception(exc: BaseException) -> FailureClass:
+    return classify(CallFailure(exception=exception_names(exc), message=str(exc)))
+
+
+def parse_retry_after(value: str | None, *, now_epoch: float) -> float | None:
+    """Retry-After as delta-seconds or an HTTP date; None when absent or unreadable.
+    Negative and past values clamp to 0."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - now_epoch
+    if seconds != seconds or seconds == float("inf"):  # NaN or inf
+        return None
+    return max(0.0, seconds)
+
+
+def retry_after_from_body(body: object, *, now_epoch: float) -> float | None:
+    """`retry_after` at the top of a JSON body or under `error`."""
+    if not isinstance(body, Mapping):
+        return None
+    candidates: list[object] = [body.get("retry_after")]
+    err = body.get("error")
+    if isinstance(err, Mapping):
+        candidates.append(err.get("retry_after"))
+    for c in candidates:
+        if isinstance(c, bool):
+            continue
+        if isinstance(c, int | float):
+            return max(0.0, float(c))
+        if isinstance(c, str):
+            parsed = parse_retry_after(c, now_epoch=now_epoch)
+            if parsed is not None:
+                return parsed
+    return None
+
+
+def retry_after_of(headers: Mapping[str, str], body: object, *,
+                   now_epoch: float) -> float | None:
+    """The header wins; the body is the fallback. Header names are case-insensitive."""
+    for k, v in headers.items():
+        if k.lower() == "retry-after":
+            parsed = parse_retry_after(v, now_epoch=now_epoch)
+            if parsed is not None:
+                return parsed
+    return retry_after_from_body(body, now_epoch=now_epoch)
+
+
+def is_context_overflow(status: int | None, body_text: str) -> bool:
+    """A 400/413 whose body says the prompt does not fit the model's context."""
+    return status in (400, 413) and bool(_OVERFLOW_PATTERNS.search(body_text))

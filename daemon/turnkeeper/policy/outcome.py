@@ -1,0 +1,144 @@
+"""Stop codes, the counter each one names, and the one result every turn ends with (SPEC 7).
+
+The set of codes is closed: a stop that does not fit one of these is a bug, reported as
+`internal`, never as a generic loop error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Status(StrEnum):
+    COMPLETED = "completed"
+    BLOCKED = "blocked"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StopCode(StrEnum):
+    COMPLETED = "completed"
+    BLOCKED = "blocked"
+    BUDGET_TOKENS = "budget.tokens"
+    BUDGET_SECONDS = "budget.seconds"
+    BUDGET_STEPS = "budget.steps"
+    BUDGET_COST = "budget.cost"
+    DEADLINE = "deadline"
+    LOOP_REPEATED_ACTION = "loop.repeated_action"
+    LOOP_STATE_CYCLE = "loop.state_cycle"
+    LOOP_NO_PROGRESS = "loop.no_progress"
+    FAILURE_DETERMINISTIC = "failure.deterministic"
+    FAILURE_UNKNOWN = "failure.unknown"
+    FAILURE_RETRYABLE = "failure.retryable"
+    PROVIDERS_REJECTED = "providers.rejected"
+    PROVIDERS_EXHAUSTED = "providers.exhausted"
+    RESTARTS_EXHAUSTED = "restarts.exhausted"
+    CLARIFY_TIMEOUT = "clarify.timeout"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+# The counter each stop code names (SPEC 7). Codes that end a turn normally name none.
+COUNTER_OF: dict[StopCode, str | None] = {
+    StopCode.COMPLETED: None,
+    StopCode.BLOCKED: None,
+    StopCode.BUDGET_TOKENS: "tokens",
+    StopCode.BUDGET_SECONDS: "seconds",
+    StopCode.BUDGET_STEPS: "steps",
+    StopCode.BUDGET_COST: "cost_usd",
+    StopCode.DEADLINE: "deadline",
+    StopCode.LOOP_REPEATED_ACTION: "repeats",
+    StopCode.LOOP_STATE_CYCLE: "state_revisits",
+    StopCode.LOOP_NO_PROGRESS: "no_progress",
+    StopCode.FAILURE_DETERMINISTIC: "failure_streak",
+    StopCode.FAILURE_UNKNOWN: "failure_streak",
+    StopCode.FAILURE_RETRYABLE: "failure_streak",
+    StopCode.PROVIDERS_REJECTED: "fallback_hops",
+    StopCode.PROVIDERS_EXHAUSTED: "recovery_cycles",
+    StopCode.RESTARTS_EXHAUSTED: "restarts",
+    StopCode.CLARIFY_TIMEOUT: "clarify_seconds",
+    StopCode.CANCELLED: None,
+    StopCode.INTERNAL: None,
+}
+
+# Codes whose turns go to the dead-letter list (SPEC 7).
+DEAD_LETTER_CODES = frozenset({StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
+                               StopCode.INTERNAL})
+
+
+def status_of(code: StopCode) -> Status:
+    """`completed`, `blocked` and `cancelled` map to themselves; `providers.rejected` and
+    `internal` fail the turn; every other code returns partial work."""
+    if code is StopCode.COMPLETED:
+        return Status.COMPLETED
+    if code is StopCode.BLOCKED:
+        return Status.BLOCKED
+    if code is StopCode.CANCELLED:
+        return Status.CANCELLED
+    if code in (StopCode.PROVIDERS_REJECTED, StopCode.INTERNAL):
+        return Status.FAILED
+    return Status.PARTIAL
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """A decision to end the turn: which code, which counter, its value and its limit."""
+
+    code: StopCode
+    message: str
+    value: float | int | None = None
+    limit: float | int | None = None
+
+    @property
+    def counter(self) -> str | None:
+        return COUNTER_OF[self.code]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code.value, "counter": self.counter, "value": self.value,
+                "limit": self.limit, "message": self.message}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Stop:
+        return cls(code=StopCode(data["code"]), message=data.get("message", ""),
+                   value=data.get("value"), limit=data.get("limit"))
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """The one result a turn ends with. Never an exception."""
+
+    stopped_because: Stop
+    answer: str | None = None
+    partial: tuple[str, ...] = ()
+    open_issues: tuple[str, ...] = ()
+    error_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> Status:
+        return status_of(self.stopped_because.code)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "status": self.status.value,
+            "stopped_because": self.stopped_because.to_json(),
+            "answer": self.answer,
+            "partial": list(self.partial),
+            "open_issues": list(self.open_issues),
+        }
+        if self.error_id is not None:
+            out["error_id"] = self.error_id
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TurnResult:
+        known = {"status", "stopped_because", "answer", "partial", "open_issues", "error_id"}
+        return cls(stopped_because=Stop.from_json(data["stopped_because"]),
+                   answer=data.get("answer"), partial=tuple(data.get("partial", ())),
+                   open_issues=tuple(data.get("open_issues", ())),
+                   error_id=data.get("error_id"),
+                   extra={k: v for k, v in data.items() if k not in known})

@@ -1,0 +1,1 @@
+"""Model providers: one small protocol (base.py) and one adapter per wire format."""
