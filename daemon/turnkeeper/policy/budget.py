@@ -1,0 +1,275 @@
+"""The turn's budget: tokens, active seconds, steps, cost and an optional deadline (SPEC 6.1).
+
+Two decisions live here, both taken at the top of a step before anything is spent:
+
+- the hard stop (`BudgetGuard.check`): a spent dimension ends the turn with its own stop
+  code, whatever the model would have liked to do next;
+- the soft note (`BudgetGuard.soft_warning`): once a dimension passes `soft_limit` of its
+  limit the agent is told, once, what is left, so it can wrap up before the hard stop
+  cuts it off mid-thought.
+
+The guard never measures anything. The runner owns the counters (`BudgetUsage`) and the
+clock and passes both in; the guard only compares. Active time (`usage.seconds`) excludes
+time parked in auto-recovery or waiting for a clarify answer; the deadline is absolute
+and counts everything, so it is compared with `now` (epoch seconds), not with usage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from turnkeeper.config import BudgetConfig
+from turnkeeper.policy.outcome import Stop, StopCode
+
+# The keys a submit may override for its own turn (SPEC 10, POST /v1/turns `budget`).
+OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd")
+
+# Soft-warning dimensions, in the order they are reported.
+DIMENSIONS = ("tokens", "seconds", "steps", "cost_usd")
+
+
+def cost_usd(input_tokens: int, output_tokens: int, *, price_input_per_mtok: float,
+             price_output_per_mtok: float) -> float:
+    """Price of one model usage: `(input * price_in + output * price_out) / 1e6`.
+
+    Prices are per million tokens, as providers publish them. Unpriced providers (both
+    prices 0) cost nothing, which is why `max_cost_usd` needs provider prices to mean
+    anything."""
+    return (input_tokens * price_input_per_mtok + output_tokens * price_output_per_mtok) / 1e6
+
+
+def _num(value: float) -> str:
+    """300.0 -> "300", 12.5 -> "12.5": limits read the way an operator wrote them."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:g}"
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLimits:
+    """The limits of one turn: the policy's `[budget]`, adjusted by the submit.
+
+    `max_cost_usd = 0` turns the cost dimension off. `deadline` is absolute (epoch
+    seconds) and `None` when the submit set none."""
+
+    max_tokens: int = 200_000
+    max_seconds: float = 300.0
+    max_steps: int = 40
+    max_cost_usd: float = 0.0
+    soft_limit: float = 0.8
+    deadline: float | None = None
+
+    @classmethod
+    def from_config(cls, config: BudgetConfig, *, overrides: Mapping[str, Any] | None = None,
+                    deadline: float | None = None) -> BudgetLimits:
+        """The policy's budget with the submit's overrides applied.
+
+        A submit may lower or raise any of `OVERRIDABLE` for its own turn. A key set to
+        None is treated as absent. An unknown key or an unusable value raises ValueError
+        naming the key: a typo in a budget must not silently run the turn on defaults."""
+        values: dict[str, Any] = {
+            "max_tokens": config.max_tokens,
+            "max_seconds": config.max_seconds,
+            "max_steps": config.max_steps,
+            "max_cost_usd": config.max_cost_usd,
+        }
+        for key, raw in (overrides or {}).items():
+            if key not in OVERRIDABLE:
+                raise ValueError(f"budget.{key}: unknown key (allowed: {', '.join(OVERRIDABLE)})")
+            if raw is None:
+                continue
+            values[key] = _checked_override(key, raw)
+        if deadline is not None and not math.isfinite(deadline):
+            raise ValueError("deadline: must be a finite time")
+        return cls(soft_limit=config.soft_limit, deadline=deadline, **values)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "max_seconds": self.max_seconds,
+                "max_steps": self.max_steps, "max_cost_usd": self.max_cost_usd,
+                "soft_limit": self.soft_limit, "deadline": self.deadline}
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> BudgetLimits:
+        return cls(max_tokens=int(data["max_tokens"]), max_seconds=float(data["max_seconds"]),
+                   max_steps=int(data["max_steps"]), max_cost_usd=float(data["max_cost_usd"]),
+                   soft_limit=float(data["soft_limit"]),
+                   deadline=None if data.get("deadline") is None else float(data["deadline"]))
+
+
+def _checked_override(key: str, raw: object) -> int | float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise ValueError(f"budget.{key}: must be a number")
+    if key in ("max_tokens", "max_steps"):
+        if not float(raw).is_integer() or raw <= 0:
+            raise ValueError(f"budget.{key}: must be a whole number greater than 0")
+        return int(raw)
+    if key == "max_seconds" and raw <= 0:
+        raise ValueError(f"budget.{key}: must be greater than 0")
+    if key == "max_cost_usd" and raw < 0:
+        raise ValueError(f"budget.{key}: must be 0 (off) or more")
+    return float(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetUsage:
+    """What the turn has spent so far. `seconds` is active time only; `steps` counts
+    steps already run (0 at the top of the first step)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    cost_usd: float = 0.0
+
+    def plus(self, *, tokens: int = 0, seconds: float = 0.0, steps: int = 0,
+             cost_usd: float = 0.0) -> BudgetUsage:
+        """A new usage with the given amounts added: the counters only ever grow."""
+        return replace(self, tokens=self.tokens + tokens, seconds=self.seconds + seconds,
+                       steps=self.steps + steps, cost_usd=self.cost_usd + cost_usd)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "seconds": self.seconds, "steps": self.steps,
+                "cost_usd": self.cost_usd}
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> BudgetUsage:
+        return cls(tokens=int(data.get("tokens", 0)), seconds=float(data.get("seconds", 0.0)),
+                   steps=int(data.get("steps", 0)), cost_usd=float(data.get("cost_usd", 0.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class SoftWarning:
+    """One system note for the agent: which dimensions just passed the soft limit, and
+    what is left, in words a model acts on."""
+
+    dimensions: tuple[str, ...]
+    message: str
+
+
+class BudgetGuard:
+    """Hard stops and soft notes for one turn's budget.
+
+    `check` precedence, first match wins (fixed so that the same usage always names the
+    same counter):
+
+    1. `deadline`       now >= deadline                         value = now, limit = deadline
+    2. `budget.seconds` usage.seconds >= max_seconds
+    3. `budget.tokens`  usage.tokens >= max_tokens
+    4. `budget.cost`    max_cost_usd > 0 and cost >= max_cost_usd
+    5. `budget.steps`   usage.steps >= max_steps  (so a turn runs at most max_steps steps)
+
+    The deadline comes first because it is the caller's own word and counts everything;
+    steps come last because they are only a backstop behind the real budgets.
+
+    The only state is which dimensions were already warned about, so that each warns
+    once per turn; `snapshot`/`restore` carry it across a checkpoint."""
+
+    def __init__(self, limits: BudgetLimits) -> None:
+        self.limits = limits
+        self._warned: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"BudgetGuard(limits={self.limits!r}, warned={sorted(self._warned)!r})"
+
+    @classmethod
+    def from_config(cls, config: BudgetConfig, *, overrides: Mapping[str, Any] | None = None,
+                    deadline: float | None = None) -> BudgetGuard:
+        return cls(BudgetLimits.from_config(config, overrides=overrides, deadline=deadline))
+
+    @property
+    def warned(self) -> frozenset[str]:
+        return frozenset(self._warned)
+
+    def check(self, usage: BudgetUsage, *, now: float) -> Stop | None:
+        """The hard stop, or None when the next step may start."""
+        lim = self.limits
+        if lim.deadline is not None and now >= lim.deadline:
+            when = datetime.fromtimestamp(lim.deadline, tz=UTC).isoformat(timespec="seconds")
+            return Stop(StopCode.DEADLINE, f"deadline {when} passed",
+                        value=now, limit=lim.deadline)
+        if usage.seconds >= lim.max_seconds:
+            return Stop(StopCode.BUDGET_SECONDS,
+                        f"time budget of {_num(lim.max_seconds)} s of active time spent",
+                        value=usage.seconds, limit=lim.max_seconds)
+        if usage.tokens >= lim.max_tokens:
+            return Stop(StopCode.BUDGET_TOKENS, f"token budget of {lim.max_tokens} spent",
+                        value=usage.tokens, limit=lim.max_tokens)
+        if lim.max_cost_usd > 0 and usage.cost_usd >= lim.max_cost_usd:
+            return Stop(StopCode.BUDGET_COST, f"cost budget of {_usd(lim.max_cost_usd)} spent",
+                        value=usage.cost_usd, limit=lim.max_cost_usd)
+        if usage.steps >= lim.max_steps:
+            return Stop(StopCode.BUDGET_STEPS, f"step budget of {lim.max_steps} steps spent",
+                        value=usage.steps, limit=lim.max_steps)
+        return None
+
+    def soft_warning(self, usage: BudgetUsage, *, now: float) -> SoftWarning | None:
+        """A note for each dimension that has reached `soft_limit` of its limit and was
+        not warned about yet; several crossing together make one note. None otherwise.
+
+        The deadline has no soft note: without a start it has no fraction to pass, and
+        `remaining_seconds` already keeps every wait inside it. `now` is taken for that
+        symmetry with `check` and is not used today."""
+        del now
+        lim = self.limits
+        spent = {"tokens": (usage.tokens, lim.max_tokens),
+                 "seconds": (usage.seconds, lim.max_seconds),
+                 "steps": (usage.steps, lim.max_steps),
+                 "cost_usd": (usage.cost_usd, lim.max_cost_usd)}
+        crossed = tuple(
+            dim for dim in DIMENSIONS
+            if dim not in self._warned and spent[dim][1] > 0
+            and spent[dim][0] >= lim.soft_limit * spent[dim][1])
+        if not crossed:
+            return None
+        self._warned.update(crossed)
+        parts = [_left(dim, *spent[dim]) for dim in crossed]
+        message = (f"Budget note: {', '.join(parts)}. Answer now with what you have, or call "
+                   "report_blocked with what you tried and found.")
+        return SoftWarning(dimensions=crossed, message=message)
+
+    def remaining_seconds(self, usage: BudgetUsage, *, now: float) -> float:
+        """Time any wait or timeout may still take: the lesser of active time left and
+        time to the deadline, never negative."""
+        left = self.limits.max_seconds - usage.seconds
+        if self.limits.deadline is not None:
+            left = min(left, self.limits.deadline - now)
+        return max(0.0, left)
+
+    def remaining_tokens(self, usage: BudgetUsage) -> int:
+        return max(0, self.limits.max_tokens - usage.tokens)
+
+    def remaining_steps(self, usage: BudgetUsage) -> int:
+        return max(0, self.limits.max_steps - usage.steps)
+
+    def max_output_tokens(self, usage: BudgetUsage, configured: int) -> int:
+        """The `max_tokens` to ask the model for: the provider's configured output limit,
+        cut to the tokens left so one answer cannot overshoot the budget by much; at
+        least 1 because providers reject 0 (a spent budget is `check`'s to stop)."""
+        return max(1, min(configured, self.remaining_tokens(usage)))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"warned": sorted(self._warned)}
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any], limits: BudgetLimits) -> BudgetGuard:
+        guard = cls(limits)
+        guard._warned = {str(d) for d in data.get("warned", ()) if d in DIMENSIONS}
+        return guard
+
+
+def _left(dim: str, used: float, limit: float) -> str:
+    left = max(0.0, limit - used)
+    if dim == "tokens":
+        return f"{int(left):,} of {int(limit):,} tokens left"
+    if dim == "steps":
+        return f"{int(left)} of {int(limit)} steps left"
+    if dim == "seconds":
+        return f"{math.floor(left)} of {_num(limit)} seconds left"
+    return f"{_usd(left)} of {_usd(limit)} left"

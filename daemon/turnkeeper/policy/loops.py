@@ -1,0 +1,326 @@
+"""Loop detection and the failure loop: the rules that stop a turn going round in circles
+(SPEC 6.2 and the `failure_streak` counter of SPEC 3).
+
+Three different ways to loop, three different counters, never shared:
+
+- `repeats` (`LoopDetector.before_action`): the same call, same arguments, again. Checked
+  before the call runs, so the call that would reach `max_repeats` never executes.
+- `state_revisits` and `no_progress` (`LoopDetector.after_step`): the turn keeps coming
+  back to a state it has seen, or keeps seeing nothing new.
+- `failure_streak` (`FailureLoop`): the same call failing the same way in a row.
+
+A repeat right after a retryable or unknown failure of the same call is a retry, not a
+loop: the failure loop's (higher) retryable threshold governs it, so a tool going through
+a short outage is not mistaken for an agent stuck in a rut.
+
+Keys are hashes of canonical JSON, so `{"a":1,"b":2}` and `{"b":2,"a":1}` are one action:
+argument order cannot hide a repeat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnkeeper.config import FailureLoopConfig, LoopDetectionConfig
+from turnkeeper.policy.classify import FailureClass
+from turnkeeper.policy.outcome import Stop, StopCode
+
+_RETRY_CLASSES = frozenset({FailureClass.RETRYABLE, FailureClass.UNKNOWN})
+
+
+def canonical_json(value: object) -> str:
+    """One spelling for one value: sorted keys, no whitespace, UTF-8 kept as is.
+
+    Raises TypeError for values JSON cannot hold; tool arguments arrive parsed from JSON,
+    so that is a bug at the caller, not a case to paper over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def action_key(tool: str, arguments: object) -> str:
+    """sha256 hex of the tool name and the canonical JSON of its arguments. A newline
+    separates them; tool names cannot contain one (ToolConfig's name pattern)."""
+    return _sha256(f"{tool}\n{canonical_json(arguments)}")
+
+
+def observation_key(text: str) -> str:
+    return _sha256(text)
+
+
+def state_key(observations: Sequence[str]) -> str:
+    """The hash of one step's observations, order ignored: the same results of calls the
+    model happened to list in another order are the same state."""
+    return _sha256(canonical_json(sorted(observation_key(o) for o in observations)))
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _times(n: int) -> str:
+    return "1 time" if n == 1 else f"{n} times"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One tool call as loop detection sees it. `polling` comes from the tool's config:
+    a status poll legitimately repeats itself."""
+
+    tool: str
+    key: str
+    polling: bool = False
+
+    @classmethod
+    def of(cls, tool: str, arguments: object, *, polling: bool = False) -> Action:
+        return cls(tool=tool, key=action_key(tool, arguments), polling=polling)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopWarning:
+    """A note for the agent: it is repeating itself and the next repeats stop the turn."""
+
+    code: str
+    message: str
+    count: int
+    limit: int
+
+
+class LoopDetector:
+    """Repeated actions, state cycles and steps without progress, for one turn.
+
+    - `before_action`: the n-th identical (non-polling) action of the turn; from
+      `warn_repeats` on, every further repeat gets a `LoopWarning` (each is the agent
+      ignoring the last note); at `max_repeats` the turn stops before the call runs.
+      A repeat whose previous occurrence ended in a retryable or unknown failure is a
+      retry and is not counted.
+    - `after_step`: a state seen again for the `max_state_revisits`-th time stops the
+      turn (`loop.state_cycle`; checked first, being the more specific diagnosis);
+      `max_no_progress` consecutive steps with no observation new to the turn stop it
+      (`loop.no_progress`). Steps without observations (a final answer) and steps made
+      only of polling calls are not recorded: they neither count nor reset.
+    """
+
+    def __init__(self, *, warn_repeats: int = 2, max_repeats: int = 3,
+                 max_state_revisits: int = 2, max_no_progress: int = 5) -> None:
+        for name, value in (("warn_repeats", warn_repeats), ("max_repeats", max_repeats),
+                            ("max_state_revisits", max_state_revisits),
+                            ("max_no_progress", max_no_progress)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        self.warn_repeats = warn_repeats
+        self.max_repeats = max_repeats
+        self.max_state_revisits = max_state_revisits
+        self.max_no_progress = max_no_progress
+        self._repeats: dict[str, int] = {}
+        self._last_outcome: dict[str, FailureClass | None] = {}
+        self._state_visits: dict[str, int] = {}
+        self._seen: set[str] = set()
+        self._no_progress = 0
+
+    def __repr__(self) -> str:
+        return (f"LoopDetector(warn_repeats={self.warn_repeats}, "
+                f"max_repeats={self.max_repeats}, max_state_revisits="
+                f"{self.max_state_revisits}, max_no_progress={self.max_no_progress}, "
+                f"actions={len(self._repeats)}, states={len(self._state_visits)}, "
+                f"observations={len(self._seen)}, no_progress={self._no_progress})")
+
+    @classmethod
+    def from_config(cls, config: LoopDetectionConfig) -> LoopDetector:
+        return cls(warn_repeats=config.warn_repeats, max_repeats=config.max_repeats,
+                   max_state_revisits=config.max_state_revisits,
+                   max_no_progress=config.max_no_progress)
+
+    def repeats(self, key: str) -> int:
+        """How many times the action with this key has counted as a repeat this turn."""
+        return self._repeats.get(key, 0)
+
+    @property
+    def no_progress(self) -> int:
+        """The current streak of steps without a new observation."""
+        return self._no_progress
+
+    def state_revisits(self, key: str) -> int:
+        return max(0, self._state_visits.get(key, 0) - 1)
+
+    def before_action(self, action: Action) -> Stop | LoopWarning | None:
+        """Call before the tool call runs. A Stop means: do not run it, end the turn."""
+        if action.polling:
+            return None
+        if action.key in self._last_outcome and self._last_outcome[action.key] in _RETRY_CLASSES:
+            return None
+        count = self._repeats.get(action.key, 0) + 1
+        self._repeats[action.key] = count
+        if count >= self.max_repeats:
+            return Stop(StopCode.LOOP_REPEATED_ACTION,
+                        f"{action.tool} called with the same arguments {count} times "
+                        f"(limit {self.max_repeats})",
+                        value=count, limit=self.max_repeats)
+        if count >= self.warn_repeats:
+            return LoopWarning(
+                code=StopCode.LOOP_REPEATED_ACTION.value,
+                message=(f"Loop note: this is the {_ordinal(count)} call to {action.tool} with "
+                         f"these same arguments in this turn. The {_ordinal(self.max_repeats)} "
+                         "identical call will stop the turn: try something different, answer "
+                         "with what you have, or call report_blocked."),
+                count=count, limit=self.max_repeats)
+        return None
+
+    def after_action(self, action: Action, outcome: FailureClass | None) -> None:
+        """Record how the call ended (None = success); a retry is judged by it."""
+        if action.polling:
+            return
+        self._last_outcome[action.key] = outcome
+
+    def after_step(self, observations: Sequence[str], *, state: str | None = None,
+                   polling_only: bool = False) -> Stop | None:
+        """Call after the step's tool calls, with their results. `state` is the value a
+        tool declared for the step, if any; otherwise the observations make the state."""
+        if polling_only or not observations:
+            return None
+        key = state if state is not None else state_key(observations)
+        visits = self._state_visits.get(key, 0) + 1
+        self._state_visits[key] = visits
+        new = {observation_key(o) for o in observations} - self._seen
+        self._seen.update(new)
+        self._no_progress = 0 if new else self._no_progress + 1
+        revisits = visits - 1
+        if revisits >= self.max_state_revisits:
+            return Stop(StopCode.LOOP_STATE_CYCLE,
+                        f"the same state came back {_times(revisits)} "
+                        f"(limit {self.max_state_revisits})",
+                        value=revisits, limit=self.max_state_revisits)
+        if self._no_progress >= self.max_no_progress:
+            return Stop(StopCode.LOOP_NO_PROGRESS,
+                        f"{self._no_progress} steps in a row found nothing new "
+                        f"(limit {self.max_no_progress})",
+                        value=self._no_progress, limit=self.max_no_progress)
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "repeats": dict(self._repeats),
+            "last_outcome": {k: (None if v is None else v.value)
+                             for k, v in self._last_outcome.items()},
+            "state_visits": dict(self._state_visits),
+            "seen": sorted(self._seen),
+            "no_progress": self._no_progress,
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any], *, warn_repeats: int = 2, max_repeats: int = 3,
+                max_state_revisits: int = 2, max_no_progress: int = 5) -> LoopDetector:
+        det = cls(warn_repeats=warn_repeats, max_repeats=max_repeats,
+                  max_state_revisits=max_state_revisits, max_no_progress=max_no_progress)
+        det._repeats = {str(k): int(v) for k, v in data.get("repeats", {}).items()}
+        det._last_outcome = {str(k): (None if v is None else FailureClass(v))
+                             for k, v in data.get("last_outcome", {}).items()}
+        det._state_visits = {str(k): int(v) for k, v in data.get("state_visits", {}).items()}
+        det._seen = {str(k) for k in data.get("seen", ())}
+        det._no_progress = int(data.get("no_progress", 0))
+        return det
+
+
+_FAILURE_CODES = {
+    FailureClass.DETERMINISTIC: StopCode.FAILURE_DETERMINISTIC,
+    FailureClass.UNKNOWN: StopCode.FAILURE_UNKNOWN,
+    FailureClass.RETRYABLE: StopCode.FAILURE_RETRYABLE,
+}
+
+
+class FailureLoop:
+    """Consecutive identical tool failures (SPEC 3 `failure_streak`).
+
+    Signature = tool + canonical arguments + failure class. A failure with the signature
+    of the previous failure extends its streak; any other failure starts a new streak of
+    1 (a different failure resets the others). A success of the same call (any class)
+    resets it; successes of other calls do not. The turn stops when the streak reaches
+    the threshold of its class: deterministic 2, unknown 3, retryable 5 by default.
+
+    Only tool failures are recorded here: provider retries and auto-recovery never
+    consume these thresholds."""
+
+    def __init__(self, *, deterministic: int = 2, unknown: int = 3, retryable: int = 5) -> None:
+        for name, value in (("deterministic", deterministic), ("unknown", unknown),
+                            ("retryable", retryable)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        self.thresholds: dict[FailureClass, int] = {
+            FailureClass.DETERMINISTIC: deterministic,
+            FailureClass.UNKNOWN: unknown,
+            FailureClass.RETRYABLE: retryable,
+        }
+        self._signature: str | None = None
+        self._streak = 0
+
+    def __repr__(self) -> str:
+        t = self.thresholds
+        return (f"FailureLoop(deterministic={t[FailureClass.DETERMINISTIC]}, "
+                f"unknown={t[FailureClass.UNKNOWN]}, retryable={t[FailureClass.RETRYABLE]}, "
+                f"signature={self._signature!r}, streak={self._streak})")
+
+    @classmethod
+    def from_config(cls, config: FailureLoopConfig) -> FailureLoop:
+        return cls(deterministic=config.deterministic, unknown=config.unknown,
+                   retryable=config.retryable)
+
+    @staticmethod
+    def signature(tool: str, arguments: object, failure_class: FailureClass) -> str:
+        """`<action key>:<class>`: readable class, and the call's own key as a prefix so a
+        success of that call finds its streak whatever the class."""
+        return f"{action_key(tool, arguments)}:{FailureClass(failure_class).value}"
+
+    @property
+    def streak(self) -> int:
+        """The current streak (of the last failure's signature); 0 after a reset."""
+        return self._streak
+
+    @property
+    def current_signature(self) -> str | None:
+        return self._signature
+
+    def streak_of(self, tool: str, arguments: object, failure_class: FailureClass) -> int:
+        sig = self.signature(tool, arguments, failure_class)
+        return self._streak if sig == self._signature else 0
+
+    def record_failure(self, tool: str, arguments: object,
+                       failure_class: FailureClass) -> Stop | None:
+        """Count one classified tool failure; a Stop when its streak hits the threshold."""
+        cls_ = FailureClass(failure_class)
+        sig = self.signature(tool, arguments, cls_)
+        if sig == self._signature:
+            self._streak += 1
+        else:
+            self._signature, self._streak = sig, 1
+        limit = self.thresholds[cls_]
+        if self._streak >= limit:
+            return Stop(_FAILURE_CODES[cls_],
+                        f"{tool} failed {self._streak} times in a row with the same arguments "
+                        f"({cls_.value} failure, limit {limit})",
+                        value=self._streak, limit=limit)
+        return None
+
+    def record_success(self, tool: str, arguments: object) -> None:
+        """A success of this call clears its streak, whatever class it was failing with."""
+        if self._signature is not None and self._signature.startswith(
+                action_key(tool, arguments) + ":"):
+            self._signature, self._streak = None, 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"signature": self._signature, "streak": self._streak}
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any], *, deterministic: int = 2, unknown: int = 3,
+                retryable: int = 5) -> FailureLoop:
+        loop = cls(deterministic=deterministic, unknown=unknown, retryable=retryable)
+        sig = data.get("signature")
+        loop._signature = None if sig is None else str(sig)
+        loop._streak = int(data.get("streak", 0)) if sig is not None else 0
+        return loop

@@ -1,0 +1,231 @@
+"""The turn budget (SPEC 6.1): hard stops, soft notes, what is left."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from turnkeeper.config import BudgetConfig
+from turnkeeper.policy.budget import (
+    BudgetGuard,
+    BudgetLimits,
+    BudgetUsage,
+    SoftWarning,
+    cost_usd,
+)
+from turnkeeper.policy.outcome import Stop, StopCode
+
+NOW = 1_700_000_000.0
+
+
+def guard(**limits: object) -> BudgetGuard:
+    return BudgetGuard(BudgetLimits(**limits))  # type: ignore[arg-type]
+
+
+def test_limits_come_from_config() -> None:
+    limits = BudgetLimits.from_config(BudgetConfig())
+    assert limits == BudgetLimits(max_tokens=200_000, max_seconds=300.0, max_steps=40,
+                                  max_cost_usd=0.0, soft_limit=0.8, deadline=None)
+
+
+def test_submit_may_lower_or_raise_its_own_budget() -> None:
+    limits = BudgetLimits.from_config(
+        BudgetConfig(), overrides={"max_tokens": 500_000, "max_steps": 5, "max_seconds": 30,
+                                   "max_cost_usd": 1.5}, deadline=NOW + 60)
+    assert limits == BudgetLimits(max_tokens=500_000, max_seconds=30.0, max_steps=5,
+                                  max_cost_usd=1.5, soft_limit=0.8, deadline=NOW + 60)
+
+
+def test_override_set_to_none_keeps_the_policy_value() -> None:
+    limits = BudgetLimits.from_config(BudgetConfig(), overrides={"max_tokens": None})
+    assert limits.max_tokens == 200_000
+
+
+@pytest.mark.parametrize(("overrides", "names"), [
+    ({"max_tokenz": 5}, "budget.max_tokenz"),
+    ({"max_tokens": 0}, "budget.max_tokens"),
+    ({"max_steps": 2.5}, "budget.max_steps"),
+    ({"max_seconds": -1}, "budget.max_seconds"),
+    ({"max_cost_usd": -0.01}, "budget.max_cost_usd"),
+    ({"max_tokens": True}, "budget.max_tokens"),
+    ({"max_tokens": "100"}, "budget.max_tokens"),
+])
+def test_a_bad_override_is_an_error_naming_the_key(overrides: dict[str, object],
+                                                   names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        BudgetLimits.from_config(BudgetConfig(), overrides=overrides)
+
+
+def test_nothing_spent_nothing_stops() -> None:
+    assert guard().check(BudgetUsage(), now=NOW) is None
+
+
+def test_token_budget_stops_when_spent() -> None:
+    g = guard(max_tokens=1000)
+    assert g.check(BudgetUsage(tokens=999), now=NOW) is None
+    stop = g.check(BudgetUsage(tokens=1234), now=NOW)
+    assert stop == Stop(StopCode.BUDGET_TOKENS, "token budget of 1000 spent",
+                        value=1234, limit=1000)
+    assert stop.counter == "tokens"
+
+
+def test_seconds_budget_counts_active_time_only() -> None:
+    g = guard(max_seconds=300.0)
+    # an hour of wall time parked in recovery is not active time
+    assert g.check(BudgetUsage(seconds=299.5), now=NOW + 3600) is None
+    assert g.check(BudgetUsage(seconds=300.0), now=NOW) == Stop(
+        StopCode.BUDGET_SECONDS, "time budget of 300 s of active time spent",
+        value=300.0, limit=300.0)
+
+
+def test_cost_budget_is_off_at_zero() -> None:
+    assert guard(max_cost_usd=0.0).check(BudgetUsage(cost_usd=1e6), now=NOW) is None
+
+
+def test_cost_budget_stops_when_on_and_spent() -> None:
+    g = guard(max_cost_usd=2.0)
+    assert g.check(BudgetUsage(cost_usd=1.99), now=NOW) is None
+    assert g.check(BudgetUsage(cost_usd=2.5), now=NOW) == Stop(
+        StopCode.BUDGET_COST, "cost budget of $2.00 spent", value=2.5, limit=2.0)
+
+
+def test_steps_budget_allows_exactly_max_steps() -> None:
+    g = guard(max_steps=3)
+    usage = BudgetUsage()
+    ran = 0
+    while g.check(usage, now=NOW) is None:
+        ran += 1
+        usage = usage.plus(steps=1)
+    assert ran == 3
+    assert g.check(usage, now=NOW) == Stop(StopCode.BUDGET_STEPS,
+                                           "step budget of 3 steps spent", value=3, limit=3)
+
+
+def test_deadline_counts_everything() -> None:
+    g = guard(deadline=NOW + 60)
+    # no active time spent at all, yet the deadline has passed: it is wall time
+    assert g.check(BudgetUsage(), now=NOW + 59.9) is None
+    stop = g.check(BudgetUsage(), now=NOW + 61)
+    assert stop == Stop(StopCode.DEADLINE, "deadline 2023-11-14T22:14:20+00:00 passed",
+                        value=NOW + 61, limit=NOW + 60)
+    assert stop.counter == "deadline"
+
+
+def test_precedence_is_deadline_seconds_tokens_cost_steps() -> None:
+    g = guard(max_tokens=10, max_seconds=10.0, max_steps=10, max_cost_usd=1.0,
+              deadline=NOW)
+    everything = BudgetUsage(tokens=10, seconds=10.0, steps=10, cost_usd=1.0)
+    assert g.check(everything, now=NOW).code is StopCode.DEADLINE  # type: ignore[union-attr]
+    codes = []
+    for usage in (everything,
+                  BudgetUsage(tokens=10, steps=10, cost_usd=1.0),
+                  BudgetUsage(steps=10, cost_usd=1.0),
+                  BudgetUsage(steps=10)):
+        stop = g.check(usage, now=NOW - 1)
+        assert stop is not None
+        codes.append(stop.code)
+    assert codes == [StopCode.BUDGET_SECONDS, StopCode.BUDGET_TOKENS, StopCode.BUDGET_COST,
+                     StopCode.BUDGET_STEPS]
+
+
+def test_soft_warning_says_what_is_left() -> None:
+    g = guard()
+    warning = g.soft_warning(BudgetUsage(tokens=162_000, steps=37), now=NOW)
+    assert warning == SoftWarning(
+        dimensions=("tokens", "steps"),
+        message="Budget note: 38,000 of 200,000 tokens left, 3 of 40 steps left. Answer now "
+                "with what you have, or call report_blocked with what you tried and found.")
+
+
+def test_soft_warning_once_per_dimension() -> None:
+    g = guard(max_steps=10, max_tokens=1000)
+    assert g.soft_warning(BudgetUsage(steps=7, tokens=100), now=NOW) is None
+    first = g.soft_warning(BudgetUsage(steps=8, tokens=100), now=NOW)
+    assert first is not None and first.dimensions == ("steps",)
+    assert g.soft_warning(BudgetUsage(steps=9, tokens=100), now=NOW) is None
+    second = g.soft_warning(BudgetUsage(steps=9, tokens=850), now=NOW)
+    assert second is not None and second.dimensions == ("tokens",)
+    assert g.soft_warning(BudgetUsage(steps=9, tokens=990), now=NOW) is None
+    assert g.warned == frozenset({"steps", "tokens"})
+
+
+def test_soft_warning_for_seconds_and_cost() -> None:
+    g = guard(max_seconds=300.0, max_cost_usd=2.0)
+    warning = g.soft_warning(BudgetUsage(seconds=251.4, cost_usd=1.6), now=NOW)
+    assert warning is not None
+    assert warning.dimensions == ("seconds", "cost_usd")
+    assert warning.message.startswith(
+        "Budget note: 48 of 300 seconds left, $0.40 of $2.00 left. ")
+
+
+def test_soft_warning_ignores_cost_when_off() -> None:
+    assert guard(max_cost_usd=0.0).soft_warning(BudgetUsage(cost_usd=5.0), now=NOW) is None
+
+
+def test_remaining_seconds_bounded_by_deadline() -> None:
+    g = guard(max_seconds=300.0, deadline=NOW + 20)
+    assert g.remaining_seconds(BudgetUsage(seconds=100.0), now=NOW) == 20.0
+    assert g.remaining_seconds(BudgetUsage(seconds=290.0), now=NOW) == 10.0
+    assert g.remaining_seconds(BudgetUsage(seconds=0.0), now=NOW + 25) == 0.0
+
+
+def test_remaining_seconds_is_never_negative() -> None:
+    assert guard(max_seconds=300.0).remaining_seconds(BudgetUsage(seconds=400.0),
+                                                      now=NOW) == 0.0
+
+
+def test_remaining_tokens_and_steps() -> None:
+    g = guard(max_tokens=1000, max_steps=4)
+    assert g.remaining_tokens(BudgetUsage(tokens=300)) == 700
+    assert g.remaining_tokens(BudgetUsage(tokens=3000)) == 0
+    assert g.remaining_steps(BudgetUsage(steps=1)) == 3
+
+
+def test_max_output_tokens_never_exceeds_tokens_left() -> None:
+    g = guard(max_tokens=10_000)
+    assert g.max_output_tokens(BudgetUsage(tokens=1000), 4096) == 4096
+    assert g.max_output_tokens(BudgetUsage(tokens=9000), 4096) == 1000
+    assert g.max_output_tokens(BudgetUsage(tokens=10_000), 4096) == 1
+    assert g.max_output_tokens(BudgetUsage(tokens=12_000), 4096) == 1
+
+
+def test_cost_is_priced_per_million_tokens() -> None:
+    assert cost_usd(1_000_000, 500_000, price_input_per_mtok=3.0,
+                    price_output_per_mtok=15.0) == 10.5
+    assert cost_usd(1234, 567, price_input_per_mtok=0.0, price_output_per_mtok=0.0) == 0.0
+
+
+def test_usage_only_grows_by_plus() -> None:
+    usage = BudgetUsage().plus(tokens=100, seconds=1.5, steps=1, cost_usd=0.25)
+    assert usage.plus(tokens=50, steps=1) == BudgetUsage(tokens=150, seconds=1.5, steps=2,
+                                                         cost_usd=0.25)
+
+
+def test_snapshot_restore_continues_exactly() -> None:
+    limits = BudgetLimits(max_tokens=1000, max_steps=10, deadline=NOW + 60)
+    g = BudgetGuard(limits)
+    assert g.soft_warning(BudgetUsage(steps=8), now=NOW) is not None
+    usage = BudgetUsage(tokens=700, seconds=12.5, steps=8, cost_usd=0.5)
+    data = json.loads(json.dumps({"guard": g.snapshot(), "limits": limits.snapshot(),
+                                  "usage": usage.snapshot()}))
+    restored_limits = BudgetLimits.restore(data["limits"])
+    restored = BudgetGuard.restore(data["guard"], restored_limits)
+    restored_usage = BudgetUsage.restore(data["usage"])
+    assert restored_limits == limits
+    assert restored_usage == usage
+    # steps was already warned about: only tokens warns now, exactly as the original would
+    later = restored_usage.plus(tokens=100, steps=1)
+    warning = restored.soft_warning(later, now=NOW)
+    assert warning is not None and warning.dimensions == ("tokens",)
+    assert restored.soft_warning(later, now=NOW) is None
+    assert restored.check(later.plus(steps=1), now=NOW) == Stop(
+        StopCode.BUDGET_STEPS, "step budget of 10 steps spent", value=10, limit=10)
+
+
+def test_guard_repr_shows_limits_and_warnings() -> None:
+    g = guard(max_steps=10)
+    g.soft_warning(BudgetUsage(steps=9), now=NOW)
+    assert repr(g) == (
+        "BudgetGuard(limits=BudgetLimits(max_tokens=200000, max_seconds=300.0, max_steps=10, "
+        "max_cost_usd=0.0, soft_limit=0.8, deadline=None), warned=['steps'])")
