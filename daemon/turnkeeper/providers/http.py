@@ -1,0 +1,272 @@
+"""What the OpenAI and Anthropic adapters share: one aiohttp session, SSE framing, and the
+translation of everything that can go wrong on the wire into one `CallFailure`.
+
+Rules kept here so both adapters obey them alike:
+
+- one attempt per call: no library-level retries, no sleeping;
+- every failure leaves as `ProviderError(CallFailure)`, never a bare exception and never a
+  shortened answer; `CancelledError` is never caught;
+- the API key never appears in a failure message (it is redacted from anything a server or
+  an exception says);
+- low CPU per call: the URL, headers and timeouts are built once and reused, JSON is
+  parsed once, and SSE is split on bytes without a per-line coroutine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from turnkeeper.policy.classify import (
+    CallFailure,
+    exception_names,
+    is_context_overflow,
+    parse_retry_after,
+    retry_after_of,
+)
+from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError
+
+# What a broken transport raises: aiohttp's own errors, timeouts (asyncio.TimeoutError is
+# the builtin TimeoutError on 3.11) and socket errors.
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError, OSError)
+
+MESSAGE_LIMIT = 500
+_ERROR_BODY_LIMIT = 64 * 1024
+
+INCOMPLETE = ("IncompleteStream",)
+CORRUPT = ("CorruptStream",)
+STALLED = ("StalledStream", "TimeoutError")
+STREAM_ERROR = ("StreamError",)
+
+
+class HttpClient:
+    """One aiohttp session per provider, created lazily inside the running loop.
+
+    Timeouts follow the request: `connect = min(10, t)`, `sock_read = t` (so a stream that
+    sends nothing for `t` seconds fails), no total (a long stream is fine while it moves).
+    The `ClientTimeout` is cached per distinct `t` value: most calls reuse the last one.
+    """
+
+    __slots__ = ("_headers", "_limit", "_secret", "_session", "_timeout", "_timeout_s", "url")
+
+    def __init__(self, url: str, headers: Mapping[str, str], *, max_connections: int,
+                 secret: str | None) -> None:
+        self.url = URL(url)
+        self._headers = dict(headers)
+        self._limit = max_connections
+        self._secret = secret or None
+        self._session: aiohttp.ClientSession | None = None
+        self._timeout_s = -1.0
+        self._timeout = aiohttp.ClientTimeout(total=None)
+
+    def session(self) -> aiohttp.ClientSession:
+        s = self._session
+        if s is None or s.closed:
+            connector = aiohttp.TCPConnector(limit=self._limit)
+            s = self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, raise_for_status=False,
+                trust_env=False, timeout=aiohttp.ClientTimeout(total=None))
+        return s
+
+    def timeout(self, timeout_s: float) -> aiohttp.ClientTimeout:
+        t = max(float(timeout_s), 0.001)
+        if t != self._timeout_s:
+            self._timeout = aiohttp.ClientTimeout(total=None, connect=min(10.0, t), sock_read=t)
+            self._timeout_s = t
+        return self._timeout
+
+    async def post(self, body: bytes, timeout_s: float) -> aiohttp.ClientResponse:
+        """Send one request; a transport failure before the status line is a `ProviderError`.
+        The caller owns the response and must `release()` it."""
+        try:
+            return await self.session().post(self.url, data=body,
+                                             timeout=self.timeout(timeout_s))
+        except TRANSPORT_ERRORS as exc:
+            raise ProviderError(self.transport_failure(exc)) from exc
+
+    async def aclose(self) -> None:
+        s, self._session = self._session, None
+        if s is not None and not s.closed:
+            await s.close()
+
+    # -- failures ------------------------------------------------------------------------
+
+    def redact(self, text: str) -> str:
+        if self._secret and self._secret in text:
+            text = text.replace(self._secret, "[redacted]")
+        return text[:MESSAGE_LIMIT]
+
+    def transport_failure(self, exc: BaseException) -> CallFailure:
+        return CallFailure(exception=exception_names(exc), message=self.redact(str(exc)))
+
+    def stream_read_failure(self, exc: BaseException) -> CallFailure:
+        """A fault while reading the body of a started stream: a timeout is a stall."""
+        if isinstance(exc, TimeoutError):
+            return CallFailure(exception=STALLED,
+                               message="no data within the read timeout")
+        return self.transport_failure(exc)
+
+    def stream_failure(self, names: tuple[str, ...], message: str) -> CallFailure:
+        return CallFailure(exception=names, message=self.redact(message))
+
+    def stream_error_event(self, obj: Mapping[str, Any]) -> CallFailure:
+        """An error the server sent inside a started (HTTP 200) stream."""
+        error_type, message = error_fields(obj)
+        return CallFailure(error_type=error_type, exception=STREAM_ERROR,
+                           message=self.redact(message or "error event in stream"))
+
+    async def http_failure(self, resp: aiohttp.ClientResponse) -> CallFailure:
+        """An HTTP status >= 400: the server's own word on type, message and Retry-After."""
+        status = resp.status
+        try:
+            raw = await resp.content.read(_ERROR_BODY_LIMIT)
+        except TRANSPORT_ERRORS as exc:
+            return CallFailure(status=status, exception=exception_names(exc),
+                               message=self.redact(str(exc)),
+                               retry_after_s=retry_after_header(resp.headers))
+        text = raw.decode("utf-8", "replace")
+        parsed = loads(raw)
+        error_type, message = error_fields(parsed)
+        retry_after = retry_after_header(resp.headers)
+        if retry_after is None:
+            retry_after = retry_after_of(resp.headers, parsed, now_epoch=time.time())
+        return CallFailure(
+            status=status, error_type=error_type,
+            message=self.redact(message or text.strip() or (resp.reason or "")),
+            retry_after_s=retry_after, context_overflow=is_context_overflow(status, text))
+
+
+def retry_after_header(headers: Mapping[str, str]) -> float | None:
+    """`retry-after-ms` (sent by OpenAI and Anthropic, and honoured by their SDKs) is the
+    precise form of Retry-After; `classify.retry_after_of` reads the standard header."""
+    ms = headers.get("retry-after-ms")
+    if ms is None:
+        return None
+    seconds = parse_retry_after(ms, now_epoch=0.0)
+    return None if seconds is None else seconds / 1000.0
+
+
+def error_fields(body: object) -> tuple[str | None, str]:
+    """`error.type` (else `error.code`) and `error.message` of an OpenAI or Anthropic
+    error body; a bare string `error` is the message."""
+    if not isinstance(body, Mapping):
+        return None, ""
+    err = body.get("error")
+    if isinstance(err, str):
+        return None, err
+    if not isinstance(err, Mapping):
+        msg = body.get("message")
+        return None, msg if isinstance(msg, str) else ""
+    etype = err.get("type") or err.get("code")
+    msg = err.get("message")
+    return (str(etype) if etype else None), (msg if isinstance(msg, str) else "")
+
+
+class SSEDecoder:
+    """Server-sent events, sans I/O: feed raw bytes, get the `data` payload of each
+    complete event (multi-line data joined with newlines, comments and other fields
+    skipped). Lines may end in LF or CRLF."""
+
+    __slots__ = ("_buf", "_data")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buf + chunk if self._buf else chunk
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        out: list[bytes] = []
+        data = self._data
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if data:
+                    out.append(data[0] if len(data) == 1 else b"\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data:"):
+                payload = line[5:]
+                data.append(payload[1:] if payload.startswith(b" ") else payload)
+        return out
+
+    def flush(self) -> list[bytes]:
+        """At end of stream: an event whose blank line never came still counts."""
+        out = self.feed(b"\n\n") if (self._buf or self._data) else []
+        self._buf = b""
+        return out
+
+
+def loads(data: bytes) -> Any:
+    """JSON from the wire, or None when it is not valid JSON (the caller names the fault)."""
+    try:
+        return json.loads(data)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        return None
+
+
+def dumps(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def shape_failure(what: str) -> CallFailure:
+    return CallFailure(exception=CORRUPT, message=what)
+
+
+async def exchange(client: HttpClient, body: bytes, timeout_s: float, *, stream: bool,
+                   parse: Callable[[Any], ModelReply],
+                   read_stream: Callable[[aiohttp.ClientResponse, DeltaSink | None],
+                                         Awaitable[ModelReply]],
+                   on_delta: DeltaSink | None) -> ModelReply:
+    """One attempt: POST, check the status, then read a JSON body (bounded as a whole by
+    `timeout_s`) or hand a started stream to `read_stream`. The response is always
+    released, also when the call is cancelled."""
+    if stream:
+        resp = await client.post(body, timeout_s)
+        try:
+            if resp.status >= 400:
+                raise ProviderError(await client.http_failure(resp))
+            if resp.content_type != "application/json":
+                return await read_stream(resp, on_delta)
+            # A server that ignored `stream` and answered with one JSON body.
+            raw = await _read_body(client, resp)
+        finally:
+            resp.release()
+        return _parse_body(raw, parse)
+    try:
+        async with asyncio.timeout(timeout_s):
+            resp = await client.post(body, timeout_s)
+            try:
+                if resp.status >= 400:
+                    raise ProviderError(await client.http_failure(resp))
+                raw = await _read_body(client, resp)
+            finally:
+                resp.release()
+    except TimeoutError as exc:
+        raise ProviderError(client.transport_failure(exc)) from exc
+    return _parse_body(raw, parse)
+
+
+async def _read_body(client: HttpClient, resp: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await resp.read()
+    except TRANSPORT_ERRORS as exc:
+        raise ProviderError(client.transport_failure(exc)) from exc
+
+
+def _parse_body(raw: bytes, parse: Callable[[Any], ModelReply]) -> ModelReply:
+    obj = loads(raw)
+    if not isinstance(obj, dict):
+        raise ProviderError(shape_failure("response body is not a JSON object"))
+    try:
+        return parse(obj)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise ProviderError(shape_failure(
+            f"unexpected response shape: {type(exc).__name__}")) from exc

@@ -1,0 +1,217 @@
+"""Any OpenAI-compatible Chat Completions endpoint (`POST {base_url}/chat/completions`).
+
+One attempt per `complete()`; every failure is a `ProviderError(CallFailure)` (see http.py).
+A stream counts as complete only when it carried a finish reason and the `[DONE]`
+terminator: anything shorter is an `IncompleteStream`, never a shortened answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from turnkeeper.config import ProviderConfig
+from turnkeeper.providers.base import (
+    DeltaSink,
+    Message,
+    ModelReply,
+    ModelRequest,
+    ProviderError,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+from turnkeeper.providers.http import (
+    CORRUPT,
+    INCOMPLETE,
+    TRANSPORT_ERRORS,
+    HttpClient,
+    SSEDecoder,
+    dumps,
+    exchange,
+    loads,
+)
+
+_FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
+           "length": "length"}
+
+
+def finish_reason(raw: object, has_tool_calls: bool) -> str:
+    """stop / tool_calls / length; other values (content_filter...) pass through."""
+    if not raw:
+        return "tool_calls" if has_tool_calls else "stop"
+    return _FINISH.get(str(raw), str(raw))
+
+
+def encode_messages(system: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for m in messages:
+        role = m.role
+        if role == "assistant":
+            d: dict[str, Any] = {"role": "assistant", "content": m.content}
+            if m.tool_calls:
+                d["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in m.tool_calls]
+            elif m.content is None:
+                d["content"] = ""
+            out.append(d)
+        elif role == "tool":
+            out.append({"role": "tool", "tool_call_id": m.tool_call_id or "",
+                        "content": m.content or ""})
+        else:
+            out.append({"role": role, "content": m.content or ""})
+    return out
+
+
+def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    return [{"type": "function",
+             "function": {"name": t.name, "description": t.description,
+                          "parameters": dict(t.parameters)}}
+            for t in tools]
+
+
+class OpenAIProvider:
+    """OpenAI Chat Completions over one shared aiohttp session."""
+
+    def __init__(self, cfg: ProviderConfig) -> None:
+        self._cfg = cfg
+        self._model = cfg.model
+        self._stream = cfg.stream
+        key = cfg.api_key()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = HttpClient(cfg.base_url.rstrip("/") + "/chat/completions", headers,
+                                  max_connections=cfg.max_connections, secret=key)
+        # The tool list is usually the same object from one step to the next.
+        self._tools_src: Sequence[ToolSpec] | None = None
+        self._tools_json: list[dict[str, Any]] = []
+
+    @property
+    def name(self) -> str:
+        return self._cfg.name
+
+    def encode(self, request: ModelRequest) -> bytes:
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": encode_messages(request.system, request.messages),
+            "max_tokens": request.max_output_tokens,
+            "stream": self._stream,
+        }
+        if request.tools:
+            if request.tools is not self._tools_src:
+                self._tools_json = encode_tools(request.tools)
+                self._tools_src = request.tools
+            body["tools"] = self._tools_json
+        if self._stream:
+            body["stream_options"] = {"include_usage": True}
+        return dumps(body)
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
+                       ) -> ModelReply:
+        return await exchange(self._client, self.encode(request), request.timeout_s,
+                              stream=self._stream, parse=self._parse,
+                              read_stream=self._read_stream, on_delta=on_delta)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- replies -------------------------------------------------------------------------
+
+    def _parse(self, obj: dict[str, Any]) -> ModelReply:
+        choice = obj["choices"][0]
+        msg = choice.get("message") or {}
+        calls = tuple(
+            ToolCall(id=str(c.get("id") or ""), name=str(c["function"]["name"]),
+                     arguments=c["function"].get("arguments") or "{}")
+            for c in msg.get("tool_calls") or ())
+        u = obj.get("usage") or {}
+        return ModelReply(
+            text=msg.get("content"), tool_calls=calls,
+            usage=Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)),
+            finish_reason=finish_reason(choice.get("finish_reason"), bool(calls)),
+            model=str(obj.get("model") or self._model))
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, on_delta: DeltaSink | None
+                           ) -> ModelReply:
+        client = self._client
+        read = resp.content.readany
+        decoder = SSEDecoder()
+        text: list[str] = []
+        calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
+        finish: str | None = None
+        usage: dict[str, Any] | None = None
+        model = ""
+        eof = False
+        while not eof:
+            try:
+                chunk = await read()
+            except TRANSPORT_ERRORS as exc:
+                raise ProviderError(client.stream_read_failure(exc)) from exc
+            if chunk:
+                events = decoder.feed(chunk)
+            else:
+                events, eof = decoder.flush(), True
+            for data in events:
+                if data == b"[DONE]":
+                    if finish is None:
+                        raise ProviderError(client.stream_failure(
+                            INCOMPLETE, "[DONE] without a finish reason"))
+                    return self._stream_reply(text, calls, finish, usage, model)
+                obj = loads(data)
+                if not isinstance(obj, dict):
+                    raise ProviderError(client.stream_failure(
+                        CORRUPT, "stream chunk is not a JSON object"))
+                if "error" in obj and not obj.get("choices"):
+                    raise ProviderError(client.stream_error_event(obj))
+                choices = obj.get("choices")
+                if choices:
+                    ch = choices[0]
+                    delta = ch.get("delta")
+                    if delta:
+                        piece = delta.get("content")
+                        if piece:
+                            text.append(piece)
+                            if on_delta is not None:
+                                await on_delta(piece)
+                        tcs = delta.get("tool_calls")
+                        if tcs:
+                            for tc in tcs:
+                                index = tc.get("index", 0)
+                                slot = calls.get(index)
+                                if slot is None:
+                                    slot = calls[index] = ["", "", []]
+                                if tc.get("id"):
+                                    slot[0] = tc["id"]
+                                fn = tc.get("function")
+                                if fn:
+                                    if fn.get("name"):
+                                        slot[1] += fn["name"]
+                                    if fn.get("arguments"):
+                                        slot[2].append(fn["arguments"])
+                    if ch.get("finish_reason"):
+                        finish = ch["finish_reason"]
+                u = obj.get("usage")
+                if u:
+                    usage = u
+                if not model and obj.get("model"):
+                    model = obj["model"]
+        raise ProviderError(client.stream_failure(
+            INCOMPLETE, "stream ended without [DONE]" if finish else
+            "stream ended without a finish reason"))
+
+    def _stream_reply(self, text: list[str], calls: dict[int, list[Any]], finish: str,
+                      usage: dict[str, Any] | None, model: str) -> ModelReply:
+        tool_calls = tuple(
+            ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
+            for _, slot in sorted(calls.items()))
+        u = usage or {}
+        return ModelReply(
+            text="".join(text) if text else None, tool_calls=tool_calls,
+            usage=Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)),
+            finish_reason=finish_reason(finish, bool(tool_calls)),
+            model=model or self._model)
