@@ -1,0 +1,456 @@
+"""The provider chain of one turn: retries, failover and auto-recovery (SPEC 3, 4, 7).
+
+Sans-I/O, in the manner of h11: the turn runner reports what happened (an event method)
+and gets back what to do next (a decision). The runner owns the I/O, the clock, the
+daemon-wide breakers and retry budgets; it asks them and reports their answers here.
+
+Counters (SPEC 3), each with one meaning:
+
+- ``provider_attempts``: attempts of the current model call on the current provider,
+  limited by ``max_attempts = api_max_retries + 1``. Reset by a failover hop, a success,
+  a recovery cycle (and at the start of every call).
+- ``fallback_hops``: moves to the next provider in this pass, an open breaker included
+  (a hop with no attempt). The move off the end of the chain counts too, so a pass that
+  spent every provider reads ``len(providers)`` of ``len(providers)``. Reset when a new
+  pass starts at the primary: the start of the turn (a new chain) or a recovery cycle.
+- ``recovery_cycles``: completed waits after the whole chain was exhausted by retryable
+  or unknown failures, limited by ``auto_recovery_cycles``. Reset by a successful call.
+
+The position in the chain is sticky for the turn: once step 1 failed over to the second
+provider, step 2 starts there. Each provider is tried at most once per pass, so a pass
+is simply a walk from the primary to the end of the list; the reason each provider was
+left is recorded (`pass_exits`) and `fallback_hops` is its length.
+
+The flow, one model call::
+
+    begin_call() -> Attempt
+      breaker refused      -> on_breaker_open()   -> FailOver | Recover | Stop
+      call succeeded       -> on_success()        -> None (next step: begin_call())
+      call failed          -> on_failure(...)     -> RetryIn | FailOver | Recover | Stop
+    RetryIn
+      budget refused       -> on_retry_refused()  -> FailOver | Recover | Stop
+      slept RetryIn.seconds-> retry_ready()       -> Attempt
+    FailOver               -> begin_call()        -> Attempt on FailOver.to_provider
+    Recover                -> (park, sleep wait_s) recovery_done() -> Attempt on the primary
+    Stop                   -> the turn ends with it
+    any time before a Stop -> abandon()  (the call or sleep was cancelled: no decision)
+
+The rules of one failed attempt (SPEC 4), in `on_failure`:
+
+- deterministic: fail over at once ("deterministic"), never retried on this provider;
+- retryable/unknown, attempts spent: fail over ("attempts_spent");
+- Retry-After above ``max_retry_after_s``: the provider is unavailable, fail over at
+  once ("retry_after_too_long");
+- else ``wait = max(backoff.delay(attempt=provider_attempts - 1), retry_after_s or 0)``
+  (Retry-After is a floor); a wait longer than the turn's remaining active time fails
+  over ("no_time"); else `RetryIn(wait)`.
+
+When a hop finds no provider left in the pass:
+
+- every provider of the pass failed deterministically: ``Stop(providers.rejected,
+  value=fallback_hops, limit=len(providers))`` at once; waiting does not fix a 401;
+- else, while ``recovery_cycles < auto_recovery_cycles``: ``Recover(cycle, of_cycles,
+  wait_s)`` with ``wait_s = max(schedule[min(cycle - 1, len(schedule) - 1)] * (1 +
+  rand(0, recovery_jitter)), largest Retry-After <= max_retry_after_s seen in the pass)``:
+  a provider's Retry-After wins up to max_retry_after;
+- else ``Stop(providers.exhausted, value=recovery_cycles, limit=auto_recovery_cycles)``.
+
+Any other sequence of events is a bug in the caller: `ChainError` names the phase and
+the event, and poisons the chain (every later event raises too), as h11 does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal, TypeVar, get_args
+
+from turnkeeper.policy.backoff import Backoff, Rand
+from turnkeeper.policy.classify import FailureClass
+from turnkeeper.policy.outcome import Stop, StopCode
+
+FailOverReason = Literal["deterministic", "attempts_spent", "retry_after_too_long",
+                         "retry_budget", "breaker_open", "no_time"]
+_REASONS: frozenset[str] = frozenset(get_args(FailOverReason))
+
+SNAPSHOT_VERSION = 1
+
+_D = TypeVar("_D")
+
+
+# -- decisions out ---------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Call `provider` now. `attempt` is provider_attempts counting this one (1-based)."""
+
+    provider: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryIn:
+    """Sleep `seconds`, then `retry_ready()` for attempt `attempt_next` on `provider`.
+    Ask the provider's retry budget first: a refusal is `on_retry_refused()`."""
+
+    provider: str
+    seconds: float
+    attempt_next: int
+    failure_class: FailureClass
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailOver:
+    """Leave `from_provider` for `to_provider` (call `begin_call()` next). `reason` is one
+    of FailOverReason."""
+
+    from_provider: str
+    to_provider: str
+    reason: FailOverReason
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """The chain is exhausted: park the turn for `wait_s` (not active time), then
+    `recovery_done()` starts pass `cycle` of `of_cycles` at the primary."""
+
+    cycle: int
+    of_cycles: int
+    wait_s: float
+
+
+Decision = Attempt | RetryIn | FailOver | Recover | Stop
+
+
+# -- the state machine -----------------------------------------------------------------
+
+class ChainError(RuntimeError):
+    """An event the chain cannot take in its current phase: a bug in the caller."""
+
+    def __init__(self, phase: str, event: str, detail: str = "") -> None:
+        self.phase = phase
+        self.event = event
+        msg = f"provider chain: event {event!r} is not allowed in phase {phase!r}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class Phase(StrEnum):
+    READY = "ready"  # no call outstanding: begin_call()
+    ATTEMPTING = "attempting"  # an Attempt is outstanding
+    BACKING_OFF = "backing_off"  # a RetryIn is outstanding
+    RECOVERING = "recovering"  # a Recover is outstanding
+    STOPPED = "stopped"  # a Stop was returned: terminal
+    ERROR = "error"  # an illegal event poisoned the chain: terminal
+
+
+class _Event(StrEnum):
+    BEGIN_CALL = "begin_call"
+    BREAKER_OPEN = "on_breaker_open"
+    SUCCESS = "on_success"
+    FAILURE = "on_failure"
+    RETRY_REFUSED = "on_retry_refused"
+    RETRY_READY = "retry_ready"
+    RECOVERY_DONE = "recovery_done"
+    ABANDON = "abandon"
+
+
+# Which events each phase takes...
+_ALLOWED: dict[Phase, frozenset[_Event]] = {
+    Phase.READY: frozenset({_Event.BEGIN_CALL, _Event.ABANDON}),
+    Phase.ATTEMPTING: frozenset({_Event.BREAKER_OPEN, _Event.SUCCESS, _Event.FAILURE,
+                                 _Event.ABANDON}),
+    Phase.BACKING_OFF: frozenset({_Event.RETRY_REFUSED, _Event.RETRY_READY,
+                                  _Event.ABANDON}),
+    Phase.RECOVERING: frozenset({_Event.RECOVERY_DONE}),
+    Phase.STOPPED: frozenset(),
+    Phase.ERROR: frozenset(),
+}
+
+# ...and the phase each decision leaves it in (None: an event with no decision).
+_PHASE_AFTER: dict[type[object], Phase] = {
+    Attempt: Phase.ATTEMPTING,
+    RetryIn: Phase.BACKING_OFF,
+    FailOver: Phase.READY,
+    Recover: Phase.RECOVERING,
+    Stop: Phase.STOPPED,
+    type(None): Phase.READY,
+}
+
+
+def _upper_bound(a: float, b: float) -> float:
+    """The rand used when the caller gave none: every wait takes its upper bound (the
+    conservative choice; never a burst of zero waits)."""
+    return b
+
+
+class ProviderChain:
+    """One turn's walk through the provider chain. Create one per turn."""
+
+    def __init__(self, providers: Sequence[str], *, max_attempts: int = 4,
+                 backoff: Backoff | None = None, max_retry_after_s: float = 120.0,
+                 recovery_schedule: Sequence[float] = (15.0, 30.0, 60.0, 60.0, 60.0),
+                 recovery_jitter: float = 0.2, auto_recovery_cycles: int = 5,
+                 rand: Rand | None = None) -> None:
+        """`max_attempts` is ``agent.api_max_retries + 1``. `rand` is the default uniform
+        source for events that are not given one (none at all: waits take their upper
+        bound)."""
+        if not providers:
+            raise ValueError("a provider chain needs at least one provider")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if not recovery_schedule:
+            raise ValueError("recovery_schedule needs at least one wait")
+        if any(not w >= 0 for w in recovery_schedule):
+            raise ValueError(f"recovery_schedule waits must be >= 0: {recovery_schedule!r}")
+        if not max_retry_after_s >= 0:
+            raise ValueError(f"max_retry_after_s must be >= 0, got {max_retry_after_s!r}")
+        if not recovery_jitter >= 0:
+            raise ValueError(f"recovery_jitter must be >= 0, got {recovery_jitter!r}")
+        if auto_recovery_cycles < 0:
+            raise ValueError(f"auto_recovery_cycles must be >= 0, got {auto_recovery_cycles}")
+        self.providers: tuple[str, ...] = tuple(providers)
+        self.max_attempts = max_attempts
+        self.backoff = backoff if backoff is not None else Backoff()
+        self.max_retry_after_s = max_retry_after_s
+        self.recovery_schedule: tuple[float, ...] = tuple(recovery_schedule)
+        self.recovery_jitter = recovery_jitter
+        self.auto_recovery_cycles = auto_recovery_cycles
+        self._rand = rand
+        self._phase = Phase.READY
+        self._provider_attempts = 0
+        self._recovery_cycles = 0
+        self._pass_exits: list[FailOverReason] = []  # why each provider of the pass was left
+        self._pass_retry_after_s: float | None = None
+        self._previous_delay_s: float | None = None  # for decorrelated jitter
+
+    def __repr__(self) -> str:
+        return (f"ProviderChain(phase={self._phase.value}, current={self.current_provider!r}, "
+                f"provider_attempts={self._provider_attempts}/{self.max_attempts}, "
+                f"fallback_hops={self.fallback_hops}/{len(self.providers)}, "
+                f"recovery_cycles={self._recovery_cycles}/{self.auto_recovery_cycles})")
+
+    # -- reading ---------------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def current_provider(self) -> str:
+        """The provider the turn is on; once the pass is spent, the last one tried."""
+        return self.providers[min(len(self._pass_exits), len(self.providers) - 1)]
+
+    @property
+    def provider_attempts(self) -> int:
+        return self._provider_attempts
+
+    @property
+    def fallback_hops(self) -> int:
+        return len(self._pass_exits)
+
+    @property
+    def recovery_cycles(self) -> int:
+        return self._recovery_cycles
+
+    @property
+    def pass_exits(self) -> tuple[FailOverReason, ...]:
+        """Why each provider of the current pass was left, in chain order."""
+        return tuple(self._pass_exits)
+
+    # -- events in -------------------------------------------------------------------
+
+    def begin_call(self) -> Attempt:
+        """A new model call (a step, or the step again after a failover) on the current
+        provider, with fresh provider_attempts."""
+        self._expect(_Event.BEGIN_CALL)
+        self._provider_attempts = 0
+        self._previous_delay_s = None
+        return self._enter(self._attempt())
+
+    def on_success(self) -> None:
+        """The call succeeded: provider_attempts and recovery_cycles start over. The
+        position in the chain stays (sticky for the turn)."""
+        self._expect(_Event.SUCCESS)
+        self._provider_attempts = 0
+        self._recovery_cycles = 0
+        self._previous_delay_s = None
+        self._enter(None)
+
+    def on_failure(self, failure_class: FailureClass, *, retry_after_s: float | None = None,
+                   remaining_s: float = math.inf,
+                   rand: Rand | None = None) -> RetryIn | FailOver | Recover | Stop:
+        """The outstanding attempt failed. `remaining_s` is the turn's remaining active
+        time: no wait may outlive it. See the module docstring for the rules."""
+        self._expect(_Event.FAILURE)
+        if (retry_after_s is not None and retry_after_s <= self.max_retry_after_s
+                and (self._pass_retry_after_s is None
+                     or retry_after_s > self._pass_retry_after_s)):
+            self._pass_retry_after_s = retry_after_s
+        decision: RetryIn | FailOver | Recover | Stop
+        if failure_class is FailureClass.DETERMINISTIC:
+            decision = self._hop("deterministic", rand)
+        elif self._provider_attempts >= self.max_attempts:
+            decision = self._hop("attempts_spent", rand)
+        elif retry_after_s is not None and retry_after_s > self.max_retry_after_s:
+            decision = self._hop("retry_after_too_long", rand)
+        else:
+            delay = self.backoff.delay(attempt=self._provider_attempts - 1,
+                                       previous_s=self._previous_delay_s,
+                                       rand=self._rand_of(rand))
+            wait = max(delay, retry_after_s or 0.0)
+            if wait > remaining_s:
+                decision = self._hop("no_time", rand)
+            else:
+                self._previous_delay_s = delay
+                decision = RetryIn(provider=self.current_provider, seconds=wait,
+                                   attempt_next=self._provider_attempts + 1,
+                                   failure_class=failure_class, retry_after_s=retry_after_s)
+        return self._enter(decision)
+
+    def on_breaker_open(self, *, rand: Rand | None = None) -> FailOver | Recover | Stop:
+        """The current provider's breaker refused the outstanding attempt: a hop with no
+        attempt. Counts as a non-deterministic exit for providers.rejected."""
+        self._expect(_Event.BREAKER_OPEN)
+        return self._enter(self._hop("breaker_open", rand))
+
+    def on_retry_refused(self, *, rand: Rand | None = None) -> FailOver | Recover | Stop:
+        """The retry budget refused the RetryIn: fail over instead of sleeping."""
+        self._expect(_Event.RETRY_REFUSED)
+        return self._enter(self._hop("retry_budget", rand))
+
+    def retry_ready(self) -> Attempt:
+        """The RetryIn sleep is over: the next attempt on the same provider."""
+        self._expect(_Event.RETRY_READY)
+        return self._enter(self._attempt())
+
+    def recovery_done(self) -> Attempt:
+        """The Recover wait is over: count the cycle and start a new pass at the primary
+        (fallback_hops 0, fresh provider_attempts)."""
+        self._expect(_Event.RECOVERY_DONE)
+        self._recovery_cycles += 1
+        self._start_pass()
+        return self._enter(self._attempt())
+
+    def abandon(self) -> None:
+        """The outstanding attempt or retry sleep was cancelled (e.g. a steer with
+        redirect): no decision; the next call starts with `begin_call()`. Counters are
+        left alone; the caller releases the breaker slot and the retry budget."""
+        self._expect(_Event.ABANDON)
+        self._enter(None)
+
+    # -- the rules -------------------------------------------------------------------
+
+    def _attempt(self) -> Attempt:
+        self._provider_attempts += 1
+        return Attempt(provider=self.current_provider, attempt=self._provider_attempts)
+
+    def _hop(self, reason: FailOverReason, rand: Rand | None) -> FailOver | Recover | Stop:
+        """Leave the current provider: a hop, and the end of the pass when none is left."""
+        from_provider = self.current_provider
+        self._pass_exits.append(reason)
+        self._provider_attempts = 0
+        self._previous_delay_s = None
+        n = len(self.providers)
+        if len(self._pass_exits) < n:
+            return FailOver(from_provider=from_provider, to_provider=self.current_provider,
+                            reason=reason)
+        if all(r == "deterministic" for r in self._pass_exits):
+            who = "the provider" if n == 1 else f"all {n} providers"
+            return Stop(code=StopCode.PROVIDERS_REJECTED,
+                        message=f"{who} rejected the request",
+                        value=self.fallback_hops, limit=n)
+        if self._recovery_cycles < self.auto_recovery_cycles:
+            cycle = self._recovery_cycles + 1
+            scheduled = self.recovery_schedule[min(cycle - 1, len(self.recovery_schedule) - 1)]
+            drawn = self._rand_of(rand)(0.0, self.recovery_jitter)
+            jitter = min(self.recovery_jitter, max(0.0, drawn))
+            wait = scheduled * (1.0 + jitter)
+            if self._pass_retry_after_s is not None:
+                wait = max(wait, self._pass_retry_after_s)
+            return Recover(cycle=cycle, of_cycles=self.auto_recovery_cycles, wait_s=wait)
+        who = "the provider" if n == 1 else f"all {n} providers"
+        return Stop(code=StopCode.PROVIDERS_EXHAUSTED,
+                    message=(f"{who} failed after {self._recovery_cycles} of "
+                             f"{self.auto_recovery_cycles} recovery cycles"),
+                    value=self._recovery_cycles, limit=self.auto_recovery_cycles)
+
+    def _start_pass(self) -> None:
+        self._pass_exits = []
+        self._pass_retry_after_s = None
+        self._provider_attempts = 0
+        self._previous_delay_s = None
+
+    def _rand_of(self, rand: Rand | None) -> Rand:
+        if rand is not None:
+            return rand
+        return self._rand if self._rand is not None else _upper_bound
+
+    def _expect(self, event: _Event) -> None:
+        if event not in _ALLOWED[self._phase]:
+            phase = self._phase
+            self._phase = Phase.ERROR
+            raise ChainError(phase.value, event.value)
+
+    def _enter(self, decision: _D) -> _D:
+        self._phase = _PHASE_AFTER[type(decision)]
+        return decision
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The chain's counters, JSON-able, for the turn's checkpoint."""
+        return {"version": SNAPSHOT_VERSION, "providers": list(self.providers),
+                "phase": self._phase.value, "current_provider": self.current_provider,
+                "provider_attempts": self._provider_attempts,
+                "fallback_hops": self.fallback_hops,
+                "recovery_cycles": self._recovery_cycles,
+                "pass_exits": list(self._pass_exits),
+                "pass_retry_after_s": self._pass_retry_after_s,
+                "previous_delay_s": self._previous_delay_s}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any], providers: Sequence[str] | None = None, *,
+                max_attempts: int = 4, backoff: Backoff | None = None,
+                max_retry_after_s: float = 120.0,
+                recovery_schedule: Sequence[float] = (15.0, 30.0, 60.0, 60.0, 60.0),
+                recovery_jitter: float = 0.2, auto_recovery_cycles: int = 5,
+                rand: Rand | None = None) -> ProviderChain:
+        """A chain resumed from a checkpoint, built with the same arguments as the
+        original (the turn keeps its policy). A turn parked in recovery stays parked in
+        the same cycle (call `recovery_done()` when the wait is over); a call or a retry
+        sleep that was in flight died with the process, so it resumes ready for
+        `begin_call()`. A stopped chain stays stopped. `providers` defaults to the
+        snapshot's; when given, it must match."""
+        if providers is None:
+            providers = [str(p) for p in snapshot["providers"]]
+        chain = cls(providers, max_attempts=max_attempts, backoff=backoff,
+                    max_retry_after_s=max_retry_after_s, recovery_schedule=recovery_schedule,
+                    recovery_jitter=recovery_jitter,
+                    auto_recovery_cycles=auto_recovery_cycles, rand=rand)
+        if snapshot.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"provider chain snapshot version {snapshot.get('version')!r} "
+                             f"is not {SNAPSHOT_VERSION}")
+        if list(snapshot["providers"]) != list(chain.providers):
+            raise ValueError(f"provider chain snapshot is for {snapshot['providers']!r}, "
+                             f"not {list(chain.providers)!r}")
+        exits = list(snapshot["pass_exits"])
+        if len(exits) > len(chain.providers) or any(r not in _REASONS for r in exits):
+            raise ValueError(f"provider chain snapshot has invalid pass_exits {exits!r}")
+        phase = Phase(snapshot["phase"])
+        if phase not in (Phase.RECOVERING, Phase.STOPPED):
+            phase = Phase.READY
+        if len(exits) == len(chain.providers) and phase is Phase.READY:
+            raise ValueError("provider chain snapshot: the pass is spent but the chain is "
+                             "neither recovering nor stopped")
+        chain._phase = phase
+        chain._provider_attempts = int(snapshot["provider_attempts"])
+        chain._recovery_cycles = int(snapshot["recovery_cycles"])
+        chain._pass_exits = exits
+        ra = snapshot.get("pass_retry_after_s")
+        chain._pass_retry_after_s = None if ra is None else float(ra)
+        prev = snapshot.get("previous_delay_s")
+        chain._previous_delay_s = None if prev is None else float(prev)
+        return chain
