@@ -26,6 +26,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from turnkeeper.paths import default_socket_path, default_state_dir
+
 EX_CONFIG = 78
 BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify"})
 DEFAULT_SYSTEM_PROMPT = (
@@ -318,21 +320,6 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
 
 def config_path_from_env(cli_value: str | None) -> str | None:
     return cli_value or os.environ.get("TURNKEEPER_CONFIG") or None
-
-
-def default_state_dir() -> Path:
-    if os.environ.get("STATE_DIRECTORY"):
-        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "turnkeeper"
-
-
-def default_socket_path() -> Path:
-    if os.environ.get("RUNTIME_DIRECTORY"):
-        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0]) / "control.sock"
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "turnkeeper" / "control.sock"
-    return Path(f"/tmp/turnkeeper-{os.getuid()}") / "control.sock"
 
 
 def socket_path(config: Config) -> Path:

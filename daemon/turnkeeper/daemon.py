@@ -1,0 +1,125 @@
+"""`turnkeeper serve`: start, run, reload and stop (SPEC 9).
+
+Start: load and validate config (exit 78 when invalid), open the store (exit 74 when
+unusable), bind the control socket or take it from systemd, resume unfinished turns,
+then READY=1. Signals only enqueue; one loop dispatches them (as gunicorn's arbiter).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import structlog
+
+from turnkeeper import logging as tk_logging
+from turnkeeper.clock import SystemClock
+from turnkeeper.config import (
+    ConfigError,
+    Policy,
+    config_path_from_env,
+    load_config,
+    socket_path,
+    state_dir,
+)
+from turnkeeper.control.server import ControlServer, SocketError
+from turnkeeper.lifecycle import systemd
+from turnkeeper.lifecycle.signals import signal_dispatcher
+from turnkeeper.lifecycle.watch import ConfigChange, watch_config
+from turnkeeper.store.base import StoreError
+from turnkeeper.store.sqlite import SQLiteStore
+from turnkeeper.supervisor import Supervisor
+
+log = structlog.get_logger("turnkeeper.daemon")
+
+EX_OK = 0
+DB_NAME = "turnkeeper.sqlite3"
+
+
+class BootError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+async def _serve(policy: Policy, config_path: str | None) -> None:
+    config = policy.config
+    clock = SystemClock()
+    notifier = systemd.Notifier.from_env()
+    store = SQLiteStore(state_dir(config) / DB_NAME)
+    try:
+        await store.open()
+    except StoreError as exc:
+        raise BootError(str(exc), exc.exit_code) from None
+    try:
+        sup = Supervisor(policy=policy, store=store, clock=clock, notifier=notifier,
+                         config_path=config_path)
+    except ConfigError as exc:
+        await store.close()
+        raise BootError(str(exc), exc.exit_code) from None
+    server = ControlServer(sup, path=socket_path(config), mode=config.daemon.socket_mode_int,
+                           inherited=systemd.take_unix_listener())
+    try:
+        await server.start()
+    except (SocketError, OSError) as exc:
+        await store.close()
+        raise BootError(f"control socket: {exc}", SocketError.exit_code) from None
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run, name="store writer")
+        await sup.start(tg)
+
+        async def on_reload_signal() -> None:
+            tg.start_soon(sup.reload, "SIGHUP", name="reload (SIGHUP)")
+
+        def on_stop_signal() -> None:
+            sup.request_stop()
+
+        await tg.start(signal_dispatcher, {signal.SIGHUP: on_reload_signal,
+                                           signal.SIGTERM: on_stop_signal,
+                                           signal.SIGINT: on_stop_signal},
+                       name="signal dispatcher")
+        interval = systemd.watchdog_interval()
+        if interval is not None:
+            tg.start_soon(systemd.watchdog_loop, notifier, interval, name="watchdog")
+        if config_path and config.daemon.watch_config:
+            tg.start_soon(_watch, sup, Path(config_path), name="config watcher")
+        notifier.ready(sup.status_line())
+        log.info("daemon.ready", socket=str(server.path), policy_version=policy.version,
+                 state_dir=str(store.path.parent), providers=[p.name for p in config.providers],
+                 resumed=len(sup.live))
+        await sup.wait_stop_requested()
+        await sup.stop()
+        await server.stop()
+        await store.close()
+        log.info("daemon.stopped")
+        tg.cancel_scope.cancel()
+
+
+async def _watch(sup: Supervisor, path: Path) -> None:
+    async def on_change(_: ConfigChange) -> None:
+        await sup.reload("config file changed")
+
+    await watch_config(path, on_change, baseline=sup.policy.content_hash or None)
+
+
+def serve(config_option: str | None) -> int:
+    config_path = config_path_from_env(config_option)
+    try:
+        config, digest = load_config(config_path)
+    except ConfigError as exc:
+        print(f"turnkeeper: {exc}", file=sys.stderr)
+        return exc.exit_code
+    tk_logging.configure(log_format=config.daemon.log_format, log_level=config.daemon.log_level)
+    policy = Policy(version=1, config=config, source_path=config_path, content_hash=digest)
+    try:
+        anyio.run(_serve, policy, config_path, backend="asyncio",
+                  backend_options={"use_uvloop": True})
+    except BootError as exc:
+        log.error("daemon.boot_failed", error=str(exc), exit_code=exc.exit_code)
+        print(f"turnkeeper: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EX_OK
+    return EX_OK

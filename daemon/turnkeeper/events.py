@@ -1,0 +1,103 @@
+"""The event bus: every event gets a daemon-wide sequence number, fans out in memory to
+live subscribers, and is handed to the store.
+
+A subscriber that cannot keep up is dropped (its stream closes) rather than allowed to
+stall the turns that publish: publishing never awaits. `model.delta` events (streamed
+text) are live only; everything else is persisted so a turn's events survive restarts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from turnkeeper.clock import Clock
+
+LIVE_ONLY_TYPES = frozenset({"model.delta"})
+TERMINAL_EVENT = "turn.finished"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    ts: float
+    type: str
+    turn: str | None
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"seq": self.seq, "ts": round(self.ts, 6)}
+        if self.turn is not None:
+            out["turn"] = self.turn
+        out["type"] = self.type
+        out.update(self.data)
+        return out
+
+
+@dataclass(slots=True)
+class _Subscriber:
+    send: MemoryObjectSendStream[Event]
+    turn: str | None
+
+
+class EventBus:
+    def __init__(self, *, clock: Clock, start_seq: int = 0,
+                 persist: Callable[[Event], None] | None = None,
+                 subscriber_buffer: int = 10_000) -> None:
+        self._clock = clock
+        self._seq = start_seq
+        self._persist = persist
+        self._subscribers: list[_Subscriber] = []
+        self._buffer = subscriber_buffer
+        self.dropped_subscribers = 0
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def publish(self, type: str, turn: str | None = None, **data: Any) -> Event:
+        self._seq += 1
+        event = Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data)
+        if self._persist is not None and type not in LIVE_ONLY_TYPES:
+            self._persist(event)
+        dead = []
+        for sub in self._subscribers:
+            if sub.turn is not None and sub.turn != event.turn:
+                continue
+            try:
+                sub.send.send_nowait(event)
+            except anyio.WouldBlock:
+                dead.append(sub)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                dead.append(sub)
+        for sub in dead:
+            self._drop(sub)
+        return event
+
+    def _drop(self, sub: _Subscriber) -> None:
+        if sub in self._subscribers:
+            self._subscribers.remove(sub)
+            self.dropped_subscribers += 1
+        sub.send.close()
+
+    @contextmanager
+    def subscribe(self, turn: str | None = None) -> Iterator[MemoryObjectReceiveStream[Event]]:
+        """Live events from now on (for one turn, or all). Subscribe *before* reading the
+        history from the store so nothing falls in the gap; dedupe by `seq`."""
+        send, receive = anyio.create_memory_object_stream[Event](
+            self._buffer if self._buffer > 0 else math.inf)
+        sub = _Subscriber(send=send, turn=turn)
+        self._subscribers.append(sub)
+        try:
+            yield receive
+        finally:
+            if sub in self._subscribers:
+                self._subscribers.remove(sub)
+            send.close()
+            receive.close()

@@ -1,0 +1,56 @@
+"""structlog setup (SPEC 13): JSON lines on stderr when not a TTY, readable console lines
+on a TTY; with JOURNAL_STREAM set, each JSON line carries the `<N>` syslog priority
+prefix so journald keeps the level."""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+import sys
+from typing import Any, TextIO
+
+import structlog
+from structlog.typing import EventDict, WrappedLogger
+
+_PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+def _journald_prefix(_: WrappedLogger, method: str, event: str | bytes) -> str | bytes:
+    if isinstance(event, str):
+        return f"<{_PRIORITY.get(method, 6)}>{event}"
+    return event
+
+
+def _to_level(_: WrappedLogger, method: str, event_dict: EventDict) -> EventDict:
+    event_dict.setdefault("level", method if method != "exception" else "error")
+    return event_dict
+
+
+def configure(*, log_format: str = "auto", log_level: str = "info",
+              stream: TextIO | None = None) -> None:
+    out = stream or sys.stderr
+    fmt = log_format
+    if fmt == "auto":
+        fmt = "console" if out.isatty() else "json"
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        _to_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+    ]
+    if fmt == "json":
+        processors.append(structlog.processors.JSONRenderer(sort_keys=False))
+        if os.environ.get("JOURNAL_STREAM"):
+            processors.append(_journald_prefix)
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[log_level]),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )
+    # Libraries that log through the standard library land on stderr too.
+    std_logging.basicConfig(level=max(_LEVELS[log_level], 30), stream=out,
+                            format="%(levelname)s %(name)s: %(message)s")

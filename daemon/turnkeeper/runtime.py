@@ -1,0 +1,87 @@
+"""What a policy version runs with: its providers and tools (`Runtime`), and the
+daemon-wide protection shared by every turn and every policy version (`Shared`: circuit
+breakers and retry budgets, which survive a reload for unchanged providers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from turnkeeper.config import Config, Policy, ProviderConfig
+from turnkeeper.policy.breaker import CircuitBreaker
+from turnkeeper.policy.retry_budget import RetryBudget
+from turnkeeper.providers.base import Provider
+from turnkeeper.tools.registry import ToolBox
+
+
+def make_provider(cfg: ProviderConfig) -> Provider:
+    if cfg.kind == "scripted":
+        from turnkeeper.providers.scripted import ScriptedProvider
+        return ScriptedProvider(cfg)
+    if cfg.kind == "openai":
+        from turnkeeper.providers.openai import OpenAIProvider
+        return OpenAIProvider(cfg)
+    from turnkeeper.providers.anthropic import AnthropicProvider
+    return AnthropicProvider(cfg)
+
+
+@dataclass(slots=True)
+class Runtime:
+    policy: Policy
+    providers: dict[str, Provider]
+    toolbox: ToolBox
+
+    @property
+    def config(self) -> Config:
+        return self.policy.config
+
+    @classmethod
+    def build(cls, policy: Policy, previous: Runtime | None = None) -> Runtime:
+        """Providers whose config did not change keep their instance (and its connection
+        pool); the rest are built new. Raises ConfigError (e.g. an unreadable script)."""
+        old = {p.name: p for p in previous.config.providers} if previous else {}
+        providers: dict[str, Provider] = {}
+        for p in policy.config.providers:
+            if previous is not None and old.get(p.name) == p:
+                providers[p.name] = previous.providers[p.name]
+            else:
+                providers[p.name] = make_provider(p)
+        return cls(policy=policy, providers=providers, toolbox=ToolBox(policy.config.tools))
+
+    def retired_by(self, new: Runtime) -> list[Provider]:
+        """Providers of this runtime that `new` does not use any more."""
+        keep = {id(p) for p in new.providers.values()}
+        return [p for p in self.providers.values() if id(p) not in keep]
+
+
+@dataclass(slots=True)
+class Shared:
+    breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
+    retry_budgets: dict[str, RetryBudget] = field(default_factory=dict)
+
+    def apply(self, config: Config) -> None:
+        """Create or reconfigure the breaker and retry budget of every provider and http
+        tool; state of the ones that stay is kept."""
+        cb, rb = config.circuit_breaker, config.retry_budget
+        names = [f"provider:{p.name}" for p in config.providers] + [
+            f"tool:{t.name}" for t in config.tools if t.kind == "http"]
+        for name in names:
+            breaker = self.breakers.get(name)
+            if breaker is None:
+                self.breakers[name] = CircuitBreaker(
+                    name, failure_threshold=cb.failure_threshold, cooldown_s=cb.cooldown,
+                    half_open_probes=cb.half_open_probes)
+            else:
+                breaker.reconfigure(failure_threshold=cb.failure_threshold,
+                                    cooldown_s=cb.cooldown,
+                                    half_open_probes=cb.half_open_probes)
+        for p in config.providers:
+            budget = self.retry_budgets.get(p.name)
+            if budget is None:
+                self.retry_budgets[p.name] = RetryBudget(ratio=rb.ratio,
+                                                         min_concurrency=rb.min_concurrency)
+            else:
+                budget.reconfigure(ratio=rb.ratio, min_concurrency=rb.min_concurrency)
+        for gone in set(self.breakers) - set(names):
+            del self.breakers[gone]
+        for gone in set(self.retry_budgets) - {p.name for p in config.providers}:
+            del self.retry_budgets[gone]

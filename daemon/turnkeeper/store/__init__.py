@@ -1,0 +1,1 @@
+"""Durable state behind one interface (base.py); SQLite is the embedded default."""

@@ -1,0 +1,505 @@
+"""The supervisor: one task group owns every turn. Intake, the FIFO queue, the in-flight
+registry, drain, reload and stop all live here, and nowhere else.
+
+Turns of one session run one at a time in submission order; turns of different sessions
+run concurrently, at most `max_concurrent_turns` at once.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+
+from turnkeeper import __version__
+from turnkeeper.clock import Clock
+from turnkeeper.config import Config, ConfigError, Policy, load_config
+from turnkeeper.events import EventBus
+from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.policy.outcome import DEAD_LETTER_CODES, Stop, StopCode, TurnResult
+from turnkeeper.runtime import Runtime, Shared
+from turnkeeper.store.base import Store
+from turnkeeper.turn.record import LIVE_STATES, TurnRecord
+from turnkeeper.turn.runner import TurnControl, TurnRunner
+
+log = structlog.get_logger("turnkeeper.supervisor")
+
+
+class IntakeRefused(Exception):
+    """Submit refused: the queue is full or the daemon is stopping."""
+
+    def __init__(self, reason: str, retry_after_s: int) -> None:
+        super().__init__(reason)
+        self.retry_after_s = retry_after_s
+
+
+class UnknownTurn(Exception):
+    pass
+
+
+class TurnFinished(Exception):
+    """A message to a turn that has ended."""
+
+
+@dataclass(slots=True)
+class LiveTurn:
+    record: TurnRecord
+    control: TurnControl = field(default_factory=TurnControl)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    ok: bool
+    policy_version: int
+    pending_restart: tuple[str, ...] = ()
+    error: str | None = None
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.ok:
+            return {"error": self.error, "policy_version": self.policy_version}
+        return {"policy_version": self.policy_version,
+                "pending_restart": list(self.pending_restart),
+                "duration_s": round(self.duration_s, 6)}
+
+
+def new_turn_id() -> str:
+    return "t_" + secrets.token_hex(8)
+
+
+class Supervisor:
+    def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
+                 config_path: str | None) -> None:
+        self.policy = policy
+        self.runtime = Runtime.build(policy)
+        self.shared = Shared()
+        self.shared.apply(policy.config)
+        self.store = store
+        self.clock = clock
+        self.notifier = notifier
+        self.config_path = config_path
+        self.bus = EventBus(clock=clock, persist=store.append_event)
+        self.state = "starting"
+        self.started_at = clock.monotonic()
+        self.live: dict[str, LiveTurn] = {}
+        self.queue: deque[str] = deque()
+        self.running_sessions: set[str] = set()
+        self.running = 0
+        self.intake_open = False
+        self.pending_restart: tuple[str, ...] = ()
+        self.last_reload_error: str | None = None
+        self.reload_count = 0
+        self.reload_failures = 0
+        self._reload_lock = anyio.Lock()
+        self._reload_requests = 0
+        self._reload_done_upto = 0
+        self._last_reload: ReloadOutcome | None = None
+        self._tg: TaskGroup | None = None
+        self._idle = anyio.Event()
+        self._stop_requested = anyio.Event()
+        self.on_turn_finished: list[Callable[[TurnRecord, TurnResult], None]] = []
+        self._suspended: list[str] = []
+
+    def __repr__(self) -> str:
+        return (f"Supervisor(state={self.state!r}, policy_version={self.policy.version}, "
+                f"running={self.running}, queued={len(self.queue)})")
+
+    @property
+    def config(self) -> Config:
+        return self.policy.config
+
+    # -- start ------------------------------------------------------------------------
+
+    async def start(self, tg: TaskGroup) -> None:
+        """Resume every unfinished turn from its checkpoint, then open intake."""
+        self._tg = tg
+        self.bus._seq = await self.store.max_event_seq()
+        resumed = 0
+        for record_json, checkpoint in await self.store.unfinished_turns():
+            record = TurnRecord.from_json(record_json)
+            if record.state != "queued":
+                record.policy_version = self.policy.version
+            live = LiveTurn(record=record, checkpoint=checkpoint)
+            self.live[record.id] = live
+            self.queue.append(record.id)
+            resumed += 1
+        if resumed:
+            log.info("daemon.resuming", turns=resumed)
+        self.state = "ready"
+        self.intake_open = True
+        self._dispatch()
+
+    def status_line(self) -> str:
+        return (f"{self.state}; {self.running} running, {len(self.queue)} queued; "
+                f"policy v{self.policy.version}"
+                + (f"; last reload failed: {self.last_reload_error}"
+                   if self.last_reload_error else ""))
+
+    # -- intake -----------------------------------------------------------------------
+
+    async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
+                     deadline: float | None, replay_of: str | None = None) -> TurnRecord:
+        if self.state in ("starting", "stopping"):
+            raise IntakeRefused(f"the daemon is {self.state}", retry_after_s=5)
+        if len(self.queue) >= self.config.daemon.max_queued_turns:
+            raise IntakeRefused(
+                f"the queue is full ({len(self.queue)} turns waiting)",
+                retry_after_s=max(1, min(60, len(self.queue) // max(1, self.running or 1))))
+        now = self.clock.time()
+        turn_id = new_turn_id()
+        record = TurnRecord(id=turn_id, session=session or turn_id, message=message,
+                            created_at=now, updated_at=now, state="queued",
+                            policy_version=self.policy.version, budget=budget,
+                            deadline=deadline, replay_of=replay_of,
+                            provider=self.config.providers[0].name)
+        live = LiveTurn(record=record)
+        # Registered before the write so a concurrent GET sees it; answered after it is
+        # on disk.
+        self.live[turn_id] = live
+        self.queue.append(turn_id)
+        try:
+            record.seq = await self.store.insert_turn(record.to_json(), {})
+        except BaseException:
+            self.live.pop(turn_id, None)
+            if turn_id in self.queue:
+                self.queue.remove(turn_id)
+            raise
+        self.bus.publish("turn.queued", turn=turn_id, session=record.session,
+                         message=message[:2000], policy_version=record.policy_version)
+        log.info("turn.queued", turn=turn_id, session=record.session,
+                 policy_version=record.policy_version, queued=len(self.queue))
+        self._dispatch()
+        return record
+
+    def _dispatch(self) -> None:
+        if not self.intake_open or self._tg is None:
+            return
+        limit = self.config.daemon.max_concurrent_turns
+        if self.running >= limit or not self.queue:
+            return
+        blocked: set[str] = set()
+        started: list[str] = []
+        for turn_id in self.queue:
+            if self.running + len(started) >= limit:
+                break
+            live = self.live.get(turn_id)
+            if live is None:
+                started.append(turn_id)  # stale entry: drop it
+                continue
+            session = live.record.session
+            if session in self.running_sessions or session in blocked:
+                blocked.add(session)
+                continue
+            blocked.add(session)
+            started.append(turn_id)
+        for turn_id in started:
+            self.queue.remove(turn_id)
+            live_turn = self.live.get(turn_id)
+            if live_turn is None:
+                continue
+            self.running += 1
+            self.running_sessions.add(live_turn.record.session)
+            live_turn.running = True
+            self._tg.start_soon(self._run_turn, live_turn, name=f"turn {turn_id}")
+
+    async def _run_turn(self, live: LiveTurn) -> None:
+        record = live.record
+        try:
+            history: list[dict[str, Any]] = []
+            if not live.checkpoint.get("conversation"):
+                history = await self.store.session_history(record.session,
+                                                           before_seq=record.seq)
+            if record.state in ("queued", "suspended"):
+                record.policy_version = self.policy.version
+            runner = TurnRunner(record, live.control, runtime=self.runtime,
+                                shared=self.shared, store=self.store, bus=self.bus,
+                                clock=self.clock, checkpoint=live.checkpoint,
+                                history=history)
+            result = await runner.run()
+            if result is None:
+                live.checkpoint = runner.checkpoint_data()
+                live.control = TurnControl()
+                log.info("turn.suspended", turn=record.id, session=record.session,
+                         policy_version=record.policy_version, **record.counters)
+                if self.state != "stopping":
+                    self._suspended.append(record.id)
+                return
+            await self._finish(live, result)
+        except Exception as exc:  # the store failed under us: the turn stays resumable
+            log.error("turn.supervisor_error", turn=record.id,
+                      error=f"{type(exc).__name__}: {exc}")
+        finally:
+            live.running = False
+            self.running -= 1
+            self.running_sessions.discard(record.session)
+            if self.running == 0:
+                self._idle.set()
+                self._idle = anyio.Event()
+            self._dispatch()
+
+    async def _finish(self, live: LiveTurn, result: TurnResult) -> None:
+        record = live.record
+        record.state = result.status.value
+        record.result = result.to_json()
+        record.next_attempt_at = None
+        record.question = None
+        record.updated_at = self.clock.time()
+        with anyio.CancelScope(shield=True):
+            await self.store.save_turn(record.to_json())
+        stop = result.stopped_because
+        self.bus.publish("turn.finished", turn=record.id, result=record.result)
+        log.info("turn.finished", turn=record.id, session=record.session,
+                 policy_version=record.policy_version, provider=record.provider,
+                 status=record.state, code=stop.code.value, counter=stop.counter,
+                 value=stop.value, limit=stop.limit, **record.counters,
+                 tokens=record.usage["total_tokens"], seconds=record.usage["seconds"])
+        if stop.code in DEAD_LETTER_CODES and stop.code is not StopCode.INTERNAL:
+            log.warning("turn.dead_letter", turn=record.id, code=stop.code.value,
+                        last_error=record.last_error)
+        for hook in self.on_turn_finished:
+            hook(record, result)
+        self.live.pop(record.id, None)
+        live.done.set()
+
+    # -- turns ------------------------------------------------------------------------
+
+    async def get_turn(self, turn_id: str) -> dict[str, Any]:
+        live = self.live.get(turn_id)
+        if live is not None:
+            return live.record.to_json()
+        data = await self.store.get_turn(turn_id)
+        if data is None:
+            raise UnknownTurn(turn_id)
+        return data
+
+    async def wait_turn(self, turn_id: str, timeout_s: float) -> dict[str, Any]:
+        live = self.live.get(turn_id)
+        if live is not None:
+            with anyio.move_on_after(timeout_s):
+                await live.done.wait()
+        return await self.get_turn(turn_id)
+
+    async def list_turns(self, *, state: str | None, session: str | None,
+                         limit: int) -> list[dict[str, Any]]:
+        rows = await self.store.list_turns(state=None if state in LIVE_STATES else state,
+                                           session=session, limit=limit if state not in
+                                           LIVE_STATES else 100_000)
+        out = []
+        for row in rows:
+            live = self.live.get(row["id"])
+            current = live.record.to_json() if live else row
+            if state and current["state"] != state:
+                continue
+            out.append(current)
+            if len(out) >= limit:
+                break
+        return out
+
+    async def post_message(self, turn_id: str, *, kind: str, text: str,
+                           redirect: bool) -> dict[str, Any]:
+        live = self.live.get(turn_id)
+        if live is None:
+            if await self.store.get_turn(turn_id) is None:
+                raise UnknownTurn(turn_id)
+            raise TurnFinished(turn_id)
+        record = live.record
+        now = self.clock.time()
+        record.inbox.append({"kind": kind, "text": text, "redirect": redirect, "at": now})
+        record.updated_at = now
+        await self.store.save_turn(record.to_json())
+        self.bus.publish("turn.message", turn=turn_id, kind=kind, text=text[:2000],
+                         redirect=redirect)
+        log.info("turn.message", turn=turn_id, kind=kind, redirect=redirect)
+        live.control.message_arrived(redirect=redirect)
+        return {"turn": turn_id, "accepted": kind}
+
+    async def cancel(self, turn_id: str) -> dict[str, Any]:
+        live = self.live.get(turn_id)
+        if live is None:
+            data = await self.store.get_turn(turn_id)
+            if data is None:
+                raise UnknownTurn(turn_id)
+            return {"turn": turn_id, "state": data["state"]}
+        if live.running:
+            live.control.cancel()
+        else:
+            if turn_id in self.queue:
+                self.queue.remove(turn_id)
+            await self._finish(live, TurnResult(stopped_because=Stop(
+                StopCode.CANCELLED, "cancelled before it started")))
+        return {"turn": turn_id, "state": "cancelling" if live.running else "cancelled"}
+
+    async def replay(self, turn_id: str) -> TurnRecord:
+        data = await self.store.get_turn(turn_id)
+        if data is None:
+            raise UnknownTurn(turn_id)
+        if data["state"] not in ("failed", "partial") or not data.get("result") or (
+                data["state"] == "partial" and data["result"]["stopped_because"]["code"]
+                != StopCode.PROVIDERS_EXHAUSTED.value):
+            raise TurnFinished(f"turn {turn_id} is not a dead letter")
+        record = await self.submit(message=data["message"], session=data["session"],
+                                   budget=data.get("budget") or {},
+                                   deadline=None, replay_of=turn_id)
+        await self.store.mark_replayed(turn_id, record.id)
+        return record
+
+    # -- status -----------------------------------------------------------------------
+
+    def turn_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(LIVE_STATES, 0)
+        for live in self.live.values():
+            if live.record.state in counts:
+                counts[live.record.state] += 1
+        return counts
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock.monotonic()
+        return {
+            "state": self.state,
+            "policy_version": self.policy.version,
+            "config_path": self.config_path,
+            "pending_restart": list(self.pending_restart),
+            "last_reload_error": self.last_reload_error,
+            "turns": self.turn_counts(),
+            "queue": {"depth": len(self.queue),
+                      "max": self.config.daemon.max_queued_turns,
+                      "max_concurrent": self.config.daemon.max_concurrent_turns},
+            "breakers": {name.split(":", 1)[1] if name.startswith("provider:") else name:
+                         b.state(now).value for name, b in self.shared.breakers.items()},
+            "uptime_s": round(now - self.started_at, 3),
+            "version": __version__,
+        }
+
+    # -- reload -----------------------------------------------------------------------
+
+    async def reload(self, trigger: str) -> ReloadOutcome:
+        """Every trigger comes here. Triggers that arrive while a reload runs coalesce
+        into one more reload, which all of them wait for."""
+        self._reload_requests += 1
+        mine = self._reload_requests
+        async with self._reload_lock:
+            if self._reload_done_upto >= mine and self._last_reload is not None:
+                return self._last_reload
+            upto = self._reload_requests
+            outcome = await self._reload(trigger)
+            self._reload_done_upto = upto
+            self._last_reload = outcome
+            return outcome
+
+    async def _reload(self, trigger: str) -> ReloadOutcome:
+        if self.state == "stopping":
+            return ReloadOutcome(ok=False, policy_version=self.policy.version,
+                                 error="the daemon is stopping")
+        started = self.clock.monotonic()
+        try:
+            config, digest = await anyio.to_thread.run_sync(load_config, self.config_path)
+            candidate = Policy(version=self.policy.version + 1, config=config,
+                               source_path=self.config_path, content_hash=digest)
+            runtime = Runtime.build(candidate, self.runtime)
+        except ConfigError as exc:
+            self.last_reload_error = str(exc)
+            self.reload_failures += 1
+            self.bus.publish("daemon.reload_failed", trigger=trigger, error=str(exc))
+            log.error("daemon.reload_failed", trigger=trigger, error=str(exc),
+                      policy_version=self.policy.version)
+            self.notifier.status(self.status_line())
+            return ReloadOutcome(ok=False, policy_version=self.policy.version,
+                                 error=str(exc))
+        self.state = "reloading"
+        self.notifier.reloading(self.status_line())
+        self.bus.publish("daemon.reloading", trigger=trigger,
+                         policy_version=self.policy.version)
+        log.info("daemon.reloading", trigger=trigger, policy_version=self.policy.version,
+                 running=self.running, queued=len(self.queue))
+        self.intake_open = False
+        await self._drain(self.config.daemon.drain_timeout, reason="reload")
+        # Swap atomically: nothing runs under the old policy any more.
+        previous = self.runtime
+        pending = self.policy.pending_restart(config)
+        self.pending_restart = tuple(pending)
+        keep_restart_keys = _keep_restart_keys(self.policy.config, config)
+        candidate = Policy(version=candidate.version, config=keep_restart_keys,
+                           source_path=self.config_path, content_hash=digest)
+        runtime.policy = candidate
+        self.policy = candidate
+        self.runtime = runtime
+        self.shared.apply(candidate.config)
+        for provider in previous.retired_by(runtime):
+            await provider.aclose()
+        if previous.toolbox is not runtime.toolbox:
+            await previous.toolbox.aclose()
+        suspended, self._suspended = self._suspended, []
+        for turn_id in reversed(suspended):
+            if turn_id in self.live:
+                self.queue.appendleft(turn_id)
+        self.last_reload_error = None
+        self.reload_count += 1
+        self.state = "ready"
+        self.intake_open = True
+        self._dispatch()
+        duration = self.clock.monotonic() - started
+        self.notifier.ready(self.status_line())
+        self.bus.publish("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
+                         pending_restart=pending, duration_s=round(duration, 6),
+                         resumed=len(suspended))
+        log.info("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
+                 pending_restart=pending, duration_s=round(duration, 6),
+                 suspended=len(suspended))
+        return ReloadOutcome(ok=True, policy_version=candidate.version,
+                             pending_restart=tuple(pending), duration_s=duration)
+
+    async def _drain(self, timeout_s: float, *, reason: str) -> None:
+        """Let running turns finish up to `timeout_s`; parked turns suspend at once, the
+        rest at their next step boundary once the time is up."""
+        for live in list(self.live.values()):
+            if live.running and live.record.state in ("recovering", "waiting"):
+                live.control.suspend()
+        with anyio.move_on_after(timeout_s):
+            while self.running:
+                await self._idle.wait()
+        if self.running:
+            log.info("daemon.drain_timeout", reason=reason, running=self.running)
+            for live in list(self.live.values()):
+                if live.running:
+                    live.control.suspend(now=reason == "stop")
+            while self.running:
+                await self._idle.wait()
+
+    # -- stop -------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+
+    async def wait_stop_requested(self) -> None:
+        await self._stop_requested.wait()
+
+    async def stop(self) -> None:
+        if self.state == "stopping":
+            return
+        self.state = "stopping"
+        self.intake_open = False
+        self.notifier.stopping(self.status_line())
+        self.bus.publish("daemon.stopping", running=self.running, queued=len(self.queue))
+        log.info("daemon.stopping", running=self.running, queued=len(self.queue))
+        await self._drain(self.config.daemon.shutdown_timeout, reason="stop")
+        await self.runtime.toolbox.aclose()
+        for provider in self.runtime.providers.values():
+            await provider.aclose()
+
+
+def _keep_restart_keys(old: Config, new: Config) -> Config:
+    """Settings that need a restart keep their running value until then."""
+    daemon = new.daemon.model_copy(update={
+        "socket": old.daemon.socket, "socket_mode": old.daemon.socket_mode,
+        "state_dir": old.daemon.state_dir, "allowed_uids": old.daemon.allowed_uids,
+        "allowed_gids": old.daemon.allowed_gids})
+    return new.model_copy(update={"daemon": daemon})

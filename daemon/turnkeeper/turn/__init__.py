@@ -1,0 +1,1 @@
+"""One turn, step by step: the record people see, the conversation, the runner."""

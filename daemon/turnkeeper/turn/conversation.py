@@ -1,0 +1,105 @@
+"""The turn's conversation: session history, the user's message, steps, notes from the
+daemon, steer messages, and the rebuild after a context overflow."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from turnkeeper.providers.base import Message, ToolCall
+
+NOTE_PREFIX = "[turnkeeper note] "
+
+
+class Conversation:
+    def __init__(self, messages: Iterable[Message] = (), *, turn_start: int = 0) -> None:
+        self.messages: list[Message] = list(messages)
+        # Index of the turn's own user message: what comes before is session history.
+        self.turn_start = turn_start
+
+    def __repr__(self) -> str:
+        return f"Conversation({len(self.messages)} messages, turn_start={self.turn_start})"
+
+    @classmethod
+    def start(cls, history: Iterable[Mapping[str, Any]], message: str) -> Conversation:
+        msgs: list[Message] = []
+        for turn in history:
+            msgs.append(Message(role="user", content=str(turn["message"])))
+            result = turn.get("result") or {}
+            answer = result.get("answer")
+            if answer is None:
+                stop = (result.get("stopped_because") or {}).get("message", "no answer")
+                answer = f"(that turn ended {result.get('status', 'unfinished')}: {stop})"
+            msgs.append(Message(role="assistant", content=str(answer)))
+        conv = cls(msgs, turn_start=len(msgs))
+        conv.messages.append(Message(role="user", content=message))
+        return conv
+
+    def add_user(self, text: str) -> None:
+        self.messages.append(Message(role="user", content=text))
+
+    def add_note(self, text: str) -> None:
+        """A note from the daemon to the agent (soft budget warning, loop warning, unknown
+        outcome). Sent as a user message so every wire format accepts it mid-conversation."""
+        self.messages.append(Message(role="user", content=NOTE_PREFIX + text))
+
+    def add_assistant(self, text: str | None, tool_calls: tuple[ToolCall, ...]) -> None:
+        self.messages.append(Message(role="assistant", content=text, tool_calls=tool_calls))
+
+    def add_tool_result(self, call: ToolCall, content: str) -> None:
+        self.messages.append(Message(role="tool", content=content, tool_call_id=call.id,
+                                     name=call.name))
+
+    def pending_tool_calls(self) -> tuple[ToolCall, ...]:
+        """Tool calls of the last assistant message that have no result yet (a step cut
+        short by a crash or a suspend between the model's reply and its tools)."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            m = self.messages[i]
+            if m.role == "assistant":
+                done = {x.tool_call_id for x in self.messages[i + 1:] if x.role == "tool"}
+                return tuple(c for c in m.tool_calls if c.id not in done)
+            if m.role == "user":
+                return ()
+        return ()
+
+    def compact(self) -> bool:
+        """Rebuild after a context overflow: drop the oldest half of the session history,
+        or, with none left, the oldest complete step of this turn (an assistant message
+        with its tool results). Returns False when nothing can be dropped."""
+        if self.turn_start > 0:
+            drop = max(2, self.turn_start // 2)
+            drop -= drop % 2
+            drop = min(drop, self.turn_start)
+            del self.messages[:drop]
+            self.turn_start -= drop
+            return True
+        body = self.messages[self.turn_start + 1:]
+        for i, m in enumerate(body):
+            if m.role == "assistant":
+                j = i + 1
+                while j < len(body) and body[j].role == "tool":
+                    j += 1
+                if j >= len(body):
+                    return False  # that is the step in progress
+                start = self.turn_start + 1 + i
+                del self.messages[start:start + (j - i)]
+                self.messages.insert(start, Message(
+                    role="user", content=NOTE_PREFIX + "an earlier step was removed to fit "
+                    "the model's context window"))
+                return True
+        return False
+
+    def last_assistant_text(self) -> str | None:
+        for m in reversed(self.messages):
+            if m.role == "assistant" and m.content:
+                return m.content
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"messages": [m.to_json() for m in self.messages],
+                "turn_start": self.turn_start}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Conversation:
+        return cls((Message.from_json(m) for m in d.get("messages", ())),
+                   turn_start=int(d.get("turn_start", 0)))

@@ -1,0 +1,82 @@
+"""The live, mutable record of one turn: what `/v1/turns/{id}` shows and the store keeps.
+
+Only the supervisor and the turn's own runner write it, both on the event loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+COUNTER_NAMES = ("provider_attempts", "fallback_hops", "restarts", "recovery_cycles", "steps")
+TERMINAL_STATES = frozenset({"completed", "blocked", "partial", "failed", "cancelled"})
+LIVE_STATES = ("queued", "running", "recovering", "waiting", "suspended")
+
+
+def _zero_counters() -> dict[str, int]:
+    return dict.fromkeys(COUNTER_NAMES, 0)
+
+
+def _zero_usage() -> dict[str, Any]:
+    return {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "seconds": 0.0,
+            "cost_usd": 0.0}
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    id: str
+    session: str
+    message: str
+    created_at: float
+    updated_at: float
+    state: str = "queued"
+    policy_version: int = 0
+    seq: int = 0
+    budget: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None
+    provider: str | None = None
+    counters: dict[str, int] = field(default_factory=_zero_counters)
+    usage: dict[str, Any] = field(default_factory=_zero_usage)
+    next_attempt_at: float | None = None
+    question: str | None = None
+    result: dict[str, Any] | None = None
+    last_error: str | None = None
+    replay_of: str | None = None
+    inbox: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "session": self.session, "state": self.state,
+            "policy_version": self.policy_version, "created_at": self.created_at,
+            "updated_at": self.updated_at, "provider": self.provider,
+            "counters": dict(self.counters), "usage": dict(self.usage),
+            "message": self.message, "budget": dict(self.budget), "deadline": self.deadline,
+            "result": self.result, "seq": self.seq,
+        }
+        if self.next_attempt_at is not None:
+            out["next_attempt_at"] = self.next_attempt_at
+        if self.question is not None:
+            out["question"] = self.question
+        if self.last_error is not None:
+            out["last_error"] = self.last_error
+        if self.replay_of is not None:
+            out["replay_of"] = self.replay_of
+        if self.inbox:
+            out["inbox"] = list(self.inbox)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TurnRecord:
+        return cls(
+            id=d["id"], session=d["session"], message=d["message"],
+            created_at=d["created_at"], updated_at=d["updated_at"], state=d["state"],
+            policy_version=d.get("policy_version", 0), seq=d.get("seq", 0),
+            budget=d.get("budget") or {}, deadline=d.get("deadline"),
+            provider=d.get("provider"), counters={**_zero_counters(), **d.get("counters", {})},
+            usage={**_zero_usage(), **d.get("usage", {})},
+            next_attempt_at=d.get("next_attempt_at"), question=d.get("question"),
+            result=d.get("result"), last_error=d.get("last_error"),
+            replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])))

@@ -1,0 +1,823 @@
+"""One turn, step by step. The runner only moves data between the pure decisions of
+`turnkeeper.policy` and the world (providers, tools, store, events); every rule it
+applies lives there.
+
+Each step: absorb user messages, checkpoint, run the guards (before anything is spent),
+call the model through the provider chain, run the tools it asked for. Every way out,
+including a bug, becomes one `TurnResult`; a turn asked to suspend returns None after
+its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+
+from turnkeeper.clock import Clock
+from turnkeeper.events import EventBus
+from turnkeeper.policy.backoff import Backoff
+from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage, cost_usd
+from turnkeeper.policy.chain import Attempt, FailOver, Phase, ProviderChain, Recover, RetryIn
+from turnkeeper.policy.classify import CallFailure, FailureClass, classify
+from turnkeeper.policy.loops import Action, FailureLoop, LoopDetector, LoopWarning, action_key
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.providers.base import ModelReply, ModelRequest, ProviderError, ToolCall
+from turnkeeper.runtime import Runtime, Shared
+from turnkeeper.store.base import Store
+from turnkeeper.tools.registry import ToolOutcome
+from turnkeeper.turn.conversation import Conversation
+from turnkeeper.turn.record import TurnRecord
+
+log = structlog.get_logger("turnkeeper.turn")
+
+
+class _Suspend(Exception):
+    """Internal: the turn is to stop here and resume later from its checkpoint."""
+
+
+class _Redirect(Exception):
+    """Internal: a steer with redirect cut the model call; the step starts over."""
+
+
+@dataclass(slots=True)
+class TurnControl:
+    """What the outside world can do to a running turn. The supervisor holds it; the
+    runner reads it at step boundaries and while parked."""
+
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    cancel_requested: bool = False
+    suspend_requested: bool = False
+    redirect_requested: bool = False
+    parked: bool = False
+    scope: anyio.CancelScope | None = None
+    call_scope: anyio.CancelScope | None = None
+
+    def _wake(self) -> None:
+        self.wake.set()
+        self.wake = anyio.Event()
+
+    def message_arrived(self, *, redirect: bool) -> None:
+        if redirect:
+            self.redirect_requested = True
+            if self.call_scope is not None:
+                self.call_scope.cancel()
+        self._wake()
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def suspend(self, *, now: bool = False) -> None:
+        """At the next step boundary; at once when parked or when `now`."""
+        self.suspend_requested = True
+        if (now or self.parked) and self.scope is not None:
+            self.scope.cancel()
+        self._wake()
+
+
+class TurnRunner:
+    def __init__(self, record: TurnRecord, control: TurnControl, *, runtime: Runtime,
+                 shared: Shared, store: Store, bus: EventBus, clock: Clock,
+                 checkpoint: dict[str, Any], history: list[dict[str, Any]],
+                 rand: Callable[[float, float], float] = random.uniform) -> None:
+        self.record = record
+        self.control = control
+        self.runtime = runtime
+        self.shared = shared
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self.rand = rand
+        cfg = runtime.config
+        self.log = log.bind(turn=record.id, session=record.session,
+                            policy_version=record.policy_version)
+        limits = BudgetLimits.from_config(cfg.budget, overrides=record.budget,
+                                          deadline=record.deadline)
+        self.limits = limits
+        chain_kwargs: dict[str, Any] = {
+            "max_attempts": cfg.agent.api_max_retries + 1,
+            "backoff": Backoff.from_config(cfg.retry),
+            "max_retry_after_s": cfg.retry.max_retry_after,
+            "recovery_schedule": cfg.agent.recovery_schedule,
+            "recovery_jitter": cfg.agent.recovery_jitter,
+            "auto_recovery_cycles": cfg.agent.auto_recovery_cycles,
+        }
+        names = [p.name for p in cfg.providers]
+        if checkpoint.get("conversation"):
+            self.conv = Conversation.from_json(checkpoint["conversation"])
+            self.guard = BudgetGuard.restore(checkpoint["budget"], limits=limits)
+            self.loops = LoopDetector.restore(checkpoint["loops"],
+                                              **_loop_kwargs(cfg.loop_detection))
+            self.failures = FailureLoop.restore(checkpoint["failures"],
+                                                **_failure_kwargs(cfg.failure_loop))
+            chain_snap = checkpoint.get("chain")
+            self.chain = (ProviderChain.restore(chain_snap, providers=names, **chain_kwargs)
+                          if chain_snap and chain_snap.get("providers") == names
+                          else ProviderChain(names, **chain_kwargs))
+            self.partial: list[str] = list(checkpoint.get("partial", ()))
+            self.open_issues: list[str] = list(checkpoint.get("open_issues", ()))
+            self.waiting_since: float | None = checkpoint.get("waiting_since")
+            self.recover_until: float | None = checkpoint.get("recover_until")
+            self.resumed = True
+        else:
+            self.conv = Conversation.start(history, record.message)
+            self.guard = BudgetGuard(limits)
+            self.loops = LoopDetector(**_loop_kwargs(cfg.loop_detection))
+            self.failures = FailureLoop(**_failure_kwargs(cfg.failure_loop))
+            self.chain = ProviderChain(names, **chain_kwargs)
+            self.partial = []
+            self.open_issues = []
+            self.waiting_since = None
+            self.recover_until = None
+            self.resumed = False
+        self._active_since: float | None = None
+        self._pending_stop: Stop | None = None
+
+    # -- time -----------------------------------------------------------------------
+
+    def _start_active(self) -> None:
+        if self._active_since is None:
+            self._active_since = self.clock.monotonic()
+
+    def _stop_active(self) -> None:
+        if self._active_since is not None:
+            self.record.usage["seconds"] = round(
+                self.record.usage["seconds"] + self.clock.monotonic() - self._active_since, 6)
+            self._active_since = None
+
+    def _usage(self) -> BudgetUsage:
+        seconds = self.record.usage["seconds"]
+        if self._active_since is not None:
+            seconds += self.clock.monotonic() - self._active_since
+        return BudgetUsage(tokens=self.record.usage["total_tokens"], seconds=seconds,
+                           steps=self.record.counters["steps"],
+                           cost_usd=self.record.usage["cost_usd"])
+
+    def remaining_s(self) -> float:
+        return self.guard.remaining_seconds(self._usage(), now=self.clock.time())
+
+    # -- events and checkpoints -----------------------------------------------------
+
+    def emit(self, type: str, **data: Any) -> None:
+        self.bus.publish(type, turn=self.record.id, **data)
+
+    def _sync_counters(self) -> None:
+        c = self.record.counters
+        c["provider_attempts"] = self.chain.provider_attempts
+        c["fallback_hops"] = self.chain.fallback_hops
+        c["recovery_cycles"] = self.chain.recovery_cycles
+        self.record.provider = self.chain.current_provider
+
+    def checkpoint_data(self) -> dict[str, Any]:
+        return {
+            "conversation": self.conv.to_json(),
+            "budget": self.guard.snapshot(),
+            "loops": self.loops.snapshot(),
+            "failures": self.failures.snapshot(),
+            "chain": {**self.chain.snapshot(), "providers": [
+                p.name for p in self.runtime.config.providers]},
+            "partial": self.partial,
+            "open_issues": self.open_issues,
+            "waiting_since": self.waiting_since,
+            "recover_until": self.recover_until,
+        }
+
+    async def checkpoint(self, state: str | None = None) -> None:
+        if state is not None:
+            self.record.state = state
+        self._sync_counters()
+        usage = self._usage()
+        self.record.usage["seconds"] = round(usage.seconds, 6) if self._active_since is None \
+            else self.record.usage["seconds"]
+        self.record.updated_at = self.clock.time()
+        await self.store.save_turn(self.record.to_json(), self.checkpoint_data())
+
+    # -- the turn -------------------------------------------------------------------
+
+    async def run(self) -> TurnResult | None:
+        """Run to a result; None when suspended (the checkpoint is saved)."""
+        scope = anyio.CancelScope()
+        self.control.scope = scope
+        result: TurnResult | None = None
+        try:
+            with scope:
+                result = await self._run()
+            if scope.cancelled_caught or result is None:
+                if self.control.cancel_requested:
+                    result = self._finish(Stop(StopCode.CANCELLED, "cancelled by request"))
+                elif self.control.suspend_requested:
+                    return None
+        except _Suspend:
+            return None
+        except Exception as exc:  # a daemon bug: still a result, with the partial work
+            error_id = uuid.uuid4().hex[:12]
+            self.log.error("turn.internal_error", error_id=error_id,
+                           error=f"{type(exc).__name__}: {exc}",
+                           traceback=traceback.format_exc())
+            self.record.last_error = f"{type(exc).__name__}: {exc}"
+            result = self._finish(Stop(StopCode.INTERNAL,
+                                       f"internal error {error_id}; see the daemon log"),
+                                  error_id=error_id)
+        finally:
+            self.control.scope = None
+            self._stop_active()
+        assert result is not None
+        return result
+
+    def _finish(self, stop: Stop, *, answer: str | None = None,
+                error_id: str | None = None, extra: dict[str, Any] | None = None
+                ) -> TurnResult:
+        if answer is None and stop.code is not StopCode.COMPLETED:
+            answer = None
+        return TurnResult(stopped_because=stop, answer=answer, partial=tuple(self.partial),
+                          open_issues=tuple(self.open_issues), error_id=error_id,
+                          extra=extra or {})
+
+    async def _run(self) -> TurnResult:
+        if self.resumed:
+            self.emit("turn.resumed", state=self.record.state,
+                      step=self.record.counters["steps"])
+            self.log.info("turn.resumed", state=self.record.state,
+                          **self.record.counters)
+        else:
+            self.emit("turn.started", policy_version=self.record.policy_version,
+                      provider=self.chain.current_provider)
+        self.record.state = "running"
+        self._start_active()
+        # A step cut short between the model's reply and its tools finishes first.
+        if self.conv.pending_tool_calls():
+            outcome = await self._run_tools(self.conv.pending_tool_calls(), resuming=True)
+            if outcome is not None:
+                return outcome
+        if self.waiting_since is not None and self._pending_clarify() is not None:
+            outcome = await self._clarify(self._pending_clarify_call())
+            if outcome is not None:
+                return outcome
+        while True:
+            self._absorb_messages()
+            if self.control.suspend_requested:
+                await self._suspend()
+            await self.checkpoint("running")
+            stop = self._pending_stop or self.guard.check(self._usage(), now=self.clock.time())
+            if stop is not None:
+                return self._stop(stop)
+            warning = self.guard.soft_warning(self._usage(), now=self.clock.time())
+            if warning is not None:
+                self.conv.add_note(warning.message)
+                self.emit("budget.warning", dimensions=list(warning.dimensions),
+                          message=warning.message, **self._counter_values())
+                self.log.info("guard.budget_warning", dimensions=list(warning.dimensions),
+                              **self._counter_values())
+            self.record.counters["steps"] += 1
+            step = self.record.counters["steps"]
+            self.emit("step.started", step=step, provider=self.chain.current_provider)
+            try:
+                reply = await self._call_model()
+            except _Redirect:
+                self.record.counters["steps"] -= 1
+                continue
+            if isinstance(reply, Stop):
+                return self._stop(reply)
+            if reply is None:  # context overflow rebuilt: run the step again
+                self.record.counters["steps"] -= 1
+                continue
+            self.conv.add_assistant(reply.text, reply.tool_calls)
+            if not reply.tool_calls:
+                if self._has_unread_steer():
+                    self.partial.append(f"step {step}: answered, then read a steer message")
+                    continue
+                self.partial.append(f"step {step}: answered")
+                await self.checkpoint()
+                return self._finish(Stop(StopCode.COMPLETED, "the agent answered"),
+                                    answer=reply.text or "")
+            # Checkpoint the model's reply before any tool runs, so a crash here resumes
+            # with the same calls and the same idempotency keys.
+            await self.checkpoint()
+            outcome = await self._run_tools(reply.tool_calls, resuming=False)
+            if outcome is not None:
+                return outcome
+
+    def _counter_values(self) -> dict[str, Any]:
+        self._sync_counters()
+        u = self._usage()
+        return {**self.record.counters, "tokens": u.tokens, "seconds": round(u.seconds, 3),
+                "cost_usd": round(u.cost_usd, 6)}
+
+    def _stop(self, stop: Stop) -> TurnResult:
+        if stop.code not in (StopCode.COMPLETED, StopCode.BLOCKED):
+            self.open_issues.append(f"stopped early: {stop.message}")
+        return self._finish(stop, answer=self.conv.last_assistant_text()
+                            if stop.code is not StopCode.INTERNAL else None)
+
+    async def _suspend(self) -> None:
+        self._stop_active()
+        await self.checkpoint("suspended")
+        self.emit("turn.suspended", step=self.record.counters["steps"])
+        raise _Suspend
+
+    # -- user messages ----------------------------------------------------------------
+
+    def _has_unread_steer(self) -> bool:
+        return any(m["kind"] == "steer" for m in self.record.inbox)
+
+    def _absorb_messages(self) -> None:
+        """Steers join the conversation at the step boundary. A user message is never
+        charged to any counter; it resets `restarts`."""
+        steers = [m for m in self.record.inbox if m["kind"] == "steer"]
+        if not steers:
+            return
+        self.record.inbox = [m for m in self.record.inbox if m["kind"] != "steer"]
+        for m in steers:
+            self.conv.add_user(m["text"])
+        self.record.counters["restarts"] = 0
+        self.control.redirect_requested = False
+        self._pending_stop = None
+
+    # -- the model call ---------------------------------------------------------------
+
+    def _request(self) -> ModelRequest:
+        cfg = self.runtime.config
+        provider_cfg = next(p for p in cfg.providers if p.name == self.chain.current_provider)
+        usage = self._usage()
+        return ModelRequest(
+            system=cfg.agent.system_prompt, messages=tuple(self.conv.messages),
+            tools=self.runtime.toolbox.specs,
+            max_output_tokens=self.guard.max_output_tokens(usage,
+                                                           provider_cfg.max_output_tokens),
+            timeout_s=max(0.001, min(provider_cfg.timeout, self.remaining_s())),
+            turn_id=self.record.id, step=self.record.counters["steps"],
+            metadata={"turn_message": self.record.message})
+
+    async def _call_model(self) -> ModelReply | Stop | None:
+        """Through the chain: retries, failovers and recovery cycles. Returns the reply,
+        a Stop, or None after a context-overflow rebuild."""
+        decision: Any
+        if self.chain.phase is Phase.RECOVERING:  # resumed while parked in recovery
+            decision = Recover(cycle=self.chain.recovery_cycles + 1,
+                               of_cycles=self.runtime.config.agent.auto_recovery_cycles,
+                               wait_s=max(0.0, (self.recover_until or 0.0) - self.clock.time()))
+        else:
+            decision = self.chain.begin_call()
+        retry_held: str | None = None
+        try:
+            while True:
+                if isinstance(decision, Attempt):
+                    result = await self._attempt(decision, retry_held)
+                    retry_held = None
+                    if isinstance(result, ModelReply):
+                        return result
+                    if result is None:
+                        return await self._rebuild()
+                    decision = result
+                elif isinstance(decision, RetryIn):
+                    budget = self.shared.retry_budgets[decision.provider]
+                    if not budget.try_begin_retry():
+                        self.log.info("model.retry_refused", provider=decision.provider,
+                                      **self._counter_values())
+                        decision = self.chain.on_retry_refused()
+                        continue
+                    retry_held = decision.provider
+                    self.emit("model.retry_scheduled", provider=decision.provider,
+                              attempt=decision.attempt_next, delay=round(decision.seconds, 3),
+                              **{"class": decision.failure_class.value},
+                              status=self._last_failure.status,
+                              retry_after=decision.retry_after_s)
+                    self.log.info("model.retry_scheduled", provider=decision.provider,
+                                  delay=round(decision.seconds, 3),
+                                  failure_class=decision.failure_class.value,
+                                  **self._counter_values())
+                    self.record.next_attempt_at = self.clock.time() + decision.seconds
+                    await self._sleep_active(decision.seconds)
+                    self.record.next_attempt_at = None
+                    decision = self.chain.retry_ready()
+                elif isinstance(decision, FailOver):
+                    self.emit("model.failover", **{"from": decision.from_provider},
+                              to=decision.to_provider, reason=decision.reason)
+                    self.log.info("model.failover", from_provider=decision.from_provider,
+                                  to=decision.to_provider, reason=decision.reason,
+                                  **self._counter_values())
+                    decision = self.chain.begin_call()
+                elif isinstance(decision, Recover):
+                    stop = await self._recover(decision)
+                    if stop is not None:
+                        return stop
+                    decision = self.chain.recovery_done()
+                elif isinstance(decision, Stop):
+                    return decision
+                else:  # pragma: no cover - the chain's decisions are a closed set
+                    raise AssertionError(f"unexpected chain decision {decision!r}")
+        finally:
+            if retry_held is not None:
+                self.shared.retry_budgets[retry_held].end_retry()
+            self._sync_counters()
+
+    _last_failure: CallFailure = CallFailure()
+
+    async def _attempt(self, attempt: Attempt, retry_held: str | None
+                       ) -> ModelReply | Any | None:
+        name = attempt.provider
+        breaker = self.shared.breakers[f"provider:{name}"]
+        now = self.clock.monotonic()
+        if not breaker.try_acquire(now):
+            if retry_held is not None:
+                self.shared.retry_budgets[retry_held].end_retry()
+            self.log.info("model.breaker_open", provider=name)
+            return self.chain.on_breaker_open()
+        self._sync_counters()
+        provider = self.runtime.providers[name]
+        request = self._request()
+        budget = self.shared.retry_budgets[name]
+        self.emit("model.request", provider=name, attempt=attempt.attempt,
+                  step=request.step, messages=len(request.messages))
+        budget.begin_request()
+        streamed = False
+        call_scope = anyio.CancelScope()
+        self.control.call_scope = call_scope
+        failure: CallFailure | None = None
+        reply: ModelReply | None = None
+
+        async def on_delta(text: str) -> None:
+            nonlocal streamed
+            streamed = True
+            self.emit("model.delta", text=text)
+
+        try:
+            with call_scope:
+                try:
+                    reply = await provider.complete(request, on_delta)
+                except ProviderError as exc:
+                    failure = exc.failure
+        except BaseException:
+            breaker.release(self.clock.monotonic())
+            raise
+        finally:
+            self.control.call_scope = None
+            budget.end_request()
+            if retry_held is not None:
+                self.shared.retry_budgets[retry_held].end_retry()
+        if call_scope.cancelled_caught:
+            breaker.release(self.clock.monotonic())
+            self.chain.abandon()
+            self.emit("model.redirected", provider=name)
+            raise _Redirect
+        if reply is not None:
+            breaker.record_success(self.clock.monotonic())
+            self.chain.on_success()
+            self._charge(name, reply)
+            return reply
+        assert failure is not None
+        self._last_failure = failure
+        self.record.last_error = f"{name}: {failure.describe()}"
+        if failure.context_overflow:
+            breaker.record_success(self.clock.monotonic())
+            return None
+        cls = classify(failure)
+        breaker.record_failure(self.clock.monotonic(), cls, retry_after_s=failure.retry_after_s)
+        self.log.info("model.attempt_failed", provider=name, failure_class=cls.value,
+                      status=failure.status, error=failure.describe(),
+                      **self._counter_values())
+        if streamed:
+            # The partial output is discarded: the step is rebuilt (SPEC 3 `restarts`).
+            stop = self._count_restart("the step was rebuilt after a stream broke")
+            if stop is not None:
+                return stop
+        return self.chain.on_failure(cls, retry_after_s=failure.retry_after_s,
+                                     remaining_s=self.remaining_s(), rand=self.rand)
+
+    def _charge(self, provider: str, reply: ModelReply) -> None:
+        u = self.record.usage
+        u["input_tokens"] += reply.usage.input_tokens
+        u["output_tokens"] += reply.usage.output_tokens
+        u["total_tokens"] = u["input_tokens"] + u["output_tokens"]
+        pcfg = next(p for p in self.runtime.config.providers if p.name == provider)
+        u["cost_usd"] = round(u["cost_usd"] + cost_usd(
+            reply.usage.input_tokens, reply.usage.output_tokens,
+            price_input_per_mtok=pcfg.price_input_per_mtok,
+            price_output_per_mtok=pcfg.price_output_per_mtok), 9)
+        self.emit("model.response", provider=provider,
+                  usage={"input_tokens": reply.usage.input_tokens,
+                         "output_tokens": reply.usage.output_tokens},
+                  finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls))
+
+    def _count_restart(self, why: str) -> Stop | None:
+        c = self.record.counters
+        c["restarts"] += 1
+        limit = self.runtime.config.agent.max_restarts
+        self.log.info("turn.restart", why=why, **self._counter_values())
+        if c["restarts"] > limit:
+            return Stop(StopCode.RESTARTS_EXHAUSTED,
+                        f"{c['restarts']} automatic rebuilds, more than max_restarts = {limit}",
+                        value=c["restarts"], limit=limit)
+        return None
+
+    async def _rebuild(self) -> Stop | None:
+        stop = self._count_restart("context overflow: older history compacted")
+        if stop is not None:
+            return stop
+        if not self.conv.compact():
+            return Stop(StopCode.RESTARTS_EXHAUSTED,
+                        "the context overflowed and nothing more can be compacted",
+                        value=self.record.counters["restarts"],
+                        limit=self.runtime.config.agent.max_restarts)
+        return None
+
+    async def _sleep_active(self, seconds: float) -> None:
+        """A backoff wait: active time (it counts toward max_seconds), cut short by a
+        redirect steer."""
+        with anyio.move_on_after(seconds):
+            while not self.control.redirect_requested:
+                await self.control.wake.wait()
+        if self.control.redirect_requested:
+            self.chain.abandon()
+            raise _Redirect
+
+    async def _recover(self, decision: Recover) -> Stop | None:
+        """Park for a recovery cycle: not active time; cancel, steer and suspend work."""
+        now = self.clock.time()
+        if self.recover_until is None:
+            self.recover_until = now + decision.wait_s
+        wait = max(0.0, self.recover_until - now)
+        if self.limits.deadline is not None:
+            wait = min(wait, max(0.0, self.limits.deadline - now))
+        self.record.next_attempt_at = self.recover_until
+        self.emit("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
+                  wait=round(decision.wait_s, 3), next_attempt_at=self.recover_until)
+        self.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
+                         wait=round(decision.wait_s, 3), **self._counter_values())
+        self._stop_active()
+        await self.checkpoint("recovering")
+        self.control.parked = True
+        try:
+            if self.control.suspend_requested:
+                raise _Suspend
+            with anyio.move_on_after(wait):
+                while not self.control.redirect_requested:
+                    await self.control.wake.wait()
+        finally:
+            self.control.parked = False
+        self.recover_until = None
+        self.record.next_attempt_at = None
+        self.record.state = "running"
+        self._start_active()
+        stop = self.guard.check(self._usage(), now=self.clock.time())
+        if stop is not None and stop.code is StopCode.DEADLINE:
+            return stop
+        # A steer that cut the wait short joins the conversation before the next pass.
+        self._absorb_messages()
+        return None
+
+    # -- tools ------------------------------------------------------------------------
+
+    def _pending_clarify(self) -> str | None:
+        return self.record.question
+
+    def _pending_clarify_call(self) -> ToolCall:
+        return ToolCall(id="clarify", name="clarify",
+                        arguments=json.dumps({"question": self.record.question}))
+
+    async def _run_tools(self, calls: tuple[ToolCall, ...], *, resuming: bool
+                         ) -> TurnResult | None:
+        step = self.record.counters["steps"]
+        observations: list[str] = []
+        states: list[str] = []
+        all_polling = True
+        for index, call in enumerate(calls):
+            if call.name == "report_blocked":
+                return self._blocked(call)
+            if call.name == "clarify":
+                outcome = await self._clarify(call)
+                if outcome is not None:
+                    return outcome
+                all_polling = False
+                continue
+            key = f"{self.record.id}.{step}.{index}"
+            tool = self.runtime.toolbox.get(call.name)
+            polling = bool(tool and tool.polling)
+            all_polling = all_polling and polling
+            result = await self._tool_call(call, key, resuming=resuming)
+            if isinstance(result, Stop):
+                self.conv.add_tool_result(call, "not run: the turn stops here")
+                await self.checkpoint()
+                return self._stop(result)
+            content, state = result
+            observations.append(content)
+            if state is not None:
+                states.append(state)
+        self._sync_counters()
+        await self.checkpoint()
+        if observations:
+            stop = self.loops.after_step(observations,
+                                         state="|".join(states) if states else None,
+                                         polling_only=all_polling)
+            if stop is not None:
+                self._pending_stop = stop
+        return None
+
+    def _blocked(self, call: ToolCall) -> TurnResult:
+        try:
+            args = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            args = {"reason": call.arguments}
+        if not isinstance(args, dict):
+            args = {"reason": str(args)}
+        reason = str(args.get("reason") or "blocked")
+        tried = [str(x) for x in args.get("tried") or []]
+        found = [str(x) for x in args.get("found") or []]
+        self.partial.extend(f"tried: {t}" for t in tried)
+        self.open_issues.append(reason)
+        return self._finish(Stop(StopCode.BLOCKED, reason), answer=None,
+                            extra={"blocked": {"reason": reason, "tried": tried,
+                                               "found": found}})
+
+    async def _clarify(self, call: ToolCall) -> TurnResult | None:
+        try:
+            question = str(json.loads(call.arguments or "{}").get("question") or "")
+        except (json.JSONDecodeError, AttributeError):
+            question = call.arguments
+        timeout = self.runtime.config.clarify.timeout
+        now = self.clock.time()
+        if self.waiting_since is None:
+            self.waiting_since = now
+        self.record.question = question
+        self.emit("turn.waiting", question=question)
+        self._stop_active()
+        await self.checkpoint("waiting")
+        self.control.parked = True
+        answer: str | None = None
+        try:
+            if self.control.suspend_requested:
+                raise _Suspend
+            with anyio.move_on_after(max(0.0, self.waiting_since + timeout - now)):
+                while answer is None:
+                    answers = [m for m in self.record.inbox if m["kind"] == "answer"]
+                    if answers:
+                        answer = answers[0]["text"]
+                        self.record.inbox.remove(answers[0])
+                        break
+                    await self.control.wake.wait()
+        finally:
+            self.control.parked = False
+        waited = self.clock.time() - self.waiting_since
+        self.waiting_since = None
+        self.record.question = None
+        self.record.state = "running"
+        self._start_active()
+        if answer is None:
+            self.conv.add_tool_result(call, "no answer came")
+            return self._stop(Stop(StopCode.CLARIFY_TIMEOUT,
+                                   f"no answer to the clarify question within {timeout:g} s",
+                                   value=round(waited, 3), limit=timeout))
+        self.conv.add_tool_result(call, answer)
+        self.record.counters["restarts"] = 0
+        self.partial.append(f"step {self.record.counters['steps']}: asked the user: "
+                            f"{question[:200]}")
+        await self.checkpoint()
+        return None
+
+    async def _tool_call(self, call: ToolCall, key: str, *, resuming: bool
+                         ) -> Stop | tuple[str, str | None]:
+        """One tool call with its guards, journal, breaker and retries. Returns the
+        observation (content, state) or a Stop."""
+        toolbox = self.runtime.toolbox
+        tool = toolbox.get(call.name)
+        if tool is None:
+            failure = CallFailure(exception=("UnknownTool",),
+                                  message=f"there is no tool named {call.name!r}")
+            return self._tool_failed(call, None, failure)
+        args, problem = toolbox.check_arguments(call.name, call.arguments)
+        if problem is not None:
+            return self._tool_failed(call, None, problem.failure)
+        assert args is not None
+        action = Action(tool=call.name, key=action_key(call.name, args), polling=tool.polling)
+        verdict = self.loops.before_action(action)
+        if isinstance(verdict, Stop):
+            return verdict
+        if isinstance(verdict, LoopWarning):
+            self.conv.add_note(verdict.message)
+            self.emit("loop.warning", code=verdict.code, count=verdict.count,
+                      limit=verdict.limit, tool=call.name)
+            self.log.info("guard.loop_warning", tool=call.name, count=verdict.count,
+                          limit=verdict.limit)
+        self.emit("tool.call", tool=call.name, call_id=call.id, key=key,
+                  arguments=args)
+        outcome: ToolOutcome | None = None
+        if resuming:
+            entry = await self.store.journal_get(key)
+            if entry is not None and entry["outcome"] is not None:
+                outcome = ToolOutcome.from_json(entry["outcome"])
+            elif entry is not None and not entry["idempotent"]:
+                msg = (f"the call {call.name} ({key}) was in flight when the daemon stopped; "
+                       "it is not idempotent, so it was not run again and its outcome is "
+                       "unknown. Check before doing it again.")
+                self.open_issues.append(f"outcome unknown: {call.name} {call.arguments} "
+                                        f"(Idempotency-Key {key})")
+                self.conv.add_tool_result(call, "OUTCOME UNKNOWN: " + msg)
+                self.emit("tool.result", tool=call.name, call_id=call.id, key=key,
+                          ok=None, outcome="unknown")
+                return (f"unknown:{key}", None)
+        if outcome is None:
+            await self.store.journal_intent(key, turn=self.record.id, tool=call.name,
+                                            arguments=call.arguments,
+                                            idempotent=tool.idempotent)
+            outcome = await self._execute(call.name, args, key, idempotent=tool.idempotent)
+            await self.store.journal_outcome(key, outcome.to_json())
+        self.loops.after_action(action, classify(outcome.failure) if outcome.failure else None)
+        if outcome.failure is not None:
+            return self._tool_failed(call, args, outcome.failure, key=key)
+        self.failures.record_success(call.name, args)
+        self.conv.add_tool_result(call, outcome.content)
+        self.partial.append(f"step {self.record.counters['steps']}: {call.name} "
+                            f"{_short(call.arguments)} -> ok")
+        self.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=True,
+                  content=outcome.content[:2000], state=outcome.state)
+        return (outcome.content, outcome.state)
+
+    def _tool_failed(self, call: ToolCall, args: dict[str, Any] | None,
+                     failure: CallFailure, *, key: str | None = None
+                     ) -> Stop | tuple[str, str | None]:
+        cls = classify(failure)
+        text = f"ERROR ({cls.value}): {failure.describe()}"
+        self.conv.add_tool_result(call, text)
+        self.partial.append(f"step {self.record.counters['steps']}: {call.name} "
+                            f"{_short(call.arguments)} -> failed ({cls.value})")
+        self.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=False,
+                  **{"class": cls.value}, error=failure.describe()[:500])
+        stop = self.failures.record_failure(call.name, args if args is not None
+                                            else call.arguments, cls)
+        self.log.info("tool.failed", tool=call.name, failure_class=cls.value,
+                      error=failure.describe()[:300], **self._counter_values())
+        if stop is not None:
+            return stop
+        return (text, None)
+
+    async def _execute(self, name: str, args: dict[str, Any], key: str, *,
+                       idempotent: bool) -> ToolOutcome:
+        """Attempts of one call: idempotent tools retry retryable failures with backoff
+        (one Idempotency-Key for all attempts); others get exactly one attempt."""
+        cfg = self.runtime.config
+        tool = self.runtime.toolbox.get(name)
+        assert tool is not None
+        breaker = self.shared.breakers.get(f"tool:{name}")
+        backoff = Backoff.from_config(cfg.retry)
+        max_attempts = cfg.agent.api_max_retries + 1 if idempotent else 1
+        previous: float | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            if breaker is not None and not breaker.try_acquire(self.clock.monotonic()):
+                return ToolOutcome(content="", failure=CallFailure(
+                    exception=("CircuitOpen", "ConnectionError"),
+                    message=f"the circuit breaker of tool {name} is open"))
+            remaining = self.remaining_s()
+            try:
+                outcome = await self.runtime.toolbox.call(
+                    name, args, idempotency_key=key,
+                    timeout_s=max(0.001, min(tool.timeout, remaining)))
+            except BaseException:
+                if breaker is not None:
+                    breaker.release(self.clock.monotonic())
+                raise
+            if outcome.failure is None:
+                if breaker is not None:
+                    breaker.record_success(self.clock.monotonic())
+                return outcome
+            cls = classify(outcome.failure)
+            if breaker is not None:
+                breaker.record_failure(self.clock.monotonic(), cls,
+                                       retry_after_s=outcome.failure.retry_after_s)
+            if cls is FailureClass.DETERMINISTIC or attempt >= max_attempts:
+                return outcome
+            delay = backoff.delay(attempt=attempt - 1, previous_s=previous, rand=self.rand)
+            if outcome.failure.retry_after_s is not None:
+                delay = max(delay, outcome.failure.retry_after_s)
+            previous = delay
+            if delay > min(cfg.retry.max_retry_after, self.remaining_s()):
+                return outcome
+            self.emit("tool.retry_scheduled", tool=name, key=key, attempt=attempt + 1,
+                      delay=round(delay, 3), **{"class": cls.value},
+                      status=outcome.failure.status)
+            await anyio.sleep(delay)
+
+
+def _short(arguments: str, limit: int = 120) -> str:
+    return arguments if len(arguments) <= limit else arguments[:limit] + "..."
+
+
+def _loop_kwargs(cfg: Any) -> dict[str, Any]:
+    return {"warn_repeats": cfg.warn_repeats, "max_repeats": cfg.max_repeats,
+            "max_state_revisits": cfg.max_state_revisits,
+            "max_no_progress": cfg.max_no_progress}
+
+
+def _failure_kwargs(cfg: Any) -> dict[str, Any]:
+    return {"deterministic": cfg.deterministic, "unknown": cfg.unknown,
+            "retryable": cfg.retryable}
