@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -93,13 +94,12 @@ async def web_server() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
         app.router.add_route("POST", "/{tail:.*}", handler)
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        site = web.SockSite(runner, sock)
         await site.start()
         runners.append(runner)
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return f"http://127.0.0.1:{port}"
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     yield start
     for r in runners:

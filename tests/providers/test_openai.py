@@ -357,3 +357,17 @@ async def test_cancellation_propagates_and_closes_the_response(web_server: Serve
     assert scope.cancelled_caught
     with anyio.fail_after(3):
         await gone.wait()
+
+
+async def test_json_answer_to_a_stream_request_and_object_arguments_are_read(
+        web_server: Serve, make_provider, make_request) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"model": "m", "choices": [{"finish_reason": "tool_calls",
+            "message": {"content": None, "tool_calls": [{"id": "a", "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
+
+    p = make_provider("openai", await web_server(handler) + "/v1", stream=True)
+    reply = await p.complete(make_request([Message(role="user", content="x")]))
+    assert reply.tool_calls == (ToolCall("a", "get_weather", '{"city":"Oslo"}'),)
+    assert (reply.finish_reason, reply.usage.total_tokens) == ("tool_calls", 13)

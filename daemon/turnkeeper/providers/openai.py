@@ -7,6 +7,7 @@ terminator: anything shorter is an `IncompleteStream`, never a shortened answer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +44,16 @@ def finish_reason(raw: object, has_tool_calls: bool) -> str:
     if not raw:
         return "tool_calls" if has_tool_calls else "stop"
     return _FINISH.get(str(raw), str(raw))
+
+
+def _arguments(raw: object) -> str:
+    """The raw argument text; "{}" when empty. A server that sends an object instead of
+    a string (some compatible servers do) gets it back as compact JSON."""
+    if isinstance(raw, str):
+        return raw or "{}"
+    if raw is None:
+        return "{}"
+    return json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
 
 
 def encode_messages(system: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -127,7 +138,7 @@ class OpenAIProvider:
         msg = choice.get("message") or {}
         calls = tuple(
             ToolCall(id=str(c.get("id") or ""), name=str(c["function"]["name"]),
-                     arguments=c["function"].get("arguments") or "{}")
+                     arguments=_arguments(c["function"].get("arguments")))
             for c in msg.get("tool_calls") or ())
         u = obj.get("usage") or {}
         return ModelReply(
