@@ -182,7 +182,9 @@ async def test_a_change_before_the_watcher_started_is_found_by_the_rescan(tmp_pa
     stop = anyio.Event()
 
     with anyio.fail_after(3):
-        changes = config_changes(config, baseline=sha(b"policy\n"), rescan_s=0.05, stop_event=stop)
+        changes = config_changes(
+            config, initial_hash=sha(b"policy\n"), rescan_s=0.05, stop_event=stop
+        )
         change = await anext(changes)
         stop.set()
         await changes.aclose()
@@ -207,6 +209,42 @@ async def test_config_changes_ends_when_its_stop_event_is_set(tmp_path: Path) ->
             stop.set()
 
     assert seen == []
+
+
+async def test_cancelling_the_consumer_stops_the_watcher_at_once(tmp_path: Path) -> None:
+    """awatch alone holds a cancellation until its thread wakes (rescan_s, 5 s by default)."""
+    config = tmp_path / "turnkeeper.toml"
+    config.write_bytes(b"a = 1\n")
+    started = anyio.Event()
+
+    async def consume() -> None:
+        started.set()
+        async for _change in config_changes(config, step_ms=20):
+            pass
+
+    with anyio.fail_after(1):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await started.wait()
+            await anyio.sleep(0.1)  # let the watcher thread start waiting
+            tg.cancel_scope.cancel()
+
+
+async def test_a_vanished_directory_is_retried_not_raised(tmp_path: Path) -> None:
+    config = tmp_path / "conf" / "turnkeeper.toml"
+    stop = anyio.Event()
+
+    with anyio.fail_after(3):
+        changes = config_changes(config, initial_hash="0" * 64, retry_s=0.05, stop_event=stop)
+        gone = await anext(changes)  # the watch fails (no directory), the rescan reports
+        config.parent.mkdir()
+        config.write_bytes(b"a = 9\n")
+        back = await anext(changes)
+        stop.set()
+        await changes.aclose()
+
+    assert gone.sha256 is None
+    assert back.sha256 == sha(b"a = 9\n")
 
 
 def test_read_config_state_names_an_unreadable_file(tmp_path: Path) -> None:

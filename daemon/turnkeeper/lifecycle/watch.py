@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import structlog
@@ -127,98 +127,139 @@ def watch_plan(path: Path) -> WatchPlan:
     return WatchPlan(tuple(dirs), frozenset(names), any_name)
 
 
+async def _read(path: Path) -> ConfigChange:
+    return await anyio.to_thread.run_sync(read_config_state, path)
+
+
+class _Halt:
+    """The stop flag handed to the watcher thread: ours (set when the consumer is cancelled)
+    or the caller's `stop_event`. The thread only calls `is_set()`; watchfiles may `set()`."""
+
+    def __init__(self, outer: anyio.Event | None) -> None:
+        self._outer = outer
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set or (self._outer is not None and self._outer.is_set())
+
+    def set(self) -> None:
+        self._set = True
+
+
+async def _next_events(
+    watcher: AsyncGenerator[set[tuple[watchfiles.Change, str]], None], halt: _Halt
+) -> set[tuple[watchfiles.Change, str]] | None:
+    """The watcher's next batch, or None when it stopped; cancellable at once.
+
+    `awatch` waits in a worker thread that anyio does not abandon, so cancelling it directly
+    waits for the thread's own timeout (seconds, measured: ~5 s). Here the wait runs in a child
+    task and a cancellation of ours sets `halt`, which the thread checks every `step_ms`.
+    """
+    outcome: list[set[tuple[watchfiles.Change, str]] | None] = []
+    failure: list[OSError] = []
+
+    async def pull() -> None:
+        try:
+            outcome.append(await anext(watcher, None))
+        except OSError as exc:
+            failure.append(exc)
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pull)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            if not (outcome or failure):
+                halt.set()  # cancelled from outside: wake the thread
+    if failure:
+        raise failure[0]
+    return outcome[0] if outcome else None
+
+
 async def config_changes(
     path: Path,
     *,
-    baseline: str | None = None,
+    initial_hash: str | None = None,
     debounce_ms: int = 1600,
     step_ms: int = 100,
     rescan_s: float = 5.0,
+    retry_s: float = 5.0,
     stop_event: anyio.Event | None = None,
     force_polling: bool | None = None,
 ) -> AsyncGenerator[ConfigChange, None]:
     """Yield a `ConfigChange` each time the content hash of `path` differs from the last seen.
 
-    `baseline` is the hash the running policy was loaded from (None: hash the file now).
-    `step_ms` is the quiet time after the last event before the file is read (so a save in
-    several writes is read once), `debounce_ms` the longest a burst of events is collected.
+    `initial_hash` is the sha256 the running policy was loaded from (`Policy.content_hash`;
+    None: hash the file now). `step_ms` is the quiet time after the last event before the file
+    is read (so a save in several writes is read once), `debounce_ms` the longest a burst of
+    events is collected; every `rescan_s` the file is hashed even without an event.
+
+    Runs until `stop_event` is set or the consumer is cancelled; either stops it within
+    `step_ms`. It never raises for the watcher's own trouble (the directory removed, inotify
+    limits): that is logged, and after `retry_s` the file is hashed and the watch starts over.
 
     `force_polling` is off unless set or `WATCHFILES_FORCE_POLLING` is in the environment
-    (for filesystems without inotify); the rescan covers lost events either way.
-
-    Stop it with `stop_event`: cancelling alone waits for the watcher thread's next wake-up
-    (up to `rescan_s`); `watch_config` does this for you.
+    (for filesystems without inotify; the polling backend sees mtimes only to the second, the
+    rescan covers what it misses).
     """
-    stop = anyio.Event() if stop_event is None else stop_event
-    if baseline is None:
-        baseline = (await anyio.to_thread.run_sync(read_config_state, path)).sha256
-    tracker = ContentTracker(baseline)
-    while not stop.is_set():
+    halt = _Halt(stop_event)
+    if initial_hash is None:
+        initial_hash = (await _read(path)).sha256
+    tracker = ContentTracker(initial_hash)
+    while not halt.is_set():
+        # On every (re)start: a change made while no watcher was live (before the first start,
+        # between a link swap and the new watch, during a retry) has no event to wait for.
+        # Read again after each yield: the consumer may have taken its time.
+        while tracker.observe((state := await _read(path)).sha256):
+            yield state
+            if halt.is_set():
+                return
         plan = watch_plan(path)
         watcher = watchfiles.awatch(
             *plan.dirs,
             watch_filter=plan.watch_filter,
             debounce=debounce_ms,
             step=step_ms,
-            stop_event=stop,
+            # Duck-typed: watchfiles only calls is_set() (from its thread) and set().
+            stop_event=cast(anyio.Event, halt),
             rust_timeout=max(1, int(rescan_s * 1000)),
             yield_on_timeout=True,  # an empty set every rescan_s: hash anyway
             recursive=False,
             force_polling=force_polling,
         )
+        failed = False
         async with aclosing(watcher):
-            async for events in watcher:
-                state = await anyio.to_thread.run_sync(read_config_state, path)
+            while True:
+                try:
+                    events = await _next_events(watcher, halt)
+                except OSError as exc:
+                    _log.warning(
+                        "config_watch.failed", path=str(path), error=str(exc), retry_s=retry_s
+                    )
+                    failed = True
+                    break
+                if events is None:
+                    break
+                state = await _read(path)
                 if tracker.observe(state.sha256):
                     yield state
-                if events and watch_plan(path) != plan:
+                if watch_plan(path) != plan:
                     break  # a link now points elsewhere: watch the new place
+        if failed:
+            await anyio.sleep(retry_s)
 
 
 ChangeHandler = Callable[[ConfigChange], Awaitable[None] | None]
 
 
-async def watch_config(
-    path: Path,
-    on_change: ChangeHandler,
-    *,
-    baseline: str | None = None,
-    retry_s: float = 5.0,
-    **options: Any,
-) -> None:
-    """Call `on_change` for each content change of `path` until cancelled (a daemon task).
+async def watch_config(path: Path, on_change: ChangeHandler, **options: Any) -> None:
+    """Call `on_change` for each content change of `path` until cancelled: the daemon task.
 
-    An error of the watcher itself (the directory removed, inotify limits) is logged and the
-    watch restarts after `retry_s`, comparing against the last hash seen: losing the watcher
-    must not take the daemon down. `options` go to `config_changes`.
+    `options` go to `config_changes`. A reload takes long (drain); changes seen meanwhile
+    are reported after it returns, and the supervisor coalesces them.
     """
-    stop = anyio.Event()
-    last = baseline
-
-    async def run() -> None:
-        nonlocal last
-        while True:
-            try:
-                async for change in config_changes(path, baseline=last, stop_event=stop, **options):
-                    last = change.sha256
-                    result = on_change(change)
-                    if inspect.isawaitable(result):
-                        await result
-                return
-            except OSError as exc:
-                _log.warning("config_watch.failed", path=str(path), error=str(exc), retry_s=retry_s)
-            await anyio.sleep(retry_s)
-            state = await anyio.to_thread.run_sync(read_config_state, path)
-            if state.sha256 != last:
-                last = state.sha256
-                result = on_change(state)
-                if inspect.isawaitable(result):
-                    await result
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, name=f"config-watch {path}")
-        try:
-            await anyio.sleep_forever()
-        finally:
-            # Wakes the watcher thread within one step; cancellation alone would wait for it.
-            stop.set()
+    async for change in config_changes(path, **options):
+        result = on_change(change)
+        if inspect.isawaitable(result):
+            await result
