@@ -5,17 +5,17 @@ renaming it over the old one (the old inode, which a file watch would follow, is
 Kubernetes ConfigMap volume swaps a `..data` symlink to a new timestamped directory. Events are
 only a hint that something may have changed; the decision is the content hash (sha256 of the
 bytes): the same bytes written again, a `touch`, or a swap to an identical ConfigMap report
-nothing. Every `rescan_s` seconds the file is hashed even without an event, which closes the
-gap between loading the config and starting the watcher and covers filesystems that lose
-events (NFS, some bind mounts).
+nothing. The file is also hashed whenever a watcher (re)starts and every `rescan_s` seconds
+without an event, which covers the gap between loading the config and watching it and
+filesystems that lose events (NFS, some bind mounts).
 
 A missing or unreadable file *is* reported, once (`ConfigChange.sha256 is None`, with the
 error): the reload step then fails with "file missing", keeps the running policy and says so in
 `STATUS=`; the operator sees it instead of a silent watcher. When the file comes back, that is a
 change again (even to the old bytes), and the reload clears the error.
 
-`config_changes` is the iterator; `watch_config` is the task the supervisor runs (it stops
-promptly when cancelled and survives watcher errors).
+`config_changes` is the iterator (cancel it and it stops within `step_ms`; a failing watcher
+is retried, never raised); `watch_config` is the same as a callback task.
 """
 
 from __future__ import annotations
