@@ -27,17 +27,24 @@ EX_FAIL = 1
 STATUS_EXIT = {"completed": 0, "blocked": 3, "partial": 4, "failed": 5, "cancelled": 6}
 
 
-def _parser() -> argparse.ArgumentParser:
+def _common(*, top: bool) -> argparse.ArgumentParser:
+    """The options every command takes, before or after the command name. On the
+    subcommands their defaults are suppressed so they do not undo a value given first."""
     common = argparse.ArgumentParser(add_help=False)
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     common.add_argument("--socket", help="control socket (default: $TURNKEEPER_SOCKET, "
-                        "the config's daemon.socket, or the per-user default)")
-    common.add_argument("--json", action="store_true", help="print raw JSON")
+                        "the config's daemon.socket, or the per-user default)", **kw)
+    common.add_argument("--json", action="store_true", help="print raw JSON", **kw)
     common.add_argument("--config", help="config file (for serve, config, and to find "
-                        "the socket)")
+                        "the socket)", **kw)
+    return common
 
-    p = argparse.ArgumentParser(prog="turnkeeper", parents=[common],
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="turnkeeper", parents=[_common(top=True)],
                                 description="Host LLM agent turns that stay alive, bounded "
                                 "and honest.")
+    common = _common(top=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("serve", parents=[common], help="run the daemon")

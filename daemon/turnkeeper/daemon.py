@@ -101,7 +101,7 @@ async def _watch(sup: Supervisor, path: Path) -> None:
     async def on_change(_: ConfigChange) -> None:
         await sup.reload("config file changed")
 
-    await watch_config(path, on_change, baseline=sup.policy.content_hash or None)
+    await watch_config(path, on_change, initial_hash=sup.policy.content_hash or None)
 
 
 def serve(config_option: str | None) -> int:

@@ -20,10 +20,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from turnkeeper.config import BudgetConfig
 from turnkeeper.policy.outcome import Stop, StopCode
+
+if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
+    from turnkeeper.config import BudgetConfig
 
 # The keys a submit may override for its own turn (SPEC 10, POST /v1/turns `budget`).
 OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd")

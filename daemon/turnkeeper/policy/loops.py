@@ -23,11 +23,13 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from turnkeeper.config import FailureLoopConfig, LoopDetectionConfig
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop, StopCode
+
+if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
+    from turnkeeper.config import FailureLoopConfig, LoopDetectionConfig
 
 _RETRY_CLASSES = frozenset({FailureClass.RETRYABLE, FailureClass.UNKNOWN})
 

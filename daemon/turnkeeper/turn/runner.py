@@ -110,6 +110,7 @@ class TurnRunner:
             "recovery_schedule": cfg.agent.recovery_schedule,
             "recovery_jitter": cfg.agent.recovery_jitter,
             "auto_recovery_cycles": cfg.agent.auto_recovery_cycles,
+            "rand": rand,
         }
         names = [p.name for p in cfg.providers]
         if checkpoint.get("conversation"):
@@ -371,8 +372,8 @@ class TurnRunner:
         try:
             while True:
                 if isinstance(decision, Attempt):
-                    result = await self._attempt(decision, retry_held)
-                    retry_held = None
+                    held, retry_held = retry_held, None
+                    result = await self._attempt(decision, held)
                     if isinstance(result, ModelReply):
                         return result
                     if result is None:

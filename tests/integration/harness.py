@@ -1,0 +1,172 @@
+"""Start the real daemon as a subprocess on a temporary socket and talk to it over HTTP.
+
+Nothing here mocks the daemon: it is `python -m turnkeeper serve` with a real config
+file, a real SQLite file and a real Unix socket, stopped with real signals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from turnkeeper.control.client import Client
+
+READY_TIMEOUT_S = 15.0
+
+
+def write_config(path: Path, body: str, *, socket: Path, state_dir: Path) -> Path:
+    """A config file: the [daemon] paths first, then the test's own TOML."""
+    text = textwrap.dedent(body).strip("\n")
+    daemon_extra = ""
+    if "[daemon]" in text:
+        # Merge the test's [daemon] keys under ours.
+        head, _, rest = text.partition("[daemon]")
+        lines = rest.split("\n")
+        keys = []
+        while lines and not lines[0].lstrip().startswith("["):
+            keys.append(lines.pop(0))
+        daemon_extra = "\n".join(keys)
+        text = head + "\n".join(lines)
+    path.write_text(
+        f'[daemon]\nsocket = "{socket}"\nstate_dir = "{state_dir}"\nlog_format = "json"\n'
+        f"{daemon_extra}\n\n{text}\n")
+    return path
+
+
+class Daemon:
+    """One daemon process. `start()` waits until the socket answers /v1/status."""
+
+    def __init__(self, tmp: Path, config: str = "", *, env: dict[str, str] | None = None,
+                 name: str = "d", socket: Path | None = None) -> None:
+        self.tmp = tmp
+        self.dir = tmp / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.socket = socket or self.dir / "run" / "control.sock"
+        self.state_dir = self.dir / "state"
+        self.config_path = self.dir / "turnkeeper.toml"
+        self.log_path = self.dir / "daemon.log"
+        self.env_extra = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.set_config(config)
+        self.client = Client(self.socket, timeout=30.0)
+
+    def set_config(self, body: str) -> None:
+        write_config(self.config_path, body, socket=self.socket, state_dir=self.state_dir)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
+        env.pop("NOTIFY_SOCKET", None)
+        env.pop("WATCHDOG_USEC", None)
+        env.update(self.env_extra)
+        return env
+
+    def start(self, *, wait: bool = True) -> Daemon:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config_path)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env(),
+            cwd=self.dir)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n"
+                                     f"{self.log_text()[-4000:]}")
+            with contextlib.suppress(Exception):
+                status, data = self.client.request("GET", "/v1/status", timeout=2)
+                if status == 200 and data["state"] == "ready":
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"daemon not ready in {timeout} s:\n{self.log_text()[-4000:]}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_records(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("daemon did not stop within "
+                                 f"{timeout} s:\n{self.log_text()[-4000:]}") from None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    # -- API helpers ------------------------------------------------------------------
+
+    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return self.client.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        return self.client.request("POST", path, body, **kw)
+
+    def submit(self, message: str, **fields: Any) -> dict[str, Any]:
+        status, data = self.post("/v1/turns", {"message": message, **fields})
+        assert status == 202, (status, data)
+        return data["turn"]  # type: ignore[no-any-return]
+
+    def wait(self, turn_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            status, data = self.get(f"/v1/turns/{turn_id}?wait={max(0.1, min(left, 10)):.2f}",
+                                    timeout=left + 15)
+            assert status == 200, (status, data)
+            turn = data["turn"]
+            if turn.get("result") is not None:
+                return turn  # type: ignore[no-any-return]
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"turn {turn_id} not finished in {timeout} s: {turn}")
+
+    def run(self, message: str, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
+        return self.wait(self.submit(message, **fields)["id"], timeout)
+
+    def events(self, turn_id: str) -> list[dict[str, Any]]:
+        return list(self.client.stream(f"/v1/turns/{turn_id}/events"))
+
+
+@contextlib.contextmanager
+def running(tmp: Path, config: str = "", **kw: Any) -> Iterator[Daemon]:
+    d = Daemon(tmp, config, **kw).start()
+    try:
+        yield d
+    finally:
+        d.kill()
+
+
+def script_file(path: Path, body: str) -> Path:
+    path.write_text(textwrap.dedent(body).strip() + "\n")
+    return path
