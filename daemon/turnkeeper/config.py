@@ -315,7 +315,20 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
         return build_config({}), ""
     p = Path(path)
     data, digest = read_config_file(p)
+    _resolve_relative_scripts(data, p.parent)
     return build_config(data, str(p)), digest
+
+
+def _resolve_relative_scripts(data: dict[str, Any], base: Path) -> None:
+    """A scripted provider's relative `script` is relative to the config file."""
+    providers = data.get("providers")
+    if not isinstance(providers, list):
+        return
+    for p in providers:
+        if isinstance(p, dict) and isinstance(p.get("script"), str) and p["script"]:
+            script = Path(p["script"])
+            if not script.is_absolute():
+                p["script"] = str(base / script)
 
 
 def config_path_from_env(cli_value: str | None) -> str | None:

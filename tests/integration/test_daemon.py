@@ -273,7 +273,7 @@ def test_concurrent_turns_all_complete_none_lost_none_duplicated(start: Any,
     assert sorted(r["result"]["answer"] for r in results) == sorted(
         f"answer to: fast {i}" for i in range(n))
     status, data = d.get(f"/v1/turns?limit={n + 10}")
-    assert len(data["turns"]) == n
+    assert status == 200 and len(data["turns"]) == n
     finished = [e for e in d.log_records() if e.get("event") == "turn.finished"]
     assert sorted(e["turn"] for e in finished) == sorted(ids)  # exactly once each
 
