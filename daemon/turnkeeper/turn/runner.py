@@ -196,9 +196,9 @@ class TurnRunner:
         if state is not None:
             self.record.state = state
         self._sync_counters()
-        usage = self._usage()
-        self.record.usage["seconds"] = round(usage.seconds, 6) if self._active_since is None \
-            else self.record.usage["seconds"]
+        if self._active_since is not None:  # fold the running active time into the record
+            self._stop_active()
+            self._start_active()
         self.record.updated_at = self.clock.time()
         await self.store.save_turn(self.record.to_json(), self.checkpoint_data())
 
@@ -237,8 +237,6 @@ class TurnRunner:
     def _finish(self, stop: Stop, *, answer: str | None = None,
                 error_id: str | None = None, extra: dict[str, Any] | None = None
                 ) -> TurnResult:
-        if answer is None and stop.code is not StopCode.COMPLETED:
-            answer = None
         return TurnResult(stopped_because=stop, answer=answer, partial=tuple(self.partial),
                           open_issues=tuple(self.open_issues), error_id=error_id,
                           extra=extra or {})
