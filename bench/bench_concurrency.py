@@ -1,0 +1,214 @@
+"""Concurrency: N concurrent turns of S steps through the control socket, against a
+loopback model server with fixed latency, compared with a bare aiohttp loop making the
+same N x S calls in the same run.
+
+Figures: wall time of each and their ratio, control-socket latency under load (a
+`GET /v1/status` every 50 ms: p50/p99), the daemon's event-loop lag (p50/p99 from its
+/metrics when exported), peak RSS per turn (VmHWM over the idle RSS).
+
+    python bench/bench_concurrency.py [--turns 5000] [--steps 3] [--latency 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.integration.harness import Daemon
+
+HERE = Path(__file__).resolve().parent
+CONNECTIONS = 1000
+
+
+def start_model(latency: float, steps: int) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, str(HERE / "fake_model.py"), "--latency",
+                             str(latency), "--steps", str(steps)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return proc, port
+
+
+async def wait_port(port: int) -> None:
+    for _ in range(200):
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError("model server did not start")
+
+
+async def bare(port: int, turns: int, steps: int) -> float:
+    """The floor: each 'turn' makes `steps` sequential calls with a growing history."""
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    conn = aiohttp.TCPConnector(limit=CONNECTIONS)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def one(i: int) -> None:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": f"turn {i}"}]
+            for _ in range(steps):
+                async with session.post(url, json={"model": "bench", "messages": messages,
+                                                   "max_tokens": 256}) as resp:
+                    data = await resp.json()
+                msg = data["choices"][0]["message"]
+                messages.append(msg)
+                for call in msg.get("tool_calls") or ():
+                    messages.append({"role": "tool", "tool_call_id": call["id"],
+                                     "content": call["function"]["arguments"]})
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(turns)))
+        return time.perf_counter() - t0
+
+
+def rss_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+async def through_daemon(d: Daemon, turns: int) -> dict[str, Any]:
+    conn = aiohttp.UnixConnector(path=str(d.socket), limit=200)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        finished = 0
+        all_done = asyncio.Event()
+        subscribed = asyncio.Event()
+        statuses: list[str] = []
+
+        async def watch() -> None:
+            nonlocal finished
+            async with session.get("http://turnkeeper/v1/events",
+                                   timeout=aiohttp.ClientTimeout(total=None)) as resp:
+                subscribed.set()
+                async for line in resp.content:
+                    if b'"turn.finished"' in line:
+                        ev = json.loads(line)
+                        statuses.append(ev["result"]["status"])
+                        finished += 1
+                        if finished >= turns:
+                            all_done.set()
+                            return
+
+        status_lat: list[float] = []
+
+        async def probe() -> None:
+            while not all_done.is_set():
+                t = time.perf_counter()
+                async with session.get("http://turnkeeper/v1/status") as resp:
+                    await resp.read()
+                status_lat.append(time.perf_counter() - t)
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        await subscribed.wait()
+        sem = asyncio.Semaphore(100)
+
+        async def submit(i: int) -> None:
+            async with sem, session.post("http://turnkeeper/v1/turns",
+                                         json={"message": f"turn {i}"}) as resp:
+                assert resp.status == 202, await resp.text()
+
+        prober = asyncio.create_task(probe())
+        t0 = time.perf_counter()
+        await asyncio.gather(*(submit(i) for i in range(turns)))
+        submitted = time.perf_counter() - t0
+        await asyncio.wait_for(all_done.wait(), timeout=600)
+        wall = time.perf_counter() - t0
+        await prober
+        watcher.cancel()
+        lag = await loop_lag(session)
+        q = statistics.quantiles(status_lat, n=100) if len(status_lat) > 2 else [0.0] * 99
+        return {"wall": wall, "submitted": submitted, "completed": statuses.count("completed"),
+                "status_p50_ms": q[49] * 1000, "status_p99_ms": q[98] * 1000, "lag": lag}
+
+
+async def loop_lag(session: aiohttp.ClientSession) -> str:
+    async with session.get("http://turnkeeper/metrics") as resp:
+        if resp.status != 200:
+            return "not exported"
+        text = await resp.text()
+    found = [line for line in text.splitlines()
+             if line.startswith("turnkeeper_event_loop_lag") and not line.startswith("#")]
+    return "; ".join(found[:6]) or "not exported"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--turns", type=int, default=5000)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--latency", type=float, default=0.2)
+    args = ap.parse_args()
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    model, port = start_model(args.latency, args.steps)
+    tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
+    try:
+        asyncio.run(wait_port(port))
+        bare_s = asyncio.run(bare(port, args.turns, args.steps))
+        d = Daemon(tmp, f"""
+[daemon]
+max_concurrent_turns = {args.turns}
+max_queued_turns = {args.turns * 2}
+log_level = "warning"
+
+[budget]
+max_seconds = 600.0
+
+[[providers]]
+name = "loopback"
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+model = "bench"
+stream = false
+max_connections = {CONNECTIONS}
+timeout = 120.0
+
+[[tools]]
+name = "echo"
+kind = "echo"
+idempotent = true
+""")
+        d.start()
+        assert d.proc is not None
+        idle_kb = rss_kb(d.proc.pid, "VmRSS")
+        res = asyncio.run(through_daemon(d, args.turns))
+        peak_kb = rss_kb(d.proc.pid, "VmHWM")
+        d.stop()
+        calls = args.turns * args.steps
+        floor = args.steps * args.latency
+        print(f"concurrency: {args.turns} turns x {args.steps} steps = {calls} model calls, "
+              f"{args.latency * 1000:.0f} ms latency (floor {floor:.1f} s), {os.cpu_count()} "
+              f"cores")
+        print(f"  bare aiohttp loop        {bare_s:8.2f} s")
+        print(f"  turnkeeper (socket)      {res['wall']:8.2f} s   ratio {res['wall'] / bare_s:.2f}x"
+              f"   (submits took {res['submitted']:.2f} s; {res['completed']} completed)")
+        print(f"  status latency under load p50 {res['status_p50_ms']:.1f} ms, p99 "
+              f"{res['status_p99_ms']:.1f} ms")
+        print(f"  event-loop lag           {res['lag']}")
+        print(f"  RSS idle {idle_kb / 1024:.0f} MiB, peak {peak_kb / 1024:.0f} MiB: "
+              f"{(peak_kb - idle_kb) / args.turns:.1f} KiB per turn")
+    finally:
+        model.terminate()
+        model.wait()
+
+
+if __name__ == "__main__":
+    main()

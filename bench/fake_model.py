@@ -1,0 +1,77 @@
+"""A loopback OpenAI-compatible model server for benchmarks: fixed latency, a fixed
+number of steps per conversation (tool calls to `echo`, then a final answer).
+
+The step is read from the request: the number of assistant messages so far. Run it as a
+process so its CPU is not counted with the daemon's:
+
+    python bench/fake_model.py --port 0 --latency 0.2 --steps 3   (prints the port)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+from typing import Any
+
+from aiohttp import web
+
+
+def reply_for(body: dict[str, Any], steps: int) -> dict[str, Any]:
+    done = sum(1 for m in body.get("messages", ()) if m.get("role") == "assistant")
+    if done + 1 < steps:
+        message: dict[str, Any] = {
+            "role": "assistant", "content": None,
+            "tool_calls": [{"id": f"call_{done}", "type": "function",
+                            "function": {"name": "echo",
+                                         "arguments": json.dumps({"text": f"step {done}"})}}]}
+        finish = "tool_calls"
+    else:
+        message = {"role": "assistant", "content": f"done after {done + 1} steps"}
+        finish = "stop"
+    return {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1,
+            "model": "bench", "choices": [{"index": 0, "message": message,
+                                           "finish_reason": finish}],
+            "usage": {"prompt_tokens": 50 + 10 * done, "completion_tokens": 12,
+                      "total_tokens": 62 + 10 * done}}
+
+
+def make_app(latency_s: float, steps: int) -> web.Application:
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        if latency_s:
+            await asyncio.sleep(latency_s)
+        return web.json_response(reply_for(body, steps))
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--latency", type=float, default=0.2)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    port = args.port or free_port()
+    print(port, flush=True)
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    web.run_app(make_app(args.latency, args.steps), host="127.0.0.1", port=port,
+                print=None, access_log=None, backlog=4096)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
