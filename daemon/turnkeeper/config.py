@@ -141,6 +141,39 @@ class ClarifyConfig(_Section):
     timeout: PositiveFloat = 3600.0
 
 
+class MetricsConfig(_Section):
+    """`/metrics` is always on the control socket; `listen` adds a TCP address for a
+    Prometheus scrape ("" = off), e.g. "127.0.0.1:9464" or "[::1]:9464"."""
+
+    listen: str = ""
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        if v:
+            split_host_port(v)
+        return v
+
+    def address(self) -> tuple[str, int] | None:
+        return split_host_port(self.listen) if self.listen else None
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """ "HOST:PORT" (an IPv6 host in brackets) -> (host, port). Raises ValueError."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"must be HOST:PORT, such as \"127.0.0.1:9464\" (got {value!r})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port must be a number (got {port_text!r})") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be between 1 and 65535 (got {port})")
+    return host, port
+
+
 class ProviderConfig(_Section):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")]
     kind: Literal["openai", "anthropic", "scripted"]
@@ -219,6 +252,7 @@ class Config(BaseSettings):
     budget: BudgetConfig = BudgetConfig()
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     clarify: ClarifyConfig = ClarifyConfig()
+    metrics: MetricsConfig = MetricsConfig()
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
 
@@ -255,7 +289,7 @@ class Config(BaseSettings):
 
 # Keys whose change cannot be applied without a restart (SPEC 9).
 RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "state_dir"),
-                ("daemon", "allowed_uids"), ("daemon", "allowed_gids"))
+                ("daemon", "allowed_uids"), ("daemon", "allowed_gids"), ("metrics", "listen"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import prometheus_client
 import structlog
 
 from turnkeeper import logging as tk_logging
@@ -28,6 +29,7 @@ from turnkeeper.control.server import ControlServer, SocketError
 from turnkeeper.lifecycle import systemd
 from turnkeeper.lifecycle.signals import signal_dispatcher
 from turnkeeper.lifecycle.watch import ConfigChange, watch_config
+from turnkeeper.metrics import Metrics
 from turnkeeper.store.base import StoreError
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor
@@ -59,15 +61,30 @@ async def _serve(policy: Policy, config_path: str | None) -> None:
     except ConfigError as exc:
         await store.close()
         raise BootError(str(exc), exc.exit_code) from None
+    # `x_created` timestamps for every counter double the scrape for no operator value.
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    metrics = Metrics(sup, clock=clock)
+    sup.bus.listeners.append(metrics.on_event)
     server = ControlServer(sup, path=socket_path(config), mode=config.daemon.socket_mode_int,
                            inherited=systemd.take_unix_listener())
     try:
-        await server.start()
+        await server.start(metrics.install)
     except (SocketError, OSError) as exc:
         await store.close()
         raise BootError(f"control socket: {exc}", SocketError.exit_code) from None
+    metrics_tcp = None
+    address = config.metrics.address()
+    if address is not None:
+        try:
+            metrics_tcp = await metrics.serve_tcp(*address)
+        except OSError as exc:
+            await server.stop()
+            await store.close()
+            raise BootError(f"metrics.listen {config.metrics.listen}: {exc.strerror or exc}",
+                            SocketError.exit_code) from None
     async with anyio.create_task_group() as tg:
         await tg.start(store.run, name="store writer")
+        tg.start_soon(metrics.watch_loop_lag, name="event-loop lag")
         await sup.start(tg)
 
         async def on_reload_signal() -> None:
@@ -92,6 +109,8 @@ async def _serve(policy: Policy, config_path: str | None) -> None:
         await sup.wait_stop_requested()
         await sup.stop()
         await server.stop()
+        if metrics_tcp is not None:
+            await metrics_tcp.cleanup()
         await store.close()
         log.info("daemon.stopped")
         tg.cancel_scope.cancel()

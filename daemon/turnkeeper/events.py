@@ -4,6 +4,10 @@ live subscribers, and is handed to the store.
 A subscriber that cannot keep up is dropped (its stream closes) rather than allowed to
 stall the turns that publish: publishing never awaits. `model.delta` events (streamed
 text) are live only; everything else is persisted so a turn's events survive restarts.
+
+Listeners are synchronous in-process hooks called on every event as it is published
+(metrics derive their counters here, so the runner is not sprinkled with metric calls).
+A listener must be quick and must not raise; one that does is counted, never propagated.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class EventBus:
         self._subscribers: list[_Subscriber] = []
         self._buffer = subscriber_buffer
         self.dropped_subscribers = 0
+        self.listeners: list[Callable[[Event], None]] = []
+        self.listener_errors = 0
 
     @property
     def last_seq(self) -> int:
@@ -66,6 +72,11 @@ class EventBus:
         event = Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data)
         if self._persist is not None and type not in LIVE_ONLY_TYPES:
             self._persist(event)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                self.listener_errors += 1
         dead = []
         for sub in self._subscribers:
             if sub.turn is not None and sub.turn != event.turn:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging as std_logging
 import os
 import sys
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, TextIO
 
 import structlog
@@ -22,6 +24,27 @@ def _journald_prefix(_: WrappedLogger, method: str, event: str | bytes) -> str |
     return event
 
 
+# The context of the turn whose task is logging, read when each line is written (so a
+# provider that changed mid-turn shows up at once). Set in the turn's own task, so every
+# log line of that task carries it, whichever module writes it (SPEC 13).
+_turn_context: ContextVar[Callable[[], dict[str, Any]] | None] = ContextVar(
+    "turnkeeper_turn_context", default=None)
+
+
+def bind_turn_context(fields: Callable[[], dict[str, Any]]) -> None:
+    """Every later log line of the current task carries `fields()` (keys it sets itself
+    win). Bind it in the turn's own task: contextvars are task-local under asyncio."""
+    _turn_context.set(fields)
+
+
+def _merge_turn_context(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    fields = _turn_context.get()
+    if fields is not None:
+        for key, value in fields().items():
+            event_dict.setdefault(key, value)
+    return event_dict
+
+
 def _to_level(_: WrappedLogger, method: str, event_dict: EventDict) -> EventDict:
     event_dict.setdefault("level", method if method != "exception" else "error")
     return event_dict
@@ -35,6 +58,7 @@ def configure(*, log_format: str = "auto", log_level: str = "info",
         fmt = "console" if out.isatty() else "json"
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        _merge_turn_context,
         _to_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,

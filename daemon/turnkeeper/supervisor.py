@@ -18,6 +18,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from turnkeeper import __version__
+from turnkeeper import logging as tk_logging
 from turnkeeper.clock import Clock
 from turnkeeper.config import Config, ConfigError, Policy, load_config
 from turnkeeper.events import EventBus
@@ -175,8 +176,7 @@ class Supervisor:
             raise
         self.bus.publish("turn.queued", turn=turn_id, session=record.session,
                          message=message[:2000], policy_version=record.policy_version)
-        log.info("turn.queued", turn=turn_id, session=record.session,
-                 policy_version=record.policy_version, queued=len(self.queue))
+        log.info("turn.queued", **_log_context(record), queued=len(self.queue))
         self._dispatch()
         return record
 
@@ -213,6 +213,7 @@ class Supervisor:
 
     async def _run_turn(self, live: LiveTurn) -> None:
         record = live.record
+        tk_logging.bind_turn_context(lambda: _log_context(record))
         try:
             history: list[dict[str, Any]] = []
             if not live.checkpoint.get("conversation"):
@@ -260,8 +261,9 @@ class Supervisor:
         log.info("turn.finished", turn=record.id, session=record.session,
                  policy_version=record.policy_version, provider=record.provider,
                  status=record.state, code=stop.code.value, counter=stop.counter,
-                 value=stop.value, limit=stop.limit, **record.counters,
-                 tokens=record.usage["total_tokens"], seconds=record.usage["seconds"])
+                 value=stop.value, limit=stop.limit, message=stop.message, **record.counters,
+                 tokens=record.usage["total_tokens"], seconds=record.usage["seconds"],
+                 cost_usd=record.usage["cost_usd"])
         if stop.code in DEAD_LETTER_CODES and stop.code is not StopCode.INTERNAL:
             log.warning("turn.dead_letter", turn=record.id, code=stop.code.value,
                         last_error=record.last_error)
@@ -318,7 +320,7 @@ class Supervisor:
         await self.store.save_turn(record.to_json())
         self.bus.publish("turn.message", turn=turn_id, kind=kind, text=text[:2000],
                          redirect=redirect)
-        log.info("turn.message", turn=turn_id, kind=kind, redirect=redirect)
+        log.info("turn.message", **_log_context(record), kind=kind, redirect=redirect)
         live.control.message_arrived(redirect=redirect)
         return {"turn": turn_id, "accepted": kind}
 
@@ -375,6 +377,7 @@ class Supervisor:
                       "max_concurrent": self.config.daemon.max_concurrent_turns},
             "breakers": {name.split(":", 1)[1] if name.startswith("provider:") else name:
                          b.state(now).value for name, b in self.shared.breakers.items()},
+            "reloads": {"count": self.reload_count, "failures": self.reload_failures},
             "uptime_s": round(now - self.started_at, 3),
             "version": __version__,
         }
@@ -496,10 +499,16 @@ class Supervisor:
             await provider.aclose()
 
 
+def _log_context(record: TurnRecord) -> dict[str, Any]:
+    """What every log line of a turn carries (SPEC 13), read when the line is written."""
+    return {"turn": record.id, "session": record.session,
+            "policy_version": record.policy_version, "provider": record.provider}
+
+
 def _keep_restart_keys(old: Config, new: Config) -> Config:
     """Settings that need a restart keep their running value until then."""
     daemon = new.daemon.model_copy(update={
         "socket": old.daemon.socket, "socket_mode": old.daemon.socket_mode,
         "state_dir": old.daemon.state_dir, "allowed_uids": old.daemon.allowed_uids,
         "allowed_gids": old.daemon.allowed_gids})
-    return new.model_copy(update={"daemon": daemon})
+    return new.model_copy(update={"daemon": daemon, "metrics": old.metrics})

@@ -42,6 +42,11 @@ class TurnRecord:
     last_error: str | None = None
     replay_of: str | None = None
     inbox: list[dict[str, Any]] = field(default_factory=list)
+    # The effective budget limits (policy `[budget]` with the submit's overrides), set
+    # when the turn starts; `active_since` (epoch) is set while its active time runs, so
+    # a client can show live seconds against max_seconds.
+    limits: dict[str, Any] = field(default_factory=dict)
+    active_since: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -56,6 +61,10 @@ class TurnRecord:
             "message": self.message, "budget": dict(self.budget), "deadline": self.deadline,
             "result": self.result, "seq": self.seq,
         }
+        if self.limits:
+            out["limits"] = dict(self.limits)
+        if self.active_since is not None:
+            out["active_since"] = self.active_since
         if self.next_attempt_at is not None:
             out["next_attempt_at"] = self.next_attempt_at
         if self.question is not None:
@@ -79,4 +88,5 @@ class TurnRecord:
             usage={**_zero_usage(), **d.get("usage", {})},
             next_attempt_at=d.get("next_attempt_at"), question=d.get("question"),
             result=d.get("result"), last_error=d.get("last_error"),
-            replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])))
+            replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])),
+            limits=dict(d.get("limits") or {}))

@@ -103,6 +103,7 @@ class TurnRunner:
         limits = BudgetLimits.from_config(cfg.budget, overrides=record.budget,
                                           deadline=record.deadline)
         self.limits = limits
+        record.limits = limits.snapshot()
         chain_kwargs: dict[str, Any] = {
             "max_attempts": cfg.agent.api_max_retries + 1,
             "backoff": Backoff.from_config(cfg.retry),
@@ -148,12 +149,14 @@ class TurnRunner:
     def _start_active(self) -> None:
         if self._active_since is None:
             self._active_since = self.clock.monotonic()
+            self.record.active_since = self.clock.time()
 
     def _stop_active(self) -> None:
         if self._active_since is not None:
             self.record.usage["seconds"] = round(
                 self.record.usage["seconds"] + self.clock.monotonic() - self._active_since, 6)
             self._active_since = None
+            self.record.active_since = None
 
     def _usage(self) -> BudgetUsage:
         seconds = self.record.usage["seconds"]
@@ -478,9 +481,13 @@ class TurnRunner:
         self.record.last_error = f"{name}: {failure.describe()}"
         if failure.context_overflow:
             breaker.record_success(self.clock.monotonic())
+            self.emit("model.attempt_failed", provider=name, attempt=attempt.attempt,
+                      **{"class": "context_overflow"}, status=failure.status)
             return None
         cls = classify(failure)
         breaker.record_failure(self.clock.monotonic(), cls, retry_after_s=failure.retry_after_s)
+        self.emit("model.attempt_failed", provider=name, attempt=attempt.attempt,
+                  **{"class": cls.value}, status=failure.status)
         self.log.info("model.attempt_failed", provider=name, failure_class=cls.value,
                       status=failure.status, error=failure.describe(),
                       **self._counter_values())
@@ -498,13 +505,14 @@ class TurnRunner:
         u["output_tokens"] += reply.usage.output_tokens
         u["total_tokens"] = u["input_tokens"] + u["output_tokens"]
         pcfg = next(p for p in self.runtime.config.providers if p.name == provider)
-        u["cost_usd"] = round(u["cost_usd"] + cost_usd(
-            reply.usage.input_tokens, reply.usage.output_tokens,
-            price_input_per_mtok=pcfg.price_input_per_mtok,
-            price_output_per_mtok=pcfg.price_output_per_mtok), 9)
+        cost = cost_usd(reply.usage.input_tokens, reply.usage.output_tokens,
+                        price_input_per_mtok=pcfg.price_input_per_mtok,
+                        price_output_per_mtok=pcfg.price_output_per_mtok)
+        u["cost_usd"] = round(u["cost_usd"] + cost, 9)
         self.emit("model.response", provider=provider,
                   usage={"input_tokens": reply.usage.input_tokens,
                          "output_tokens": reply.usage.output_tokens},
+                  cost_usd=round(cost, 9),
                   finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls))
 
     def _count_restart(self, why: str) -> Stop | None:
@@ -647,7 +655,7 @@ class TurnRunner:
         if self.waiting_since is None:
             self.waiting_since = now
         self.record.question = question
-        self.emit("turn.waiting", question=question)
+        self.emit("turn.waiting", question=question, timeout_at=self.waiting_since + timeout)
         self._stop_active()
         await self.checkpoint("waiting")
         self.control.parked = True

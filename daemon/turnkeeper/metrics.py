@@ -1,0 +1,336 @@
+"""Prometheus metrics (SPEC 13), on a registry of this daemon's own (never the global one).
+
+Nothing in the turn runner calls a metric. Counters are derived from the events the
+runner and the supervisor already publish: `Metrics.on_event` is an EventBus listener,
+called synchronously as each event is published. State that already lives somewhere
+(turns by state, queue depth, breakers, policy version) is read from the supervisor at
+scrape time by a custom collector: derived, never stored twice.
+
+Served as `GET /metrics` on the control socket and, when `[metrics] listen` is set, on
+a TCP address for a Prometheus scrape. A small task measures event-loop lag (how late a
+short sleep wakes up): a loop busy with CPU work, or blocked by a synchronous call,
+shows up there before it shows up anywhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from turnkeeper import __version__
+from turnkeeper.clock import Clock
+from turnkeeper.events import Event
+from turnkeeper.policy.breaker import BreakerState
+from turnkeeper.policy.classify import FailureClass
+from turnkeeper.policy.outcome import StopCode, status_of
+from turnkeeper.supervisor import Supervisor
+from turnkeeper.turn.record import LIVE_STATES
+
+log = structlog.get_logger("turnkeeper.metrics")
+
+LAG_INTERVAL_S = 0.25
+DAEMON_STATES = ("starting", "ready", "reloading", "stopping")
+# Attempt outcomes: success, each failure class, a context overflow (a rebuild, not a
+# failure) and a call cut short by a redirect steer.
+ATTEMPT_CLASSES = ("success", *(c.value for c in FailureClass), "context_overflow",
+                   "redirected")
+UNKNOWN_TOOL = "(unknown)"  # a tool name the model made up: not a label value of its own
+
+
+class Metrics:
+    """The daemon's metrics. Build it after the supervisor, add `on_event` to the bus's
+    listeners, and mount `handle` (or call `install`) on a web app."""
+
+    def __init__(self, supervisor: Supervisor, *, clock: Clock) -> None:
+        self.supervisor = supervisor
+        self.clock = clock
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.turns_submitted = Counter(
+            "turnkeeper_turns_submitted", "Turns accepted by submit (replays included)",
+            registry=r)
+        self.turns_finished = Counter(
+            "turnkeeper_turns_finished", "Turns ended, by status and stop code",
+            ["status", "code"], registry=r)
+        self.provider_requests = Counter(
+            "turnkeeper_provider_requests", "Model calls sent, by provider",
+            ["provider"], registry=r)
+        self.provider_attempts = Counter(
+            "turnkeeper_provider_attempts",
+            "Model call attempts by provider and outcome class (success, retryable, "
+            "deterministic, unknown, context_overflow, redirected)",
+            ["provider", "class"], registry=r)
+        self.retries_scheduled = Counter(
+            "turnkeeper_retries_scheduled", "Model call retries scheduled (a backoff wait)",
+            ["provider", "class"], registry=r)
+        self.failovers = Counter(
+            "turnkeeper_failovers", "Moves to the next provider of the chain",
+            ["from", "to", "reason"], registry=r)
+        self.recovery_cycles = Counter(
+            "turnkeeper_recovery_cycles",
+            "Recovery cycles started (the whole chain was exhausted; the turn parks)",
+            registry=r)
+        self.tool_calls = Counter(
+            "turnkeeper_tool_calls",
+            "Tool calls by tool and outcome (ok, a failure class, or outcome_unknown)",
+            ["tool", "outcome"], registry=r)
+        self.tool_retries = Counter(
+            "turnkeeper_tool_retries_scheduled", "Idempotent tool call retries scheduled",
+            ["tool", "class"], registry=r)
+        self.tokens = Counter(
+            "turnkeeper_tokens", "Tokens charged to turns, by provider and direction",
+            ["provider", "direction"], registry=r)
+        self.cost = Counter(
+            "turnkeeper_cost_usd", "Priced usage charged to turns, in US dollars",
+            ["provider"], registry=r)
+        self.guard_warnings = Counter(
+            "turnkeeper_guard_warnings", "Notes given to the agent by a guard "
+            "(budget soft limit, repeated action)", ["guard"], registry=r)
+        self.reloads = Counter(
+            "turnkeeper_reloads", "Reloads by result (ok, failed)", ["result"], registry=r)
+        self.reload_duration = Histogram(
+            "turnkeeper_reload_duration_seconds",
+            "Duration of successful reloads, drain included",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0), registry=r)
+        self.step_duration = Histogram(
+            "turnkeeper_step_duration_seconds",
+            "Wall time of a step: model call(s), retries and tools, until the next step "
+            "or the end of the turn",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                     300.0), registry=r)
+        self.loop_lag = Gauge(
+            "turnkeeper_event_loop_lag_seconds",
+            f"How late the last {LAG_INTERVAL_S:g} s sleep on the event loop woke up",
+            registry=r)
+        self.loop_lag_observed = Histogram(
+            "turnkeeper_event_loop_lag_observed_seconds",
+            "Every event-loop lag measurement",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r)
+        r.register(_StateCollector(supervisor, clock))
+        # Series that exist from the first scrape, so rate() and absent() work at once.
+        for code in StopCode:
+            self.turns_finished.labels(status_of(code).value, code.value)
+        for result in ("ok", "failed"):
+            self.reloads.labels(result)
+        self._label_providers()
+        self._steps: dict[str, tuple[int, float]] = {}  # turn -> (step, monotonic start)
+        self._errors_logged = 0
+
+    def __repr__(self) -> str:
+        return f"Metrics(open_steps={len(self._steps)})"
+
+    def _label_providers(self) -> None:
+        for p in self.supervisor.config.providers:
+            self.provider_requests.labels(p.name)
+            for cls in ATTEMPT_CLASSES:
+                self.provider_attempts.labels(p.name, cls)
+
+    # -- events in -----------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        """The EventBus listener. Never raises: a metrics bug must not touch a turn."""
+        try:
+            self._count(event)
+        except Exception as exc:
+            if self._errors_logged < 10:
+                self._errors_logged += 1
+                log.error("metrics.event_failed", event_type=event.type,
+                          error=f"{type(exc).__name__}: {exc}")
+
+    def _count(self, event: Event) -> None:
+        d = event.data
+        kind = event.type
+        if kind == "model.request":
+            self.provider_requests.labels(d["provider"]).inc()
+        elif kind == "model.response":
+            provider = d["provider"]
+            self.provider_attempts.labels(provider, "success").inc()
+            usage = d.get("usage") or {}
+            self.tokens.labels(provider, "input").inc(usage.get("input_tokens", 0))
+            self.tokens.labels(provider, "output").inc(usage.get("output_tokens", 0))
+            cost = d.get("cost_usd") or 0.0
+            if cost > 0:
+                self.cost.labels(provider).inc(cost)
+        elif kind == "model.attempt_failed":
+            self.provider_attempts.labels(d["provider"], d["class"]).inc()
+        elif kind == "model.redirected":
+            self.provider_attempts.labels(d["provider"], "redirected").inc()
+        elif kind == "model.retry_scheduled":
+            self.retries_scheduled.labels(d["provider"], d["class"]).inc()
+        elif kind == "model.failover":
+            self.failovers.labels(d["from"], d["to"], d["reason"]).inc()
+        elif kind == "turn.recovering":
+            self.recovery_cycles.inc()
+        elif kind == "tool.result":
+            ok = d.get("ok")
+            outcome = "ok" if ok else ("outcome_unknown" if ok is None
+                                       else str(d.get("class", "unknown")))
+            self.tool_calls.labels(self._tool_label(d["tool"]), outcome).inc()
+        elif kind == "tool.retry_scheduled":
+            self.tool_retries.labels(self._tool_label(d["tool"]), d["class"]).inc()
+        elif kind == "budget.warning":
+            self.guard_warnings.labels("budget").inc()
+        elif kind == "loop.warning":
+            self.guard_warnings.labels("loop").inc()
+        elif kind == "step.started" and event.turn is not None:
+            self._step_started(event.turn, int(d.get("step", 0)))
+        elif kind in ("turn.finished", "turn.suspended") and event.turn is not None:
+            self._step_ended(event.turn)
+            if kind == "turn.finished":
+                stop = d["result"]["stopped_because"]
+                self.turns_finished.labels(d["result"]["status"], stop["code"]).inc()
+        elif kind == "turn.resumed" and event.turn is not None:
+            # Its last step was cut by a suspend or a restart: wall time that includes the
+            # daemon being down is not a step duration.
+            self._steps.pop(event.turn, None)
+        elif kind == "turn.queued":
+            self.turns_submitted.inc()
+        elif kind == "daemon.reloaded":
+            self.reloads.labels("ok").inc()
+            self.reload_duration.observe(float(d.get("duration_s", 0.0)))
+            self._label_providers()
+        elif kind == "daemon.reload_failed":
+            self.reloads.labels("failed").inc()
+
+    def _tool_label(self, name: str) -> str:
+        return name if self.supervisor.runtime.toolbox.get(name) is not None else UNKNOWN_TOOL
+
+    def _step_started(self, turn: str, step: int) -> None:
+        now = self.clock.monotonic()
+        current = self._steps.get(turn)
+        if current is not None:
+            if current[0] == step:
+                return  # the same step started over (a redirect, a rebuild): one step
+            self.step_duration.observe(max(0.0, now - current[1]))
+        self._steps[turn] = (step, now)
+
+    def _step_ended(self, turn: str) -> None:
+        current = self._steps.pop(turn, None)
+        if current is not None:
+            self.step_duration.observe(max(0.0, self.clock.monotonic() - current[1]))
+
+    # -- event-loop lag ------------------------------------------------------------
+
+    def record_loop_lag(self, lag_s: float) -> None:
+        self.loop_lag.set(lag_s)
+        self.loop_lag_observed.observe(lag_s)
+
+    async def watch_loop_lag(self, interval_s: float = LAG_INTERVAL_S) -> None:
+        """Forever: sleep `interval_s` on the loop and record how late the wake-up was."""
+        while True:
+            start = self.clock.monotonic()
+            await anyio.sleep(interval_s)
+            self.record_loop_lag(max(0.0, self.clock.monotonic() - start - interval_s))
+
+    # -- exposition ----------------------------------------------------------------
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition the scraper asked for (Prometheus text by default,
+        OpenMetrics when its Accept header says so) and its content type."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body, content_type = self.render(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type,
+                                                "Cache-Control": "no-store"})
+
+    def install(self, app: web.Application) -> None:
+        app.router.add_get("/metrics", self.handle)
+
+    async def serve_tcp(self, host: str, port: int) -> web.AppRunner:
+        """`/metrics` alone on a TCP address (no other route). Returns the runner to clean
+        up at stop. Raises OSError when the address cannot be bound."""
+        app = web.Application()
+        self.install(app)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                               shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        log.info("metrics.listening", address=f"{host}:{port}")
+        return runner
+
+
+class _StateCollector(Collector):
+    """Read at scrape time from the supervisor and the shared breakers."""
+
+    def __init__(self, supervisor: Supervisor, clock: Clock) -> None:
+        self.supervisor = supervisor
+        self.clock = clock
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: no names reserved in the registry
+
+    def collect(self) -> Iterator[Metric]:
+        sup = self.supervisor
+        info = InfoMetricFamily("turnkeeper", "The daemon's version")
+        info.add_metric([], {"version": __version__})
+        yield info
+        state = GaugeMetricFamily("turnkeeper_daemon_state",
+                                  "1 for the daemon's current state", labels=["state"])
+        for name in DAEMON_STATES:
+            state.add_metric([name], 1.0 if sup.state == name else 0.0)
+        yield state
+        yield GaugeMetricFamily("turnkeeper_policy_version",
+                                "Version of the running policy", value=sup.policy.version)
+        yield GaugeMetricFamily("turnkeeper_last_reload_failed",
+                                "1 when the last reload was refused (the running policy "
+                                "is older than the config file)",
+                                value=1.0 if sup.last_reload_error else 0.0)
+        turns = GaugeMetricFamily("turnkeeper_turns", "Unfinished turns by state",
+                                  labels=["state"])
+        counts = sup.turn_counts()
+        for name in LIVE_STATES:
+            turns.add_metric([name], counts.get(name, 0))
+        yield turns
+        yield GaugeMetricFamily("turnkeeper_queue_depth", "Turns waiting to start (FIFO)",
+                                value=len(sup.queue))
+        yield GaugeMetricFamily("turnkeeper_queue_capacity", "daemon.max_queued_turns",
+                                value=sup.config.daemon.max_queued_turns)
+        yield GaugeMetricFamily("turnkeeper_turns_in_flight", "Turn tasks running now",
+                                value=sup.running)
+        yield GaugeMetricFamily("turnkeeper_turns_in_flight_limit",
+                                "daemon.max_concurrent_turns",
+                                value=sup.config.daemon.max_concurrent_turns)
+        yield from self._breakers()
+        yield CounterMetricFamily("turnkeeper_event_subscribers_dropped",
+                                  "Event stream subscribers dropped for falling behind",
+                                  value=sup.bus.dropped_subscribers)
+        yield CounterMetricFamily("turnkeeper_event_listener_errors",
+                                  "Errors raised by in-process event listeners",
+                                  value=sup.bus.listener_errors)
+
+    def _breakers(self) -> Iterator[Metric]:
+        now = self.clock.monotonic()
+        state = GaugeMetricFamily("turnkeeper_breaker_state",
+                                  "1 for the current state of each circuit breaker",
+                                  labels=["kind", "name", "state"])
+        failures = GaugeMetricFamily("turnkeeper_breaker_consecutive_failures",
+                                     "Consecutive retryable/unknown failures counted by "
+                                     "each circuit breaker", labels=["kind", "name"])
+        for key, breaker in sorted(self.supervisor.shared.breakers.items()):
+            kind, _, name = key.partition(":")
+            current = breaker.state(now)
+            for s in BreakerState:
+                state.add_metric([kind, name, s.value], 1.0 if current is s else 0.0)
+            failures.add_metric([kind, name], breaker.consecutive_failures)
+        yield state
+        yield failures
+
