@@ -144,6 +144,43 @@ def _result_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600:02d} h"
+
+
+def _status_lines(data: dict[str, Any]) -> list[str]:
+    """`turnkeeper status` for people: one line per concern, problems in capitals."""
+    t, q, r = data["turns"], data.get("queue") or {}, data.get("reloads") or {}
+    lines = [f"state        {data['state']}  (turnkeeper {data['version']}, up "
+             f"{_duration(data['uptime_s'])})",
+             f"policy       v{data['policy_version']}  "
+             f"{data['config_path'] or 'embedded defaults'}"]
+    reloads = f"{r.get('count', 0)} done, {r.get('failures', 0)} refused; " if r else ""
+    error = data.get("last_reload_error")
+    lines.append(f"reloads      {reloads}last "
+                 + ("FAILED (the running policy is kept):\n             "
+                    + str(error).replace("\n", "\n             ") if error else "ok"))
+    if data.get("pending_restart"):
+        lines.append(f"restart for  {', '.join(data['pending_restart'])} (changed, not "
+                     "applied until a restart)")
+    lines.append("turns        " + "  ".join(f"{k} {v}" for k, v in t.items()))
+    if q:
+        lines.append(f"queue        {q['depth']} waiting of {q['max']} allowed; at most "
+                     f"{q['max_concurrent']} run at once")
+    breakers = data.get("breakers") or {}
+    lines.append("breakers     " + ("  ".join(
+        f"{name} {state.upper() if state != 'closed' else state}"
+        for name, state in breakers.items()) or "-"))
+    return lines
+
+
 def _event_line(ev: dict[str, Any]) -> str | None:
     kind = ev["type"]
     data = {k: v for k, v in ev.items() if k not in ("seq", "ts", "turn", "type")}
@@ -156,6 +193,15 @@ def _event_line(ev: dict[str, Any]) -> str | None:
 
 
 def _follow(client: Client, turn_id: str, as_json: bool) -> int:
+    if not as_json and sys.stdout.isatty():
+        from turnkeeper.follow import follow_live  # rich: imported only here
+
+        result = follow_live(client, turn_id, _event_line)
+        if result is None:
+            print("turnkeeper: the event stream ended before the turn finished",
+                  file=sys.stderr)
+            return EX_UNAVAILABLE
+        return STATUS_EXIT.get(result["status"], EX_FAIL)
     final: dict[str, Any] | None = None
     streaming = False
     for ev in client.stream(f"/v1/turns/{quote(turn_id)}/events"):
@@ -248,21 +294,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         if args.json:
             _print_json(data)
         else:
-            t = data["turns"]
-            print(f"state           {data['state']}  (turnkeeper {data['version']}, up "
-                  f"{data['uptime_s']:.0f} s)")
-            print(f"policy          v{data['policy_version']}  "
-                  f"{data['config_path'] or 'embedded defaults'}")
-            if data.get("pending_restart"):
-                print(f"pending restart {', '.join(data['pending_restart'])}")
-            print(f"last reload     {data['last_reload_error'] or 'ok'}")
-            print("turns           " + "  ".join(f"{k} {v}" for k, v in t.items()))
-            q = data.get("queue", {})
-            if q:
-                print(f"queue           {q['depth']} of {q['max']} (max concurrent "
-                      f"{q['max_concurrent']})")
-            print("breakers        " + ("  ".join(f"{k} {v}" for k, v in
-                                                   data["breakers"].items()) or "-"))
+            print("\n".join(_status_lines(data)))
         return 0
     if cmd == "submit":
         status, data = client.request("POST", "/v1/turns", _submit_body(args))

@@ -1,0 +1,336 @@
+"""`turnkeeper follow` on a terminal: a live view of one turn, drawn with rich.
+
+Imported only by the follow path of the CLI (rich costs tens of milliseconds to import;
+the other commands stay fast). Two sources feed it: the turn's NDJSON event stream
+(read by a thread, from the turn's first event, so sums over events are exact) and a
+poll of the turn's JSON every half second (state, counters, usage, the effective budget
+limits, and `active_since` to run the seconds bar between checkpoints).
+
+What it shows: the current step, provider and attempt; one bar per budget dimension
+(tokens, seconds, steps, cost) against the turn's own limits, and the deadline; a
+countdown while the turn waits on a retry, a recovery cycle or a clarify answer; the
+answer text as it streams; the latest events; and, at the end, the result with its stop
+code, counter, value and limit.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from turnkeeper.control.client import Client, ClientError
+
+POLL_INTERVAL_S = 0.5
+FRAME_S = 0.1
+BAR_WIDTH = 30
+EVENT_LINES = 6
+ANSWER_CHARS = 600
+
+_END = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """What the turn is waiting for, and until when (epoch seconds)."""
+
+    kind: str  # retry | recovery | clarify
+    until: float | None
+    detail: str
+
+
+@dataclass(slots=True)
+class FollowState:
+    """Everything the view shows, updated from events (`apply`) and polls (`turn`)."""
+
+    turn_id: str
+    turn: dict[str, Any] = field(default_factory=dict)
+    state: str = "queued"
+    step: int = 0
+    provider: str | None = None
+    attempt: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    activity: str = ""
+    wait: Wait | None = None
+    answer: str = ""
+    events: deque[str] = field(default_factory=lambda: deque(maxlen=EVENT_LINES))
+    result: dict[str, Any] | None = None
+
+    def apply(self, ev: dict[str, Any], line: str | None) -> None:
+        kind = ev["type"]
+        if line is not None:
+            self.events.append(line)
+        if kind == "turn.started":
+            self.state = "running"
+            self.provider = ev.get("provider") or self.provider
+        elif kind == "turn.resumed":
+            self.state = "running"
+            self.wait = None
+        elif kind == "turn.suspended":
+            self.state = "suspended"
+            self.activity = "suspended: it resumes by itself after the reload or restart"
+        elif kind == "step.started":
+            self.step = max(self.step, int(ev.get("step", 0)))
+            self.provider = ev.get("provider") or self.provider
+            self.wait = None
+            self.activity = "calling the model"
+        elif kind == "model.request":
+            self.state = "running"
+            self.provider = ev.get("provider")
+            self.attempt = int(ev.get("attempt", 1))
+            self.wait = None
+            self.answer = ""
+            self.activity = f"waiting for {self.provider} (attempt {self.attempt})"
+        elif kind == "model.delta":
+            self.answer += str(ev.get("text", ""))
+            self.activity = f"{self.provider} is answering"
+        elif kind == "model.response":
+            usage = ev.get("usage") or {}
+            self.tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+            self.cost_usd += float(ev.get("cost_usd") or 0.0)
+            calls = int(ev.get("tool_calls", 0))
+            self.activity = f"{calls} tool call(s) asked" if calls else "answered"
+        elif kind == "model.attempt_failed":
+            status = f" {ev['status']}" if ev.get("status") else ""
+            self.activity = f"{ev['provider']} attempt {ev.get('attempt')} failed:{status} " \
+                            f"{ev.get('class')}"
+        elif kind == "model.retry_scheduled":
+            status = f"{ev['status']} " if ev.get("status") else ""
+            self.wait = Wait("retry", ev["ts"] + float(ev.get("delay") or 0.0),
+                             f"retry on {ev['provider']} (attempt {ev.get('attempt')}) after "
+                             f"{status}{ev.get('class')}")
+        elif kind == "model.failover":
+            self.provider = ev.get("to")
+            self.attempt = 0
+            self.activity = f"failover {ev.get('from')} -> {ev.get('to')} ({ev.get('reason')})"
+        elif kind == "turn.recovering":
+            self.state = "recovering"
+            until = ev.get("next_attempt_at") or ev["ts"] + float(ev.get("wait") or 0.0)
+            self.wait = Wait("recovery", until,
+                             f"recovery cycle {ev.get('cycle')} of {ev.get('of')}: every "
+                             "provider failed; next pass from the primary")
+        elif kind == "turn.waiting":
+            self.state = "waiting"
+            self.wait = Wait("clarify", ev.get("timeout_at"),
+                             f"clarify: {ev.get('question')}  (answer with `turnkeeper answer "
+                             f"{self.turn_id} TEXT`)")
+        elif kind == "turn.message" and ev.get("kind") == "answer":
+            self.wait = None
+        elif kind == "tool.call":
+            self.activity = f"tool {ev.get('tool')} running"
+        elif kind == "tool.retry_scheduled":
+            self.wait = Wait("retry", ev["ts"] + float(ev.get("delay") or 0.0),
+                             f"retry of tool {ev.get('tool')} after {ev.get('class')}")
+        elif kind == "tool.result":
+            ok = ev.get("ok")
+            self.wait = None
+            self.activity = f"tool {ev.get('tool')}: " + (
+                "ok" if ok else "outcome unknown" if ok is None else f"failed ({ev.get('class')})")
+        elif kind == "turn.finished":
+            self.result = ev["result"]
+            self.state = ev["result"]["status"]
+            self.wait = None
+
+    def seen_turn(self, turn: dict[str, Any]) -> None:
+        self.turn = turn
+        if self.result is None and turn.get("state"):
+            self.state = turn["state"]
+        self.step = max(self.step, int(turn.get("counters", {}).get("steps", 0)))
+        self.tokens = max(self.tokens, int(turn.get("usage", {}).get("total_tokens", 0)))
+        self.cost_usd = max(self.cost_usd, float(turn.get("usage", {}).get("cost_usd", 0.0)))
+        if self.provider is None:
+            self.provider = turn.get("provider")
+
+    def seconds(self, now: float) -> float:
+        usage = self.turn.get("usage") or {}
+        seconds = float(usage.get("seconds", 0.0))
+        since = self.turn.get("active_since")
+        if since is not None and self.result is None:
+            seconds += max(0.0, now - float(since))
+        return seconds
+
+
+# -- drawing ---------------------------------------------------------------------------
+
+
+def _bar(fraction: float, width: int = BAR_WIDTH) -> Text:
+    fraction = min(1.0, max(0.0, fraction))
+    filled = round(fraction * width)
+    style = "green" if fraction < 0.8 else "yellow" if fraction < 1.0 else "red"
+    bar = Text("█" * filled, style=style)
+    bar.append("░" * (width - filled), style="grey37")
+    return bar
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
+def _budget_table(st: FollowState, now: float) -> Table:
+    limits = st.turn.get("limits") or {}
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="bold", min_width=8)
+    table.add_column(no_wrap=True)
+    table.add_column(justify="right", no_wrap=True)
+    table.add_column(justify="right", no_wrap=True)
+    if not limits:
+        table.add_row("budget", Text("(known once the turn starts)", style="dim"), "", "")
+        return table
+    rows: list[tuple[str, float, float, str]] = [
+        ("tokens", float(st.tokens), float(limits.get("max_tokens") or 0), ""),
+        ("seconds", st.seconds(now), float(limits.get("max_seconds") or 0), " s"),
+        ("steps", float(st.step), float(limits.get("max_steps") or 0), ""),
+    ]
+    for name, value, limit, unit in rows:
+        fraction = value / limit if limit else 0.0
+        table.add_row(name, _bar(fraction), f"{_num(value)} / {_num(limit)}{unit}",
+                      f"{fraction:4.0%}")
+    max_cost = float(limits.get("max_cost_usd") or 0.0)
+    if max_cost > 0:
+        table.add_row("cost", _bar(st.cost_usd / max_cost),
+                      f"${st.cost_usd:.4f} / ${max_cost:.4f}", f"{st.cost_usd / max_cost:4.0%}")
+    else:
+        table.add_row("cost", Text(f"${st.cost_usd:.4f}  (no cost limit)", style="dim"), "", "")
+    deadline = limits.get("deadline")
+    if deadline is not None:
+        left = float(deadline) - now
+        table.add_row("deadline", Text(time.strftime("%H:%M:%S", time.localtime(deadline))),
+                      f"{max(0.0, left):.1f} s left" if left > 0 else "passed", "")
+    return table
+
+
+def render(st: FollowState, now: float) -> RenderableType:
+    c = st.turn.get("counters") or {}
+    head = Text()
+    head.append(f"turn {st.turn_id}", style="bold")
+    if st.turn.get("session"):
+        head.append(f"  session {st.turn['session']}")
+    if st.turn.get("policy_version"):
+        head.append(f"  policy v{st.turn['policy_version']}")
+    head.append("  ")
+    head.append(st.state, style=_STATE_STYLE.get(st.state, "bold"))
+    where = Text()
+    where.append(f"step {st.step}", style="bold")
+    where.append(f"  provider {st.provider or '-'}")
+    if st.attempt:
+        where.append(f"  attempt {st.attempt}")
+    where.append(f"  hops {c.get('fallback_hops', 0)}  restarts {c.get('restarts', 0)}"
+                 f"  recovery cycles {c.get('recovery_cycles', 0)}", style="dim")
+    parts: list[RenderableType] = [head, where, _budget_table(st, now)]
+    if st.wait is not None:
+        line = Text("⏳ ", style="yellow")
+        if st.wait.until is not None:
+            line.append(f"{st.wait.kind} in {max(0.0, st.wait.until - now):.1f} s",
+                        style="bold yellow")
+        else:
+            line.append(st.wait.kind, style="bold yellow")
+        line.append(f"  {st.wait.detail}")
+        parts.append(line)
+    elif st.activity and st.result is None:
+        parts.append(Text(f"▶ {st.activity}", style="cyan"))
+    if st.answer:
+        text = st.answer if len(st.answer) <= ANSWER_CHARS else "…" + st.answer[-ANSWER_CHARS:]
+        parts.append(Panel(Text(text), title="answer", title_align="left",
+                           border_style="blue"))
+    if st.events:
+        parts.append(Text("\n".join(st.events), style="dim", no_wrap=True,
+                          overflow="ellipsis"))
+    return Group(*parts)
+
+
+_STATE_STYLE = {"running": "bold green", "recovering": "bold yellow",
+                "waiting": "bold yellow", "suspended": "bold yellow", "queued": "bold",
+                "completed": "bold green", "blocked": "bold yellow", "partial": "bold yellow",
+                "failed": "bold red", "cancelled": "bold red"}
+
+
+def render_result(result: dict[str, Any]) -> RenderableType:
+    sb = result["stopped_because"]
+    status = result["status"]
+    style = _STATE_STYLE.get(status, "bold")
+    lines = Text()
+    lines.append(f"{status}: ", style=style)
+    lines.append(sb["code"], style=style)
+    if sb.get("counter"):
+        lines.append(f"   {sb['counter']} = {sb['value']} of limit {sb['limit']}", style="bold")
+    lines.append(f"\n{sb['message']}")
+    if result.get("answer"):
+        lines.append("\n\nanswer  ", style="bold")
+        lines.append(str(result["answer"]))
+    for item in result.get("partial") or []:
+        lines.append("\n  done  ", style="dim")
+        lines.append(str(item))
+    for item in result.get("open_issues") or []:
+        lines.append("\n  open  ", style="yellow")
+        lines.append(str(item))
+    return Panel(lines, title="result", title_align="left", border_style=style.split()[-1])
+
+
+# -- the loop --------------------------------------------------------------------------
+
+
+def _read_events(client: Client, turn_id: str, out: queue.Queue[object]) -> None:
+    try:
+        for ev in client.stream(f"/v1/turns/{quote(turn_id)}/events"):
+            out.put(ev)
+    except Exception as exc:  # handed to the drawing thread, which raises it
+        out.put(exc)
+    out.put(_END)
+
+
+def follow_live(client: Client, turn_id: str,
+                event_line: Callable[[dict[str, Any]], str | None]) -> dict[str, Any] | None:
+    """Draw the turn until it finishes; return its result (None if the stream ended
+    first). Raises ClientError when the daemon cannot be reached."""
+    console = Console()
+    st = FollowState(turn_id)
+    events: queue.Queue[object] = queue.Queue()
+    threading.Thread(target=_read_events, args=(client, turn_id, events),
+                     name="turnkeeper follow events", daemon=True).start()
+    next_poll = 0.0
+    ended = False
+    with Live(render(st, time.time()), console=console, auto_refresh=False,
+              redirect_stdout=False, redirect_stderr=False) as live:
+        while not ended:
+            deadline = time.monotonic() + FRAME_S
+            while True:
+                try:
+                    item = events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is _END:
+                    ended = True
+                    break
+                if isinstance(item, Exception):
+                    raise item
+                assert isinstance(item, dict)
+                quiet = item["type"] in ("model.delta", "turn.finished")  # the result panel
+                st.apply(item, None if quiet else event_line(item))
+                if st.result is not None:
+                    ended = True
+                    break
+            if time.monotonic() >= next_poll or ended:
+                next_poll = time.monotonic() + POLL_INTERVAL_S
+                try:
+                    status, data = client.request("GET", f"/v1/turns/{quote(turn_id)}",
+                                                  timeout=5)
+                except ClientError:
+                    status, data = 0, None
+                if status == 200 and isinstance(data, dict):
+                    st.seen_turn(data["turn"])
+            live.update(render(st, time.time()), refresh=True)
+    if st.result is not None:
+        console.print(render_result(st.result))
+    return st.result
