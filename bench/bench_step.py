@@ -1,0 +1,436 @@
+"""Per-step orchestration cost: K turns x S steps against an in-process zero-latency
+model and a no-op tool, CPU per step, against the CPU of one raw aiohttp model call to a
+loopback server measured in the same run, and against LangGraph and pydantic-ai running
+the same scripted conversation.
+
+The conversation (every system runs the same one): the user's message; steps 1..S-1
+the model asks for `echo(text="step N")` and the tool answers; at step S the model
+answers in text. The model is a function in this process that returns the canned reply
+at once, so what is measured is the runtime around it.
+
+  raw call     the baseline: `aiohttp.ClientSession.post` of a chat completion request
+               to a loopback server (bench/fake_model.py in a child process, so its CPU
+               is not counted) and `resp.json()`, 10 calls in flight.
+  turnkeeper   the real Supervisor and TurnRunner in this process (no control socket),
+               with the real SQLiteStore (WAL, synchronous=FULL, group commit) in a temp
+               dir, the event bus with the daemon's metrics listener, structlog at the
+               daemon's default level (info, to /dev/null), the guards, and the `echo`
+               tool of kind echo. Rows: a zero-CPU model (the Provider protocol, replies
+               precomputed), and the offline `scripted` provider (its own templating and
+               token estimates included).
+  langgraph    StateGraph(MessagesState): an async "agent" node (the canned model) and
+               the prebuilt ToolNode with an async echo tool, compiled with
+               AsyncSqliteSaver (its SQLite checkpointer, WAL) in a temp dir, default
+               durability ("async": every superstep checkpointed).
+  pydantic-ai  Agent(FunctionModel(...)) with an async echo tool. It has no built-in
+               checkpointer, so its figure carries no persistence at all.
+
+All turns of a round run concurrently on one uvloop event loop; CPU is
+`time.process_time()` (every thread of the process: SQLite writer threads included)
+over the round divided by K x S. Rounds alternate the systems; each figure is the median
+of the rounds. A peer that cannot be imported is reported as not run, with the reason.
+
+    python bench/bench_step.py [--turns 200] [--steps 5] [--rounds 3] [--only turnkeeper]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib.metadata
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+
+from turnkeeper import logging as tk_logging
+from turnkeeper.clock import SystemClock
+from turnkeeper.config import Policy, build_config
+from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.policy.outcome import StopCode, TurnResult
+from turnkeeper.providers.base import (
+    DeltaSink,
+    ModelReply,
+    ModelRequest,
+    ToolCall,
+    Usage,
+    dumps_arguments,
+)
+from turnkeeper.store.sqlite import SQLiteStore
+from turnkeeper.supervisor import Supervisor
+from turnkeeper.turn.record import TurnRecord
+
+HERE = Path(__file__).resolve().parent
+RAW_CONCURRENCY = 10
+
+Round = Callable[[int, int, Path], Awaitable[float]]
+
+
+# -- the conversation -------------------------------------------------------------------
+
+def tool_args(step: int) -> dict[str, str]:
+    return {"text": f"step {step}"}
+
+
+def final_text(steps: int) -> str:
+    return f"done after {steps} steps"
+
+
+# -- baseline: one raw aiohttp call -----------------------------------------------------
+
+def start_model(steps: int) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, str(HERE / "fake_model.py"), "--latency", "0",
+                             "--steps", str(steps)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+async def wait_port(port: int) -> None:
+    for _ in range(200):
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError("loopback model server did not start")
+
+
+async def raw_calls(port: int, calls: int) -> float:
+    """CPU seconds per call: a mid-conversation chat request (user, one tool step), the
+    JSON answer read and parsed, RAW_CONCURRENCY calls in flight."""
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "echo", "arguments": json.dumps(tool_args(0))}}
+    body = {"model": "bench", "max_tokens": 256, "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "turn 0"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": json.dumps(tool_args(0))}],
+        "tools": [{"type": "function", "function": {
+            "name": "echo", "description": "Echo the arguments back",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}]}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as session:
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                async with session.post(url, json=body) as resp:
+                    resp.raise_for_status()
+                    await resp.json()
+
+        await asyncio.gather(*(worker(20) for _ in range(RAW_CONCURRENCY)))  # warm up
+        gc.collect()
+        cpu0 = time.process_time()
+        await asyncio.gather(*(worker(calls // RAW_CONCURRENCY)
+                               for _ in range(RAW_CONCURRENCY)))
+        return (time.process_time() - cpu0) / (calls // RAW_CONCURRENCY * RAW_CONCURRENCY)
+
+
+# -- turnkeeper -------------------------------------------------------------------------
+
+class ZeroModel:
+    """A zero-latency, near-zero-CPU model speaking the Provider protocol: the replies of
+    the conversation are built once, the step number picks one."""
+
+    def __init__(self, steps: int) -> None:
+        self._replies = [ModelReply(text=None, tool_calls=(ToolCall(
+            id=f"call_{s}", name="echo", arguments=dumps_arguments(tool_args(s))),),
+            usage=Usage(50 + 10 * s, 12), finish_reason="tool_calls", model="zero")
+            for s in range(1, steps)]
+        self._replies.append(ModelReply(text=final_text(steps), tool_calls=(),
+                                        usage=Usage(50 + 10 * steps, 12),
+                                        finish_reason="stop", model="zero"))
+
+    @property
+    def name(self) -> str:
+        return "zero"
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
+                       ) -> ModelReply:
+        reply = self._replies[min(request.step, len(self._replies)) - 1]
+        if on_delta is not None and reply.text:
+            await on_delta(reply.text)
+        return reply
+
+    async def aclose(self) -> None:
+        return None
+
+
+def write_script(path: Path, steps: int) -> Path:
+    script = {"scenarios": [{"steps": [
+        {"tool_calls": [{"name": "echo", "arguments": {"text": "step $step"}}]}
+        for _ in range(1, steps)] + [{"reply": final_text(steps)}]}]}
+    path.write_text(json.dumps(script))
+    return path
+
+
+def turnkeeper_round(provider: str) -> Round:
+    async def run(turns: int, steps: int, tmp: Path) -> float:
+        kind = "scripted"
+        script = write_script(tmp / "script.json", steps)
+        config = build_config({
+            "daemon": {"max_concurrent_turns": turns, "max_queued_turns": turns,
+                       "state_dir": str(tmp), "log_level": "info"},
+            "providers": [{"name": provider, "kind": kind, "script": str(script)}],
+            "tools": [{"name": "echo", "kind": "echo", "idempotent": True,
+                       "description": "Echo the arguments back",
+                       "parameters": {"type": "object",
+                                      "properties": {"text": {"type": "string"}}}}],
+        })
+        policy = Policy(version=1, config=config, source_path=None, content_hash="")
+        clock = SystemClock()
+        store = SQLiteStore(tmp / "turnkeeper.sqlite3")
+        await store.open()
+        sup = Supervisor(policy=policy, store=store, clock=clock, notifier=Notifier(None),
+                         config_path=None)
+        if provider == "zero":
+            sup.runtime.providers["zero"] = ZeroModel(steps)
+        try:  # the daemon's metrics listener, when this tree has one
+            from turnkeeper.metrics import Metrics
+            metrics = Metrics(sup, clock=clock)
+            sup.bus.listeners.append(metrics.on_event)
+        except ImportError:
+            pass
+        finished: list[tuple[TurnRecord, TurnResult]] = []
+        all_done = anyio.Event()
+
+        def on_finished(record: TurnRecord, result: TurnResult) -> None:
+            finished.append((record, result))
+            if len(finished) >= turns:
+                all_done.set()
+
+        sup.on_turn_finished.append(on_finished)
+        async with anyio.create_task_group() as tg:
+            await tg.start(store.run)
+            await sup.start(tg)
+            gc.collect()
+            cpu0 = time.process_time()
+            for i in range(turns):
+                tg.start_soon(_submit, sup, f"turn {i}")
+            await all_done.wait()
+            cpu = time.process_time() - cpu0
+            await sup.stop()
+            await store.close()
+            tg.cancel_scope.cancel()
+        bad = [(r.counters["steps"], res.stopped_because.code.value) for r, res in finished
+               if res.stopped_because.code is not StopCode.COMPLETED
+               or r.counters["steps"] != steps]
+        if bad:
+            raise RuntimeError(f"turnkeeper turns did not run as scripted: {bad[:3]}")
+        return cpu
+
+    return run
+
+
+async def _submit(sup: Supervisor, message: str) -> None:
+    await sup.submit(message=message, session=None, budget={}, deadline=None)
+
+
+# -- LangGraph --------------------------------------------------------------------------
+
+def langgraph_round() -> Round:
+    from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    @tool
+    async def echo(text: str) -> str:
+        """Echo the arguments back."""
+        return json.dumps({"text": text}, sort_keys=True)
+
+    async def run(turns: int, steps: int, tmp: Path) -> float:
+        async def agent(state: MessagesState) -> dict[str, list[AnyMessage]]:
+            done = sum(1 for m in state["messages"] if isinstance(m, AIMessage))
+            step = done + 1
+            if step < steps:
+                return {"messages": [AIMessage(content="", tool_calls=[
+                    {"name": "echo", "args": tool_args(step), "id": f"call_{step}"}])]}
+            return {"messages": [AIMessage(content=final_text(steps))]}
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("agent", agent)
+        graph.add_node("tools", ToolNode([echo]))
+        graph.add_edge(START, "agent")
+        graph.add_conditional_edges("agent", tools_condition)
+        graph.add_edge("tools", "agent")
+        async with AsyncSqliteSaver.from_conn_string(str(tmp / "langgraph.sqlite3")) as saver:
+            await saver.setup()
+            app = graph.compile(checkpointer=saver)
+
+            async def one(i: int) -> Any:
+                return await app.ainvoke({"messages": [HumanMessage(f"turn {i}")]},
+                                         {"configurable": {"thread_id": f"t{i}"},
+                                          "recursion_limit": 4 * steps + 10})
+
+            gc.collect()
+            cpu0 = time.process_time()
+            results = await asyncio.gather(*(one(i) for i in range(turns)))
+            cpu = time.process_time() - cpu0
+        for r in results:
+            ais = [m for m in r["messages"] if isinstance(m, AIMessage)]
+            if len(ais) != steps or ais[-1].content != final_text(steps):
+                raise RuntimeError("langgraph turns did not run as scripted")
+        return cpu
+
+    return run
+
+
+# -- pydantic-ai ------------------------------------------------------------------------
+
+def pydantic_ai_round() -> Round:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    async def run(turns: int, steps: int, tmp: Path) -> float:
+        async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            done = sum(1 for m in messages if isinstance(m, ModelResponse))
+            step = done + 1
+            if step < steps:
+                return ModelResponse(parts=[ToolCallPart("echo", tool_args(step),
+                                                         tool_call_id=f"call_{step}")])
+            return ModelResponse(parts=[TextPart(final_text(steps))])
+
+        agent = Agent(FunctionModel(model))
+
+        @agent.tool_plain
+        async def echo(text: str) -> str:
+            """Echo the arguments back."""
+            return json.dumps({"text": text}, sort_keys=True)
+
+        gc.collect()
+        cpu0 = time.process_time()
+        results = await asyncio.gather(*(agent.run(f"turn {i}") for i in range(turns)))
+        cpu = time.process_time() - cpu0
+        for r in results:
+            if r.output != final_text(steps):
+                raise RuntimeError("pydantic-ai turns did not run as scripted")
+        return cpu
+
+    return run
+
+
+# -- main -------------------------------------------------------------------------------
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def systems(only: set[str] | None) -> tuple[list[tuple[str, str, Round]], list[str]]:
+    out: list[tuple[str, str, Round]] = []
+    missing: list[str] = []
+
+    def wanted(key: str) -> bool:
+        return only is None or key in only
+
+    if wanted("turnkeeper"):
+        out.append(("turnkeeper", "turnkeeper (zero-CPU model)", turnkeeper_round("zero")))
+    if wanted("scripted"):
+        out.append(("scripted", "turnkeeper (scripted provider)",
+                    turnkeeper_round("scripted")))
+    if wanted("langgraph"):
+        try:
+            out.append(("langgraph", f"langgraph {_version('langgraph')} (AsyncSqliteSaver)",
+                        langgraph_round()))
+        except ImportError as exc:
+            missing.append(f"langgraph: not run ({exc}); pip install -e '.[bench]'")
+    if wanted("pydantic-ai"):
+        try:
+            out.append(("pydantic-ai", f"pydantic-ai {_version('pydantic-ai-slim')} "
+                        "(FunctionModel, no checkpoint)", pydantic_ai_round()))
+        except ImportError as exc:
+            missing.append(f"pydantic-ai: not run ({exc}); pip install -e '.[bench]'")
+    return out, missing
+
+
+async def bench(args: argparse.Namespace, port: int | None) -> None:
+    only = set(args.only.split(",")) if args.only else None
+    chosen, missing = systems(only)
+    total_steps = args.turns * args.steps
+    raw: list[float] = []
+    cpu: dict[str, list[float]] = {key: [] for key, _, _ in chosen}
+    for key, _, run in chosen:  # warm up: imports, first-call caches, not measured
+        tmp = Path(tempfile.mkdtemp(prefix=f"tk-bench-step-{key}-"))
+        try:
+            await run(min(20, args.turns), args.steps, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    for r in range(args.rounds):
+        if port is not None:
+            raw.append(await raw_calls(port, args.raw_calls))
+        order = chosen if r % 2 == 0 else list(reversed(chosen))
+        for key, _, run in order:
+            tmp = Path(tempfile.mkdtemp(prefix=f"tk-bench-step-{key}-"))
+            try:
+                cpu[key].append(await run(args.turns, args.steps, tmp) / total_steps)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    base = statistics.median(raw) * 1e3 if raw else None
+    print(f"per-step orchestration: {args.turns} turns x {args.steps} steps = {total_steps} "
+          f"steps per round, zero-latency in-process model, echo tool; median of "
+          f"{args.rounds} rounds; {os.cpu_count()} cores, uvloop")
+    print(f"  {'system':<48}{'CPU ms/step':>12}{'vs raw call':>13}")
+    if base is not None:
+        print(f"  {'raw aiohttp call to a loopback model (baseline)':<48}{base:>12.3f}"
+              f"{1.0:>12.2f}x")
+    figures = {key: statistics.median(v) * 1e3 for key, v in cpu.items()}
+    for key, label, _ in chosen:
+        ratio = f"{figures[key] / base:>12.2f}x" if base else f"{'-':>13}"
+        print(f"  {label:<48}{figures[key]:>12.3f}{ratio}")
+    for line in missing:
+        print(f"  {line}")
+    tk = figures.get("turnkeeper")
+    if tk is not None:
+        for key, label, _ in chosen:
+            if key in ("langgraph", "pydantic-ai"):
+                print(f"  turnkeeper / {label.split(' ')[0]}: {tk / figures[key]:.2f}x "
+                      f"({figures[key] / tk:.1f}x less CPU per step)")
+    print("  rounds (ms/step): " + "; ".join(
+        f"{key} " + ",".join(f"{v * 1e3:.3f}" for v in vals) for key, vals in cpu.items())
+        + ("; raw " + ",".join(f"{v * 1e3:.3f}" for v in raw) if raw else ""))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--turns", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--raw-calls", type=int, default=2000)
+    ap.add_argument("--only", default="",
+                    help="comma-separated: turnkeeper,scripted,langgraph,pydantic-ai "
+                         "(the raw-call baseline always runs unless --no-baseline)")
+    ap.add_argument("--no-baseline", action="store_true")
+    args = ap.parse_args()
+    with open(os.devnull, "w") as devnull:  # the daemon's default level, output discarded
+        tk_logging.configure(log_format="json", log_level="info", stream=devnull)
+        model: subprocess.Popen[str] | None = None
+        port: int | None = None
+        try:
+            if not args.no_baseline:
+                model, port = start_model(args.steps)
+                asyncio.run(wait_port(port))
+            anyio.run(bench, args, port, backend="asyncio",
+                      backend_options={"use_uvloop": True})
+        finally:
+            if model is not None:
+                model.terminate()
+                model.wait()
+
+
+if __name__ == "__main__":
+    main()
