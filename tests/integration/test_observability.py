@@ -309,9 +309,15 @@ tool_calls = [{ name = "echo", arguments = { text = "step $step" } }]
     refused = scrape(d)
     assert delta(after, refused, "turnkeeper_reloads_total", result="failed") == 1
     assert value(refused, "turnkeeper_last_reload_failed") == 1
-    d.set_config(config)
+    # The fixed config also asks for a TCP metrics address: that needs a restart.
+    port = free_port()
+    d.set_config(config + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
     status, data = d.post("/v1/reload")
     assert status == 200, data
+    assert data["pending_restart"] == ["metrics.listen"]
+    with socket.socket() as s, contextlib.suppress(ConnectionRefusedError):
+        s.connect(("127.0.0.1", port))
+        raise AssertionError("metrics.listen was bound without a restart")
     reloaded = scrape(d)
     assert delta(refused, reloaded, "turnkeeper_reloads_total", result="ok") == 1
     assert delta(refused, reloaded, "turnkeeper_reload_duration_seconds_count") == 1
