@@ -296,10 +296,14 @@ def follow_live(client: Client, turn_id: str,
     first). Raises ClientError when the daemon cannot be reached."""
     console = Console()
     st = FollowState(turn_id)
+    status, data = client.request("GET", f"/v1/turns/{quote(turn_id)}", timeout=10)
+    if status != 200 or not isinstance(data, dict):  # nothing to draw: say why, plainly
+        raise ClientError(f"HTTP {status}: {(data or {}).get('error', 'no answer')}")
+    st.seen_turn(data["turn"])
     events: queue.Queue[object] = queue.Queue()
     threading.Thread(target=_read_events, args=(client, turn_id, events),
                      name="turnkeeper follow events", daemon=True).start()
-    next_poll = 0.0
+    next_poll = time.monotonic() + POLL_INTERVAL_S
     ended = False
     with Live(render(st, time.time()), console=console, auto_refresh=False,
               redirect_stdout=False, redirect_stderr=False) as live:

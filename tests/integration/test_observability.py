@@ -500,6 +500,14 @@ chunks = ["painting it ", "$last_tool_result", ", as asked"]
     assert code == 0, screen
     assert "completed: completed" in screen
     assert "painting it green, as asked" in screen
+    # An unknown turn: one plain line, no view drawn.
+    term = Terminal([sys.executable, "-m", "turnkeeper", "--socket", str(d.socket), "follow",
+                     "t_0000000000000000"])
+    try:
+        assert term.finish() == 69
+    finally:
+        term.kill()
+    assert term.text() == "turnkeeper: HTTP 404: no turn t_0000000000000000"
 
 
 def test_follow_json_prints_the_events_and_plain_follow_prints_lines(
