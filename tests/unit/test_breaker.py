@@ -214,3 +214,11 @@ def test_repr_shows_the_breaker_state() -> None:
     assert repr(CircuitBreaker("openai")) == (
         "CircuitBreaker('openai', consecutive_failures=0, open_until=None, "
         "probes_in_flight=0, failure_threshold=5, cooldown_s=30.0, half_open_probes=1)")
+
+
+def test_open_for_is_the_time_until_a_probe_may_go_and_none_unless_open() -> None:
+    b = CircuitBreaker("p", failure_threshold=1, cooldown_s=30.0)
+    assert b.open_for(0.0) is None
+    fail_n(b, 1, 100.0, retry_after_s=45.0)
+    assert b.open_for(110.0) == 35.0  # max(cooldown, Retry-After) from the opening
+    assert b.open_for(145.0) is None  # half-open

@@ -254,6 +254,15 @@ def test_breaker_open_fails_over_without_an_attempt() -> None:
     assert chain.begin_call() == Attempt(provider="fallback", attempt=1)
 
 
+def test_a_breaker_found_open_before_a_backoff_sleep_fails_over_without_sleeping() -> None:
+    chain = make()
+    chain.begin_call()
+    assert isinstance(fail(chain), RetryIn)
+    assert chain.on_breaker_open() == FailOver(from_provider="primary", to_provider="fallback",
+                                               reason="breaker_open")
+    assert chain.begin_call() == Attempt(provider="fallback", attempt=1)
+
+
 def test_retry_refused_by_the_budget_fails_over_instead_of_sleeping() -> None:
     chain = make()
     chain.begin_call()
@@ -351,6 +360,37 @@ def test_a_breaker_open_hop_counts_as_non_deterministic() -> None:
     fail(chain, D)
     chain.begin_call()
     assert chain.on_breaker_open(rand=upper) == Recover(cycle=1, of_cycles=5, wait_s=18.0)
+
+
+def test_a_pass_of_open_breakers_waits_until_the_first_breaker_lets_a_probe_through() -> None:
+    chain = make()
+    chain.begin_call()
+    chain.on_breaker_open(reopens_in_s=40.0, rand=upper)
+    chain.begin_call()
+    decision = chain.on_breaker_open(reopens_in_s=25.0, rand=upper)
+    assert decision == Recover(cycle=1, of_cycles=5, wait_s=25.0)  # not 18: no cycle wasted
+
+
+def test_a_breaker_reopening_sooner_than_the_schedule_leaves_the_schedule_alone() -> None:
+    chain = make(("only",))
+    chain.begin_call()
+    assert chain.on_breaker_open(reopens_in_s=3.0, rand=upper) == Recover(
+        cycle=1, of_cycles=5, wait_s=18.0)
+
+
+def test_the_breaker_wait_applies_only_when_no_provider_of_the_pass_was_attempted() -> None:
+    chain = make()
+    chain.begin_call()
+    chain.on_breaker_open(reopens_in_s=40.0, rand=upper)
+    chain.begin_call()
+    assert fail(chain, D) == Recover(cycle=1, of_cycles=5, wait_s=18.0)
+
+
+def test_the_breaker_wait_is_capped_by_max_retry_after() -> None:
+    chain = make(("only",), max_retry_after_s=20.0)
+    chain.begin_call()
+    assert chain.on_breaker_open(reopens_in_s=300.0, rand=upper) == Recover(
+        cycle=1, of_cycles=5, wait_s=20.0)
 
 
 def test_recovery_runs_exactly_auto_recovery_cycles_on_the_schedule() -> None:
@@ -515,6 +555,31 @@ def test_abandon_returns_a_cancelled_attempt_or_sleep_to_ready() -> None:
     assert chain.begin_call() == Attempt(provider="primary", attempt=1)
 
 
+def test_a_user_message_during_recovery_starts_a_new_pass_without_charging_a_cycle() -> None:
+    chain = make(max_attempts=1, auto_recovery_cycles=2)
+    chain.begin_call()
+    first = exhaust_pass(chain)
+    assert isinstance(first, Recover) and first.cycle == 1
+    chain.user_message()
+    assert (chain.phase, chain.fallback_hops, chain.recovery_cycles) == (Phase.READY, 0, 0)
+    assert chain.begin_call() == Attempt(provider="primary", attempt=1)
+    again = exhaust_pass(chain)
+    assert isinstance(again, Recover) and again.cycle == 1  # the same cycle, not the next
+    chain.recovery_done()
+    assert isinstance(exhaust_pass(chain), Recover)
+    chain.recovery_done()
+    stop = exhaust_pass(chain)
+    assert isinstance(stop, Stop) and (stop.code, stop.value, stop.limit) == (
+        StopCode.PROVIDERS_EXHAUSTED, 2, 2)
+
+
+def test_a_user_message_is_only_taken_while_recovering() -> None:
+    chain = make()
+    chain.begin_call()
+    with pytest.raises(ChainError, match="'user_message' is not allowed in phase"):
+        chain.user_message()
+
+
 # -- checkpoints -------------------------------------------------------------------------
 
 def test_snapshot_is_json_and_restore_keeps_the_counters() -> None:
@@ -529,7 +594,8 @@ def test_snapshot_is_json_and_restore_keeps_the_counters() -> None:
     assert snap == {"version": 1, "providers": ["a", "b", "c"], "phase": "ready",
                     "current_provider": "b", "provider_attempts": 0, "fallback_hops": 1,
                     "recovery_cycles": 0, "pass_exits": ["deterministic"],
-                    "pass_retry_after_s": 7.0, "previous_delay_s": None}
+                    "pass_retry_after_s": 7.0, "pass_reopen_s": None,
+                    "previous_delay_s": None}
     again = ProviderChain.restore(snap, **SETTINGS)
     assert again.snapshot() == snap
     assert again.begin_call() == Attempt(provider="b", attempt=1)

@@ -45,6 +45,21 @@ def test_the_status_wins_over_the_transport_exception() -> None:
     assert classify(CallFailure(status=503, exception=("ValueError",))) is R
 
 
+@pytest.mark.parametrize(("error_type", "expected"), [
+    ("invalid_request_error", D), ("authentication_error", D), ("permission_error", D),
+    ("not_found_error", D), ("invalid_api_key", D), ("overloaded_error", R),
+    ("api_error", R), ("rate_limit_error", R), ("server_error", R), ("something_new", U),
+])
+def test_an_error_event_inside_a_stream_is_classified_by_its_type(
+        error_type: str, expected: FailureClass) -> None:
+    assert classify(CallFailure(error_type=error_type, exception=("StreamError",))) is expected
+
+
+def test_the_status_wins_over_the_error_type() -> None:
+    assert classify(CallFailure(status=400, error_type="overloaded_error")) is D
+    assert classify(CallFailure(status=503, error_type="invalid_request_error")) is R
+
+
 @pytest.mark.parametrize(("exc", "expected"), [
     (TimeoutError("read timed out"), R),
     (ConnectionError("boom"), R),

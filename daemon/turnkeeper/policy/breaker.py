@@ -133,6 +133,12 @@ class CircuitBreaker:
             return BreakerState.OPEN
         return BreakerState.HALF_OPEN
 
+    def open_for(self, now: float) -> float | None:
+        """Seconds until an open breaker lets a probe through; None unless it is open."""
+        if self.state(now) is not BreakerState.OPEN or self._open_until is None:
+            return None
+        return self._open_until - now
+
     @property
     def consecutive_failures(self) -> int:
         return self._consecutive_failures

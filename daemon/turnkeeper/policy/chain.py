@@ -29,9 +29,11 @@ The flow, one model call::
       call failed          -> on_failure(...)     -> RetryIn | FailOver | Recover | Stop
     RetryIn
       budget refused       -> on_retry_refused()  -> FailOver | Recover | Stop
+      breaker opened       -> on_breaker_open()   -> FailOver | Recover | Stop (no sleep)
       slept RetryIn.seconds-> retry_ready()       -> Attempt
     FailOver               -> begin_call()        -> Attempt on FailOver.to_provider
     Recover                -> (park, sleep wait_s) recovery_done() -> Attempt on the primary
+      a user message cut the wait short -> user_message() -> None (then begin_call())
     Stop                   -> the turn ends with it
     any time before a Stop -> abandon()  (the call or sleep was cancelled: no decision)
 
@@ -52,7 +54,9 @@ When a hop finds no provider left in the pass:
 - else, while ``recovery_cycles < auto_recovery_cycles``: ``Recover(cycle, of_cycles,
   wait_s)`` with ``wait_s = max(schedule[min(cycle - 1, len(schedule) - 1)] * (1 +
   rand(0, recovery_jitter)), largest Retry-After <= max_retry_after_s seen in the pass)``:
-  a provider's Retry-After wins up to max_retry_after;
+  a provider's Retry-After wins up to max_retry_after; when every exit of the pass was an
+  open breaker, the wait also lasts until the first breaker lets a probe through (up to
+  max_retry_after_s);
 - else ``Stop(providers.exhausted, value=recovery_cycles, limit=auto_recovery_cycles)``.
 
 Any other sequence of events is a bug in the caller: `ChainError` names the phase and
@@ -154,6 +158,7 @@ class _Event(StrEnum):
     RETRY_REFUSED = "on_retry_refused"
     RETRY_READY = "retry_ready"
     RECOVERY_DONE = "recovery_done"
+    USER_MESSAGE = "user_message"
     ABANDON = "abandon"
 
 
@@ -163,8 +168,8 @@ _ALLOWED: dict[Phase, frozenset[_Event]] = {
     Phase.ATTEMPTING: frozenset({_Event.BREAKER_OPEN, _Event.SUCCESS, _Event.FAILURE,
                                  _Event.ABANDON}),
     Phase.BACKING_OFF: frozenset({_Event.RETRY_REFUSED, _Event.RETRY_READY,
-                                  _Event.ABANDON}),
-    Phase.RECOVERING: frozenset({_Event.RECOVERY_DONE}),
+                                  _Event.BREAKER_OPEN, _Event.ABANDON}),
+    Phase.RECOVERING: frozenset({_Event.RECOVERY_DONE, _Event.USER_MESSAGE}),
     Phase.STOPPED: frozenset(),
     Phase.ERROR: frozenset(),
 }
@@ -224,6 +229,7 @@ class ProviderChain:
         self._recovery_cycles = 0
         self._pass_exits: list[FailOverReason] = []  # why each provider of the pass was left
         self._pass_retry_after_s: float | None = None
+        self._pass_reopen_s: float | None = None  # soonest breaker reopening in the pass
         self._previous_delay_s: float | None = None  # for decorrelated jitter
 
     def __repr__(self) -> str:
@@ -310,10 +316,19 @@ class ProviderChain:
                                    failure_class=failure_class, retry_after_s=retry_after_s)
         return self._enter(decision)
 
-    def on_breaker_open(self, *, rand: Rand | None = None) -> FailOver | Recover | Stop:
-        """The current provider's breaker refused the outstanding attempt: a hop with no
-        attempt. Counts as a non-deterministic exit for providers.rejected."""
+    def on_breaker_open(self, *, reopens_in_s: float | None = None,
+                        rand: Rand | None = None) -> FailOver | Recover | Stop:
+        """The current provider's breaker refused the outstanding attempt, or is open when a
+        RetryIn is about to sleep (other turns opened it): a hop with no attempt and no
+        sleep. Counts as a non-deterministic exit for providers.rejected. `reopens_in_s`
+        is how long until the breaker lets a probe through: when no provider of the pass
+        could be attempted at all, the recovery wait lasts at least until the first of
+        them does (up to max_retry_after_s), so that a cycle is not spent on a pass that
+        cannot make a single attempt."""
         self._expect(_Event.BREAKER_OPEN)
+        if reopens_in_s is not None and reopens_in_s >= 0 and (
+                self._pass_reopen_s is None or reopens_in_s < self._pass_reopen_s):
+            self._pass_reopen_s = reopens_in_s
         return self._enter(self._hop("breaker_open", rand))
 
     def on_retry_refused(self, *, rand: Rand | None = None) -> FailOver | Recover | Stop:
@@ -333,6 +348,15 @@ class ProviderChain:
         self._recovery_cycles += 1
         self._start_pass()
         return self._enter(self._attempt())
+
+    def user_message(self) -> None:
+        """A user message (a steer) cut the Recover wait short: a new pass starts at the
+        primary (call `begin_call()` next) without counting the cycle, because a user
+        message is never charged to any counter (SPEC 3). If the new pass is spent too,
+        the next Recover is the same cycle again, on the same schedule."""
+        self._expect(_Event.USER_MESSAGE)
+        self._start_pass()
+        self._enter(None)
 
     def abandon(self) -> None:
         """The outstanding attempt or retry sleep was cancelled (e.g. a steer with
@@ -370,6 +394,9 @@ class ProviderChain:
             wait = scheduled * (1.0 + jitter)
             if self._pass_retry_after_s is not None:
                 wait = max(wait, self._pass_retry_after_s)
+            if self._pass_reopen_s is not None and all(
+                    r == "breaker_open" for r in self._pass_exits):
+                wait = max(wait, min(self._pass_reopen_s, self.max_retry_after_s))
             return Recover(cycle=cycle, of_cycles=self.auto_recovery_cycles, wait_s=wait)
         who = "the provider" if n == 1 else f"all {n} providers"
         return Stop(code=StopCode.PROVIDERS_EXHAUSTED,
@@ -380,6 +407,7 @@ class ProviderChain:
     def _start_pass(self) -> None:
         self._pass_exits = []
         self._pass_retry_after_s = None
+        self._pass_reopen_s = None
         self._provider_attempts = 0
         self._previous_delay_s = None
 
@@ -409,6 +437,7 @@ class ProviderChain:
                 "recovery_cycles": self._recovery_cycles,
                 "pass_exits": list(self._pass_exits),
                 "pass_retry_after_s": self._pass_retry_after_s,
+                "pass_reopen_s": self._pass_reopen_s,
                 "previous_delay_s": self._previous_delay_s}
 
     @classmethod
@@ -451,6 +480,8 @@ class ProviderChain:
         chain._pass_exits = exits
         ra = snapshot.get("pass_retry_after_s")
         chain._pass_retry_after_s = None if ra is None else float(ra)
+        reopen = snapshot.get("pass_reopen_s")  # absent from older snapshots
+        chain._pass_reopen_s = None if reopen is None else float(reopen)
         prev = snapshot.get("previous_delay_s")
         chain._previous_delay_s = None if prev is None else float(prev)
         return chain

@@ -40,6 +40,18 @@ DETERMINISTIC_EXCEPTIONS = frozenset({
     "UnknownTool", "SchemaViolation",
 })
 
+# The error types (`error.type`, else `error.code`) OpenAI and Anthropic send, for failures
+# that carry no HTTP status: an error event inside a started (HTTP 200) stream. With a
+# status, the status decides; without one, the type is the server's own word.
+RETRYABLE_ERROR_TYPES = frozenset({
+    "overloaded_error", "api_error", "rate_limit_error", "rate_limit_exceeded",
+    "server_error", "timeout_error", "service_unavailable", "internal_error",
+})
+DETERMINISTIC_ERROR_TYPES = frozenset({
+    "invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+    "request_too_large", "invalid_api_key", "model_not_found", "billing_error",
+})
+
 _OVERFLOW_PATTERNS = re.compile(
     r"context_length_exceeded|context length|context window|prompt is too long|"
     r"maximum context|too many tokens|request too large|reduce the length",
@@ -83,7 +95,8 @@ def exception_names(exc: BaseException) -> tuple[str, ...]:
 
 
 def classify(failure: CallFailure) -> FailureClass:
-    """Status first (it is the server's own word), then the transport exception, then
+    """Status first (it is the server's own word), then the error type of a failure that
+    has no status (an error event inside a stream), then the transport exception, then
     unknown. A context overflow never reaches here as a failure: it is a rebuild."""
     if failure.status is not None:
         if failure.status in RETRYABLE_STATUSES:
@@ -93,6 +106,12 @@ def classify(failure: CallFailure) -> FailureClass:
         if 500 <= failure.status < 600:
             return FailureClass.RETRYABLE
         if 400 <= failure.status < 500:
+            return FailureClass.DETERMINISTIC
+    if failure.error_type:
+        error_type = failure.error_type.lower()
+        if error_type in RETRYABLE_ERROR_TYPES:
+            return FailureClass.RETRYABLE
+        if error_type in DETERMINISTIC_ERROR_TYPES:
             return FailureClass.DETERMINISTIC
     for name in failure.exception:
         if name in RETRYABLE_EXCEPTIONS:
