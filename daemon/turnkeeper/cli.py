@@ -178,6 +178,16 @@ def _status_lines(data: dict[str, Any]) -> list[str]:
     lines.append("breakers     " + ("  ".join(
         f"{name} {state.upper() if state != 'closed' else state}"
         for name, state in breakers.items()) or "-"))
+    for name, srv in (data.get("mcp_servers") or {}).items():
+        restarts = f"{srv['restarts']} restart{'s' if srv['restarts'] != 1 else ''}"
+        if srv["state"] == "up":
+            lines.append(f"mcp server   {name} up ({srv['transport']}), "
+                         f"{len(srv['tools'])} tools, {restarts}")
+            continue
+        nxt = srv.get("next_restart_at")
+        wait = f"; next start in {max(0.0, nxt - time.time()):.1f} s" if nxt else ""
+        lines.append(f"mcp server   {name} {srv['state'].upper()} ({srv['transport']}): "
+                     f"{srv.get('last_error') or '-'}{wait}; {restarts}")
     return lines
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from turnkeeper.config import Config, Policy, ProviderConfig
+from turnkeeper.config import Config, Policy, ProviderConfig, ToolConfig
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.providers.base import Provider
@@ -57,15 +57,25 @@ class Runtime:
 class Shared:
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
     retry_budgets: dict[str, RetryBudget] = field(default_factory=dict)
+    # The config each breaker was made for: a provider or tool whose config changed is a
+    # new peer (another URL, model or key), and starts with a closed breaker.
+    _made_for: dict[str, ProviderConfig | ToolConfig] = field(default_factory=dict)
 
     def apply(self, config: Config) -> None:
         """Create or reconfigure the breaker and retry budget of every provider and http
-        tool; state of the ones that stay is kept."""
+        tool. The breaker of an unchanged provider or tool keeps its state (SPEC 9: it
+        survives a reload); a changed one starts closed. Retry budgets keep their counts:
+        they are in-flight bookkeeping, not a judgement of the peer."""
         cb, rb = config.circuit_breaker, config.retry_budget
-        names = [f"provider:{p.name}" for p in config.providers] + [
-            f"tool:{t.name}" for t in config.tools if t.kind == "http"]
+        peers: dict[str, ProviderConfig | ToolConfig] = {
+            f"provider:{p.name}": p for p in config.providers}
+        peers.update({f"tool:{t.name}": t for t in config.tools if t.kind == "http"})
+        names = list(peers)
         for name in names:
             breaker = self.breakers.get(name)
+            if breaker is not None and self._made_for.get(name) != peers[name]:
+                breaker = None
+            self._made_for[name] = peers[name]
             if breaker is None:
                 self.breakers[name] = CircuitBreaker(
                     name, failure_threshold=cb.failure_threshold, cooldown_s=cb.cooldown,
@@ -83,5 +93,6 @@ class Shared:
                 budget.reconfigure(ratio=rb.ratio, min_concurrency=rb.min_concurrency)
         for gone in set(self.breakers) - set(names):
             del self.breakers[gone]
+            self._made_for.pop(gone, None)
         for gone in set(self.retry_budgets) - {p.name for p in config.providers}:
             del self.retry_budgets[gone]

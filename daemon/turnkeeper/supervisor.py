@@ -123,6 +123,7 @@ class Supervisor:
     async def start(self, tg: TaskGroup) -> None:
         """Resume every unfinished turn from its checkpoint, then open intake."""
         self._tg = tg
+        await self.runtime.toolbox.start(tg)  # MCP servers: connected (or failed) once
         self.bus._seq = await self.store.max_event_seq()
         resumed = 0
         for record_json, checkpoint in await self.store.unfinished_turns():
@@ -378,6 +379,7 @@ class Supervisor:
             "breakers": {name.split(":", 1)[1] if name.startswith("provider:") else name:
                          b.state(now).value for name, b in self.shared.breakers.items()},
             "reloads": {"count": self.reload_count, "failures": self.reload_failures},
+            "mcp_servers": self.runtime.toolbox.server_status(),
             "uptime_s": round(now - self.started_at, 3),
             "version": __version__,
         }
@@ -436,6 +438,8 @@ class Supervisor:
         self.policy = candidate
         self.runtime = runtime
         self.shared.apply(candidate.config)
+        if self._tg is not None:  # MCP servers whose config changed restart, drained
+            await runtime.toolbox.start(self._tg, replacing=previous.toolbox)
         for provider in previous.retired_by(runtime):
             await provider.aclose()
         if previous.toolbox is not runtime.toolbox:

@@ -363,6 +363,7 @@ class TurnRunner:
         """Through the chain: retries, failovers and recovery cycles. Returns the reply,
         a Stop, or None after a context-overflow rebuild."""
         decision: Any
+        self._streamed_from = None
         if self.chain.phase is Phase.RECOVERING:  # resumed while parked in recovery
             decision = Recover(cycle=self.chain.recovery_cycles + 1,
                                of_cycles=self.runtime.config.agent.auto_recovery_cycles,
@@ -372,6 +373,12 @@ class TurnRunner:
         retry_held: str | None = None
         try:
             while True:
+                if not isinstance(decision, Stop) and self.remaining_s() <= 0:
+                    # The active time or the deadline ran out during this call: that is
+                    # the budget's stop, not a reason to fail over or park in recovery.
+                    spent = self.guard.check(self._usage(), now=self.clock.time())
+                    if spent is not None:
+                        return spent
                 if isinstance(decision, Attempt):
                     held, retry_held = retry_held, None
                     result = await self._attempt(decision, held)
@@ -381,6 +388,12 @@ class TurnRunner:
                         return await self._rebuild()
                     decision = result
                 elif isinstance(decision, RetryIn):
+                    breaker = self.shared.breakers[f"provider:{decision.provider}"]
+                    reopens_in = breaker.open_for(self.clock.monotonic())
+                    if reopens_in is not None:  # opened meanwhile: hop now, do not sleep
+                        self.log.info("model.breaker_open", provider=decision.provider)
+                        decision = self.chain.on_breaker_open(reopens_in_s=reopens_in)
+                        continue
                     budget = self.shared.retry_budgets[decision.provider]
                     if not budget.try_begin_retry():
                         self.log.info("model.retry_refused", provider=decision.provider,
@@ -409,10 +422,14 @@ class TurnRunner:
                                   **self._counter_values())
                     decision = self.chain.begin_call()
                 elif isinstance(decision, Recover):
-                    stop = await self._recover(decision)
-                    if stop is not None:
-                        return stop
-                    decision = self.chain.recovery_done()
+                    outcome = await self._recover(decision)
+                    if isinstance(outcome, Stop):
+                        return outcome
+                    if outcome:  # a steer cut the wait short: a new pass, no cycle charged
+                        self.chain.user_message()
+                        decision = self.chain.begin_call()
+                    else:
+                        decision = self.chain.recovery_done()
                 elif isinstance(decision, Stop):
                     return decision
                 else:  # pragma: no cover - the chain's decisions are a closed set
@@ -423,6 +440,8 @@ class TurnRunner:
             self._sync_counters()
 
     _last_failure: CallFailure = CallFailure()
+    # The provider whose stream broke after sending text in this model call, if any.
+    _streamed_from: str | None = None
 
     async def _attempt(self, attempt: Attempt, retry_held: str | None
                        ) -> ModelReply | Any | None:
@@ -433,7 +452,19 @@ class TurnRunner:
             if retry_held is not None:
                 self.shared.retry_budgets[retry_held].end_retry()
             self.log.info("model.breaker_open", provider=name)
-            return self.chain.on_breaker_open()
+            return self.chain.on_breaker_open(reopens_in_s=breaker.open_for(now))
+        if self._streamed_from not in (None, name):
+            # The step's partial output came from another provider: it is rebuilt for
+            # this one (SPEC 3 `restarts`). A retry on the same provider is not a rebuild.
+            self._streamed_from = None
+            stop = self._count_restart("a partially streamed step was rebuilt for "
+                                       f"provider {name}")
+            if stop is not None:
+                breaker.release(self.clock.monotonic())
+                if retry_held is not None:
+                    self.shared.retry_budgets[retry_held].end_retry()
+                self.chain.abandon()
+                return stop
         self._sync_counters()
         provider = self.runtime.providers[name]
         request = self._request()
@@ -472,6 +503,7 @@ class TurnRunner:
             self.emit("model.redirected", provider=name)
             raise _Redirect
         if reply is not None:
+            self._streamed_from = None
             breaker.record_success(self.clock.monotonic())
             self.chain.on_success()
             self._charge(name, reply)
@@ -481,6 +513,7 @@ class TurnRunner:
         self.record.last_error = f"{name}: {failure.describe()}"
         if failure.context_overflow:
             breaker.record_success(self.clock.monotonic())
+            self.chain.abandon()  # not a failure: the step is rebuilt and called afresh
             self.emit("model.attempt_failed", provider=name, attempt=attempt.attempt,
                       **{"class": "context_overflow"}, status=failure.status)
             return None
@@ -492,10 +525,7 @@ class TurnRunner:
                       status=failure.status, error=failure.describe(),
                       **self._counter_values())
         if streamed:
-            # The partial output is discarded: the step is rebuilt (SPEC 3 `restarts`).
-            stop = self._count_restart("the step was rebuilt after a stream broke")
-            if stop is not None:
-                return stop
+            self._streamed_from = name  # counted if the step moves to another provider
         return self.chain.on_failure(cls, retry_after_s=failure.retry_after_s,
                                      remaining_s=self.remaining_s(), rand=self.rand)
 
@@ -547,8 +577,9 @@ class TurnRunner:
             self.chain.abandon()
             raise _Redirect
 
-    async def _recover(self, decision: Recover) -> Stop | None:
-        """Park for a recovery cycle: not active time; cancel, steer and suspend work."""
+    async def _recover(self, decision: Recover) -> Stop | bool:
+        """Park for a recovery cycle: not active time; cancel, steer and suspend work.
+        True when a steer cut the wait short (it has joined the conversation)."""
         now = self.clock.time()
         if self.recover_until is None:
             self.recover_until = now + decision.wait_s
@@ -567,7 +598,7 @@ class TurnRunner:
             if self.control.suspend_requested:
                 raise _Suspend
             with anyio.move_on_after(wait):
-                while not self.control.redirect_requested:
+                while not (self.control.redirect_requested or self._has_unread_steer()):
                     await self.control.wake.wait()
         finally:
             self.control.parked = False
@@ -579,8 +610,9 @@ class TurnRunner:
         if stop is not None and stop.code is StopCode.DEADLINE:
             return stop
         # A steer that cut the wait short joins the conversation before the next pass.
+        steered = self._has_unread_steer()
         self._absorb_messages()
-        return None
+        return steered
 
     # -- tools ------------------------------------------------------------------------
 

@@ -1,0 +1,575 @@
+"""Tools from MCP servers, through the official `mcp` SDK (the optional extra `mcp`).
+
+One `McpServer` per `[[tools]]` entry of kind `mcp`: a stdio server the daemon starts
+(`command`, `args`, `env`) or a streamable-HTTP server it connects to (`url`,
+`headers`). Its connection is owned by one long-lived task in the daemon's task group
+(`run`): the SDK's transports and `ClientSession` are async context managers, entered
+there and held open; turns call `session.call_tool` from their own tasks, so cancelling
+a turn cancels its request (the SDK sends the server a `notifications/cancelled`).
+
+When the connection ends (the process exits, a ping or the HTTP transport fails), the
+task tears it down, waits out `RestartSchedule` (the `restart_backoff` curve) and starts
+it again. While it is down its tools leave the offer (`offered`), calls fail fast as
+retryable, and the ToolBox tells the agent in a note. What the annotations mean and how
+failures are classified is decided in `policy/tool_traits.py`.
+
+The SDK is imported only when a server starts, so the rest of the daemon (and the CLI)
+runs without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from turnkeeper import __version__
+from turnkeeper.config import ToolConfig
+from turnkeeper.policy.backoff import Backoff
+from turnkeeper.policy.classify import CallFailure, exception_names
+from turnkeeper.policy.tool_traits import (
+    CALL_TIMED_OUT,
+    NAME_SEPARATOR,
+    SERVER_DOWN,
+    RestartSchedule,
+    exposed_names,
+    rpc_error_names,
+    selected,
+    tool_error_names,
+    tool_traits,
+)
+from turnkeeper.providers.base import ToolSpec
+from turnkeeper.tools.outcome import ToolOutcome, truncate
+
+if TYPE_CHECKING:
+    import mcp_types
+    from mcp import ClientSession
+    from mcp.client.session import IncomingMessage
+
+log = structlog.get_logger("turnkeeper.mcp")
+
+IDEMPOTENCY_META_KEY = "turnkeeper/idempotency-key"
+MAX_LIST_PAGES = 100
+STDERR_LINE_CHARS = 2000
+
+
+class ServerGone(Exception):
+    """The server closed the connection (a stdio server exited)."""
+
+
+class ConnectTimeout(Exception):
+    """The server did not answer the handshake or a ping in time."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class McpTool:
+    """One tool of one MCP server as the daemon offers it: `name` is `server__tool`,
+    `remote` the server's own name for it. Read by the runner like a ToolConfig
+    (`idempotent`, `polling`, `timeout`, `breaker`)."""
+
+    name: str
+    remote: str
+    server: str
+    description: str
+    parameters: dict[str, Any]
+    idempotent: bool
+    destructive: bool
+    polling: bool
+    timeout: float
+    because: str
+    validator: Draft202012Validator | None = field(default=None, repr=False)
+
+    kind = "mcp"
+
+    @property
+    def breaker(self) -> str:
+        return f"tool:{self.server}"
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description,
+                        parameters=self.parameters)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "remote": self.remote, "idempotent": self.idempotent,
+                "destructive": self.destructive, "polling": self.polling,
+                "because": self.because}
+
+
+class _WatchedStream:
+    """The transport's read stream, passed through to the session; tells the server task
+    the moment it ends (the SDK's dispatcher otherwise ends its loop silently)."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _WatchedStream:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc_val: BaseException | None, exc_tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for logs and status: the innermost exceptions of a group, type and text."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(exc)
+    parts = [f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in leaves[:2]]
+    return "; ".join(parts)[:500] or type(exc).__name__
+
+
+class McpServer:
+    """One supervised MCP server connection. States: `stopped` (not started or closed),
+    `starting`, `up`, `down` (waiting to restart)."""
+
+    def __init__(self, cfg: ToolConfig, *,
+                 rand: Callable[[float, float], float] = random.uniform) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.transport = "stdio" if cfg.command else "http"
+        self.state = "stopped"
+        self.tools: dict[str, McpTool] = {}
+        self.generation = 0
+        self.listed = False
+        self.last_error: str | None = None
+        self.up_since: float | None = None
+        self.next_restart_at: float | None = None
+        self.started = False
+        self.owner: object | None = None  # the ToolBox that closes it
+        backoff = Backoff.from_config(cfg.restart_backoff)
+        self.schedule = RestartSchedule(backoff,
+                                        stable_after_s=max(1.0, backoff.max_delay_s))
+        self._rand = rand
+        self._session: ClientSession | None = None
+        self._up_mono: float | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._stopped: anyio.Event | None = None
+        self._first_attempt: anyio.Event | None = None
+        self._wake: anyio.Event | None = None
+        self._suspect = False
+        self._relist = False
+
+    def __repr__(self) -> str:
+        return (f"McpServer({self.name!r}, {self.transport}, state={self.state!r}, "
+                f"tools={len(self.tools)}, restarts={self.schedule.restarts})")
+
+    # -- what the ToolBox reads -----------------------------------------------------
+
+    def offered(self) -> Iterable[McpTool]:
+        return self.tools.values() if self.state == "up" else ()
+
+    def lookup(self, name: str) -> McpTool | None:
+        """A tool by its offered name, also while the server is down (a call then fails
+        retryable, not as an unknown tool). Before the first listing, a placeholder that
+        is never idempotent: a call journalled before a crash resumes as `unknown`."""
+        tool = self.tools.get(name)
+        if tool is not None or self.listed:
+            return tool
+        remote = name[len(self.name) + len(NAME_SEPARATOR):]
+        if not remote or not selected(remote, include=self.cfg.include,
+                                      exclude=self.cfg.exclude):
+            return None
+        return McpTool(name=name, remote=remote, server=self.name, description=remote,
+                       parameters={"type": "object"}, idempotent=False, destructive=True,
+                       polling=False, timeout=self.cfg.timeout, because="not listed yet")
+
+    def down_reason(self) -> str:
+        if self.state == "starting":
+            return "it is starting"
+        reason = f"it is down: {self.last_error}" if self.last_error else "it is down"
+        if self.next_restart_at is not None:
+            wait = max(0.0, self.next_restart_at - time.time())
+            reason += f"; the next start is in {wait:.1f} s"
+        return reason
+
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "transport": self.transport,
+                "tools": [t.to_json() for t in self.tools.values()],
+                "restarts": self.schedule.restarts, "last_error": self.last_error,
+                "up_since": self.up_since,
+                "next_restart_at": self.next_restart_at if self.state == "down" else None}
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self, tg: TaskGroup) -> None:
+        self.started = True
+        self._scope = anyio.CancelScope()
+        self._stopped = anyio.Event()
+        self._first_attempt = anyio.Event()
+        tg.start_soon(self.run, name=f"mcp server {self.name}")
+
+    async def wait_first_attempt(self) -> None:
+        """Until the first connection is up or has failed (bounded by connect_timeout)."""
+        if self._first_attempt is not None:
+            await self._first_attempt.wait()
+
+    def cancel(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def aclose(self) -> None:
+        self.cancel()
+        if self._stopped is not None:
+            with anyio.CancelScope(shield=True):
+                await self._stopped.wait()
+
+    async def run(self) -> None:
+        assert self._scope is not None and self._stopped is not None
+        try:
+            with self._scope:
+                while True:
+                    self.state = "starting"
+                    self.next_restart_at = None
+                    try:
+                        await self._serve_once()
+                    except Exception as exc:
+                        self.last_error = describe_error(exc)
+                    delay = self._went_down()
+                    if self._first_attempt is not None:
+                        self._first_attempt.set()
+                    await anyio.sleep(delay)
+        finally:
+            self._session = None
+            self.state = "stopped"
+            self.generation += 1
+            if self._first_attempt is not None:
+                self._first_attempt.set()
+            self._stopped.set()
+            log.info("mcp.server_stopped", server=self.name)
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _connection_ended(self) -> None:
+        """The read stream ended: no new call may start on this session."""
+        if self._session is not None:
+            self._session = None
+            self.state = "down"
+            self.generation += 1
+        self._poke()
+
+    def _suspect_connection(self) -> None:
+        self._suspect = True
+        self._poke()
+
+    async def _serve_once(self) -> None:
+        from mcp import ClientSession
+        from mcp_types import Implementation
+
+        async with AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            read, write = await self._open(stack, tg)
+            ended = anyio.Event()
+
+            def on_end() -> None:
+                ended.set()
+                self._connection_ended()
+
+            session = ClientSession(
+                _WatchedStream(read, on_end), write, message_handler=self._on_message,
+                client_info=Implementation(name="turnkeeper", version=__version__))
+            await stack.enter_async_context(session)
+            try:
+                with anyio.fail_after(self.cfg.connect_timeout):
+                    await session.initialize()
+                    listing = await self._list_tools(session)
+            except TimeoutError:
+                raise ConnectTimeout(f"no answer to the handshake within "
+                                     f"{self.cfg.connect_timeout:g} s") from None
+            self._went_up(session, listing)
+            try:
+                await self._watch(session, ended)
+            finally:
+                self._session = None
+
+    async def _open(self, stack: AsyncExitStack, tg: TaskGroup) -> tuple[Any, Any]:
+        if self.cfg.command:
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            params = StdioServerParameters(command=self.cfg.command, args=list(self.cfg.args),
+                                           env=self.cfg.resolved_env() or None)
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(read_fd, False)
+            errlog = os.fdopen(write_fd, "w")
+            try:
+                streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            except BaseException:
+                os.close(read_fd)
+                raise
+            finally:
+                errlog.close()  # the server holds its own copy
+            tg.start_soon(self._pump_stderr, read_fd, name=f"mcp server {self.name} stderr")
+            return streams
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        client = httpx2.AsyncClient(headers=self.cfg.resolved_headers(),
+                                    timeout=httpx2.Timeout(self.cfg.connect_timeout,
+                                                           read=300.0))
+        await stack.enter_async_context(client)
+        return await stack.enter_async_context(
+            streamable_http_client(self.cfg.url, http_client=client))
+
+    async def _pump_stderr(self, fd: int) -> None:
+        """A stdio server's stderr, line by line into the daemon's log (attributed)."""
+        pending = b""
+        try:
+            while True:
+                await anyio.wait_readable(fd)
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                if len(pending) > 65536:
+                    lines.append(pending)
+                    pending = b""
+                for line in lines:
+                    self._log_stderr(line)
+        finally:
+            if pending:
+                self._log_stderr(pending)
+            os.close(fd)
+
+    def _log_stderr(self, line: bytes) -> None:
+        text = line.decode("utf-8", errors="replace").rstrip()
+        if text:
+            log.info("mcp.server_stderr", server=self.name, line=text[:STDERR_LINE_CHARS])
+
+    async def _watch(self, session: ClientSession, ended: anyio.Event) -> None:
+        """Hold the connection; relist on `tools/list_changed`; ping when idle or when a
+        call saw the connection fail. Returns only by raising: the connection is over."""
+        interval = self.cfg.ping_interval if self.cfg.ping_interval > 0 else math.inf
+        while True:
+            self._wake = anyio.Event()
+            ping = self._suspect
+            if not (ended.is_set() or self._suspect or self._relist):
+                with anyio.move_on_after(interval) as idle:
+                    await self._wake.wait()
+                ping = ping or idle.cancelled_caught or self._suspect
+            if ended.is_set():
+                raise ServerGone("the server closed the connection")
+            try:
+                with anyio.fail_after(self.cfg.connect_timeout):
+                    if self._relist:
+                        self._relist = False
+                        self._set_tools(await self._list_tools(session))
+                    if ping:
+                        self._suspect = False
+                        await session.send_ping()
+            except TimeoutError:
+                raise ConnectTimeout(f"no answer to a ping within "
+                                     f"{self.cfg.connect_timeout:g} s") from None
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        import mcp_types
+
+        if isinstance(message, Exception):
+            log.warning("mcp.transport_error", server=self.name,
+                        error=describe_error(message))
+        elif isinstance(message, mcp_types.ToolListChangedNotification):
+            self._relist = True
+            self._poke()
+
+    async def _list_tools(self, session: ClientSession) -> list[mcp_types.Tool]:
+        from mcp_types import PaginatedRequestParams
+
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            result = await session.list_tools(
+                params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+            tools.extend(result.tools)
+            cursor = result.next_cursor
+            if not cursor:
+                break
+        return tools
+
+    def _set_tools(self, listing: list[mcp_types.Tool]) -> None:
+        cfg = self.cfg
+        chosen = [t for t in listing if selected(t.name, include=cfg.include,
+                                                 exclude=cfg.exclude)]
+        names = exposed_names(self.name, (t.name for t in chosen))
+        tools: dict[str, McpTool] = {}
+        for t in chosen:
+            ann = t.annotations
+            override = cfg.overrides.get(t.name)
+            traits = tool_traits(
+                read_only_hint=ann.read_only_hint if ann else None,
+                destructive_hint=ann.destructive_hint if ann else None,
+                idempotent_hint=ann.idempotent_hint if ann else None,
+                override_idempotent=override.idempotent if override else None,
+                override_destructive=override.destructive if override else None)
+            schema = t.input_schema or {"type": "object", "properties": {}}
+            validator: Draft202012Validator | None = None
+            try:
+                Draft202012Validator.check_schema(schema)
+                validator = Draft202012Validator(schema)
+            except SchemaError as exc:
+                log.warning("mcp.tool_schema_invalid", server=self.name, tool=t.name,
+                            error=exc.message[:300])
+            name = names[t.name]
+            tools[name] = McpTool(
+                name=name, remote=t.name, server=self.name,
+                description=(t.description or (ann.title if ann else None) or t.title
+                             or t.name),
+                parameters=schema, idempotent=traits.idempotent,
+                destructive=traits.destructive,
+                polling=bool(override.polling) if override else False,
+                timeout=cfg.timeout, because=traits.because, validator=validator)
+        unknown = sorted(set(cfg.overrides) - {t.name for t in listing})
+        if unknown and not self.listed:
+            log.warning("mcp.override_unknown_tool", server=self.name, tools=unknown)
+        changed = [t.to_json() for t in tools.values()] != [
+            t.to_json() for t in self.tools.values()]
+        self.tools = tools
+        self.listed = True
+        if changed:
+            self.generation += 1
+            log.info("mcp.tools_listed", server=self.name, tools=list(tools),
+                     hidden=len(listing) - len(chosen))
+
+    def _went_up(self, session: ClientSession, listing: list[mcp_types.Tool]) -> None:
+        self._set_tools(listing)
+        self._session = session
+        self.state = "up"
+        self.up_since = time.time()
+        self._up_mono = time.monotonic()
+        self.generation += 1
+        if self._first_attempt is not None:
+            self._first_attempt.set()
+        info = session.server_info
+        log.info("mcp.server_up", server=self.name, transport=self.transport,
+                 tools=len(self.tools), restarts=self.schedule.restarts,
+                 server_name=info.name if info else None,
+                 server_version=info.version if info else None)
+
+    def _went_down(self) -> float:
+        lived = time.monotonic() - self._up_mono if self._up_mono is not None else None
+        self._up_mono = None
+        self._session = None
+        self.up_since = None
+        self.state = "down"
+        self.generation += 1
+        delay = self.schedule.connection_ended(lived_s=lived, rand=self._rand)
+        self.next_restart_at = time.time() + delay
+        log.warning("mcp.server_down", server=self.name, error=self.last_error,
+                    lived_s=None if lived is None else round(lived, 3),
+                    restart_in=round(delay, 3), restarts=self.schedule.restarts)
+        return delay
+
+    # -- calls ------------------------------------------------------------------------
+
+    async def call(self, tool: McpTool, args: dict[str, Any], *, idempotency_key: str,
+                   timeout_s: float) -> ToolOutcome:
+        """One attempt. The idempotency key travels in the request's `_meta`, for servers
+        that want to deduplicate."""
+        session = self._session
+        if session is None:
+            return ToolOutcome(content="", attempted=False, failure=CallFailure(
+                exception=SERVER_DOWN,
+                message=f"MCP server {self.name} is not available ({self.down_reason()})"))
+        from mcp import MCPError
+
+        try:
+            with anyio.move_on_after(timeout_s) as scope:
+                result = await session.call_tool(tool.remote, args, meta=cast(
+                    "mcp_types.RequestParamsMeta", {IDEMPOTENCY_META_KEY: idempotency_key}))
+        except MCPError as exc:
+            names, suspect = rpc_error_names(exc.code, exc.message)
+            if suspect:
+                self._suspect_connection()
+            return ToolOutcome(content="", failure=CallFailure(
+                exception=names, message=f"MCP server {self.name}: {exc.message}"[:1000]))
+        except Exception as exc:
+            return ToolOutcome(content="", failure=CallFailure(
+                exception=exception_names(exc),
+                message=f"MCP server {self.name}: {describe_error(exc)}"))
+        if scope.cancelled_caught:
+            return ToolOutcome(content="", failure=CallFailure(
+                exception=CALL_TIMED_OUT,
+                message=f"{tool.name} did not answer within {timeout_s:.3g} s; "
+                        "the request was cancelled"))
+        text = result_text(result.content, result.structured_content)
+        if result.is_error:
+            return ToolOutcome(content=truncate(text), failure=CallFailure(
+                exception=tool_error_names(text), message=text[:1000] or "isError"))
+        structured = result.structured_content
+        state = structured.get("state") if isinstance(structured, dict) else None
+        return ToolOutcome(content=truncate(text),
+                           state=None if state is None else json.dumps(state, sort_keys=True))
+
+
+def result_text(content: Iterable[Any], structured: Any) -> str:
+    """A tool result as the text the model reads: text blocks as they are, other blocks
+    described; the structured result when there is no content at all."""
+    parts: list[str] = []
+    for block in content:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(str(block.text))
+        elif kind in ("image", "audio"):
+            size = len(getattr(block, "data", "") or "") * 3 // 4
+            parts.append(f"[{kind} {getattr(block, 'mime_type', '')}, about {size} bytes]")
+        elif kind == "resource_link":
+            parts.append(f"[resource {getattr(block, 'uri', '')}]")
+        elif kind == "resource":
+            res = getattr(block, "resource", None)
+            text = getattr(res, "text", None)
+            parts.append(str(text) if text is not None
+                         else f"[resource {getattr(res, 'uri', '')}, binary]")
+        else:
+            parts.append(f"[{kind or 'unknown'} content]")
+    if not parts and structured is not None:
+        return json.dumps(structured, ensure_ascii=False, sort_keys=True)
+    return "\n".join(parts)
