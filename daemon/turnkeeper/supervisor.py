@@ -217,7 +217,9 @@ class Supervisor:
         tk_logging.bind_turn_context(lambda: _log_context(record))
         try:
             history: list[dict[str, Any]] = []
-            if not live.checkpoint.get("conversation"):
+            # A turn submitted without a session is its own session (named after it): it
+            # has no history to read, and the read cost ~18% of a 5-step turn's CPU.
+            if not live.checkpoint.get("conversation") and record.session != record.id:
                 history = await self.store.session_history(record.session,
                                                            before_seq=record.seq)
             if record.state in ("queued", "suspended"):
