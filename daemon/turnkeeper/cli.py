@@ -388,7 +388,9 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                     print((ev.get("turn") or "daemon") + " " + line, flush=True)
         return 0
     if cmd == "reload":
-        status, data = client.request("POST", "/v1/reload", timeout=None)
+        # No timeout of our own: a reload drains turns for up to daemon.drain_timeout and
+        # more; as ExecReload= it is bounded by the unit's timeout instead.
+        status, data = Client(client.path, timeout=None).request("POST", "/v1/reload")
         if status != 200:
             print(f"turnkeeper: reload failed: {data.get('error') if data else status}",
                   file=sys.stderr)

@@ -100,8 +100,9 @@ async def _serve(policy: Policy, config_path: str | None) -> None:
         interval = systemd.watchdog_interval()
         if interval is not None:
             tg.start_soon(systemd.watchdog_loop, notifier, interval, name="watchdog")
-        if config_path and config.daemon.watch_config:
+        if config_path:
             tg.start_soon(_watch, sup, Path(config_path), name="config watcher")
+        tg.start_soon(systemd.status_loop, notifier, sup.status_line, name="systemd status")
         notifier.ready(sup.status_line())
         log.info("daemon.ready", socket=str(server.path), policy_version=policy.version,
                  state_dir=str(store.path.parent), providers=[p.name for p in config.providers],
@@ -117,8 +118,11 @@ async def _serve(policy: Policy, config_path: str | None) -> None:
 
 
 async def _watch(sup: Supervisor, path: Path) -> None:
-    async def on_change(_: ConfigChange) -> None:
-        await sup.reload("config file changed")
+    async def on_change(change: ConfigChange) -> None:
+        # Read at each change, so a reload can turn watching on or off. The content the
+        # running policy was loaded from (a SIGHUP got there first) is no change.
+        if sup.config.daemon.watch_config:
+            await sup.reload("config file changed", unless_hash=change.sha256)
 
     await watch_config(path, on_change, initial_hash=sup.policy.content_hash or None)
 
@@ -129,6 +133,8 @@ def serve(config_option: str | None) -> int:
         config, digest = load_config(config_path)
     except ConfigError as exc:
         print(f"turnkeeper: {exc}", file=sys.stderr)
+        # `systemctl status` shows why; no READY=1 follows, the exit status (78) says the rest.
+        systemd.Notifier.from_env().status(f"failed: {exc}")
         return exc.exit_code
     tk_logging.configure(log_format=config.daemon.log_format, log_level=config.daemon.log_level)
     policy = Policy(version=1, config=config, source_path=config_path, content_hash=digest)

@@ -97,6 +97,13 @@ class EventBus:
             self.dropped_subscribers += 1
         sub.send.close()
 
+    def close_subscribers(self) -> None:
+        """End every live stream, as the daemon stops: a reader sees its stream end (and
+        reconnects to the next daemon) instead of holding the shutdown up."""
+        subscribers, self._subscribers = self._subscribers, []
+        for sub in subscribers:
+            sub.send.close()
+
     @contextmanager
     def subscribe(self, turn: str | None = None) -> Iterator[MemoryObjectReceiveStream[Event]]:
         """Live events from now on (for one turn, or all). Subscribe *before* reading the

@@ -22,7 +22,7 @@ from turnkeeper import logging as tk_logging
 from turnkeeper.clock import Clock
 from turnkeeper.config import Config, ConfigError, Policy, load_config
 from turnkeeper.events import EventBus
-from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.lifecycle.systemd import Notifier, extend_timeout_loop
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES, Stop, StopCode, TurnResult
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store
@@ -54,7 +54,8 @@ class LiveTurn:
     control: TurnControl = field(default_factory=TurnControl)
     checkpoint: dict[str, Any] = field(default_factory=dict)
     done: anyio.Event = field(default_factory=anyio.Event)
-    running: bool = False
+    running: bool = False  # it has a task (running, or parked: recovering / waiting)
+    has_slot: bool = False  # it holds one of max_concurrent_turns (parked turns do not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,9 @@ class Supervisor:
         self.live: dict[str, LiveTurn] = {}
         self.queue: deque[str] = deque()
         self.running_sessions: set[str] = set()
-        self.running = 0
+        self.running = 0  # turns with a task, parked ones included (what a drain waits for)
+        self.active = 0  # turns holding a slot of max_concurrent_turns
+        self._slot_waiters: deque[LiveTurn] = deque()  # parked turns woken, wanting a slot
         self.intake_open = False
         self.pending_restart: tuple[str, ...] = ()
         self.last_reload_error: str | None = None
@@ -106,6 +109,8 @@ class Supervisor:
         self._last_reload: ReloadOutcome | None = None
         self._tg: TaskGroup | None = None
         self._idle = anyio.Event()
+        self._started = anyio.Event()
+        self._stopping = anyio.Event()
         self._stop_requested = anyio.Event()
         self.on_turn_finished: list[Callable[[TurnRecord, TurnResult], None]] = []
         self._suspended: list[str] = []
@@ -138,11 +143,20 @@ class Supervisor:
             log.info("daemon.resuming", turns=resumed)
         self.state = "ready"
         self.intake_open = True
+        self._started.set()
         self._dispatch()
 
+    async def wait_started(self) -> None:
+        """Until `start` has resumed the unfinished turns: what a request that arrives
+        earlier (systemd's socket accepts them before we run) waits for."""
+        await self._started.wait()
+
     def status_line(self) -> str:
-        return (f"{self.state}; {self.running} running, {len(self.queue)} queued; "
-                f"policy v{self.policy.version}"
+        """systemd's STATUS=: state, counts, policy version, and a failed reload's error."""
+        parked = self.running - self.active
+        return (f"{self.state}; {self.active} running, "
+                + (f"{parked} parked, " if parked else "")
+                + f"{len(self.queue)} queued; policy v{self.policy.version}"
                 + (f"; last reload failed: {self.last_reload_error}"
                    if self.last_reload_error else ""))
 
@@ -182,15 +196,22 @@ class Supervisor:
         return record
 
     def _dispatch(self) -> None:
-        if not self.intake_open or self._tg is None:
+        if self._tg is None:
             return
         limit = self.config.daemon.max_concurrent_turns
-        if self.running >= limit or not self.queue:
+        # Turns woken from a park (an answer came, a recovery wait ended) go before new
+        # work: they are in flight already. Intake being closed does not hold them back.
+        while self._slot_waiters and self.active < limit:
+            waiter = self._slot_waiters.popleft()
+            waiter.has_slot = True
+            self.active += 1
+            waiter.control.wake_up()
+        if not self.intake_open or self.active >= limit or not self.queue:
             return
         blocked: set[str] = set()
         started: list[str] = []
         for turn_id in self.queue:
-            if self.running + len(started) >= limit:
+            if self.active + len(started) >= limit:
                 break
             live = self.live.get(turn_id)
             if live is None:
@@ -208,9 +229,35 @@ class Supervisor:
             if live_turn is None:
                 continue
             self.running += 1
+            self.active += 1
             self.running_sessions.add(live_turn.record.session)
             live_turn.running = True
+            live_turn.has_slot = True
             self._tg.start_soon(self._run_turn, live_turn, name=f"turn {turn_id}")
+
+    def _release_slot(self, live: LiveTurn) -> None:
+        """A turn parks: its slot goes to the next turn (its session stays taken). A turn
+        that parks while a reload or a stop drains is suspended at once, as parked turns
+        are when the drain begins."""
+        if self.state in ("reloading", "stopping"):
+            live.control.suspend()
+        if live.has_slot:
+            live.has_slot = False
+            self.active -= 1
+            self._dispatch()
+
+    async def _acquire_slot(self, live: LiveTurn) -> None:
+        """A parked turn wakes: wait for a slot, or until it is asked to suspend."""
+        if live.has_slot:
+            return
+        self._slot_waiters.append(live)
+        self._dispatch()
+        try:
+            while not live.has_slot and not live.control.suspend_requested:
+                await live.control.wake.wait()
+        finally:
+            if live in self._slot_waiters:
+                self._slot_waiters.remove(live)
 
     async def _run_turn(self, live: LiveTurn) -> None:
         record = live.record
@@ -224,6 +271,9 @@ class Supervisor:
                                                            before_seq=record.seq)
             if record.state in ("queued", "suspended"):
                 record.policy_version = self.policy.version
+            control = live.control
+            control.release_slot = lambda: self._release_slot(live)
+            control.acquire_slot = lambda: self._acquire_slot(live)
             runner = TurnRunner(record, live.control, runtime=self.runtime,
                                 shared=self.shared, store=self.store, bus=self.bus,
                                 clock=self.clock, checkpoint=live.checkpoint,
@@ -244,6 +294,9 @@ class Supervisor:
         finally:
             live.running = False
             self.running -= 1
+            if live.has_slot:
+                live.has_slot = False
+                self.active -= 1
             self.running_sessions.discard(record.session)
             if self.running == 0:
                 self._idle.set()
@@ -287,10 +340,18 @@ class Supervisor:
         return data
 
     async def wait_turn(self, turn_id: str, timeout_s: float) -> dict[str, Any]:
+        """The turn once it is terminal, or after `timeout_s`, or as the daemon stops (a
+        long poll must not hold the shutdown up)."""
         live = self.live.get(turn_id)
         if live is not None:
             with anyio.move_on_after(timeout_s):
-                await live.done.wait()
+                async with anyio.create_task_group() as tg:
+                    async def until(event: anyio.Event) -> None:
+                        await event.wait()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(until, live.done)
+                    tg.start_soon(until, self._stopping)
         return await self.get_turn(turn_id)
 
     async def list_turns(self, *, state: str | None, session: str | None,
@@ -388,47 +449,71 @@ class Supervisor:
 
     # -- reload -----------------------------------------------------------------------
 
-    async def reload(self, trigger: str) -> ReloadOutcome:
+    async def reload(self, trigger: str, *, unless_hash: str | None = None) -> ReloadOutcome:
         """Every trigger comes here. Triggers that arrive while a reload runs coalesce
-        into one more reload, which all of them wait for."""
+        into one more reload, which all of them wait for. A caller that goes away (a client
+        hanging up) does not cut a reload short: once begun, it runs to its end.
+
+        `unless_hash` (the file watcher's): no reload when the running policy was loaded
+        from that content already (a SIGHUP sent right after saving got there first)."""
         self._reload_requests += 1
         mine = self._reload_requests
         async with self._reload_lock:
             if self._reload_done_upto >= mine and self._last_reload is not None:
                 return self._last_reload
+            if unless_hash is not None and unless_hash == self.policy.content_hash \
+                    and self.last_reload_error is None:
+                return ReloadOutcome(ok=True, policy_version=self.policy.version,
+                                     pending_restart=self.pending_restart)
             upto = self._reload_requests
-            outcome = await self._reload(trigger)
+            with anyio.CancelScope(shield=True):
+                outcome = await self._reload(trigger)
             self._reload_done_upto = upto
             self._last_reload = outcome
             return outcome
 
+    def _stopping_outcome(self) -> ReloadOutcome:
+        return ReloadOutcome(ok=False, policy_version=self.policy.version,
+                             error="the daemon is stopping")
+
     async def _reload(self, trigger: str) -> ReloadOutcome:
         if self.state == "stopping":
-            return ReloadOutcome(ok=False, policy_version=self.policy.version,
-                                 error="the daemon is stopping")
+            return self._stopping_outcome()
         started = self.clock.monotonic()
         try:
             config, digest = await anyio.to_thread.run_sync(load_config, self.config_path)
             candidate = Policy(version=self.policy.version + 1, config=config,
                                source_path=self.config_path, content_hash=digest)
             runtime = Runtime.build(candidate, self.runtime)
-        except ConfigError as exc:
-            self.last_reload_error = str(exc)
+        except Exception as exc:  # ConfigError, or whatever building a provider raised
+            error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            self.last_reload_error = error
             self.reload_failures += 1
-            self.bus.publish("daemon.reload_failed", trigger=trigger, error=str(exc))
-            log.error("daemon.reload_failed", trigger=trigger, error=str(exc),
+            self.bus.publish("daemon.reload_failed", trigger=trigger, error=error,
+                             policy_version=self.policy.version)
+            log.error("daemon.reload_failed", trigger=trigger, error=error,
                       policy_version=self.policy.version)
             self.notifier.status(self.status_line())
-            return ReloadOutcome(ok=False, policy_version=self.policy.version,
-                                 error=str(exc))
+            return ReloadOutcome(ok=False, policy_version=self.policy.version, error=error)
+        if self.state == "stopping":  # a SIGTERM came while the file was read
+            await self._discard(runtime)
+            return self._stopping_outcome()
         self.state = "reloading"
         self.notifier.reloading(self.status_line())
         self.bus.publish("daemon.reloading", trigger=trigger,
                          policy_version=self.policy.version)
         log.info("daemon.reloading", trigger=trigger, policy_version=self.policy.version,
-                 running=self.running, queued=len(self.queue))
+                 running=self.active, parked=self.running - self.active,
+                 queued=len(self.queue))
         self.intake_open = False
         await self._drain(self.config.daemon.drain_timeout, reason="reload")
+        if self.state == "stopping":
+            # A SIGTERM during the drain: the stop owns the turns now (what this drain
+            # suspended resumes at the next start); the new policy is not applied.
+            await self._discard(runtime)
+            log.info("daemon.reload_abandoned", trigger=trigger,
+                     policy_version=self.policy.version)
+            return self._stopping_outcome()
         # Swap atomically: nothing runs under the old policy any more.
         previous = self.runtime
         pending = self.policy.pending_restart(config)
@@ -442,10 +527,6 @@ class Supervisor:
         self.shared.apply(candidate.config)
         if self._tg is not None:  # MCP servers whose config changed restart, drained
             await runtime.toolbox.start(self._tg, replacing=previous.toolbox)
-        for provider in previous.retired_by(runtime):
-            await provider.aclose()
-        if previous.toolbox is not runtime.toolbox:
-            await previous.toolbox.aclose()
         suspended, self._suspended = self._suspended, []
         for turn_id in reversed(suspended):
             if turn_id in self.live:
@@ -458,34 +539,62 @@ class Supervisor:
         duration = self.clock.monotonic() - started
         self.notifier.ready(self.status_line())
         self.bus.publish("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
-                         pending_restart=pending, duration_s=round(duration, 6),
-                         resumed=len(suspended))
+                         content_hash=digest, pending_restart=pending,
+                         duration_s=round(duration, 6), resumed=len(suspended))
         log.info("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
-                 pending_restart=pending, duration_s=round(duration, 6),
+                 content_hash=digest, pending_restart=pending, duration_s=round(duration, 6),
                  suspended=len(suspended))
+        for provider in previous.retired_by(runtime):
+            await provider.aclose()
+        if previous.toolbox is not runtime.toolbox:
+            await previous.toolbox.aclose()
         return ReloadOutcome(ok=True, policy_version=candidate.version,
                              pending_restart=tuple(pending), duration_s=duration)
 
+    async def _discard(self, runtime: Runtime) -> None:
+        """Close what a reload built and will not use."""
+        for provider in runtime.retired_by(self.runtime):
+            await provider.aclose()
+        if runtime.toolbox is not self.runtime.toolbox:
+            await runtime.toolbox.aclose()
+
     async def _drain(self, timeout_s: float, *, reason: str) -> None:
         """Let running turns finish up to `timeout_s`; parked turns suspend at once, the
-        rest at their next step boundary once the time is up."""
-        for live in list(self.live.values()):
-            if live.running and live.record.state in ("recovering", "waiting"):
-                live.control.suspend()
-        with anyio.move_on_after(timeout_s):
-            while self.running:
-                await self._idle.wait()
-        if self.running:
-            log.info("daemon.drain_timeout", reason=reason, running=self.running)
+        rest at their next step boundary once the time is up (a stop cuts them short).
+
+        While it lasts, systemd is told to extend its start/reload/stop timeout, a little
+        at a time, so a drain longer than `TimeoutStopSec=` is not killed for it, while a
+        wedged loop still is."""
+        if not self.running:
+            return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(extend_timeout_loop, self.notifier, name="extend timeout")
             for live in list(self.live.values()):
-                if live.running:
-                    live.control.suspend(now=reason == "stop")
-            while self.running:
-                await self._idle.wait()
+                if live.running and live.record.state in ("recovering", "waiting"):
+                    live.control.suspend()
+            with anyio.move_on_after(timeout_s):
+                while self.running:
+                    await self._idle.wait()
+            if self.running:
+                log.info("daemon.drain_timeout", reason=reason, running=self.running)
+                for live in list(self.live.values()):
+                    if live.running:
+                        live.control.suspend(now=reason == "stop")
+                while self.running:
+                    await self._idle.wait()
+            tg.cancel_scope.cancel()
 
     # -- stop -------------------------------------------------------------------------
 
     def request_stop(self) -> None:
+        """SIGTERM / SIGINT. A second one while the stop drains does not wait any longer:
+        every turn is suspended now (cut at once; it resumes from its last checkpoint at
+        the next start), as an operator pressing Ctrl-C twice expects."""
+        if self._stop_requested.is_set() and self.state == "stopping" and self.running:
+            log.warning("daemon.stop_now", running=self.running)
+            for live in list(self.live.values()):
+                if live.running:
+                    live.control.suspend(now=True)
         self._stop_requested.set()
 
     async def wait_stop_requested(self) -> None:
@@ -497,9 +606,13 @@ class Supervisor:
         self.state = "stopping"
         self.intake_open = False
         self.notifier.stopping(self.status_line())
-        self.bus.publish("daemon.stopping", running=self.running, queued=len(self.queue))
-        log.info("daemon.stopping", running=self.running, queued=len(self.queue))
+        self.bus.publish("daemon.stopping", running=self.active,
+                         parked=self.running - self.active, queued=len(self.queue))
+        log.info("daemon.stopping", running=self.active, parked=self.running - self.active,
+                 queued=len(self.queue))
         await self._drain(self.config.daemon.shutdown_timeout, reason="stop")
+        self._stopping.set()  # long polls answer now; live event streams end
+        self.bus.close_subscribers()
         await self.runtime.toolbox.aclose()
         for provider in self.runtime.providers.values():
             await provider.aclose()

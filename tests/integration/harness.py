@@ -10,17 +10,39 @@ import contextlib
 import json
 import os
 import signal
+import socket as socket_mod
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from turnkeeper.control.client import Client
 
 READY_TIMEOUT_S = 15.0
+
+# Variables the test runner's own environment must not leak into the daemon: a stray
+# NOTIFY_SOCKET would send our READY=1 to the runner's systemd, a JOURNAL_STREAM would put a
+# `<N>` prefix on the JSON log lines.
+SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_PID", "LISTEN_FDS",
+               "LISTEN_FDNAMES", "JOURNAL_STREAM")
+
+# Run before the daemon in its own process, then exec'd over (same pid): moves a socket
+# handed over with pass_fds to fd 3 (SD_LISTEN_FDS_START) and sets the variables named in
+# _TK_PID_ENV to the process's own pid, as systemd sets LISTEN_PID and WATCHDOG_PID.
+_EXEC_SHIM = """
+import os, sys
+fd = int(os.environ.pop("_TK_FD", "-1"))
+if fd >= 0 and fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+for name in filter(None, os.environ.pop("_TK_PID_ENV", "").split(",")):
+    os.environ[name] = str(os.getpid())
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
 
 
 def write_config(path: Path, body: str, *, socket: Path, state_dir: Path) -> Path:
@@ -46,7 +68,8 @@ class Daemon:
     """One daemon process. `start()` waits until the socket answers /v1/status."""
 
     def __init__(self, tmp: Path, config: str = "", *, env: dict[str, str] | None = None,
-                 name: str = "d", socket: Path | None = None) -> None:
+                 name: str = "d", socket: Path | None = None,
+                 pid_env: tuple[str, ...] = (), listen_fd: int | None = None) -> None:
         self.tmp = tmp
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +78,8 @@ class Daemon:
         self.config_path = self.dir / "turnkeeper.toml"
         self.log_path = self.dir / "daemon.log"
         self.env_extra = env or {}
+        self.pid_env = pid_env
+        self.listen_fd = listen_fd
         self.proc: subprocess.Popen[bytes] | None = None
         self.set_config(config)
         self.client = Client(self.socket, timeout=30.0)
@@ -64,17 +89,26 @@ class Daemon:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
-        env.pop("NOTIFY_SOCKET", None)
-        env.pop("WATCHDOG_USEC", None)
+        for name in SYSTEMD_ENV:
+            env.pop(name, None)
         env.update(self.env_extra)
         return env
 
     def start(self, *, wait: bool = True) -> Daemon:
+        """Start `python -m turnkeeper serve`. With `pid_env` or `listen_fd`, through a shim
+        that execs the daemon in its own process, so the pid it sees is the daemon's."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config_path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env(),
-            cwd=self.dir)
+        cmd = [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config_path)]
+        env = self.env()
+        pass_fds: tuple[int, ...] = ()
+        if self.pid_env or self.listen_fd is not None:
+            cmd[1:1] = ["-c", _EXEC_SHIM]
+            env["_TK_PID_ENV"] = ",".join(self.pid_env)
+            if self.listen_fd is not None:
+                env["_TK_FD"] = str(self.listen_fd)
+                pass_fds = (self.listen_fd,)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     env=env, cwd=self.dir, pass_fds=pass_fds)
         log.close()
         if wait:
             self.wait_ready()
@@ -93,6 +127,11 @@ class Daemon:
                     return
             time.sleep(0.05)
         raise AssertionError(f"daemon not ready in {timeout} s:\n{self.log_text()[-4000:]}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -170,3 +209,64 @@ def running(tmp: Path, config: str = "", **kw: Any) -> Iterator[Daemon]:
 def script_file(path: Path, body: str) -> Path:
     path.write_text(textwrap.dedent(body).strip() + "\n")
     return path
+
+
+class NotifyListener:
+    """A real sd_notify endpoint: an AF_UNIX datagram socket the daemon gets as
+    NOTIFY_SOCKET. A thread receives every datagram with its arrival time (monotonic)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.05)
+        self.messages: list[tuple[float, dict[str, str]]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._receive, name="notify listener",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"NOTIFY_SOCKET": str(self.path)}
+
+    def _receive(self) -> None:
+        while not self._closed:
+            try:
+                raw = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            at = time.monotonic()
+            fields = dict(line.split("=", 1) for line in raw.decode().split("\n") if line)
+            with self._cond:
+                self.messages.append((at, fields))
+                self._cond.notify_all()
+
+    def snapshot(self, *, pings: bool = False) -> list[dict[str, str]]:
+        """Every message so far; watchdog pings only when `pings`."""
+        with self._cond:
+            return [m for _, m in self.messages if pings or "WATCHDOG" not in m]
+
+    def wait_for(self, pred: Callable[[dict[str, str]], bool], timeout: float = 15.0,
+                 *, after: int = 0) -> tuple[int, float, dict[str, str]]:
+        """The first message at index >= `after` that `pred` accepts: (index, time, fields)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for i in range(after, len(self.messages)):
+                    at, fields = self.messages[i]
+                    if pred(fields):
+                        return i, at, fields
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no such notify message in {timeout} s; got "
+                                         f"{[m for _, m in self.messages][-20:]}")
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(2)
+        self.sock.close()

@@ -17,7 +17,9 @@ import pytest
 
 from turnkeeper.lifecycle.systemd import (
     Notifier,
+    extend_timeout_loop,
     listen_fds,
+    status_loop,
     take_unix_listener,
     watchdog_interval,
     watchdog_loop,
@@ -182,6 +184,52 @@ async def test_watchdog_loop_pings_from_the_event_loop(
 
     assert notifier.sent >= 3
     assert [received(sock) for _ in range(notifier.sent)] == ["WATCHDOG=1"] * notifier.sent
+
+
+@pytest.mark.anyio
+async def test_a_drain_asks_for_three_steps_of_time_at_every_step(
+    listener: tuple[socket.socket, str],
+) -> None:
+    sock, path = listener
+    notifier = Notifier(path)
+
+    with anyio.move_on_after(0.055):
+        await extend_timeout_loop(notifier, 0.02)
+
+    assert notifier.sent >= 2  # at 0, 0.02 (and 0.04) s
+    assert [received(sock) for _ in range(notifier.sent)] == [
+        "EXTEND_TIMEOUT_USEC=60000"] * notifier.sent
+
+
+@pytest.mark.anyio
+async def test_status_loop_sends_status_only_when_it_changed(
+    listener: tuple[socket.socket, str],
+) -> None:
+    sock, path = listener
+    notifier = Notifier(path)
+    notifier.ready("ready; 0 running")  # what READY=1 said counts as sent
+    lines = ["ready; 0 running", "ready; 2 running", "ready; 2 running", "ready; 1 running"]
+    asked = 0
+
+    with anyio.CancelScope() as scope:
+        def status() -> str:
+            nonlocal asked
+            asked += 1
+            if asked == len(lines):
+                scope.cancel()  # takes effect at the loop's next sleep
+            return lines[asked - 1]
+
+        await status_loop(notifier, status, every_s=0.001)
+
+    assert [received(sock) for _ in range(notifier.sent)] == [
+        "READY=1\nSTATUS=ready; 0 running", "STATUS=ready; 2 running",
+        "STATUS=ready; 1 running"]
+
+
+@pytest.mark.anyio
+async def test_status_loop_without_systemd_returns_at_once() -> None:
+    with anyio.fail_after(1):
+        await status_loop(Notifier(None), lambda: "x", every_s=100)
 
 
 def test_listen_fds_ignores_a_request_for_another_process() -> None:

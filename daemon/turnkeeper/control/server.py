@@ -120,8 +120,20 @@ class ControlServer:
         return f"ControlServer({str(self.path)!r})"
 
     def build_app(self) -> web.Application:
+        supervisor = self.supervisor
+
+        @web.middleware
+        async def started(request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                          ) -> web.StreamResponse:
+            # The socket listens (or systemd's did) before the turns are resumed: a request
+            # that comes that early waits for the daemon instead of failing.
+            await supervisor.wait_started()
+            return await handler(request)
+
         app = web.Application(client_max_size=MAX_BODY,
-                              middlewares=[make_access_middleware(self.supervisor.config)])
+                              middlewares=[make_access_middleware(self.supervisor.config),
+                                           started])
         app[routes.SUPERVISOR] = self.supervisor
         routes.add_routes(app)
         return app

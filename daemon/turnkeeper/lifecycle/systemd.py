@@ -20,12 +20,15 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 
 __all__ = [
+    "EXTEND_EVERY_S",
     "SD_LISTEN_FDS_START",
     "Notifier",
+    "extend_timeout_loop",
     "listen_fds",
+    "status_loop",
     "take_unix_listener",
     "watchdog_interval",
     "watchdog_loop",
@@ -33,6 +36,9 @@ __all__ = [
 
 SD_LISTEN_FDS_START = 3
 """The first file descriptor systemd passes (sd-daemon.h)."""
+
+EXTEND_EVERY_S = 5.0
+"""How often a long drain asks systemd for more time; each request is for three times this."""
 
 
 def _socket_address(value: str) -> str | None:
@@ -66,6 +72,7 @@ class Notifier:
         self.sent = 0
         self.errors = 0
         self.last_error: str | None = None
+        self.last_status: str | None = None  # the last STATUS= sent, by any message
 
     @classmethod
     def from_env(
@@ -108,6 +115,9 @@ class Notifier:
 
     def notify(self, **fields: object) -> bool:
         """`notify(READY=1, STATUS="ready")`: one datagram, keys upper-cased, one line each."""
+        status = fields.get("STATUS", fields.get("status"))
+        if status is not None:
+            self.last_status = str(status)
         return self.send("\n".join(f"{key.upper()}={_one_line(v)}" for key, v in fields.items()))
 
     def ready(self, status: str | None = None) -> bool:
@@ -183,6 +193,38 @@ async def watchdog_loop(notifier: Notifier, interval_s: float) -> None:
     while True:
         notifier.watchdog()
         await anyio.sleep(interval_s)
+
+
+async def extend_timeout_loop(notifier: Notifier, every_s: float = EXTEND_EVERY_S) -> None:
+    """While a drain runs: `EXTEND_TIMEOUT_USEC` for `3 * every_s`, every `every_s`, until
+    cancelled.
+
+    systemd honours it only once the current state's own timeout (`TimeoutStopSec=` for a
+    stop, `TimeoutStartSec=` for a start or reload) has passed, so it costs nothing when the
+    drain is short, and a drain longer than the unit allows is not killed for its length.
+    Sent from the event loop, in small steps: a loop that wedges stops asking, and the
+    timeout comes back within three steps.
+    """
+    import anyio
+
+    while True:
+        notifier.extend_timeout(3 * every_s)
+        await anyio.sleep(every_s)
+
+
+async def status_loop(notifier: Notifier, status: Callable[[], str],
+                      every_s: float = 1.0) -> None:
+    """Keep `STATUS=` current (SPEC 9): every `every_s`, send `status()` if it changed since
+    the last `STATUS=` any message carried. Nothing is sent while nothing changes."""
+    import anyio
+
+    if not notifier.enabled:
+        return
+    while True:
+        await anyio.sleep(every_s)
+        line = status()
+        if line != notifier.last_status:
+            notifier.status(line)
 
 
 def listen_fds(

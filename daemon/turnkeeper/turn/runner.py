@@ -14,7 +14,7 @@ import json
 import random
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +59,34 @@ class TurnControl:
     parked: bool = False
     scope: anyio.CancelScope | None = None
     call_scope: anyio.CancelScope | None = None
+    # A parked turn (recovering, waiting) gives its slot of max_concurrent_turns back and
+    # takes one again when it wakes: a thousand turns waiting for answers must not block new
+    # work. Set by the supervisor; None: no slot accounting.
+    release_slot: Callable[[], None] | None = None
+    acquire_slot: Callable[[], Awaitable[None]] | None = None
 
     def _wake(self) -> None:
         self.wake.set()
         self.wake = anyio.Event()
+
+    def wake_up(self) -> None:
+        """Wake whatever the turn waits on, to look at this control again."""
+        self._wake()
+
+    def park(self) -> None:
+        self.parked = True
+        if self.release_slot is not None:
+            self.release_slot()
+
+    async def unpark(self) -> bool:
+        """Take a slot again (waiting for one if need be). False when the turn is to suspend
+        instead: a reload or a stop came while it was parked."""
+        try:
+            if self.acquire_slot is not None and not self.suspend_requested:
+                await self.acquire_slot()
+        finally:
+            self.parked = False
+        return not self.suspend_requested
 
     def message_arrived(self, *, redirect: bool) -> None:
         if redirect:
@@ -77,9 +101,10 @@ class TurnControl:
             self.scope.cancel()
 
     def suspend(self, *, now: bool = False) -> None:
-        """At the next step boundary; at once when parked or when `now`."""
+        """At the next step boundary; a parked turn at once (it wakes and checkpoints as
+        `suspended`, its question or recovery wait kept); with `now`, cut the step short."""
         self.suspend_requested = True
-        if (now or self.parked) and self.scope is not None:
+        if now and not self.parked and self.scope is not None:
             self.scope.cancel()
         self._wake()
 
@@ -247,7 +272,8 @@ class TurnRunner:
     async def _run(self) -> TurnResult:
         if self.resumed:
             self.emit("turn.resumed", state=self.record.state,
-                      step=self.record.counters["steps"])
+                      step=self.record.counters["steps"],
+                      policy_version=self.record.policy_version)
             self.log.info("turn.resumed", state=self.record.state,
                           **self.record.counters)
         else:
@@ -593,15 +619,17 @@ class TurnRunner:
                          wait=round(decision.wait_s, 3), **self._counter_values())
         self._stop_active()
         await self.checkpoint("recovering")
-        self.control.parked = True
+        self.control.park()
         try:
-            if self.control.suspend_requested:
-                raise _Suspend
             with anyio.move_on_after(wait):
-                while not (self.control.redirect_requested or self._has_unread_steer()):
+                while not (self.control.redirect_requested or self.control.suspend_requested
+                           or self._has_unread_steer()):
                     await self.control.wake.wait()
-        finally:
+        except BaseException:  # cancelled: no slot to take back
             self.control.parked = False
+            raise
+        if not await self.control.unpark():
+            await self._suspend()
         self.recover_until = None
         self.record.next_attempt_at = None
         self.record.state = "running"
@@ -692,21 +720,28 @@ class TurnRunner:
         self.emit("turn.waiting", question=question, timeout_at=self.waiting_since + timeout)
         self._stop_active()
         await self.checkpoint("waiting")
-        self.control.parked = True
-        answer: str | None = None
+        self.control.park()
+
+        def first_answer() -> dict[str, Any] | None:
+            return next((m for m in self.record.inbox if m["kind"] == "answer"), None)
+
+        wait_s = max(0.0, self.waiting_since + timeout - now)
+        if self.limits.deadline is not None:  # the deadline counts every wait
+            wait_s = min(wait_s, max(0.0, self.limits.deadline - now))
         try:
-            if self.control.suspend_requested:
-                raise _Suspend
-            with anyio.move_on_after(max(0.0, self.waiting_since + timeout - now)):
-                while answer is None:
-                    answers = [m for m in self.record.inbox if m["kind"] == "answer"]
-                    if answers:
-                        answer = answers[0]["text"]
-                        self.record.inbox.remove(answers[0])
-                        break
+            with anyio.move_on_after(wait_s):
+                while first_answer() is None and not self.control.suspend_requested:
                     await self.control.wake.wait()
-        finally:
+        except BaseException:  # cancelled: no slot to take back
             self.control.parked = False
+            raise
+        if not await self.control.unpark():  # an answer that came stays in the inbox
+            await self._suspend()
+        answer: str | None = None
+        message = first_answer()
+        if message is not None:
+            answer = message["text"]
+            self.record.inbox.remove(message)
         waited = self.clock.time() - self.waiting_since
         self.waiting_since = None
         self.record.question = None

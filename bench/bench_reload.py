@@ -1,0 +1,220 @@
+"""Reload latency against the daemon's own start-up time, measured in the same run.
+
+The real daemon (`python -m turnkeeper serve`) runs as a subprocess with a real
+NOTIFY_SOCKET: a datagram socket in this process stands in for systemd, and every figure
+is a time from a trigger to the arrival of the daemon's `READY=1` datagram:
+
+  start-up         process spawned -> READY=1 (fresh state, nothing to resume): the baseline
+  reload, idle     SIGHUP -> READY=1 with no turn in flight
+  reload, parked   SIGHUP -> READY=1 with 1,000 turns parked in `waiting` (clarify). All of
+                   them are suspended (each checkpointed) and requeued before READY=1;
+                   "back waiting" is SIGHUP -> all 1,000 parked again under the new policy
+  start-up, parked process spawned -> READY=1 with the same 1,000 turns to resume after a stop
+
+Rounds alternate; each figure is the median of its rounds (p90 beside it).
+
+    python bench/bench_reload.py [--rounds 7] [--parked 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from turnkeeper.control.client import Client
+
+SCRIPT = """
+[[scenarios]]
+[[scenarios.steps]]
+tool_calls = [{ name = "clarify", arguments = { question = "which one for $message?" } }]
+[[scenarios.steps]]
+reply = "thanks: $last_tool_result"
+"""
+
+
+class Listener:
+    """sd_notify's receiving end: (arrival time, fields) of every datagram."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.05)
+        self.path = path
+        self.messages: list[tuple[float, dict[str, str]]] = []
+        self.cond = threading.Condition()
+        self.closed = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.closed:
+            try:
+                raw = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            at = time.perf_counter()
+            fields = dict(line.split("=", 1) for line in raw.decode().splitlines() if line)
+            with self.cond:
+                self.messages.append((at, fields))
+                self.cond.notify_all()
+
+    def mark(self) -> int:
+        with self.cond:
+            return len(self.messages)
+
+    def wait_ready(self, after: int, timeout: float = 120.0) -> float:
+        deadline = time.perf_counter() + timeout
+        with self.cond:
+            while True:
+                for at, fields in self.messages[after:]:
+                    if fields.get("READY") == "1":
+                        return at
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    raise RuntimeError("no READY=1")
+                self.cond.wait(left)
+
+
+class Bench:
+    def __init__(self, where: Path, parked: int) -> None:
+        self.where = where
+        self.parked = parked
+        self.socket = where / "run" / "control.sock"
+        self.config = where / "turnkeeper.toml"
+        (where / "script.toml").write_text(SCRIPT)
+        self.notify = Listener(where / "notify.sock")
+        self.client = Client(self.socket, timeout=120)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = open(where / "daemon.log", "ab")  # noqa: SIM115 - closed in close()
+
+    def write_config(self, state: str) -> None:
+        self.config.write_text(f"""
+[daemon]
+socket = "{self.socket}"
+state_dir = "{self.where / state}"
+log_format = "json"
+watch_config = false
+max_queued_turns = {self.parked * 5}
+drain_timeout = 30.0
+
+[[providers]]
+name = "scripted"
+kind = "scripted"
+script = "{self.where / 'script.toml'}"
+""")
+
+    def start(self) -> float:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TURNKEEPER_", "LISTEN_", "WATCHDOG_"))}
+        env["NOTIFY_SOCKET"] = str(self.notify.path)
+        mark = self.notify.mark()
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config)],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env)
+        return self.notify.wait_ready(mark) - t0
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        if self.proc.wait(120) != 0:
+            raise RuntimeError(f"daemon exited {self.proc.returncode}")
+
+    def reload(self) -> float:
+        assert self.proc is not None
+        mark = self.notify.mark()
+        t0 = time.perf_counter()
+        self.proc.send_signal(signal.SIGHUP)
+        return self.notify.wait_ready(mark) - t0
+
+    def status(self) -> dict[str, Any]:
+        code, data = self.client.request("GET", "/v1/status")
+        assert code == 200, data
+        return data  # type: ignore[no-any-return]
+
+    def wait_until(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 120) -> None:
+        deadline = time.perf_counter() + timeout
+        while not pred(self.status()):
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"timed out: {self.status()}")
+            time.sleep(0.005)
+
+    def park(self) -> None:
+        def one(i: int) -> None:
+            code, data = Client(self.socket, timeout=60).request(
+                "POST", "/v1/turns", {"message": f"question {i}"})
+            assert code == 202, data
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, range(self.parked)))
+        self.wait_until(lambda s: s["turns"]["waiting"] == self.parked)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.notify.closed = True
+        self.log.close()
+
+
+def summary(values: list[float]) -> str:
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return f"{statistics.median(values) * 1000:9.1f} ms  (p90 {p90 * 1000:7.1f} ms)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--parked", type=int, default=1000)
+    args = ap.parse_args()
+    where = Path(tempfile.mkdtemp(prefix="tk-bench-reload-", dir="/tmp"))
+    bench = Bench(where, args.parked)
+    figures: dict[str, list[float]] = {k: [] for k in (
+        "start-up", "reload, idle", "reload, parked", "back waiting", "start-up, parked")}
+    try:
+        for r in range(args.rounds):
+            bench.write_config(f"state-{r}")
+            figures["start-up"].append(bench.start())
+            for _ in range(3):
+                figures["reload, idle"].append(bench.reload())
+            bench.park()
+            t0 = time.perf_counter()
+            figures["reload, parked"].append(bench.reload())
+            bench.wait_until(lambda s: s["turns"]["waiting"] == args.parked
+                             and s["state"] == "ready")
+            figures["back waiting"].append(time.perf_counter() - t0)
+            version = bench.status()["policy_version"]
+            assert version == 5, version  # exactly one policy per reload
+            bench.stop()
+            figures["start-up, parked"].append(bench.start())
+            bench.wait_until(lambda s: s["turns"]["waiting"] == args.parked)
+            bench.stop()
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    finally:
+        bench.close()
+    base = statistics.median(figures["start-up"])
+    print(f"turnkeeper reload latency (trigger -> READY=1), {args.rounds} rounds, "
+          f"{args.parked} parked turns, {os.cpu_count()} CPUs")
+    for name, values in figures.items():
+        ratio = statistics.median(values) / base
+        print(f"  {name:<17} {summary(values)}   {ratio:6.3f} x start-up")
+    shutil.rmtree(where, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
