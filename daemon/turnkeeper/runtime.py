@@ -45,7 +45,10 @@ class Runtime:
                 providers[p.name] = previous.providers[p.name]
             else:
                 providers[p.name] = make_provider(p)
-        return cls(policy=policy, providers=providers, toolbox=ToolBox(policy.config.tools))
+        # MCP servers whose config did not change keep running, as providers do.
+        toolbox = ToolBox(policy.config.tools,
+                          previous=previous.toolbox if previous is not None else None)
+        return cls(policy=policy, providers=providers, toolbox=toolbox)
 
     def retired_by(self, new: Runtime) -> list[Provider]:
         """Providers of this runtime that `new` does not use any more."""
@@ -69,7 +72,7 @@ class Shared:
         cb, rb = config.circuit_breaker, config.retry_budget
         peers: dict[str, ProviderConfig | ToolConfig] = {
             f"provider:{p.name}": p for p in config.providers}
-        peers.update({f"tool:{t.name}": t for t in config.tools if t.kind == "http"})
+        peers.update({t.breaker: t for t in config.tools if t.kind in ("http", "mcp")})
         names = list(peers)
         for name in names:
             breaker = self.breakers.get(name)

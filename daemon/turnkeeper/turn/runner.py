@@ -168,6 +168,7 @@ class TurnRunner:
             self.resumed = False
         self._active_since: float | None = None
         self._pending_stop: Stop | None = None
+        self._offered: frozenset[str] | None = None  # tool names of the last offer
 
     # -- time -----------------------------------------------------------------------
 
@@ -305,6 +306,10 @@ class TurnRunner:
                           message=warning.message, **self._counter_values())
                 self.log.info("guard.budget_warning", dimensions=list(warning.dimensions),
                               **self._counter_values())
+            self._offered, note = self.runtime.toolbox.offer_note(self._offered)
+            if note is not None:  # MCP tools left or came back: the agent is told
+                self.conv.add_note(note)
+                self.log.info("tool.offer_changed", note=note)
             self.record.counters["steps"] += 1
             step = self.record.counters["steps"]
             self.emit("step.started", step=step, provider=self.chain.current_provider)
@@ -842,7 +847,7 @@ class TurnRunner:
         cfg = self.runtime.config
         tool = self.runtime.toolbox.get(name)
         assert tool is not None
-        breaker = self.shared.breakers.get(f"tool:{name}")
+        breaker = self.shared.breakers.get(tool.breaker)
         backoff = Backoff.from_config(cfg.retry)
         max_attempts = cfg.agent.api_max_retries + 1 if idempotent else 1
         previous: float | None = None
@@ -852,7 +857,7 @@ class TurnRunner:
             if breaker is not None and not breaker.try_acquire(self.clock.monotonic()):
                 return ToolOutcome(content="", failure=CallFailure(
                     exception=("CircuitOpen", "ConnectionError"),
-                    message=f"the circuit breaker of tool {name} is open"))
+                    message=f"the circuit breaker {tool.breaker} is open"))
             remaining = self.remaining_s()
             try:
                 outcome = await self.runtime.toolbox.call(
@@ -867,7 +872,9 @@ class TurnRunner:
                     breaker.record_success(self.clock.monotonic())
                 return outcome
             cls = classify(outcome.failure)
-            if breaker is not None:
+            if breaker is not None and not outcome.attempted:  # e.g. its server is down
+                breaker.release(self.clock.monotonic())
+            elif breaker is not None:
                 breaker.record_failure(self.clock.monotonic(), cls,
                                        retry_after_s=outcome.failure.retry_after_s)
             if cls is FailureClass.DETERMINISTIC or attempt >= max_attempts:
