@@ -351,9 +351,16 @@ class TurnRunner:
         return self._finish(stop, answer=self.conv.last_assistant_text()
                             if stop.code is not StopCode.INTERNAL else None)
 
-    async def _suspend(self) -> None:
+    async def _suspend(self, *, parked: bool = False) -> None:
+        """Stop here; the supervisor requeues the turn. A parked turn (waiting, recovering)
+        was checkpointed when it parked and has not moved since: that checkpoint is what a
+        resume needs, so only its state changes, in memory (after a crash the stored row
+        resumes it the same way). A thousand parked turns then cost a reload no writes."""
         self._stop_active()
-        await self.checkpoint("suspended")
+        if parked:
+            self.record.state = "suspended"
+        else:
+            await self.checkpoint("suspended")
         self.emit("turn.suspended", step=self.record.counters["steps"])
         raise _Suspend
 
@@ -634,7 +641,7 @@ class TurnRunner:
             self.control.parked = False
             raise
         if not await self.control.unpark():
-            await self._suspend()
+            await self._suspend(parked=True)
         self.recover_until = None
         self.record.next_attempt_at = None
         self.record.state = "running"
@@ -741,7 +748,7 @@ class TurnRunner:
             self.control.parked = False
             raise
         if not await self.control.unpark():  # an answer that came stays in the inbox
-            await self._suspend()
+            await self._suspend(parked=True)
         answer: str | None = None
         message = first_answer()
         if message is not None:
