@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 
 
@@ -33,6 +32,8 @@ def client_socket_path(option: str | None, config_option: str | None = None) -> 
         return Path(os.environ["TURNKEEPER_DAEMON__SOCKET"])
     config = config_option or os.environ.get("TURNKEEPER_CONFIG")
     if config:
+        import tomllib  # here, not at the top: most commands never read a config file
+
         try:
             with open(config, "rb") as f:
                 sock = tomllib.load(f).get("daemon", {}).get("socket")
