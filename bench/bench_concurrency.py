@@ -53,8 +53,9 @@ async def wait_port(port: int) -> None:
     raise RuntimeError("model server did not start")
 
 
-async def bare(port: int, turns: int, steps: int) -> float:
-    """The floor: each 'turn' makes `steps` sequential calls with a growing history."""
+async def bare(port: int, turns: int, steps: int) -> tuple[float, float]:
+    """The floor: each 'turn' makes `steps` sequential calls with a growing history.
+    Returns wall and CPU seconds."""
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     conn = aiohttp.TCPConnector(limit=CONNECTIONS)
     async with aiohttp.ClientSession(connector=conn) as session:
@@ -70,9 +71,15 @@ async def bare(port: int, turns: int, steps: int) -> float:
                     messages.append({"role": "tool", "tool_call_id": call["id"],
                                      "content": call["function"]["arguments"]})
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one(i) for i in range(turns)))
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kb(pid: int, key: str) -> int:
@@ -138,13 +145,28 @@ async def through_daemon(d: Daemon, turns: int) -> dict[str, Any]:
 
 
 async def loop_lag(session: aiohttp.ClientSession) -> str:
+    """p50 and p99 of the daemon's event-loop lag, from its /metrics histogram (each
+    quantile is the upper bound of the bucket it falls in)."""
     async with session.get("http://turnkeeper/metrics") as resp:
         if resp.status != 200:
             return "not exported"
         text = await resp.text()
-    found = [line for line in text.splitlines()
-             if line.startswith("turnkeeper_event_loop_lag") and not line.startswith("#")]
-    return "; ".join(found[:6]) or "not exported"
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith("turnkeeper_event_loop_lag_observed_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le),
+                            float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return "not exported"
+    buckets.sort()
+    total = buckets[-1][1]
+
+    def q(p: float) -> str:
+        bound = next(le for le, n in buckets if n >= p * total)
+        return "over the last bucket" if bound == float("inf") else f"<= {bound * 1e3:g} ms"
+
+    return f"p50 {q(0.5)}, p99 {q(0.99)} ({total:.0f} samples, one every 250 ms)"
 
 
 def main() -> None:
@@ -162,7 +184,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
     try:
         asyncio.run(wait_port(port))
-        bare_s = asyncio.run(bare(port, args.turns, args.steps))
+        bare_s, bare_cpu = asyncio.run(bare(port, args.turns, args.steps))
         d = Daemon(tmp, f"""
 [daemon]
 max_concurrent_turns = {args.turns}
@@ -189,7 +211,9 @@ idempotent = true
         d.start()
         assert d.proc is not None
         idle_kb = rss_kb(d.proc.pid, "VmRSS")
+        cpu0 = cpu_s(d.proc.pid)
         res = asyncio.run(through_daemon(d, args.turns))
+        daemon_cpu = cpu_s(d.proc.pid) - cpu0
         peak_kb = rss_kb(d.proc.pid, "VmHWM")
         d.stop()
         calls = args.turns * args.steps
@@ -200,6 +224,10 @@ idempotent = true
         print(f"  bare aiohttp loop        {bare_s:8.2f} s")
         print(f"  turnkeeper (socket)      {res['wall']:8.2f} s   ratio {res['wall'] / bare_s:.2f}x"
               f"   (submits took {res['submitted']:.2f} s; {res['completed']} completed)")
+        print(f"  CPU: bare loop {bare_cpu:.2f} s ({bare_cpu / calls * 1e3:.3f} ms/call), daemon "
+              f"{daemon_cpu:.2f} s ({daemon_cpu / calls * 1e3:.3f} ms/step), ratio "
+              f"{daemon_cpu / bare_cpu:.2f}x (the daemon's includes the control socket: "
+              f"submits, the /v1/events stream, status probes)")
         print(f"  status latency under load p50 {res['status_p50_ms']:.1f} ms, p99 "
               f"{res['status_p99_ms']:.1f} ms")
         print(f"  event-loop lag           {res['lag']}")
