@@ -304,8 +304,10 @@ class _StateCollector(Collector):
                                 value=len(sup.queue))
         yield GaugeMetricFamily("turnkeeper_queue_capacity", "daemon.max_queued_turns",
                                 value=sup.config.daemon.max_queued_turns)
-        yield GaugeMetricFamily("turnkeeper_turns_in_flight", "Turn tasks running now",
-                                value=sup.running)
+        yield GaugeMetricFamily("turnkeeper_turns_in_flight",
+                                "Turns holding a slot of max_concurrent_turns now (parked "
+                                "turns, waiting or recovering, give theirs back)",
+                                value=sup.active)
         yield GaugeMetricFamily("turnkeeper_turns_in_flight_limit",
                                 "daemon.max_concurrent_turns",
                                 value=sup.config.daemon.max_concurrent_turns)

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import Daemon, NotifyListener, script_file, write_config
+from tests.integration.test_observability import scrape, value
 from turnkeeper.control.client import Client
 
 SCRIPT = """
@@ -684,6 +685,9 @@ def test_parked_turns_do_not_hold_slots_of_max_concurrent_turns(start: Any,
     assert d.run("new work is not blocked by them")["state"] == "completed"
     st = status_of(d)
     assert st["turns"]["waiting"] == 6 and st["turns"]["running"] == 0
+    samples = scrape(d)
+    assert value(samples, "turnkeeper_turns_in_flight") == 0
+    assert value(samples, "turnkeeper_turns", state="waiting") == 6
     for t in asking:
         d.post(f"/v1/turns/{t['id']}/messages", {"kind": "answer", "text": "pink"})
     for t in asking:
