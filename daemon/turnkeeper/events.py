@@ -53,10 +53,14 @@ class _Subscriber:
 class EventBus:
     def __init__(self, *, clock: Clock, start_seq: int = 0,
                  persist: Callable[[Event], None] | None = None,
+                 reserve: Callable[[int], None] | None = None, reserve_block: int = 10_000,
                  subscriber_buffer: int = 10_000) -> None:
         self._clock = clock
         self._seq = start_seq
         self._persist = persist
+        self._reserve = reserve
+        self._reserve_block = reserve_block
+        self._reserved = start_seq
         self._subscribers: list[_Subscriber] = []
         self._buffer = subscriber_buffer
         self.dropped_subscribers = 0
@@ -67,11 +71,34 @@ class EventBus:
     def last_seq(self) -> int:
         return self._seq
 
+    def start_at(self, seq: int) -> None:
+        """Continue numbering after `seq`: the store's highest persisted or reserved
+        number, so no number a live subscriber may have seen is handed out twice."""
+        self._seq = self._reserved = seq
+
     def publish(self, type: str, turn: str | None = None, **data: Any) -> Event:
-        self._seq += 1
-        event = Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data)
+        event = self.prepare(type, turn, **data)
         if self._persist is not None and type not in LIVE_ONLY_TYPES:
             self._persist(event)
+        self.deliver(event)
+        return event
+
+    def prepare(self, type: str, turn: str | None = None, **data: Any) -> Event:
+        """An event with its sequence number, not yet persisted or delivered: for an
+        event that must commit in the same transaction as the state it reports (a turn's
+        `turn.queued` with its row, `turn.finished` with its result), so a crash can
+        never keep one without the other. The caller writes it, then `deliver`s it."""
+        self._seq += 1
+        if self._reserve is not None and self._seq > self._reserved - self._reserve_block // 2:
+            # Reserve numbers ahead, in the store, before they are handed out: events
+            # delivered live but lost in a crash (and live-only ones) are then never
+            # renumbered after the restart, and a client deduplicating by seq misses none.
+            self._reserved = self._seq + self._reserve_block
+            self._reserve(self._reserved)
+        return Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data)
+
+    def deliver(self, event: Event) -> None:
+        """Fan an event out to listeners and live subscribers (no persistence)."""
         for listener in self.listeners:
             try:
                 listener(event)
@@ -89,7 +116,6 @@ class EventBus:
                 dead.append(sub)
         for sub in dead:
             self._drop(sub)
-        return event
 
     def _drop(self, sub: _Subscriber) -> None:
         if sub in self._subscribers:

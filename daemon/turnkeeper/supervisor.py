@@ -89,7 +89,8 @@ class Supervisor:
         self.clock = clock
         self.notifier = notifier
         self.config_path = config_path
-        self.bus = EventBus(clock=clock, persist=store.append_event)
+        self.bus = EventBus(clock=clock, persist=store.append_event,
+                            reserve=store.reserve_event_seqs)
         self.state = "starting"
         self.started_at = clock.monotonic()
         self.live: dict[str, LiveTurn] = {}
@@ -129,7 +130,7 @@ class Supervisor:
         """Resume every unfinished turn from its checkpoint, then open intake."""
         self._tg = tg
         await self.runtime.toolbox.start(tg)  # MCP servers: connected (or failed) once
-        self.bus._seq = await self.store.max_event_seq()
+        self.bus.start_at(await self.store.max_event_seq())
         resumed = 0
         for record_json, checkpoint in await self.store.unfinished_turns():
             record = TurnRecord.from_json(record_json)
@@ -178,19 +179,21 @@ class Supervisor:
                             deadline=deadline, replay_of=replay_of,
                             provider=self.config.providers[0].name)
         live = LiveTurn(record=record)
-        # Registered before the write so a concurrent GET sees it; answered after it is
-        # on disk.
+        # Registered before the write so a concurrent GET sees it; queued and answered
+        # once it is on disk with its `turn.queued` event (a turn started earlier would
+        # not know its seq, which orders its session's history).
         self.live[turn_id] = live
-        self.queue.append(turn_id)
+        queued = self.bus.prepare("turn.queued", turn=turn_id, session=record.session,
+                                  message=message[:2000],
+                                  policy_version=record.policy_version)
         try:
-            record.seq = await self.store.insert_turn(record.to_json(), {})
+            record.seq = await self.store.insert_turn(record.to_json(), {}, events=[queued])
         except BaseException:
             self.live.pop(turn_id, None)
-            if turn_id in self.queue:
-                self.queue.remove(turn_id)
             raise
-        self.bus.publish("turn.queued", turn=turn_id, session=record.session,
-                         message=message[:2000], policy_version=record.policy_version)
+        if turn_id in self.live:  # not cancelled while the write ran
+            self.queue.append(turn_id)
+        self.bus.deliver(queued)
         log.info("turn.queued", **_log_context(record), queued=len(self.queue))
         self._dispatch()
         return record
@@ -310,10 +313,13 @@ class Supervisor:
         record.next_attempt_at = None
         record.question = None
         record.updated_at = self.clock.time()
+        # The result and its `turn.finished` event commit together: after any crash a
+        # turn has both or neither (and then resumes), never one finish too many.
+        finished = self.bus.prepare("turn.finished", turn=record.id, result=record.result)
         with anyio.CancelScope(shield=True):
-            await self.store.save_turn(record.to_json())
+            await self.store.save_turn(record.to_json(), events=[finished])
         stop = result.stopped_because
-        self.bus.publish("turn.finished", turn=record.id, result=record.result)
+        self.bus.deliver(finished)
         log.info("turn.finished", turn=record.id, session=record.session,
                  policy_version=record.policy_version, provider=record.provider,
                  status=record.state, code=stop.code.value, counter=stop.counter,
@@ -379,11 +385,13 @@ class Supervisor:
             raise TurnFinished(turn_id)
         record = live.record
         now = self.clock.time()
-        record.inbox.append({"kind": kind, "text": text, "redirect": redirect, "at": now})
+        message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
+        record.inbox.append(message)
         record.updated_at = now
-        await self.store.save_turn(record.to_json())
-        self.bus.publish("turn.message", turn=turn_id, kind=kind, text=text[:2000],
-                         redirect=redirect)
+        event = self.bus.prepare("turn.message", turn=turn_id, kind=kind, text=text[:2000],
+                                 redirect=redirect)
+        await self.store.append_message(turn_id, message, updated_at=now, events=[event])
+        self.bus.deliver(event)
         log.info("turn.message", **_log_context(record), kind=kind, redirect=redirect)
         live.control.message_arrived(redirect=redirect)
         return {"turn": turn_id, "accepted": kind}

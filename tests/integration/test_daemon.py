@@ -370,5 +370,6 @@ def test_a_second_daemon_on_the_same_socket_refuses_to_start(start: Any) -> None
                             str(d.config_path)], capture_output=True, text=True, timeout=30,
                            check=False)
     assert other.returncode == 69
-    assert "another turnkeeper is listening" in other.stderr
+    # The state directory's lock or the socket: whichever start-up meets first.
+    assert "another turnkeeper" in other.stderr
     assert d.get("/v1/status")[0] == 200

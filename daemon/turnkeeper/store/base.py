@@ -3,15 +3,23 @@ shared PostgreSQL store can later let several daemons share the work.
 
 Writes that the caller awaits are durable when the await returns (a submit answered 202
 is on disk). `append_event` is the one write that is not awaited: events are batched
-with the next durable write.
+with the next durable write, in order, so the events that survive a crash are a prefix
+of those published. `insert_turn` and `save_turn` take events that must commit in the
+same transaction as the row (`turn.queued`, `turn.finished`, `turn.message`).
+
+A turn's record and checkpoint are written together and describe the same moment; a
+user message reaches the stored record through `append_message`, which touches nothing
+else, so the stored inbox always holds every message the stored checkpoint has not.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from turnkeeper.events import Event
 
+EX_UNAVAILABLE = 69
 EX_IOERR = 74
 
 
@@ -21,17 +29,35 @@ class StoreError(Exception):
     exit_code = EX_IOERR
 
 
+class StoreInUse(StoreError):
+    """Another daemon holds the store: this one must not run the same turns."""
+
+    exit_code = EX_UNAVAILABLE
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...
 
-    async def max_event_seq(self) -> int: ...
+    async def max_event_seq(self) -> int:
+        """The highest event number persisted or reserved: the bus continues after it."""
+        ...
 
-    async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any]) -> int: ...
+    def reserve_event_seqs(self, upto: int) -> None:
+        """Record (with the next durable write, like an event) that numbers up to `upto`
+        may be in use."""
+        ...
+
+    async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                          events: Sequence[Event] = ()) -> int: ...
 
     async def save_turn(self, record: dict[str, Any],
-                        checkpoint: dict[str, Any] | None = None) -> None: ...
+                        checkpoint: dict[str, Any] | None = None, *,
+                        events: Sequence[Event] = ()) -> None: ...
+
+    async def append_message(self, turn_id: str, message: dict[str, Any], *,
+                             updated_at: float, events: Sequence[Event] = ()) -> None: ...
 
     async def get_turn(self, turn_id: str) -> dict[str, Any] | None: ...
 

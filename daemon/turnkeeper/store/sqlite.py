@@ -6,14 +6,29 @@ hundreds of concurrent turns share one fsync instead of queueing on it. A caller
 awaits a write resumes only after its transaction committed (synchronous=FULL), so what
 was acknowledged is on disk. Reads use a second connection; WAL lets them run beside
 the writer. All SQLite calls run in worker threads, never on the event loop.
+
+Under a crash (kill -9, power loss) the database holds exactly the transactions that
+committed: a write whose await returned, and every event enqueued before it. Events
+that must never be kept without their state (`turn.queued`, `turn.finished`,
+`turn.message`) are written in the same transaction as the turn's row. A transaction
+that fails takes none of its neighbours down with it: the batch is retried write by
+write and only the write that fails reports the error. One daemon at a time: an
+exclusive lock on a file beside the database refuses a second one (exit 69, like a
+socket another daemon listens on), which would otherwise resume the same turns and
+repeat their side effects. A database that cannot be read, fails its integrity check or
+comes from a newer schema stops start-up (StoreError, exit 74); it is never replaced by
+a new, empty one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
+import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +38,9 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper.events import Event
-from turnkeeper.store.base import StoreError
+from turnkeeper.store.base import StoreError, StoreInUse
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_BATCH = 1000
 
 # Migrations: index i brings the schema from version i to i + 1.
@@ -61,6 +76,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             outcome TEXT
         )""",
     ),
+    (
+        # Daemon-wide values that must survive a crash (the event numbers reserved).
+        """CREATE TABLE meta (
+            key TEXT PRIMARY KEY,
+            value INTEGER NOT NULL
+        )""",
+    ),
 )
 
 TERMINAL_STATES = ("completed", "blocked", "partial", "failed", "cancelled")
@@ -71,9 +93,17 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+_Statement = tuple[str, Sequence[Any]]
+
+
+def _event_statement(event: Event) -> _Statement:
+    return ("INSERT OR IGNORE INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
+            (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json())))
+
+
 @dataclass(slots=True)
 class _Write:
-    statements: Sequence[tuple[str, Sequence[Any]]]
+    statements: Sequence[_Statement]
     done: anyio.Event | None = None
     error: BaseException | None = field(default=None)
 
@@ -88,8 +118,12 @@ class SQLiteStore:
         self._receive: MemoryObjectReceiveStream[_Write] | None = None
         self._tg: TaskGroup | None = None
         self._writer_done = anyio.Event()
+        self._closed = False
+        self._lock_fd: int | None = None
         self._next_seq = 0
         self.commits = 0
+        self.durable_writes = 0  # awaited writes (the events riding along not counted)
+        self.failed_writes = 0
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
@@ -105,21 +139,57 @@ class SQLiteStore:
         conn.execute("PRAGMA busy_timeout = 30000")
         return conn
 
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def _lock_sync(self) -> None:
+        """Hold an exclusive lock for the life of the process (the kernel drops it when
+        the process dies, kill -9 included)."""
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise StoreInUse(
+                    f"state database {self.path} is in use by another turnkeeper"
+                    + (f" (pid {holder})" if holder else "")
+                    + "; two daemons on one state directory would run the same turns "
+                    "twice") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
     def _open_sync(self) -> None:
+        conn: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+            self._lock_sync()
             conn = self._connect()
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            check = conn.execute("PRAGMA quick_check").fetchone()
-            if check is None or check[0] != "ok":
-                raise StoreError(f"state database {self.path} is corrupt: {check}")
+            # Checked before anything is written: a database this code must not use is
+            # left exactly as it was found (even the switch to WAL writes its header).
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(
                     f"state database {self.path} has schema version {version}, newer than "
-                    f"this turnkeeper understands ({SCHEMA_VERSION}); refusing to touch it")
+                    f"this turnkeeper understands ({SCHEMA_VERSION}); refusing to touch it "
+                    "(run the newer turnkeeper, or restore a backup made by this one)")
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
+            if problems != ["ok"]:
+                found = " ".join("; ".join(problems).split())
+                raise StoreError(
+                    f"state database {self.path} is corrupt (quick_check: {found[:300]}); "
+                    "restore it from a backup or move it aside to start with an empty "
+                    "store")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                raise StoreError(f"state database {self.path} cannot use WAL mode "
+                                 f"(journal_mode is {mode[0] if mode else None!r})")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
             for v in range(version, SCHEMA_VERSION):
                 conn.execute("BEGIN IMMEDIATE")
                 for stmt in MIGRATIONS[v]:
@@ -130,11 +200,23 @@ class SQLiteStore:
             self._next_seq = int(row[0])
             self._writer = conn
             self._reader = self._connect()
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"state database {self.path} cannot be opened: {exc}") from None
-        except OSError as exc:
-            raise StoreError(f"state directory {self.path.parent} is not usable: "
-                             f"{exc.strerror}") from None
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            self._unlock_sync()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreError(f"state database {self.path} cannot be opened: {exc} "
+                                 "(not a turnkeeper database, or damaged; restore it from "
+                                 "a backup or move it aside)") from None
+            if isinstance(exc, OSError):
+                raise StoreError(f"state directory {self.path.parent} is not usable: "
+                                 f"{exc.strerror or exc}") from None
+            raise
+
+    def _unlock_sync(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -161,31 +243,56 @@ class SQLiteStore:
             self._writer_done.set()
 
     async def _commit(self, batch: list[_Write]) -> None:
-        error: BaseException | None = None
         try:
-            await anyio.to_thread.run_sync(self._commit_sync, batch)
-            self.commits += 1
-        except Exception as exc:  # reported to every waiter of the batch
-            error = exc
-        for w in batch:
+            errors = await anyio.to_thread.run_sync(self._commit_sync, batch)
+        except Exception as exc:  # the thread itself failed: every waiter hears it
+            errors = [exc] * len(batch)
+        for w, error in zip(batch, errors, strict=True):
             w.error = error
+            if error is not None:
+                self.failed_writes += 1
             if w.done is not None:
                 w.done.set()
 
-    def _commit_sync(self, batch: list[_Write]) -> None:
+    def _commit_sync(self, batch: list[_Write]) -> list[BaseException | None]:
+        """One transaction for the batch. If it fails, each write gets its own, so one
+        bad write (or a full disk that clears) fails alone, never its neighbours."""
         conn = self._writer
         assert conn is not None, "store is not open"
+        try:
+            self._transaction(conn, [s for w in batch for s in w.statements])
+            self.commits += 1
+            return [None] * len(batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                return [exc]
+        errors: list[BaseException | None] = []
+        for w in batch:
+            try:
+                self._transaction(conn, w.statements)
+                self.commits += 1
+                errors.append(None)
+            except Exception as exc:
+                errors.append(exc)
+        return errors
+
+    @staticmethod
+    def _transaction(conn: sqlite3.Connection, statements: Iterable[_Statement]) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for w in batch:
-                for sql, params in w.statements:
-                    conn.execute(sql, params)
+            for sql, params in statements:
+                conn.execute(sql, params)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # SQLite may have rolled back by itself (a full disk, an I/O error): a second
+            # ROLLBACK would raise and hide the error that matters.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
 
     async def close(self) -> None:
+        self._closed = True
         if self._send is not None:
             self._send.close()
             await self._writer_done.wait()
@@ -193,28 +300,36 @@ class SQLiteStore:
             if conn is not None:
                 await anyio.to_thread.run_sync(conn.close)
         self._writer = self._reader = None
+        self._unlock_sync()
 
     # -- writing ------------------------------------------------------------------
 
-    async def _write(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
-        if self._send is None:
-            raise StoreError("store writer is not running")
+    async def _write(self, statements: Sequence[_Statement]) -> None:
+        if self._send is None or self._closed:
+            raise StoreError("state database is closed: the write was not made")
         w = _Write(statements, anyio.Event())
-        self._send.send_nowait(w)
+        self.durable_writes += 1
+        try:
+            self._send.send_nowait(w)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise StoreError("state database writer has stopped: the write was not made"
+                             ) from None
         assert w.done is not None
         await w.done.wait()
         if w.error is not None:
             raise StoreError(f"state database write failed: {w.error}") from w.error
 
-    def _enqueue(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+    def _enqueue(self, statements: Sequence[_Statement]) -> None:
         if self._send is not None:
-            with contextlib.suppress(anyio.ClosedResourceError):
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._send.send_nowait(_Write(statements))
 
     async def flush(self) -> None:
         await self._write(())
 
-    async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any]) -> int:
+    async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                          events: Sequence[Event] = ()) -> int:
+        """The turn's row, durable when this returns; `events` commit with it."""
         self._next_seq += 1
         record["seq"] = self._next_seq
         await self._write([(
@@ -222,12 +337,16 @@ class SQLiteStore:
             " checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (record["id"], record["seq"], record["session"], record["state"],
              record["created_at"], record["updated_at"], _dumps(record), _dumps(checkpoint)),
-        )])
+        ), *map(_event_statement, events)])
         return int(record["seq"])
 
     async def save_turn(self, record: dict[str, Any],
-                        checkpoint: dict[str, Any] | None = None) -> None:
-        stmt: tuple[str, tuple[Any, ...]]
+                        checkpoint: dict[str, Any] | None = None, *,
+                        events: Sequence[Event] = ()) -> None:
+        """The record (and the checkpoint, when given) in one transaction with `events`.
+        The record and the checkpoint of a turn must describe the same moment: a write
+        of the record alone is for a turn that ends (its checkpoint is no longer read)."""
+        stmt: _Statement
         if checkpoint is None:
             stmt = ("UPDATE turns SET state = ?, updated_at = ?, record = ? WHERE id = ?",
                     (record["state"], record["updated_at"], _dumps(record), record["id"]))
@@ -235,13 +354,28 @@ class SQLiteStore:
             stmt = ("UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
                     " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
                                        _dumps(checkpoint), record["id"]))
-        await self._write([stmt])
+        await self._write([stmt, *map(_event_statement, events)])
+
+    async def append_message(self, turn_id: str, message: dict[str, Any], *,
+                             updated_at: float, events: Sequence[Event] = ()) -> None:
+        """Add a user message (steer, answer) to the stored inbox of a turn, leaving the
+        rest of its record as of its last checkpoint. Writing the live record instead
+        would store an inbox from which the runner already took messages that its last
+        checkpoint does not hold yet: a crash then would lose them."""
+        await self._write([(
+            "UPDATE turns SET updated_at = ?, record = json_set(record, '$.inbox',"
+            " json(json_insert(COALESCE(json_extract(record, '$.inbox'), json('[]')),"
+            " '$[#]', json(?))), '$.updated_at', ?) WHERE id = ?",
+            (updated_at, _dumps(message), updated_at, turn_id)),
+            *map(_event_statement, events)])
 
     def append_event(self, event: Event) -> None:
+        self._enqueue([_event_statement(event)])
+
+    def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(
-            "INSERT OR IGNORE INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
-            (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json())),
-        )])
+            "INSERT INTO meta (key, value) VALUES ('event_seq_reserved', ?) ON CONFLICT(key)"
+            " DO UPDATE SET value = MAX(value, excluded.value)", (upto,))])
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
@@ -271,7 +405,9 @@ class SQLiteStore:
                 raise StoreError(f"state database read failed: {exc}") from exc
 
     async def max_event_seq(self) -> int:
-        rows = await self._read("SELECT COALESCE(MAX(seq), 0) FROM events")
+        rows = await self._read(
+            "SELECT MAX(COALESCE((SELECT MAX(seq) FROM events), 0),"
+            " COALESCE((SELECT value FROM meta WHERE key = 'event_seq_reserved'), 0))")
         return int(rows[0][0])
 
     async def get_turn(self, turn_id: str) -> dict[str, Any] | None:

@@ -139,21 +139,33 @@ class TurnRunner:
             "rand": rand,
         }
         names = [p.name for p in cfg.providers]
+        self._pending_stop: Stop | None = None
+        # A checkpoint this code cannot read (damaged, or written by an incompatible
+        # version) ends the turn `internal` with what is known, never leaves it hanging.
+        self._restore_error: str | None = None
         if checkpoint.get("conversation"):
-            self.conv = Conversation.from_json(checkpoint["conversation"])
-            self.guard = BudgetGuard.restore(checkpoint["budget"], limits=limits)
-            self.loops = LoopDetector.restore(checkpoint["loops"],
-                                              **_loop_kwargs(cfg.loop_detection))
-            self.failures = FailureLoop.restore(checkpoint["failures"],
-                                                **_failure_kwargs(cfg.failure_loop))
-            chain_snap = checkpoint.get("chain")
-            self.chain = (ProviderChain.restore(chain_snap, providers=names, **chain_kwargs)
-                          if chain_snap and chain_snap.get("providers") == names
-                          else ProviderChain(names, **chain_kwargs))
-            self.partial: list[str] = list(checkpoint.get("partial", ()))
-            self.open_issues: list[str] = list(checkpoint.get("open_issues", ()))
-            self.waiting_since: float | None = checkpoint.get("waiting_since")
-            self.recover_until: float | None = checkpoint.get("recover_until")
+            try:
+                self.conv = Conversation.from_json(checkpoint["conversation"])
+                self.guard = BudgetGuard.restore(checkpoint["budget"], limits=limits)
+                self.loops = LoopDetector.restore(checkpoint["loops"],
+                                                  **_loop_kwargs(cfg.loop_detection))
+                self.failures = FailureLoop.restore(checkpoint["failures"],
+                                                    **_failure_kwargs(cfg.failure_loop))
+                chain_snap = checkpoint.get("chain")
+                self.chain = (ProviderChain.restore(chain_snap, providers=names,
+                                                    **chain_kwargs)
+                              if chain_snap and chain_snap.get("providers") == names
+                              else ProviderChain(names, **chain_kwargs))
+                self.partial: list[str] = list(checkpoint.get("partial", ()))
+                self.open_issues: list[str] = list(checkpoint.get("open_issues", ()))
+                self.waiting_since: float | None = checkpoint.get("waiting_since")
+                self.recover_until: float | None = checkpoint.get("recover_until")
+                pending = checkpoint.get("pending_stop")
+                self._pending_stop = Stop.from_json(pending) if pending else None
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                self._restore_error = f"checkpoint unreadable: {type(exc).__name__}: {exc}"
+                checkpoint = {"partial": checkpoint.get("partial")}
+        if self._restore_error is None and checkpoint.get("conversation"):
             self.resumed = True
         else:
             self.conv = Conversation.start(history, record.message)
@@ -166,8 +178,9 @@ class TurnRunner:
             self.waiting_since = None
             self.recover_until = None
             self.resumed = False
+            if self._restore_error is not None:
+                self.partial = [str(x) for x in checkpoint.get("partial") or ()]
         self._active_since: float | None = None
-        self._pending_stop: Stop | None = None
         self._offered: frozenset[str] | None = None  # tool names of the last offer
 
     # -- time -----------------------------------------------------------------------
@@ -215,10 +228,13 @@ class TurnRunner:
             "failures": self.failures.snapshot(),
             "chain": {**self.chain.snapshot(), "providers": [
                 p.name for p in self.runtime.config.providers]},
-            "partial": self.partial,
-            "open_issues": self.open_issues,
+            "partial": list(self.partial),
+            "open_issues": list(self.open_issues),
             "waiting_since": self.waiting_since,
             "recover_until": self.recover_until,
+            # A guard's stop decided after a step's tools (loop detection) and not yet
+            # applied: without it a crash would let the turn run one step too many.
+            "pending_stop": self._pending_stop.to_json() if self._pending_stop else None,
         }
 
     async def checkpoint(self, state: str | None = None) -> None:
@@ -271,6 +287,8 @@ class TurnRunner:
                           extra=extra or {})
 
     async def _run(self) -> TurnResult:
+        if self._restore_error is not None:
+            raise RuntimeError(self._restore_error)
         if self.resumed:
             self.emit("turn.resumed", state=self.record.state,
                       step=self.record.counters["steps"],
@@ -282,6 +300,14 @@ class TurnRunner:
                       provider=self.chain.current_provider)
         self.record.state = "running"
         self._start_active()
+        reenter_step = False
+        if self.resumed:
+            answered = self._resumed_answer()
+            if answered is not None:
+                return answered
+            # Parked in a recovery wait: the same step goes on, in the same cycle, with
+            # the same next attempt time; nothing is counted again.
+            reenter_step = self.chain.phase is Phase.RECOVERING
         # A step cut short between the model's reply and its tools finishes first.
         if self.conv.pending_tool_calls():
             outcome = await self._run_tools(self.conv.pending_tool_calls(), resuming=True)
@@ -310,7 +336,10 @@ class TurnRunner:
             if note is not None:  # MCP tools left or came back: the agent is told
                 self.conv.add_note(note)
                 self.log.info("tool.offer_changed", note=note)
-            self.record.counters["steps"] += 1
+            if reenter_step:  # resumed in a recovery wait: that step goes on
+                reenter_step = False
+            else:
+                self.record.counters["steps"] += 1
             step = self.record.counters["steps"]
             self.emit("step.started", step=step, provider=self.chain.current_provider)
             try:
@@ -338,6 +367,16 @@ class TurnRunner:
             outcome = await self._run_tools(reply.tool_calls, resuming=False)
             if outcome is not None:
                 return outcome
+
+    def _resumed_answer(self) -> TurnResult | None:
+        """A turn checkpointed with its final answer and stopped before its result was
+        saved ends with that answer: the step is not asked again."""
+        msgs = self.conv.messages
+        if (len(msgs) > self.conv.turn_start + 1 and msgs[-1].role == "assistant"
+                and not msgs[-1].tool_calls and not self._has_unread_steer()):
+            return self._finish(Stop(StopCode.COMPLETED, "the agent answered"),
+                                answer=msgs[-1].content or "")
+        return None
 
     def _counter_values(self) -> dict[str, Any]:
         self._sync_counters()
@@ -402,7 +441,11 @@ class TurnRunner:
         a Stop, or None after a context-overflow rebuild."""
         decision: Any
         self._streamed_from = None
-        if self.chain.phase is Phase.RECOVERING:  # resumed while parked in recovery
+        if self.chain.phase is Phase.RECOVERING and self.recover_until is None:
+            # Resumed from the checkpoint of a steer that had cut the wait short.
+            self.chain.user_message()
+            decision = self.chain.begin_call()
+        elif self.chain.phase is Phase.RECOVERING:  # resumed while parked in recovery
             decision = Recover(cycle=self.chain.recovery_cycles + 1,
                                of_cycles=self.runtime.config.agent.auto_recovery_cycles,
                                wait_s=max(0.0, (self.recover_until or 0.0) - self.clock.time()))
@@ -649,10 +692,13 @@ class TurnRunner:
         stop = self.guard.check(self._usage(), now=self.clock.time())
         if stop is not None and stop.code is StopCode.DEADLINE:
             return stop
-        # A steer that cut the wait short joins the conversation before the next pass.
-        steered = self._has_unread_steer()
-        self._absorb_messages()
-        return steered
+        # A steer that cut the wait short joins the conversation before the next pass,
+        # checkpointed at once: its inbox entry is gone from the record from now on.
+        if self._has_unread_steer():
+            self._absorb_messages()
+            await self.checkpoint()
+            return True
+        return False
 
     # -- tools ------------------------------------------------------------------------
 
@@ -663,13 +709,23 @@ class TurnRunner:
         return ToolCall(id="clarify", name="clarify",
                         arguments=json.dumps({"question": self.record.question}))
 
+    def _call_positions(self) -> dict[str, int]:
+        last = next((m for m in reversed(self.conv.messages) if m.role == "assistant"), None)
+        calls = last.tool_calls if last is not None else ()
+        position = {c.id: i for i, c in enumerate(calls)}
+        return position if len(position) == len(calls) else {}
+
     async def _run_tools(self, calls: tuple[ToolCall, ...], *, resuming: bool
                          ) -> TurnResult | None:
         step = self.record.counters["steps"]
         observations: list[str] = []
         states: list[str] = []
         all_polling = True
-        for index, call in enumerate(calls):
+        # A call's Idempotency-Key names its place in the model's reply, not in `calls`,
+        # which on resume holds only the calls still without a result.
+        position = self._call_positions()
+        for n, call in enumerate(calls):
+            index = position.get(call.id, n)
             if call.name == "report_blocked":
                 return self._blocked(call)
             if call.name == "clarify":
