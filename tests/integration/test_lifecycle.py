@@ -421,6 +421,36 @@ def test_saving_the_config_file_reloads_it_once_per_content_change(
     assert keys(states(notify, mark)) == ["RELOADING", "READY", "RELOADING", "READY"]
 
 
+def test_a_kubernetes_configmap_update_reloads_it(daemons: list[Daemon], tmp_path: Path,
+                                                  notify: NotifyListener) -> None:
+    """A ConfigMap volume: turnkeeper.toml -> ..data/turnkeeper.toml, ..data -> a
+    timestamped directory; an update writes a new directory and swaps ..data atomically."""
+    d = Daemon(tmp_path, env=notify.env)
+    daemons.append(d)
+    volume = d.dir / "configmap"
+
+    def publish(stamp: str, body: str) -> None:
+        target = volume / f"..{stamp}"
+        target.mkdir(parents=True)
+        write_config(target / "turnkeeper.toml", body, socket=d.socket, state_dir=d.state_dir)
+        (volume / "..data_tmp").symlink_to(target.name)
+        os.replace(volume / "..data_tmp", volume / "..data")
+
+    publish("2026_01_01", "[daemon]\nmax_queued_turns = 21\n")
+    (volume / "turnkeeper.toml").symlink_to("..data/turnkeeper.toml")
+    d.config_path = volume / "turnkeeper.toml"
+    mark = len(notify.messages)
+    d.start()
+    notify.wait_for(is_ready, after=mark)
+    assert status_of(d)["queue"]["max"] == 21
+    mark = len(notify.messages)
+    publish("2026_01_02", "[daemon]\nmax_queued_turns = 22\n")
+    notify.wait_for(is_ready, after=mark)
+    st = status_of(d)
+    assert st["queue"]["max"] == 22 and st["policy_version"] == 2
+    assert records(d, "daemon.reloaded")[-1]["trigger"] == "config file changed"
+
+
 def test_a_sighup_with_the_new_file_is_not_followed_by_a_watcher_reload(
         start: Any, notify: NotifyListener) -> None:
     d = start("[daemon]\nmax_queued_turns = 100\n", env=notify.env)
