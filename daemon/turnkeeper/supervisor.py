@@ -48,6 +48,10 @@ class TurnFinished(Exception):
     """A message to a turn that has ended."""
 
 
+class NotWaiting(Exception):
+    """An answer to a turn that asked no question: kept, it would answer a later one."""
+
+
 @dataclass(slots=True)
 class LiveTurn:
     record: TurnRecord
@@ -384,6 +388,11 @@ class Supervisor:
                 raise UnknownTurn(turn_id)
             raise TurnFinished(turn_id)
         record = live.record
+        if record.result is not None or record.terminal:
+            raise TurnFinished(turn_id)  # its result is being written: nobody would read it
+        if kind == "answer" and record.question is None:
+            raise NotWaiting(f"turn {turn_id} is {record.state} and asked no question; "
+                             "send a steer instead")
         now = self.clock.time()
         message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
         record.inbox.append(message)

@@ -229,3 +229,29 @@ def test_guard_repr_shows_limits_and_warnings() -> None:
     assert repr(g) == (
         "BudgetGuard(limits=BudgetLimits(max_tokens=200000, max_seconds=300.0, max_steps=10, "
         "max_cost_usd=0.0, soft_limit=0.8, deadline=None), warned=['steps'])")
+
+
+def test_check_time_stops_on_time_alone_not_on_the_step_in_progress() -> None:
+    g = guard(max_seconds=10.0, max_steps=3)
+    # Between attempts the step counter already counts the running step: not a stop.
+    assert g.check_time(BudgetUsage(seconds=5.0, steps=3), now=NOW) is None
+    stop = g.check_time(BudgetUsage(seconds=10.0, steps=3), now=NOW)
+    assert stop == Stop(StopCode.BUDGET_SECONDS, stop.message if stop else "",
+                        value=10.0, limit=10.0)
+
+
+def test_check_time_counts_less_than_the_reserve_as_spent() -> None:
+    # A timer that fired a hair early must not leave a 0.5 ms "budget" to fail over with.
+    g = guard(max_seconds=0.4)
+    assert g.check_time(BudgetUsage(seconds=0.3995), now=NOW, reserve_s=0.01) == Stop(
+        StopCode.BUDGET_SECONDS, "time budget of 0.4 s of active time spent",
+        value=0.3995, limit=0.4)
+    assert g.check_time(BudgetUsage(seconds=0.3), now=NOW, reserve_s=0.01) is None
+
+
+def test_check_time_reports_the_deadline_first() -> None:
+    g = guard(max_seconds=1.0, deadline=NOW + 0.005)
+    stop = g.check_time(BudgetUsage(seconds=1.0), now=NOW, reserve_s=0.01)
+    assert stop is not None and stop.code is StopCode.DEADLINE
+    assert (stop.value, stop.limit) == (NOW, NOW + 0.005)
+    assert guard(deadline=NOW + 1).check_time(BudgetUsage(), now=NOW) is None

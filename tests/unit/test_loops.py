@@ -40,6 +40,20 @@ def test_canonical_json_sorts_keys_and_drops_whitespace() -> None:
         '{"n":[1,{"y":null,"z":0}],"x":"café"}'
 
 
+def test_canonical_json_is_exactly_sorted_compact_json_dumps() -> None:
+    values: list[object] = [
+        {"q": "x", "limit": 10}, {"nested": {"b": [1, 2.5, -0.0, 1e300], "a": True}},
+        {"s": "tab\t quote\" backslash\\ nl\n emoji \U0001f600 ctl \x01"},
+        [3, "two", None, False, {"k": []}], "top", 7, 1.1, None, {}, [],
+        {"big": 10**30, "nan": float("nan"), "inf": float("-inf")},
+    ]
+    for v in values:
+        assert canonical_json(v) == json.dumps(v, sort_keys=True, separators=(",", ":"),
+                                               ensure_ascii=False), v
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        canonical_json({"a": object()})
+
+
 def test_action_key_is_sha256_of_tool_and_canonical_arguments() -> None:
     expected = hashlib.sha256(b'search\n{"a":1,"b":2}').hexdigest()
     assert action_key("search", {"b": 2, "a": 1}) == expected

@@ -15,7 +15,13 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from turnkeeper.events import TERMINAL_EVENT
-from turnkeeper.supervisor import IntakeRefused, Supervisor, TurnFinished, UnknownTurn
+from turnkeeper.supervisor import (
+    IntakeRefused,
+    NotWaiting,
+    Supervisor,
+    TurnFinished,
+    UnknownTurn,
+)
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
 MAX_WAIT_S = 3600.0
@@ -212,6 +218,8 @@ async def post_message(request: web.Request) -> web.Response:
         return error(404, f"no turn {turn_id}")
     except TurnFinished:
         return error(409, f"turn {turn_id} has finished")
+    except NotWaiting as exc:
+        return error(409, str(exc))
     return web.json_response(out, status=202)
 
 

@@ -33,6 +33,10 @@ OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd")
 # Soft-warning dimensions, in the order they are reported.
 DIMENSIONS = ("tokens", "seconds", "steps", "cost_usd")
 
+# Between attempts, less time than this left counts as none: a request could only time
+# out, and timers fire a little early or late, so "exactly spent" is no reliable test.
+TIME_RESERVE_S = 0.01
+
 
 def cost_usd(input_tokens: int, output_tokens: int, *, price_input_per_mtok: float,
              price_output_per_mtok: float) -> float:
@@ -211,6 +215,23 @@ class BudgetGuard:
                         value=usage.steps, limit=lim.max_steps)
         return None
 
+    def check_time(self, usage: BudgetUsage, *, now: float,
+                   reserve_s: float = TIME_RESERVE_S) -> Stop | None:
+        """The time stop alone (`deadline`, then `budget.seconds`) once less than
+        `reserve_s` is left. Asked between attempts and before tool calls, where the
+        step's own counters (already incremented) must not stop it but a spent clock
+        must: the value is the counter as it is, possibly a hair under the limit."""
+        lim = self.limits
+        if lim.deadline is not None and lim.deadline - now < reserve_s:
+            when = datetime.fromtimestamp(lim.deadline, tz=UTC).isoformat(timespec="seconds")
+            return Stop(StopCode.DEADLINE, f"deadline {when} reached",
+                        value=now, limit=lim.deadline)
+        if lim.max_seconds - usage.seconds < reserve_s:
+            return Stop(StopCode.BUDGET_SECONDS,
+                        f"time budget of {_num(lim.max_seconds)} s of active time spent",
+                        value=usage.seconds, limit=lim.max_seconds)
+        return None
+
     def soft_warning(self, usage: BudgetUsage, *, now: float) -> SoftWarning | None:
         """A note for each dimension that has reached `soft_limit` of its limit and was
         not warned about yet; several crossing together make one note. None otherwise.
@@ -220,6 +241,12 @@ class BudgetGuard:
         symmetry with `check` and is not used today."""
         del now
         lim = self.limits
+        f = lim.soft_limit
+        # Plain comparisons first: this runs every step and is almost always "no".
+        if (usage.tokens < f * lim.max_tokens and usage.seconds < f * lim.max_seconds
+                and usage.steps < f * lim.max_steps
+                and (lim.max_cost_usd <= 0 or usage.cost_usd < f * lim.max_cost_usd)):
+            return None
         spent = {"tokens": (usage.tokens, lim.max_tokens),
                  "seconds": (usage.seconds, lim.max_seconds),
                  "steps": (usage.steps, lim.max_steps),
@@ -227,7 +254,7 @@ class BudgetGuard:
         crossed = tuple(
             dim for dim in DIMENSIONS
             if dim not in self._warned and spent[dim][1] > 0
-            and spent[dim][0] >= lim.soft_limit * spent[dim][1])
+            and spent[dim][0] >= f * spent[dim][1])
         if not crossed:
             return None
         self._warned.update(crossed)
@@ -257,7 +284,7 @@ class BudgetGuard:
         return max(1, min(configured, self.remaining_tokens(usage)))
 
     def snapshot(self) -> dict[str, Any]:
-        return {"warned": sorted(self._warned)}
+        return {"warned": sorted(self._warned) if self._warned else []}
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], limits: BudgetLimits) -> BudgetGuard:

@@ -33,13 +33,32 @@ if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
 
 _RETRY_CLASSES = frozenset({FailureClass.RETRYABLE, FailureClass.UNKNOWN})
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _not_json(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The C encoder behind `_CANONICAL`, built once: `json.dumps` and `JSONEncoder.encode`
+# build a new one on every call, which made the action key most of the guards' CPU per
+# step (bench/bench_guards.py). Without circular-reference markers: arguments come from
+# `json.loads` and cannot be circular. None where the C accelerator is missing.
+_C_MAKE_ENCODER = getattr(json.encoder, "c_make_encoder", None)
+_C_CANONICAL = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
+    None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+
 
 def canonical_json(value: object) -> str:
-    """One spelling for one value: sorted keys, no whitespace, UTF-8 kept as is.
+    """One spelling for one value: sorted keys, no whitespace, UTF-8 kept as is; the
+    same text as `json.dumps(value, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False)`.
 
     Raises TypeError for values JSON cannot hold; tool arguments arrive parsed from JSON,
     so that is a bug at the caller, not a case to paper over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if _C_CANONICAL is not None:
+        return "".join(_C_CANONICAL(value, 0))
+    return _CANONICAL.encode(value)
 
 
 def _sha256(text: str) -> str:
@@ -59,7 +78,25 @@ def observation_key(text: str) -> str:
 def state_key(observations: Sequence[str]) -> str:
     """The hash of one step's observations, order ignored: the same results of calls the
     model happened to list in another order are the same state."""
-    return _sha256(canonical_json(sorted(observation_key(o) for o in observations)))
+    return _state_of_keys([observation_key(o) for o in observations])
+
+
+# What the detector keeps of each key: the first 64 bits of the sha256, in hex. Its
+# snapshot is in every checkpoint (three a step) and grows by a few keys a step, so full
+# 256-bit keys were most of the guards' cost per step with the SQLite store; within one
+# turn's few thousand keys a 64-bit collision has odds of about 1e-13. A full key from an
+# older checkpoint shortens to the same prefix.
+KEPT_KEY_CHARS = 16
+
+
+def _kept(key: str) -> str:
+    return key[:KEPT_KEY_CHARS]
+
+
+def _state_of_keys(keys: Sequence[str]) -> str:
+    if len(keys) == 1:  # the common step: one call, its observation is the state
+        return keys[0]
+    return _sha256("\n".join(sorted(keys)))  # hex digests: no newline inside
 
 
 def _ordinal(n: int) -> str:
@@ -126,6 +163,9 @@ class LoopDetector:
         self._state_visits: dict[str, int] = {}
         self._seen: set[str] = set()
         self._no_progress = 0
+        # The checkpoint asks for a snapshot several times a step; rebuilt only after a
+        # change (a new dict each time, never mutated: callers may keep it).
+        self._snapshot: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return (f"LoopDetector(warn_repeats={self.warn_repeats}, "
@@ -142,7 +182,7 @@ class LoopDetector:
 
     def repeats(self, key: str) -> int:
         """How many times the action with this key has counted as a repeat this turn."""
-        return self._repeats.get(key, 0)
+        return self._repeats.get(_kept(key), 0)
 
     @property
     def no_progress(self) -> int:
@@ -150,16 +190,18 @@ class LoopDetector:
         return self._no_progress
 
     def state_revisits(self, key: str) -> int:
-        return max(0, self._state_visits.get(key, 0) - 1)
+        return max(0, self._state_visits.get(_kept(key), 0) - 1)
 
     def before_action(self, action: Action) -> Stop | LoopWarning | None:
         """Call before the tool call runs. A Stop means: do not run it, end the turn."""
         if action.polling:
             return None
-        if action.key in self._last_outcome and self._last_outcome[action.key] in _RETRY_CLASSES:
+        key = _kept(action.key)
+        if self._last_outcome.get(key) in _RETRY_CLASSES:
             return None
-        count = self._repeats.get(action.key, 0) + 1
-        self._repeats[action.key] = count
+        count = self._repeats.get(key, 0) + 1
+        self._repeats[key] = count
+        self._snapshot = None
         if count >= self.max_repeats:
             return Stop(StopCode.LOOP_REPEATED_ACTION,
                         f"{action.tool} called with the same arguments {count} times "
@@ -179,7 +221,15 @@ class LoopDetector:
         """Record how the call ended (None = success); a retry is judged by it."""
         if action.polling:
             return
-        self._last_outcome[action.key] = outcome
+        # Only failures are kept: a success and no record judge the next repeat alike,
+        # and the common step (a success) then leaves the snapshot as it was.
+        key = _kept(action.key)
+        if outcome is None:
+            if self._last_outcome.pop(key, None) is not None:
+                self._snapshot = None
+        elif self._last_outcome.get(key) is not outcome:
+            self._last_outcome[key] = outcome
+            self._snapshot = None
 
     def after_step(self, observations: Sequence[str], *, state: str | None = None,
                    polling_only: bool = False) -> Stop | None:
@@ -187,12 +237,15 @@ class LoopDetector:
         tool declared for the step, if any; otherwise the observations make the state."""
         if polling_only or not observations:
             return None
-        key = state if state is not None else state_key(observations)
+        self._snapshot = None
+        obs_keys = [_sha256(o)[:KEPT_KEY_CHARS] for o in observations]
+        key = _kept(_sha256("state\n" + state) if state is not None
+                    else _state_of_keys(obs_keys))
         visits = self._state_visits.get(key, 0) + 1
         self._state_visits[key] = visits
-        new = {observation_key(o) for o in observations} - self._seen
-        self._seen.update(new)
-        self._no_progress = 0 if new else self._no_progress + 1
+        seen, before = self._seen, len(self._seen)
+        seen.update(obs_keys)
+        self._no_progress = 0 if len(seen) > before else self._no_progress + 1
         revisits = visits - 1
         if revisits >= self.max_state_revisits:
             return Stop(StopCode.LOOP_STATE_CYCLE,
@@ -207,25 +260,28 @@ class LoopDetector:
         return None
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "repeats": dict(self._repeats),
-            "last_outcome": {k: (None if v is None else v.value)
-                             for k, v in self._last_outcome.items()},
-            "state_visits": dict(self._state_visits),
-            "seen": sorted(self._seen),
-            "no_progress": self._no_progress,
-        }
+        if self._snapshot is None:
+            self._snapshot = {
+                "repeats": dict(self._repeats),
+                "last_outcome": {k: (None if v is None else v.value)
+                                 for k, v in self._last_outcome.items()},
+                "state_visits": dict(self._state_visits),
+                "seen": sorted(self._seen),
+                "no_progress": self._no_progress,
+            }
+        return self._snapshot
 
     @classmethod
     def restore(cls, data: Mapping[str, Any], *, warn_repeats: int = 2, max_repeats: int = 3,
                 max_state_revisits: int = 2, max_no_progress: int = 5) -> LoopDetector:
         det = cls(warn_repeats=warn_repeats, max_repeats=max_repeats,
                   max_state_revisits=max_state_revisits, max_no_progress=max_no_progress)
-        det._repeats = {str(k): int(v) for k, v in data.get("repeats", {}).items()}
-        det._last_outcome = {str(k): (None if v is None else FailureClass(v))
-                             for k, v in data.get("last_outcome", {}).items()}
-        det._state_visits = {str(k): int(v) for k, v in data.get("state_visits", {}).items()}
-        det._seen = {str(k) for k in data.get("seen", ())}
+        det._repeats = {_kept(str(k)): int(v) for k, v in data.get("repeats", {}).items()}
+        det._last_outcome = {_kept(str(k)): FailureClass(v)
+                             for k, v in data.get("last_outcome", {}).items() if v is not None}
+        det._state_visits = {_kept(str(k)): int(v)
+                             for k, v in data.get("state_visits", {}).items()}
+        det._seen = {_kept(str(k)) for k in data.get("seen", ())}
         det._no_progress = int(data.get("no_progress", 0))
         return det
 
@@ -311,11 +367,14 @@ class FailureLoop:
 
     def record_success(self, tool: str, arguments: object) -> None:
         """A success of this call clears its streak, whatever class it was failing with."""
-        if self._signature is not None and self._signature.startswith(
-                action_key(tool, arguments) + ":"):
+        if self._signature is None:  # no streak: nothing to clear (and no key to hash)
+            return
+        if self._signature.startswith(action_key(tool, arguments) + ":"):
             self._signature, self._streak = None, 0
 
     def snapshot(self) -> dict[str, Any]:
+        if self._signature is None:
+            return {"signature": None, "streak": 0}
         return {"signature": self._signature, "streak": self._streak}
 
     @classmethod

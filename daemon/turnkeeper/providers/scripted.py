@@ -74,6 +74,9 @@ class ScriptedStep(_Strict):
 
 class Scenario(_Strict):
     match: str | None = None
+    # A regex searched in the latest user message (a steer, a daemon note): lets a script
+    # react to what the user said mid-turn. With `match` too, both must be found.
+    match_last_user: str | None = None
     steps: tuple[ScriptedStep, ...] = Field(min_length=1)
 
 
@@ -87,8 +90,9 @@ def load_script(path: Path) -> Script:
         data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw)
         script = Script.model_validate(data)
         for sc in script.scenarios:
-            if sc.match is not None:
-                re.compile(sc.match)
+            for pattern in (sc.match, sc.match_last_user):
+                if pattern is not None:
+                    re.compile(pattern)
         return script
     except OSError as exc:
         raise ConfigError(f"script {path} cannot be read: {exc.strerror}") from None
@@ -137,9 +141,10 @@ class ScriptedProvider:
     def name(self) -> str:
         return self._cfg.name
 
-    def _scenario(self, message: str) -> Scenario:
+    def _scenario(self, message: str, last_user: str) -> Scenario:
         for sc in self._script.scenarios:
-            if sc.match is None or re.search(sc.match, message):
+            if (sc.match is None or re.search(sc.match, message)) and (
+                    sc.match_last_user is None or re.search(sc.match_last_user, last_user)):
                 return sc
         return self._script.scenarios[-1]
 
@@ -156,7 +161,8 @@ class ScriptedProvider:
         self.calls += 1
         message = str(request.metadata.get("turn_message", "")) or _last(request.messages,
                                                                          "user")
-        scenario = self._scenario(message)
+        last_user = _last(request.messages, "user")
+        scenario = self._scenario(message, last_user)
         step = scenario.steps[min(max(request.step, 1), len(scenario.steps)) - 1]
         attempt = self._attempt(request)
         if step.delay:
@@ -169,9 +175,11 @@ class ScriptedProvider:
         if failure is not None:
             raise ProviderError(failure)
         env = {"message": message, "step": str(request.step), "turn": request.turn_id,
-               "last_user": _last(request.messages, "user"),
+               "last_user": last_user,
                "last_tool_result": _last(request.messages, "tool"),
-               "provider": self._cfg.name}
+               "provider": self._cfg.name,
+               "max_output_tokens": str(request.max_output_tokens),
+               "timeout": f"{request.timeout_s:.3f}"}
         calls = tuple(
             ToolCall(id=f"call_{request.step}_{i}", name=c.name,
                      arguments=c.arguments if isinstance(c.arguments, str)

@@ -12,10 +12,13 @@ NOTE_PREFIX = "[turnkeeper note] "
 
 
 class Conversation:
-    def __init__(self, messages: Iterable[Message] = (), *, turn_start: int = 0) -> None:
+    def __init__(self, messages: Iterable[Message] = (), *, turn_start: int = 0,
+                 held_notes: Iterable[str] = ()) -> None:
         self.messages: list[Message] = list(messages)
         # Index of the turn's own user message: what comes before is session history.
         self.turn_start = turn_start
+        # Notes that came while tool results were due: they follow the last result.
+        self.held_notes: list[str] = list(held_notes)
 
     def __repr__(self) -> str:
         return f"Conversation({len(self.messages)} messages, turn_start={self.turn_start})"
@@ -40,7 +43,12 @@ class Conversation:
 
     def add_note(self, text: str) -> None:
         """A note from the daemon to the agent (soft budget warning, loop warning, unknown
-        outcome). Sent as a user message so every wire format accepts it mid-conversation."""
+        outcome). Sent as a user message so every wire format accepts it mid-conversation;
+        never between an assistant's tool calls and their results (OpenAI and Anthropic
+        both reject that), so a note that comes while results are due waits for them."""
+        if self.pending_tool_calls():
+            self.held_notes.append(text)
+            return
         self.messages.append(Message(role="user", content=NOTE_PREFIX + text))
 
     def add_assistant(self, text: str | None, tool_calls: tuple[ToolCall, ...]) -> None:
@@ -49,6 +57,10 @@ class Conversation:
     def add_tool_result(self, call: ToolCall, content: str) -> None:
         self.messages.append(Message(role="tool", content=content, tool_call_id=call.id,
                                      name=call.name))
+        if self.held_notes and not self.pending_tool_calls():
+            notes, self.held_notes = self.held_notes, []
+            for text in notes:
+                self.messages.append(Message(role="user", content=NOTE_PREFIX + text))
 
     def pending_tool_calls(self) -> tuple[ToolCall, ...]:
         """Tool calls of the last assistant message that have no result yet (a step cut
@@ -96,10 +108,14 @@ class Conversation:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {"messages": [m.to_json() for m in self.messages],
-                "turn_start": self.turn_start}
+        out: dict[str, Any] = {"messages": [m.to_json() for m in self.messages],
+                               "turn_start": self.turn_start}
+        if self.held_notes:
+            out["held_notes"] = list(self.held_notes)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Conversation:
         return cls((Message.from_json(m) for m in d.get("messages", ())),
-                   turn_start=int(d.get("turn_start", 0)))
+                   turn_start=int(d.get("turn_start", 0)),
+                   held_notes=[str(n) for n in d.get("held_notes", ())])

@@ -319,12 +319,13 @@ class TurnRunner:
                 return outcome
         while True:
             self._absorb_messages()
-            if self.control.suspend_requested:
-                await self._suspend()
-            await self.checkpoint("running")
+            # A decided stop wins over a suspend: a turn that is over stays over.
             stop = self._pending_stop or self.guard.check(self._usage(), now=self.clock.time())
             if stop is not None:
                 return self._stop(stop)
+            if self.control.suspend_requested:
+                await self._suspend()
+            await self.checkpoint("running")
             warning = self.guard.soft_warning(self._usage(), now=self.clock.time())
             if warning is not None:
                 self.conv.add_note(warning.message)
@@ -354,11 +355,13 @@ class TurnRunner:
                 continue
             self.conv.add_assistant(reply.text, reply.tool_calls)
             if not reply.tool_calls:
+                await self.checkpoint()
+                # Checked after the last await: nothing can slip in between this and the
+                # result (the supervisor refuses messages once the result is set).
                 if self._has_unread_steer():
                     self.partial.append(f"step {step}: answered, then read a steer message")
                     continue
                 self.partial.append(f"step {step}: answered")
-                await self.checkpoint()
                 return self._finish(Stop(StopCode.COMPLETED, "the agent answered"),
                                     answer=reply.text or "")
             # Checkpoint the model's reply before any tool runs, so a crash here resumes
@@ -452,14 +455,17 @@ class TurnRunner:
         else:
             decision = self.chain.begin_call()
         retry_held: str | None = None
+        first = True  # the step's guards have just checked the time
         try:
             while True:
-                if not isinstance(decision, Stop) and self.remaining_s() <= 0:
-                    # The active time or the deadline ran out during this call: that is
-                    # the budget's stop, not a reason to fail over or park in recovery.
-                    spent = self.guard.check(self._usage(), now=self.clock.time())
+                # The active time or the deadline ran out during this call: that is the
+                # budget's stop, not a reason to fail over, park in recovery or give up on
+                # the providers.
+                if not first:
+                    spent = self.guard.check_time(self._usage(), now=self.clock.time())
                     if spent is not None:
                         return spent
+                first = False
                 if isinstance(decision, Attempt):
                     held, retry_held = retry_held, None
                     result = await self._attempt(decision, held)
@@ -727,7 +733,14 @@ class TurnRunner:
         for n, call in enumerate(calls):
             index = position.get(call.id, n)
             if call.name == "report_blocked":
-                return self._blocked(call)
+                if not self._has_unread_steer():
+                    return self._blocked(call)
+                # The agent gave up without reading what the user just sent: it reads it
+                # first (a turn never ends with an unread steer).
+                self.conv.add_tool_result(call, "not ended: the user sent a message; read "
+                                                "it, then answer or call report_blocked")
+                all_polling = False
+                continue
             if call.name == "clarify":
                 outcome = await self._clarify(call)
                 if outcome is not None:
@@ -740,23 +753,28 @@ class TurnRunner:
             all_polling = all_polling and polling
             result = await self._tool_call(call, key, resuming=resuming)
             if isinstance(result, Stop):
-                self.conv.add_tool_result(call, "not run: the turn stops here")
+                if any(c.id == call.id for c in self.conv.pending_tool_calls()):
+                    self.conv.add_tool_result(call, "not run: the turn stops here")
                 await self.checkpoint()
                 return self._stop(result)
             content, state = result
-            observations.append(content)
+            if content is not None:
+                observations.append(content)
             if state is not None:
                 states.append(state)
-        # No checkpoint here: the caller's next step boundary takes one before anything
-        # else is awaited (or the turn ends and its result is saved). A second one here
-        # cost ~15% of a step's CPU and a commit round trip.
-        self._sync_counters()
         if observations:
             stop = self.loops.after_step(observations,
                                          state="|".join(states) if states else None,
                                          polling_only=all_polling)
             if stop is not None:
                 self._pending_stop = stop
+                self.log.info("guard.loop_stop", code=stop.code.value, value=stop.value,
+                              limit=stop.limit, no_progress=self.loops.no_progress,
+                              **self._counter_values())
+        # No checkpoint here: the caller's next step boundary takes one before anything
+        # else is awaited (or the turn ends and its result is saved). A second one here
+        # cost ~15% of a step's CPU and a commit round trip.
+        self._sync_counters()
         return None
 
     def _blocked(self, call: ToolCall) -> TurnResult:
@@ -770,6 +788,7 @@ class TurnRunner:
         tried = [str(x) for x in args.get("tried") or []]
         found = [str(x) for x in args.get("found") or []]
         self.partial.extend(f"tried: {t}" for t in tried)
+        self.partial.extend(f"found: {f}" for f in found)
         self.open_issues.append(reason)
         return self._finish(Stop(StopCode.BLOCKED, reason), answer=None,
                             extra={"blocked": {"reason": reason, "tried": tried,
@@ -817,6 +836,9 @@ class TurnRunner:
         self._start_active()
         if answer is None:
             self.conv.add_tool_result(call, "no answer came")
+            stop = self.guard.check_time(self._usage(), now=self.clock.time())
+            if stop is not None and stop.code is StopCode.DEADLINE:
+                return self._stop(stop)
             return self._stop(Stop(StopCode.CLARIFY_TIMEOUT,
                                    f"no answer to the clarify question within {timeout:g} s",
                                    value=round(waited, 3), limit=timeout))
@@ -828,9 +850,10 @@ class TurnRunner:
         return None
 
     async def _tool_call(self, call: ToolCall, key: str, *, resuming: bool
-                         ) -> Stop | tuple[str, str | None]:
+                         ) -> Stop | tuple[str | None, str | None]:
         """One tool call with its guards, journal, breaker and retries. Returns the
-        observation (content, state) or a Stop."""
+        observation (content, state), content None for a failure (the failure loop
+        governs those, not the progress and state rules), or a Stop."""
         toolbox = self.runtime.toolbox
         tool = toolbox.get(call.name)
         if tool is None:
@@ -849,8 +872,14 @@ class TurnRunner:
             self.conv.add_note(verdict.message)
             self.emit("loop.warning", code=verdict.code, count=verdict.count,
                       limit=verdict.limit, tool=call.name)
-            self.log.info("guard.loop_warning", tool=call.name, count=verdict.count,
-                          limit=verdict.limit)
+            self.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
+                          repeats=verdict.count, limit=verdict.limit,
+                          **self._counter_values())
+        # No time left for even a request: do not send one (a cut non-idempotent call
+        # would leave an effect of unknown outcome behind).
+        spent = self.guard.check_time(self._usage(), now=self.clock.time())
+        if spent is not None:
+            return spent
         self.emit("tool.call", tool=call.name, call_id=call.id, key=key,
                   arguments=args)
         outcome: ToolOutcome | None = None
@@ -887,21 +916,26 @@ class TurnRunner:
 
     def _tool_failed(self, call: ToolCall, args: dict[str, Any] | None,
                      failure: CallFailure, *, key: str | None = None
-                     ) -> Stop | tuple[str, str | None]:
+                     ) -> Stop | tuple[str | None, str | None]:
+        """The agent is told every failure (so it can change what it sends); the failure
+        loop counts it."""
         cls = classify(failure)
         text = f"ERROR ({cls.value}): {failure.describe()}"
         self.conv.add_tool_result(call, text)
         self.partial.append(f"step {self.record.counters['steps']}: {call.name} "
                             f"{_short(call.arguments)} -> failed ({cls.value})")
-        self.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=False,
-                  **{"class": cls.value}, error=failure.describe()[:500])
         stop = self.failures.record_failure(call.name, args if args is not None
                                             else call.arguments, cls)
+        streak, limit = self.failures.streak, self.failures.thresholds[cls]
+        self.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=False,
+                  **{"class": cls.value}, error=failure.describe()[:500],
+                  failure_streak=streak, limit=limit)
         self.log.info("tool.failed", tool=call.name, failure_class=cls.value,
-                      error=failure.describe()[:300], **self._counter_values())
+                      error=failure.describe()[:300], failure_streak=streak, limit=limit,
+                      **self._counter_values())
         if stop is not None:
             return stop
-        return (text, None)
+        return (None, None)
 
     async def _execute(self, name: str, args: dict[str, Any], key: str, *,
                        idempotent: bool) -> ToolOutcome:
