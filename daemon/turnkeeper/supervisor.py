@@ -2,7 +2,15 @@
 registry, drain, reload and stop all live here, and nowhere else.
 
 Turns of one session run one at a time in submission order; turns of different sessions
-run concurrently, at most `max_concurrent_turns` at once.
+run concurrently, at most `max_concurrent_turns` at once. A turn parked in `waiting` or
+`recovering` gives its slot back (it keeps its session) and takes one again when it wakes,
+before queued turns: parked turns, however many, never block new work.
+
+A reload (SPEC 9) validates first and changes nothing when the file is bad; then drains:
+parked turns are suspended at once, running ones finish under their policy or are
+suspended at their next step boundary after `drain_timeout`; then the policy is swapped in
+one step and the suspended turns go first in the queue. A stop that comes during a reload
+takes over its drain and the new policy is dropped.
 """
 
 from __future__ import annotations
