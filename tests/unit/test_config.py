@@ -1,0 +1,118 @@
+"""Configuration: TOML + environment overrides, pointed errors, every key documented."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from turnkeeper.config import (
+    Config,
+    ConfigError,
+    ProviderConfig,
+    ToolConfig,
+    build_config,
+    load_config,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "config" / "turnkeeper.toml"
+
+
+def test_embedded_defaults_are_the_spec_defaults() -> None:
+    config, digest = load_config(None)
+    assert digest == ""
+    assert config.agent.api_max_retries == 3
+    assert config.agent.recovery_schedule == (15.0, 30.0, 60.0, 60.0, 60.0)
+    assert config.budget.max_tokens == 200_000 and config.budget.max_steps == 40
+    assert config.retry.max_retry_after == 120.0
+    assert config.circuit_breaker.failure_threshold == 5
+    assert config.daemon.socket_mode == "0660"
+    assert [p.kind for p in config.providers] == ["scripted"]
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[budget]\nmax_tokens = 1000\nmax_steps = 7\n")
+    monkeypatch.setenv("TURNKEEPER_BUDGET__MAX_TOKENS", "5000")
+    config, _ = load_config(f)
+    assert config.budget.max_tokens == 5000
+    assert config.budget.max_steps == 7
+
+
+def test_an_invalid_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_RETRY__JITTER", "sometimes")
+    with pytest.raises(ConfigError, match=r"retry\.jitter"):
+        load_config(None)
+
+
+def test_unknown_keys_and_bad_values_are_named(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[budget]\nmax_tokenz = 5\n[daemon]\nsocket_mode = \"999\"\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    text = str(err.value)
+    assert "budget.max_tokenz: unknown key" in text
+    assert "daemon.socket_mode" in text
+    assert ConfigError.exit_code == 78
+
+
+def test_half_written_toml_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[budget]\nmax_tokens = ")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_duplicate_provider_names_are_refused() -> None:
+    with pytest.raises(ConfigError, match="appears twice"):
+        build_config({"providers": [{"name": "a", "kind": "scripted"},
+                                    {"name": "a", "kind": "scripted"}]})
+
+
+def test_a_relative_script_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    f = tmp_path / "sub" / "c.toml"
+    f.write_text('[[providers]]\nname = "s"\nkind = "scripted"\nscript = "s.toml"\n')
+    config, _ = load_config(f)
+    assert config.providers[0].script == str(tmp_path / "sub" / "s.toml")
+
+
+def test_a_reload_does_not_apply_keys_that_need_a_restart() -> None:
+    from turnkeeper.config import Policy
+
+    old = build_config({"daemon": {"socket": "/run/a.sock"}})
+    new = build_config({"daemon": {"socket": "/run/b.sock", "max_concurrent_turns": 3}})
+    policy = Policy(version=1, config=old, source_path=None, content_hash="")
+    assert policy.pending_restart(new) == ["daemon.socket"]
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and prefix == "":
+            out.extend(_keys(ann, f"{name}."))
+        else:
+            out.append(prefix + name)
+    return out
+
+
+def test_the_example_config_documents_every_key_and_is_valid() -> None:
+    data: dict[str, Any] = tomllib.loads(EXAMPLE.read_text())
+    build_config(data, str(EXAMPLE))
+    text = EXAMPLE.read_text()
+    missing = []
+    for key in _keys(Config):
+        section, _, name = key.rpartition(".")
+        if (section and f"[{section}]" not in text) or name not in text:
+            missing.append(key)
+    for model in (ProviderConfig, ToolConfig):
+        missing.extend(f"{model.__name__}.{name}" for name in model.model_fields
+                       if f"\n{name} = " not in text)
+    assert not missing, f"undocumented keys in config/turnkeeper.toml: {missing}"
