@@ -7,9 +7,11 @@ settings: api_max_retries 3, breaker failure_threshold 5 / cooldown 30 s, retry 
 (tests/integration/fault_server.py, in this process): `primary` and `fallback`. Each turn
 is an agent of S steps: the model asks for the `echo` tool S-1 times, then answers; every
 model call takes `--latency` seconds. A closed loop keeps N turns in flight: when one
-ends, the next is submitted. Timeline: `--warmup` s healthy, then the primary answers 503
-to everything for `--outage` s, then it is healthy again; the run goes on until the
-primary has served again and `--tail` s more (at most the breaker cooldown + 15 s).
+ends, the next is submitted; the first N arrive spread over one turn's length, as
+independent users do, not in one lock-step wave. Timeline: `--warmup` s healthy once all
+N are in flight, then the primary answers 503 to everything for `--outage` s, then it is
+healthy again; the run goes on until the primary has served again and `--tail` s more
+(at most the breaker cooldown + 15 s).
 
 Figures (counted at the model server, not from the daemon's own account):
   primary attempts during the outage, against the naive figure: every turn exposed to
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import random
 import sys
 import tempfile
 import time
@@ -82,23 +85,50 @@ idempotent = true
 
 
 async def worker(session: aiohttp.ClientSession, stop: asyncio.Event, out: list[Done],
-                 n: int) -> None:
+                 n: int, stagger_s: float) -> None:
+    # Turns arrive spread over one turn's length, as independent users do, not in one
+    # lock-step wave that sends every model call of a step at the same instant.
+    await asyncio.sleep(random.uniform(0.0, stagger_s))
     i = 0
     while not stop.is_set():
         i += 1
         t0 = time.monotonic()
-        async with session.post("http://turnkeeper/v1/turns",
-                                json={"message": f"worker {n} turn {i}"}) as resp:
-            if resp.status != 202:
-                await asyncio.sleep(0.1)
-                continue
-            turn_id = (await resp.json())["turn"]["id"]
+        try:
+            async with session.post("http://turnkeeper/v1/turns",
+                                    json={"message": f"worker {n} turn {i}"}) as resp:
+                if resp.status != 202:
+                    await asyncio.sleep(0.1)
+                    continue
+                turn_id = (await resp.json())["turn"]["id"]
+        except aiohttp.ClientError:  # a kept-alive connection closed under us: again
+            await asyncio.sleep(0.05)
+            continue
         while True:
-            async with session.get(f"http://turnkeeper/v1/turns/{turn_id}?wait=60") as resp:
-                turn = (await resp.json())["turn"]
+            try:
+                async with session.get(
+                        f"http://turnkeeper/v1/turns/{turn_id}?wait=60") as resp:
+                    turn = (await resp.json())["turn"]
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+                continue
             if turn.get("result") is not None:
                 break
         out.append(Done(t0, time.monotonic(), turn["state"], turn.get("provider")))
+
+
+async def sample_lag(session: aiohttp.ClientSession, stop: asyncio.Event,
+                     out: list[tuple[float, float]]) -> None:
+    """The daemon's own event-loop lag gauge, every 0.5 s: how late the daemon is."""
+    while not stop.is_set():
+        try:
+            async with session.get("http://turnkeeper/metrics") as resp:
+                text = await resp.text()
+            for line in text.splitlines():
+                if line.startswith("turnkeeper_event_loop_lag_seconds "):
+                    out.append((time.monotonic(), float(line.split()[1])))
+        except (aiohttp.ClientError, ValueError):
+            pass
+        await asyncio.sleep(0.5)
 
 
 def first_second_at_share(calls: list[Any], since: float, share: float) -> float | None:
@@ -128,9 +158,12 @@ async def run(args: argparse.Namespace) -> None:
     timeout = aiohttp.ClientTimeout(total=None)
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            workers = [asyncio.create_task(worker(session, stop, done, n))
+            stagger = args.steps * args.latency
+            workers = [asyncio.create_task(worker(session, stop, done, n, stagger))
                        for n in range(args.turns)]
-            await asyncio.sleep(args.warmup)
+            lags: list[tuple[float, float]] = []
+            workers.append(asyncio.create_task(sample_lag(session, stop, lags)))
+            await asyncio.sleep(stagger + args.warmup)
             t_down = time.monotonic()
             server.script("primary", then=fail(503))
             print(f"primary down at +{args.warmup:.0f} s for {args.outage:.0f} s ...",
@@ -171,7 +204,11 @@ async def run(args: argparse.Namespace) -> None:
           f"model latency {args.latency:g} s")
     print(f"outage                      primary answers 503 for {args.outage:g} s; fallback "
           "healthy")
-    print(f"primary attempts in outage  {attempts}")
+    failed = sorted(c.started for c in during if c.status != 200)
+    burst = [t for t in failed if t < (failed[0] if failed else t_down) + 5.0]
+    print(f"primary attempts in outage  {attempts}  ({len(burst)} in the first burst, over "
+          f"{(burst[-1] - burst[0]) if burst else 0:.2f} s, before the breaker opened; "
+          f"then {attempts - len(burst)} probes)")
     print(f"naive figure                {naive}  ({len(exposed)} turns exposed x "
           f"{ATTEMPTS_PER_PROVIDER} attempts)")
     if naive:
@@ -187,6 +224,11 @@ async def run(args: argparse.Namespace) -> None:
     else:
         print("time to recover             the primary was not used again within "
               f"{give_up - t_up:.0f} s")
+    lag_out = sorted(v for t, v in lags if t_down <= t < t_down + 5.0)
+    if lag_out:
+        print(f"daemon event-loop lag       {lag_out[len(lag_out) // 2]:.2f} s median, "
+              f"{lag_out[-1]:.2f} s max in the outage's first 5 s (the breaker learns of a "
+              "failure that late)")
     if share is not None:
         print(f"                            {share:.0f} s to the first second with >= 90 % of "
               "model calls on the primary")
