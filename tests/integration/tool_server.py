@@ -14,6 +14,9 @@ up while the server was still waiting (`Reply(delay=...)`).
 
 `redirect_loop = True` answers a 302 to the same path: the client gives up with
 TooManyRedirects, a failure with no status and no recognisable shape (class unknown).
+
+`hold(path)` keeps every call to `path` waiting until `release(path)`: with
+`wait_for_calls` a test acts while a call is certainly in flight, without racing a timer.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class ToolServer:
         self._scripts: dict[str, list[Reply]] = {}
         self._served: dict[str, int] = {}
         self._calls: list[Call] = []
+        self._gates: dict[str, threading.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -84,6 +88,25 @@ class ToolServer:
         with self._lock:
             return [c for c in self._calls if path is None or c.path == path]
 
+    def wait_for_calls(self, path: str, n: int = 1, timeout: float = 10.0) -> list[Call]:
+        deadline = time.monotonic() + timeout
+        while len(calls := self.calls(path)) < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path}: {len(calls)} calls of {n} in {timeout} s")
+            time.sleep(0.005)
+        return calls
+
+    def hold(self, path: str) -> None:
+        """Calls to `path` wait (after being recorded) until `release(path)`."""
+        with self._lock:
+            self._gates[path] = threading.Event()
+
+    def release(self, path: str) -> None:
+        with self._lock:
+            gate = self._gates.pop(path, None)
+        if gate is not None:
+            gate.set()
+
     # -- the server -------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -103,6 +126,9 @@ class ToolServer:
             self._served[path] = n + 1
             script = self._scripts.get(path)
             reply = script[min(n, len(script) - 1)] if script else None
+            gate = self._gates.get(path)
+        if gate is not None:
+            await asyncio.to_thread(gate.wait, 30.0)
         if reply is None:
             return web.json_response({"ok": True, "call": n + 1})
         if reply.delay:
@@ -152,6 +178,9 @@ class ToolServer:
             await self._runner.cleanup()
 
     def stop(self) -> None:
+        with self._lock:
+            for gate in self._gates.values():
+                gate.set()
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)

@@ -65,6 +65,9 @@ class ScriptedToolCall(_Strict):
 
 class ScriptedStep(_Strict):
     delay: float = Field(default=0.0, ge=0)
+    # The delay holds the first `delay_attempts` attempts of the step (default: all): a
+    # stall that a retry or a redirected restart gets past.
+    delay_attempts: int | None = Field(default=None, ge=1)
     reply: str | None = None
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     chunks: tuple[str, ...] = ()
@@ -165,7 +168,7 @@ class ScriptedProvider:
         scenario = self._scenario(message, last_user)
         step = scenario.steps[min(max(request.step, 1), len(scenario.steps)) - 1]
         attempt = self._attempt(request)
-        if step.delay:
+        if step.delay and (step.delay_attempts is None or attempt <= step.delay_attempts):
             if step.delay > request.timeout_s:
                 await anyio.sleep(request.timeout_s)
                 raise ProviderError(CallFailure(exception=("StalledStream", "TimeoutError"),
