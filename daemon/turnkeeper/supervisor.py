@@ -284,6 +284,8 @@ class Supervisor:
             if not live.checkpoint.get("conversation") and record.session != record.id:
                 history = await self.store.session_history(record.session,
                                                            before_seq=record.seq)
+                # A replay repeats its dead letter's message: that turn is not history.
+                history = [h for h in history if h["id"] != record.replay_of]
             if record.state in ("queued", "suspended"):
                 record.policy_version = self.policy.version
             control = live.control

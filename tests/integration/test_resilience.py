@@ -513,6 +513,10 @@ def test_dead_letters_are_listed_and_replayed_with_the_same_session_and_message(
     assert (replay["session"], replay["message"]) == ("dl", "needs the model")
     assert replay["replay_of"] == exhausted["id"]
     assert d.wait(replay["id"])["result"]["answer"] == "fine"
+    # The dead letter itself is not history of its replay: the message is sent once.
+    sent = [m for m in faults.requests("primary")[-1].body["messages"]
+            if m["role"] == "user" and m["content"] == "needs the model"]
+    assert len(sent) == 1
     out = subprocess.run([*cli, "dead-letters", "replay", rejected["id"]],
                          capture_output=True, text=True, timeout=30, check=False)
     assert out.returncode == 0, out.stderr
