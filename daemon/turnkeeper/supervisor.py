@@ -15,6 +15,7 @@ takes over its drain and the new policy is dropped.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +39,8 @@ from turnkeeper.turn.record import LIVE_STATES, TurnRecord
 from turnkeeper.turn.runner import TurnControl, TurnRunner
 
 log = structlog.get_logger("turnkeeper.supervisor")
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 class IntakeRefused(Exception):
@@ -509,6 +512,11 @@ class Supervisor:
         started = self.clock.monotonic()
         try:
             config, digest = await anyio.to_thread.run_sync(load_config, self.config_path)
+            if self.config_path and digest == EMPTY_SHA256:
+                # Valid TOML (every default: the offline demo provider), but on a reload far
+                # more likely a file caught between its truncation and its write.
+                raise ConfigError(f"config file {self.config_path} is empty (half-written?); "
+                                  "not applied. To run on the defaults, put a comment in it")
             candidate = Policy(version=self.policy.version + 1, config=config,
                                source_path=self.config_path, content_hash=digest)
             runtime = Runtime.build(candidate, self.runtime)

@@ -117,6 +117,21 @@ def rewrite(d: Daemon, body: str) -> bytes:
     return data
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Exactly these bytes, atomically: the watcher never sees a file being written (an
+    empty file, mid-write, is a valid config of defaults)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    """Overwrite the file's bytes in place, in one write, without truncating it first."""
+    with open(path, "r+b") as f:
+        f.write(data)
+        f.truncate()
+
+
 @pytest.fixture
 def notify() -> Iterator[NotifyListener]:
     # AF_UNIX paths are short (108 bytes): not under pytest's long tmp_path.
@@ -411,9 +426,9 @@ def test_saving_the_config_file_reloads_it_once_per_content_change(
     # The same bytes again, a touch, a write in place of identical content: no reload.
     rewrite(d, "[daemon]\nmax_queued_turns = 7\n")
     os.utime(d.config_path)
-    d.config_path.write_bytes(d.config_path.read_bytes())
+    write_in_place(d.config_path, d.config_path.read_bytes())
     # A change written in place (not renamed) is seen too.
-    d.set_config("[daemon]\nmax_queued_turns = 9\n")
+    write_in_place(d.config_path, d.config_path.read_bytes().replace(b"= 7", b"= 9"))
     notify.wait_for(lambda m: is_ready(m) and "policy v3" in m["STATUS"], after=mark)
     time.sleep(0.5)
     assert status_of(d)["policy_version"] == 3
@@ -454,7 +469,11 @@ def test_a_sighup_with_the_new_file_is_not_followed_by_a_watcher_reload(
         start: Any, notify: NotifyListener) -> None:
     d = start("[daemon]\nmax_queued_turns = 100\n", env=notify.env)
     notify.wait_for(is_ready)
-    d.set_config("[daemon]\nmax_queued_turns = 8\n")
+    # The watcher starts with READY=1 and first compares the file with the policy at once
+    # (a change made before it watched has no event): let that pass, so that the SIGHUP
+    # comes first, as it does when an operator saves the file and runs systemctl reload.
+    time.sleep(0.5)
+    rewrite(d, "[daemon]\nmax_queued_turns = 8\n")
     d.signal(signal.SIGHUP)  # systemctl reload right after saving: one reload, not two
     notify.wait_for(lambda m: is_ready(m) and "policy v2" in m["STATUS"])
     time.sleep(0.6)  # the watcher has seen the change by now
@@ -489,26 +508,31 @@ def test_turnkeeper_reload_waits_and_exits_nonzero_with_the_error(start: Any,
 
 def test_a_bad_config_file_never_replaces_the_policy(start: Any,
                                                      notify: NotifyListener) -> None:
-    """Invalid, missing, half-written or undecodable: whatever the trigger (the watcher, a
-    SIGHUP, the API), the running policy stays, the error is in /v1/status and STATUS=,
-    there is no RELOADING=1, and the daemon serves on. The good file back reloads."""
+    """Invalid, missing, half-written, empty (caught between truncation and write) or
+    undecodable: whatever the trigger (the watcher, a SIGHUP, the API), the running policy
+    stays, the error is in /v1/status and STATUS=, there is no RELOADING=1, and the daemon
+    serves on. The good file back reloads."""
     d = start("[daemon]\nmax_queued_turns = 11\n\n[budget]\nmax_steps = 12\n", env=notify.env)
     notify.wait_for(is_ready)
     text = d.config_path.read_text()
     failures = 0
-    for version, damage in enumerate(("invalid", "missing", "half-written", "not-utf8"), 1):
+    damages = ("invalid", "missing", "half-written", "empty", "not-utf8")
+    for version, damage in enumerate(damages, 1):
         mark = len(notify.messages)
         if damage == "invalid":
-            d.config_path.write_text(text.replace("max_steps = 12", "max_steps = 0"))
+            replace_file(d.config_path, text.replace("max_steps = 12", "max_steps = 0").encode())
             expect = "budget.max_steps"
         elif damage == "missing":
             d.config_path.rename(d.dir / "moved-away.toml")
             expect = "does not exist"
         elif damage == "half-written":  # cut inside the last table header
-            d.config_path.write_text(text[: text.index("[budget]") + 4])
+            replace_file(d.config_path, text[: text.index("[budget]") + 4].encode())
             expect = "not valid TOML"
+        elif damage == "empty":
+            replace_file(d.config_path, b"")
+            expect = "is empty (half-written?)"
         else:
-            d.config_path.write_bytes(text.encode() + b"\n# \xff\xfe\n")
+            replace_file(d.config_path, text.encode() + b"\n# \xff\xfe\n")
             expect = "not valid TOML"
         for trigger in ("config file changed", "SIGHUP", "api"):
             if trigger == "SIGHUP":
@@ -533,7 +557,7 @@ def test_a_bad_config_file_never_replaces_the_policy(start: Any,
         if damage == "missing":
             (d.dir / "moved-away.toml").rename(d.config_path)
         else:
-            d.config_path.write_text(text)
+            replace_file(d.config_path, text.encode())
         notify.wait_for(is_ready, after=mark)
         st = status_of(d)
         assert st["policy_version"] == version + 1 and st["last_reload_error"] is None
@@ -867,8 +891,10 @@ def test_reload_under_load_loses_nothing_and_mixes_no_policies(start: Any,
         accepted.set()
 
     # At SIGHUP number i: (the file's new content, the provider it names when valid).
-    half = config("p9").replace("[[tools]]", "[[too")  # a writer that stopped half way
-    rewrites: dict[int, tuple[str, str | None]] = {
+    full = write_config(d.dir / "full.toml", config("p9"), socket=d.socket,
+                        state_dir=d.state_dir).read_bytes()
+    half = full[: full.index(b"[[tools]]") + 5]  # a writer that stopped half way
+    rewrites: dict[int, tuple[str | bytes, str | None]] = {
         3: (config("p1"), "p1"),
         7: (config("p1").replace("drain_timeout = 0.1", "drain_timeout = -1"), None),
         10: (half, None),
@@ -879,8 +905,8 @@ def test_reload_under_load_loses_nothing_and_mixes_no_policies(start: Any,
         for i in range(20):
             if i in rewrites:
                 body, tag = rewrites[i]
-                if body is half:  # in place, not renamed: the watcher may read it as is
-                    d.config_path.write_text(body)
+                if isinstance(body, bytes):
+                    replace_file(d.config_path, body)
                 else:
                     data = rewrite(d, body)
                     if tag is not None:
