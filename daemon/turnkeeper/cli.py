@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-steps", type=int)
     s.add_argument("--max-cost-usd", type=float)
     s.add_argument("--deadline", help="absolute deadline: epoch seconds or ISO 8601 time")
+    s.add_argument("--profile", help="a budget profile of the policy ([budget.profiles.NAME])")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--wait", action="store_true", help="wait for the result")
     g.add_argument("--follow", action="store_true", help="show the turn live")
@@ -87,7 +88,69 @@ def _parser() -> argparse.ArgumentParser:
     dl = sub.add_parser("dead-letters", parents=[common], help="list or replay dead letters")
     dl.add_argument("action", nargs="?", choices=["replay"])
     dl.add_argument("id", nargs="?")
+    lim = sub.add_parser("limits", parents=[common], help="limits measured from finished turns")
+    lim_sub = lim.add_subparsers(dest="limits_command", required=True, metavar="ACTION")
+    rep = lim_sub.add_parser("report", parents=[common],
+                             help="percentiles of completed turns, suggested limits, and what "
+                             "each limit stopped or would have stopped")
+    rep.add_argument("--profile")
+    rep.add_argument("--since", help="only turns finished in this window: 90s, 30m, 24h, 7d")
+    rep.add_argument("--factor", type=float, default=2.5,
+                     help="suggested limit = factor x p95 (default 2.5)")
     return p
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `30m`, `24h`, `7d` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    scale = units.get(text[-1:], 0)
+    number = text[:-1] if scale else text
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 24h, 7d)") from None
+    if value < 0:
+        raise ValueError("a duration cannot be negative")
+    return value
+
+
+def _limits_report(client: Client, args: argparse.Namespace) -> int:
+    query: dict[str, Any] = {"factor": args.factor}
+    if args.profile:
+        query["profile"] = args.profile
+    if args.since:
+        try:
+            query["since"] = parse_duration(args.since)
+        except ValueError as exc:
+            print(f"turnkeeper: --since: {exc}", file=sys.stderr)
+            return EX_USAGE
+    status, data = client.request("GET", "/v1/limits/report?" + urlencode(query))
+    if status != 200:
+        return _fail(status, data)
+    if args.json:
+        _print_json(data)
+        return 0
+    print(f"{data['turns']} finished turns; suggested limit = {data['factor']:g} x p95")
+    for prof in data["profiles"]:
+        print(f"\nprofile {prof['profile']}: {prof['completed_turns']} completed of "
+              f"{prof['finished_turns']} finished")
+        print(f"  {'':<9}{'p50':>10}{'p95':>10}{'max':>10}{'limit':>10}{'suggest':>10}"
+              "   stopped / would have stopped")
+        for dim, d in prof["dimensions"].items():
+            def fmt(v: float | None) -> str:
+                return "-" if v is None else f"{v:.6g}"
+            stops = ", ".join(f"{k} {v}" for k, v in d["stopped"].items()) or "0"
+            would = ", ".join(f"{k} {v}" for k, v in d["would_have_stopped"].items()) or "0"
+            print(f"  {dim:<9}{fmt(d['p50']):>10}{fmt(d['p95']):>10}{fmt(d['max']):>10}"
+                  f"{fmt(d['limit']):>10}{fmt(d['suggested']):>10}   {stops} / {would}")
+        for code, counts in prof.get("rules", {}).items():
+            stops = ", ".join(f"{k} {v}" for k, v in counts["stopped"].items()) or "0"
+            would = ", ".join(f"{k} {v}" for k, v in counts["would_have_stopped"].items())
+            print(f"  rule {code:<24} stopped {stops}; would have stopped {would or '0'}")
+    if data.get("toml"):
+        print("\n# paste into the config:\n" + data["toml"])
+    return 0
 
 
 def _print_json(data: Any) -> None:
@@ -272,6 +335,8 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
             body["deadline"] = float(args.deadline)
         except ValueError:
             body["deadline"] = args.deadline
+    if args.profile:
+        body["profile"] = args.profile
     return body
 
 
@@ -402,6 +467,8 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                   + (f" (pending restart: {', '.join(data['pending_restart'])})"
                      if data.get("pending_restart") else ""))
         return 0
+    if cmd == "limits":
+        return _limits_report(client, args)
     if cmd == "dead-letters":
         if args.action == "replay":
             if not args.id:

@@ -117,10 +117,55 @@ class CircuitBreakerConfig(_Section):
     half_open_probes: PositiveInt = 1
 
 
+# How a guard family acts on a stop: `enforce` stops the turn; `warn` tells the agent
+# and emits the event; `observe` emits the event and logs only. Whatever the mode, the
+# step backstop (max_steps) and an absolute deadline always enforce.
+Mode = Literal["enforce", "warn", "observe"]
+ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
+
+
 class FailureLoopConfig(_Section):
     deterministic: PositiveInt = 2
     unknown: PositiveInt = 3
     retryable: PositiveInt = 5
+    mode: Mode = "enforce"
+
+
+class LoopDetectionConfig(_Section):
+    warn_repeats: PositiveInt = 2
+    max_repeats: PositiveInt = 3
+    max_state_revisits: PositiveInt = 2
+    max_no_progress: PositiveInt = 5
+    mode: Mode = "enforce"
+
+
+class LoopDetectionOverride(_Section):
+    warn_repeats: PositiveInt | None = None
+    max_repeats: PositiveInt | None = None
+    max_state_revisits: PositiveInt | None = None
+    max_no_progress: PositiveInt | None = None
+    mode: Mode | None = None
+
+
+class FailureLoopOverride(_Section):
+    deterministic: PositiveInt | None = None
+    unknown: PositiveInt | None = None
+    retryable: PositiveInt | None = None
+    mode: Mode | None = None
+
+
+class BudgetProfile(_Section):
+    """`[budget.profiles.NAME]`: overrides of any `[budget]` key, and of
+    `[loop_detection]` / `[failure_loop]` keys in sub-tables of the same names."""
+
+    max_tokens: PositiveInt | None = None
+    max_seconds: PositiveFloat | None = None
+    max_steps: PositiveInt | None = None
+    max_cost_usd: NonNegFloat | None = None
+    soft_limit: Annotated[float, Field(gt=0, le=1)] | None = None
+    mode: Mode | None = None
+    loop_detection: LoopDetectionOverride = LoopDetectionOverride()
+    failure_loop: FailureLoopOverride = FailureLoopOverride()
 
 
 class BudgetConfig(_Section):
@@ -129,13 +174,27 @@ class BudgetConfig(_Section):
     max_steps: PositiveInt = 40
     max_cost_usd: NonNegFloat = 0.0
     soft_limit: Annotated[float, Field(gt=0, le=1)] = 0.8
+    mode: Mode = "enforce"
+    profiles: dict[ProfileName, BudgetProfile] = Field(default_factory=dict)
 
 
-class LoopDetectionConfig(_Section):
-    warn_repeats: PositiveInt = 2
-    max_repeats: PositiveInt = 3
-    max_state_revisits: PositiveInt = 2
-    max_no_progress: PositiveInt = 5
+@dataclass(frozen=True, slots=True)
+class GuardConfig:
+    """The guards of one turn: the policy's sections with its profile applied."""
+
+    profile: str | None
+    budget: BudgetConfig
+    loop_detection: LoopDetectionConfig
+    failure_loop: FailureLoopConfig
+
+    @property
+    def modes(self) -> dict[str, str]:
+        return {"budget": self.budget.mode, "loop_detection": self.loop_detection.mode,
+                "failure_loop": self.failure_loop.mode}
+
+
+def _overrides(model: BaseModel) -> dict[str, Any]:
+    return {k: v for k, v in model if v is not None and not isinstance(v, BaseModel)}
 
 
 class ClarifyConfig(_Section):
@@ -366,6 +425,18 @@ class Config(BaseSettings):
                     raise ValueError(f"{kind}: name {item.name!r} appears twice")
                 seen.add(item.name)
         return self
+
+    def guards(self, profile: str | None = None) -> GuardConfig:
+        """The effective guard settings for a turn of `profile` (None: the plain
+        sections). Raises KeyError for a profile the policy does not define."""
+        if profile is None:
+            return GuardConfig(None, self.budget, self.loop_detection, self.failure_loop)
+        p = self.budget.profiles[profile]
+        return GuardConfig(
+            profile,
+            self.budget.model_copy(update=_overrides(p)),
+            self.loop_detection.model_copy(update=_overrides(p.loop_detection)),
+            self.failure_loop.model_copy(update=_overrides(p.failure_loop)))
 
     def redacted(self) -> dict[str, Any]:
         """The effective config as JSON, secrets replaced: literal header and MCP server

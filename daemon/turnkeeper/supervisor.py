@@ -32,6 +32,7 @@ from turnkeeper.clock import Clock
 from turnkeeper.config import Config, ConfigError, Policy, load_config
 from turnkeeper.events import EventBus
 from turnkeeper.lifecycle.systemd import Notifier, extend_timeout_loop
+from turnkeeper.policy import limits
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES, Stop, StopCode, TurnResult
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store
@@ -49,6 +50,10 @@ class IntakeRefused(Exception):
     def __init__(self, reason: str, retry_after_s: int) -> None:
         super().__init__(reason)
         self.retry_after_s = retry_after_s
+
+
+class UnknownProfile(ValueError):
+    """A submit named a budget profile the policy does not define."""
 
 
 class UnknownTurn(Exception):
@@ -179,7 +184,11 @@ class Supervisor:
     # -- intake -----------------------------------------------------------------------
 
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
-                     deadline: float | None, replay_of: str | None = None) -> TurnRecord:
+                     deadline: float | None, replay_of: str | None = None,
+                     profile: str | None = None) -> TurnRecord:
+        if profile is not None and profile not in self.config.budget.profiles:
+            known = ", ".join(sorted(self.config.budget.profiles)) or "none are configured"
+            raise UnknownProfile(f"profile: no budget profile {profile!r} (known: {known})")
         if self.state in ("starting", "stopping"):
             raise IntakeRefused(f"the daemon is {self.state}", retry_after_s=5)
         if len(self.queue) >= self.config.daemon.max_queued_turns:
@@ -191,7 +200,7 @@ class Supervisor:
         record = TurnRecord(id=turn_id, session=session or turn_id, message=message,
                             created_at=now, updated_at=now, state="queued",
                             policy_version=self.policy.version, budget=budget,
-                            deadline=deadline, replay_of=replay_of,
+                            deadline=deadline, replay_of=replay_of, profile=profile,
                             provider=self.config.providers[0].name)
         live = LiveTurn(record=record)
         # Registered before the write so a concurrent GET sees it; queued and answered
@@ -442,11 +451,38 @@ class Supervisor:
                 data["state"] == "partial" and data["result"]["stopped_because"]["code"]
                 != StopCode.PROVIDERS_EXHAUSTED.value):
             raise TurnFinished(f"turn {turn_id} is not a dead letter")
+        profile = data.get("profile")
         record = await self.submit(message=data["message"], session=data["session"],
                                    budget=data.get("budget") or {},
-                                   deadline=None, replay_of=turn_id)
+                                   deadline=None, replay_of=turn_id,
+                                   profile=profile if profile in self.config.budget.profiles
+                                   else None)
         await self.store.mark_replayed(turn_id, record.id)
         return record
+
+    async def limits_report(self, *, profile: str | None, since_s: float | None,
+                            factor: float) -> dict[str, Any]:
+        """Issue 11: what finished turns used, per profile, against the current limits."""
+        since = None if since_s is None else self.clock.time() - since_s
+        rows = await self.store.finished_turns(since=since)
+        turns = [limits.TurnUsage(
+            profile=r.get("profile") or "default", status=r["state"],
+            code=r["result"]["stopped_because"]["code"],
+            tokens=int(r["usage"]["total_tokens"]), seconds=float(r["usage"]["seconds"]),
+            steps=int(r["counters"]["steps"]), cost_usd=float(r["usage"]["cost_usd"]),
+            would_have_stopped=tuple(w["code"] for w in r.get("would_have_stopped") or ()))
+            for r in rows if r.get("result")]
+        if profile is not None:
+            turns = [t for t in turns if t.profile == profile]
+        current: dict[str, dict[str, float]] = {}
+        for name in ("default", *self.config.budget.profiles):
+            b = self.config.guards(None if name == "default" else name).budget
+            current[name] = {"max_tokens": b.max_tokens, "max_seconds": b.max_seconds,
+                             "max_steps": b.max_steps, "max_cost_usd": b.max_cost_usd}
+        reports = limits.report(turns, limits=current, factor=factor)
+        return {"factor": factor, "since": since, "turns": len(turns),
+                "profiles": [r.to_json() for r in reports],
+                "toml": "\n\n".join(r.toml() for r in reports if r.completed)}
 
     # -- status -----------------------------------------------------------------------
 

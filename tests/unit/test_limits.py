@@ -68,6 +68,9 @@ def test_would_have_stopped_is_split_by_how_the_turn_ended() -> None:
     assert steps.would_have_stopped == {"blocked": 1, "completed": 1, "partial": 1}
     tokens = next(d for d in r.dimensions if d.dimension == "tokens")
     assert tokens.stopped == {"partial": 1}
+    assert r.rules["loop.repeated_action"] == {"stopped": {},
+                                               "would_have_stopped": {"completed": 1}}
+    assert r.rules["budget.tokens"]["stopped"] == {"partial": 1}
 
 
 def test_profiles_are_reported_apart_with_a_ready_to_paste_snippet() -> None:

@@ -22,6 +22,7 @@ from turnkeeper.supervisor import (
     NotWaiting,
     Supervisor,
     TurnFinished,
+    UnknownProfile,
     UnknownTurn,
 )
 
@@ -47,6 +48,7 @@ class SubmitBody(_Body):
                                   pattern=r"^[A-Za-z0-9_.:\-]+$")] | None = None
     budget: BudgetOverride | None = None
     deadline: float | datetime | None = None
+    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
     @field_validator("deadline")
     @classmethod
@@ -122,7 +124,9 @@ async def submit(request: web.Request) -> web.Response:
     budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
     try:
         record = await sup.submit(message=body.message, session=body.session, budget=budget,
-                                  deadline=body.deadline_epoch())
+                                  deadline=body.deadline_epoch(), profile=body.profile)
+    except UnknownProfile as exc:
+        return error(400, str(exc), field="profile")
     except IntakeRefused as exc:
         return error(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     return web.json_response({"turn": record.to_json()}, status=202)
@@ -279,6 +283,19 @@ async def replay(request: web.Request) -> web.Response:
     return web.json_response({"turn": record.to_json()}, status=202)
 
 
+async def limits_report(request: web.Request) -> web.Response:
+    since = _query_float(request, "since", None, lo=0, hi=10 * 365 * 86400)
+    if isinstance(since, web.Response):
+        return since
+    factor = _query_float(request, "factor", 2.5, lo=0.01, hi=1000)
+    if isinstance(factor, web.Response):
+        return factor
+    assert factor is not None
+    report = await request.app[SUPERVISOR].limits_report(
+        profile=request.query.get("profile") or None, since_s=since, factor=factor)
+    return web.json_response(report)
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/status", status)
     app.router.add_post("/v1/turns", submit)
@@ -290,5 +307,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/events", all_events)
     app.router.add_post("/v1/reload", reload)
     app.router.add_get("/v1/dead-letters", dead_letters)
+    app.router.add_get("/v1/limits/report", limits_report)
     app.router.add_post("/v1/dead-letters/{id}/replay", replay)
 

@@ -17,7 +17,7 @@ and counts everything, so it is compared with `now` (epoch seconds), not with us
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
 
 # The keys a submit may override for its own turn (SPEC 10, POST /v1/turns `budget`).
 OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd")
+UNBOUNDED_TOKENS = 2**62
 
 # Soft-warning dimensions, in the order they are reported.
 DIMENSIONS = ("tokens", "seconds", "steps", "cost_usd")
@@ -72,6 +73,13 @@ class BudgetLimits:
     max_cost_usd: float = 0.0
     soft_limit: float = 0.8
     deadline: float | None = None
+
+    def backstop_only(self) -> BudgetLimits:
+        """These limits with only the ones that always enforce kept: the step backstop
+        and the deadline. Tokens, time and cost become unbounded (for a budget in `warn`
+        or `observe` mode, whose real limits are only watched)."""
+        return replace(self, max_tokens=UNBOUNDED_TOKENS, max_seconds=math.inf,
+                       max_cost_usd=0.0)
 
     @classmethod
     def from_config(cls, config: BudgetConfig, *, overrides: Mapping[str, Any] | None = None,
@@ -195,25 +203,32 @@ class BudgetGuard:
 
     def check(self, usage: BudgetUsage, *, now: float) -> Stop | None:
         """The hard stop, or None when the next step may start."""
+        for stop in self.violations(usage, now=now):
+            return stop
+        return None
+
+    def violations(self, usage: BudgetUsage, *, now: float) -> Iterator[Stop]:
+        """Every limit the usage has reached, in `check`'s precedence. A turn whose
+        budget is only observed needs them all: one reached limit must not hide the
+        next."""
         lim = self.limits
         if lim.deadline is not None and now >= lim.deadline:
             when = datetime.fromtimestamp(lim.deadline, tz=UTC).isoformat(timespec="seconds")
-            return Stop(StopCode.DEADLINE, f"deadline {when} passed",
-                        value=now, limit=lim.deadline)
+            yield Stop(StopCode.DEADLINE, f"deadline {when} passed",
+                       value=now, limit=lim.deadline)
         if usage.seconds >= lim.max_seconds:
-            return Stop(StopCode.BUDGET_SECONDS,
-                        f"time budget of {_num(lim.max_seconds)} s of active time spent",
-                        value=usage.seconds, limit=lim.max_seconds)
+            yield Stop(StopCode.BUDGET_SECONDS,
+                       f"time budget of {_num(lim.max_seconds)} s of active time spent",
+                       value=usage.seconds, limit=lim.max_seconds)
         if usage.tokens >= lim.max_tokens:
-            return Stop(StopCode.BUDGET_TOKENS, f"token budget of {lim.max_tokens} spent",
-                        value=usage.tokens, limit=lim.max_tokens)
+            yield Stop(StopCode.BUDGET_TOKENS, f"token budget of {lim.max_tokens} spent",
+                       value=usage.tokens, limit=lim.max_tokens)
         if lim.max_cost_usd > 0 and usage.cost_usd >= lim.max_cost_usd:
-            return Stop(StopCode.BUDGET_COST, f"cost budget of {_usd(lim.max_cost_usd)} spent",
-                        value=usage.cost_usd, limit=lim.max_cost_usd)
+            yield Stop(StopCode.BUDGET_COST, f"cost budget of {_usd(lim.max_cost_usd)} spent",
+                       value=usage.cost_usd, limit=lim.max_cost_usd)
         if usage.steps >= lim.max_steps:
-            return Stop(StopCode.BUDGET_STEPS, f"step budget of {lim.max_steps} steps spent",
-                        value=usage.steps, limit=lim.max_steps)
-        return None
+            yield Stop(StopCode.BUDGET_STEPS, f"step budget of {lim.max_steps} steps spent",
+                       value=usage.steps, limit=lim.max_steps)
 
     def check_time(self, usage: BudgetUsage, *, now: float,
                    reserve_s: float = TIME_RESERVE_S) -> Stop | None:

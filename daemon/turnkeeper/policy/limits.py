@@ -91,11 +91,16 @@ class ProfileReport:
     completed: int
     finished: int
     dimensions: tuple[DimensionReport, ...] = field(default_factory=tuple)
+    # Every stop code seen (loop and failure rules included): how many turns it stopped
+    # and how many it would have stopped, by how they ended.
+    rules: Mapping[str, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "completed_turns": self.completed,
                 "finished_turns": self.finished,
-                "dimensions": {d.dimension: d.to_json() for d in self.dimensions}}
+                "dimensions": {d.dimension: d.to_json() for d in self.dimensions},
+                "rules": {code: {k: dict(v) for k, v in counts.items()}
+                          for code, counts in self.rules.items()}}
 
     def toml(self) -> str:
         table = "[budget]" if self.profile == "default" else f"[budget.profiles.{self.profile}]"
@@ -140,8 +145,15 @@ def profile_report(profile: str, turns: Sequence[TurnUsage], *,
                 stopped=_count_by_status(t for t in turns if t.code == code),
                 would_have_stopped=_count_by_status(
                     t for t in turns if code in t.would_have_stopped)))
+    codes = sorted({t.code for t in turns if t.code not in ("completed", "blocked",
+                                                           "cancelled")}
+                   | {c for t in turns for c in t.would_have_stopped})
+    rules = {code: {"stopped": _count_by_status(t for t in turns if t.code == code),
+                    "would_have_stopped": _count_by_status(
+                        t for t in turns if code in t.would_have_stopped)}
+             for code in codes}
     return ProfileReport(profile=profile, completed=len(completed), finished=len(turns),
-                         dimensions=tuple(dims))
+                         dimensions=tuple(dims), rules=rules)
 
 
 def report(turns: Sequence[TurnUsage], *, limits: Mapping[str, Mapping[str, float]],

@@ -64,6 +64,22 @@ COUNTER_OF: dict[StopCode, str | None] = {
     StopCode.INTERNAL: None,
 }
 
+# The guard family each guard stop belongs to; a family's `mode` (enforce / warn /
+# observe) decides whether its stops end the turn. Codes not listed always end it.
+GUARD_FAMILY: dict[StopCode, str] = {
+    StopCode.BUDGET_TOKENS: "budget",
+    StopCode.BUDGET_SECONDS: "budget",
+    StopCode.BUDGET_COST: "budget",
+    StopCode.LOOP_REPEATED_ACTION: "loop_detection",
+    StopCode.LOOP_STATE_CYCLE: "loop_detection",
+    StopCode.LOOP_NO_PROGRESS: "loop_detection",
+    StopCode.FAILURE_DETERMINISTIC: "failure_loop",
+    StopCode.FAILURE_UNKNOWN: "failure_loop",
+    StopCode.FAILURE_RETRYABLE: "failure_loop",
+}
+# `budget.steps` (the backstop) and `deadline` are in no family: no mode can make a turn
+# endless.
+
 # Codes whose turns go to the dead-letter list (SPEC 7).
 DEAD_LETTER_CODES = frozenset({StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
                                StopCode.INTERNAL})

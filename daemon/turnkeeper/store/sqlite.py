@@ -477,6 +477,13 @@ class SQLiteStore:
                 "idempotent": bool(idempotent),
                 "outcome": json.loads(outcome) if outcome else None}
 
+    async def finished_turns(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[dict[str, Any]]:
+        rows = await self._read(
+            f"SELECT record FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at >= ?"
+            " ORDER BY seq DESC LIMIT ?", (since if since is not None else 0.0, limit))
+        return [json.loads(r[0]) for r in rows]
+
     async def dead_letters(self) -> list[dict[str, Any]]:
         rows = await self._read(
             "SELECT record, replayed_by FROM turns WHERE state = 'failed' OR"

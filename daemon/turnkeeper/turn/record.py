@@ -42,6 +42,8 @@ class TurnRecord:
     last_error: str | None = None
     replay_of: str | None = None
     inbox: list[dict[str, Any]] = field(default_factory=list)
+    profile: str | None = None
+    would_have_stopped: list[dict[str, Any]] = field(default_factory=list)
     # The effective budget limits (policy `[budget]` with the submit's overrides), set
     # when the turn starts; `active_since` (epoch) is set while its active time runs, so
     # a client can show live seconds against max_seconds.
@@ -75,6 +77,8 @@ class TurnRecord:
             out["replay_of"] = self.replay_of
         if self.inbox:
             out["inbox"] = list(self.inbox)
+        out["profile"] = self.profile
+        out["would_have_stopped"] = list(self.would_have_stopped)
         return out
 
     @classmethod
@@ -89,4 +93,6 @@ class TurnRecord:
             next_attempt_at=d.get("next_attempt_at"), question=d.get("question"),
             result=d.get("result"), last_error=d.get("last_error"),
             replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])),
+            profile=d.get("profile"),
+            would_have_stopped=list(d.get("would_have_stopped", [])),
             limits=dict(d.get("limits") or {}))

@@ -28,7 +28,7 @@ from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage, cos
 from turnkeeper.policy.chain import Attempt, FailOver, Phase, ProviderChain, Recover, RetryIn
 from turnkeeper.policy.classify import CallFailure, FailureClass, classify
 from turnkeeper.policy.loops import Action, FailureLoop, LoopDetector, LoopWarning, action_key
-from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.outcome import GUARD_FAMILY, Stop, StopCode, TurnResult
 from turnkeeper.providers.base import ModelReply, ModelRequest, ProviderError, ToolCall
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store
@@ -125,10 +125,21 @@ class TurnRunner:
         cfg = runtime.config
         self.log = log.bind(turn=record.id, session=record.session,
                             policy_version=record.policy_version)
-        limits = BudgetLimits.from_config(cfg.budget, overrides=record.budget,
+        if record.profile is not None and record.profile not in cfg.budget.profiles:
+            # A reload removed the profile this turn was submitted with: it goes on under
+            # the plain sections, and says so.
+            self.log.warning("turn.profile_gone", profile=record.profile)
+            record.profile = None
+        guards = cfg.guards(record.profile)
+        self.modes = guards.modes
+        limits = BudgetLimits.from_config(guards.budget, overrides=record.budget,
                                           deadline=record.deadline)
         self.limits = limits
         record.limits = limits.snapshot()
+        # A budget in warn/observe mode only enforces the backstop and the deadline; its
+        # real limits are watched by a second guard that records what would have stopped.
+        enforced = limits if self.modes["budget"] == "enforce" else limits.backstop_only()
+        self.watch: BudgetGuard | None = None
         chain_kwargs: dict[str, Any] = {
             "max_attempts": cfg.agent.api_max_retries + 1,
             "backoff": Backoff.from_config(cfg.retry),
@@ -146,11 +157,14 @@ class TurnRunner:
         if checkpoint.get("conversation"):
             try:
                 self.conv = Conversation.from_json(checkpoint["conversation"])
-                self.guard = BudgetGuard.restore(checkpoint["budget"], limits=limits)
+                self.guard = BudgetGuard.restore(checkpoint["budget"], limits=enforced)
+                if enforced is not limits:
+                    self.watch = BudgetGuard.restore(
+                        checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
                 self.loops = LoopDetector.restore(checkpoint["loops"],
-                                                  **_loop_kwargs(cfg.loop_detection))
+                                                  **_loop_kwargs(guards.loop_detection))
                 self.failures = FailureLoop.restore(checkpoint["failures"],
-                                                    **_failure_kwargs(cfg.failure_loop))
+                                                    **_failure_kwargs(guards.failure_loop))
                 chain_snap = checkpoint.get("chain")
                 self.chain = (ProviderChain.restore(chain_snap, providers=names,
                                                     **chain_kwargs)
@@ -169,9 +183,10 @@ class TurnRunner:
             self.resumed = True
         else:
             self.conv = Conversation.start(history, record.message)
-            self.guard = BudgetGuard(limits)
-            self.loops = LoopDetector(**_loop_kwargs(cfg.loop_detection))
-            self.failures = FailureLoop(**_failure_kwargs(cfg.failure_loop))
+            self.guard = BudgetGuard(enforced)
+            self.watch = None if enforced is limits else BudgetGuard(limits)
+            self.loops = LoopDetector(**_loop_kwargs(guards.loop_detection))
+            self.failures = FailureLoop(**_failure_kwargs(guards.failure_loop))
             self.chain = ProviderChain(names, **chain_kwargs)
             self.partial = []
             self.open_issues = []
@@ -224,6 +239,7 @@ class TurnRunner:
         return {
             "conversation": self.conv.to_json(),
             "budget": self.guard.snapshot(),
+            "budget_watch": self.watch.snapshot() if self.watch is not None else None,
             "loops": self.loops.snapshot(),
             "failures": self.failures.snapshot(),
             "chain": {**self.chain.snapshot(), "providers": [
@@ -323,16 +339,13 @@ class TurnRunner:
             stop = self._pending_stop or self.guard.check(self._usage(), now=self.clock.time())
             if stop is not None:
                 return self._stop(stop)
+            if self.watch is not None:
+                for reached in self.watch.violations(self._usage(), now=self.clock.time()):
+                    self._gate(reached)
             if self.control.suspend_requested:
                 await self._suspend()
             await self.checkpoint("running")
-            warning = self.guard.soft_warning(self._usage(), now=self.clock.time())
-            if warning is not None:
-                self.conv.add_note(warning.message)
-                self.emit("budget.warning", dimensions=list(warning.dimensions),
-                          message=warning.message, **self._counter_values())
-                self.log.info("guard.budget_warning", dimensions=list(warning.dimensions),
-                              **self._counter_values())
+            self._soft_warning()
             self._offered, note = self.runtime.toolbox.offer_note(self._offered)
             if note is not None:  # MCP tools left or came back: the agent is told
                 self.conv.add_note(note)
@@ -370,6 +383,44 @@ class TurnRunner:
             outcome = await self._run_tools(reply.tool_calls, resuming=False)
             if outcome is not None:
                 return outcome
+
+    def _soft_warning(self) -> None:
+        """The soft-limit note. With a watched budget (warn/observe) the note comes from
+        the real limits: in warn mode the agent reads it, in observe mode only the event
+        is emitted, unless the step backstop (which always enforces) is among them."""
+        guard = self.watch or self.guard
+        warning = guard.soft_warning(self._usage(), now=self.clock.time())
+        if warning is None:
+            return
+        mode = self.modes["budget"]
+        if mode != "observe" or "steps" in warning.dimensions:
+            self.conv.add_note(warning.message)
+        self.emit("budget.warning", dimensions=list(warning.dimensions),
+                  message=warning.message, mode=mode, **self._counter_values())
+        self.log.info("guard.budget_warning", dimensions=list(warning.dimensions),
+                      mode=mode, **self._counter_values())
+
+    def _gate(self, stop: Stop) -> Stop | None:
+        """Apply the mode of the stop's guard family: `enforce` returns the stop; `warn`
+        and `observe` record it once per code in `would_have_stopped` (warn also tells
+        the agent) and return None. Stops outside the families (the step backstop, the
+        deadline, every non-guard code) always come back."""
+        family = GUARD_FAMILY.get(stop.code)
+        if family is None or self.modes[family] == "enforce":
+            return stop
+        if any(w["code"] == stop.code.value for w in self.record.would_have_stopped):
+            return None
+        mode = self.modes[family]
+        entry = {"code": stop.code.value, "counter": stop.counter, "value": stop.value,
+                 "limit": stop.limit, "step": self.record.counters["steps"], "mode": mode,
+                 "message": stop.message}
+        self.record.would_have_stopped.append(entry)
+        self.emit("guard.would_stop", **entry)
+        self.log.info("guard.would_stop", **entry, **self._counter_values())
+        if mode == "warn":
+            self.conv.add_note(f"{stop.message}. This limit is in warn mode, so the turn "
+                               "goes on: finish soon, or call report_blocked.")
+        return None
 
     def _resumed_answer(self) -> TurnResult | None:
         """A turn checkpointed with its final answer and stopped before its result was
@@ -766,6 +817,7 @@ class TurnRunner:
             stop = self.loops.after_step(observations,
                                          state="|".join(states) if states else None,
                                          polling_only=all_polling)
+            stop = self._gate(stop) if stop is not None else None
             if stop is not None:
                 self._pending_stop = stop
                 self.log.info("guard.loop_stop", code=stop.code.value, value=stop.value,
@@ -867,9 +919,12 @@ class TurnRunner:
         action = Action(tool=call.name, key=action_key(call.name, args), polling=tool.polling)
         verdict = self.loops.before_action(action)
         if isinstance(verdict, Stop):
-            return verdict
+            verdict = self._gate(verdict)
+            if verdict is not None:
+                return verdict
         if isinstance(verdict, LoopWarning):
-            self.conv.add_note(verdict.message)
+            if self.modes["loop_detection"] != "observe":
+                self.conv.add_note(verdict.message)
             self.emit("loop.warning", code=verdict.code, count=verdict.count,
                       limit=verdict.limit, tool=call.name)
             self.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
@@ -926,6 +981,7 @@ class TurnRunner:
                             f"{_short(call.arguments)} -> failed ({cls.value})")
         stop = self.failures.record_failure(call.name, args if args is not None
                                             else call.arguments, cls)
+        stop = self._gate(stop) if stop is not None else None
         streak, limit = self.failures.streak, self.failures.thresholds[cls]
         self.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=False,
                   **{"class": cls.value}, error=failure.describe()[:500],
