@@ -1,5 +1,6 @@
 """Run every benchmark in bench/ with sizes that fit the whole suite in under 10 minutes
-on 2 cores, one after the other (never two at once: they would measure each other).
+on 2 cores (about 4 minutes when last run), one after the other (never two at once:
+they would measure each other).
 
 Each benchmark prints its own figures with the ratio to its baseline from the same run;
 this script prints them as they come, then a summary (status and time of each). A
@@ -13,9 +14,8 @@ Sizes (the suite's; `--full` runs each script's own defaults instead, which take
   bench_concurrency  5,000 turns x 3 steps, 200 ms model latency (the issue's size)
   bench_providers    1,000 calls at 10 and 2,000 at 1,000 concurrent, 3 rounds
                      (half its default calls)
-  bench_cli          40 runs of each command
-  bench_guards       200 turns x 10 steps, 3 rounds (default 300 x 10, 5 rounds)
-  bench_outage, bench_reload, bench_durability: their own defaults
+  bench_cli          40 runs of each command (default 60)
+  bench_guards, bench_outage, bench_reload, bench_durability: their own defaults
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ BENCHES = (
           ("--rounds", "3", "--calls-10", "1000", "--calls-1000", "2000"), 150.0),
     Bench("cli", "bench_cli.py", "`turnkeeper status` vs `python -c pass`",
           ("--runs", "40"), 120.0),
-    Bench("guards", "bench_guards.py", "guards CPU per step, on vs off",
-          ("--turns", "200", "--steps", "10", "--rounds", "3"), 150.0),
+    Bench("guards", "bench_guards.py", "guards CPU per step, on vs off", (), 150.0),
     Bench("outage", "bench_outage.py", "attempts on a dead primary vs naive retries"),
     Bench("reload", "bench_reload.py", "reload with parked turns; resume after kill -9"),
     Bench("durability", "bench_durability.py", "durability under crashes"),
