@@ -206,6 +206,21 @@ def running(tmp: Path, config: str = "", **kw: Any) -> Iterator[Daemon]:
         d.kill()
 
 
+ECHO_TOOL = """
+[[tools]]
+name = "echo"
+kind = "echo"
+description = "echo"
+idempotent = true
+"""
+
+
+def scripted_provider(script: Path, *, name: str = "scripted", extra: str = "") -> str:
+    """A `[[providers]]` table for the scripted provider reading `script`; `extra` adds
+    keys to it. Tests put it (and usually ECHO_TOOL) after their own sections."""
+    return f'\n[[providers]]\nname = "{name}"\nkind = "scripted"\nscript = "{script}"\n{extra}'
+
+
 def script_file(path: Path, body: str) -> Path:
     path.write_text(textwrap.dedent(body).strip() + "\n")
     return path

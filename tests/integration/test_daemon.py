@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import script_file
+from tests.integration.harness import ECHO_TOOL, script_file, scripted_provider
 from turnkeeper.control.client import Client
 
 SLOW_SCRIPT = """
@@ -40,19 +40,7 @@ reply = "answer to: $message"
 
 def scripted(tmp_path: Path, body: str = SLOW_SCRIPT, extra: str = "") -> str:
     script = script_file(tmp_path / "script.toml", body)
-    return f"""
-[[providers]]
-name = "scripted"
-kind = "scripted"
-script = "{script}"
-
-[[tools]]
-name = "echo"
-kind = "echo"
-description = "echo"
-idempotent = true
-{extra}
-"""
+    return scripted_provider(script) + ECHO_TOOL + extra
 
 
 def test_embedded_demo_turn_completes_with_a_tool_round_trip(start: Any) -> None:

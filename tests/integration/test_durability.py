@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Daemon, script_file
+from tests.integration.harness import ECHO_TOOL, Daemon, script_file, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
 from turnkeeper.control.client import Client, ClientError
 
@@ -33,20 +33,7 @@ TERMINAL = {"completed", "blocked", "partial", "failed", "cancelled"}
 def config(tmp_path: Path, script: str, *, tools: ToolServer | None = None,
            extra: str = "") -> str:
     path = script_file(tmp_path / "script.toml", script)
-    text = f"""
-{extra}
-
-[[providers]]
-name = "scripted"
-kind = "scripted"
-script = "{path}"
-
-[[tools]]
-name = "echo"
-kind = "echo"
-description = "echo"
-idempotent = true
-"""
+    text = extra + scripted_provider(path) + ECHO_TOOL
     if tools is not None:
         text += f"""
 [[tools]]

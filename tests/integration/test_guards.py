@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Daemon
+from tests.integration.harness import ECHO_TOOL, Daemon, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
 
 NOTE = "[turnkeeper note] "
@@ -342,21 +342,9 @@ max_steps = 8
 [clarify]
 timeout = {clarify_timeout}
 
-[[providers]]
-name = "model"
-kind = "scripted"
-script = "{script_path}"
-max_output_tokens = 500
-price_input_per_mtok = 3.0
-price_output_per_mtok = 15.0
-
-[[tools]]
-name = "echo"
-kind = "echo"
-description = "echo"
-idempotent = true
-{tools}
-"""
+""" + scripted_provider(script_path, name="model", extra=(
+        "max_output_tokens = 500\nprice_input_per_mtok = 3.0\n"
+        "price_output_per_mtok = 15.0\n")) + ECHO_TOOL + tools
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Daemon, NotifyListener, script_file, write_config
+from tests.integration.harness import (
+    ECHO_TOOL,
+    Daemon,
+    NotifyListener,
+    script_file,
+    scripted_provider,
+    write_config,
+)
 from tests.integration.test_observability import scrape, value
 from turnkeeper.control.client import Client
 
@@ -94,18 +101,7 @@ watch_config = {"true" if watch else "false"}
 base_delay = 0.01
 max_delay = 0.05
 
-[[providers]]
-name = "{provider}"
-kind = "scripted"
-script = "{path}"
-
-[[tools]]
-name = "echo"
-kind = "echo"
-description = "echo"
-idempotent = true
-{extra}
-"""
+""" + scripted_provider(path, name=provider) + ECHO_TOOL + extra
 
 
 def rewrite(d: Daemon, body: str) -> bytes:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import script_file
+from tests.integration.harness import ECHO_TOOL, script_file, scripted_provider
 from turnkeeper.policy.limits import percentile
 
 # "walk": a new observation every step (no loop), forever. "loop": the same call forever.
@@ -36,19 +36,7 @@ for k in range(1, 6):
 
 def config(tmp_path: Path, extra: str = "") -> str:
     script = script_file(tmp_path / "script.toml", SCRIPT)
-    return f"""
-[[providers]]
-name = "scripted"
-kind = "scripted"
-script = "{script}"
-
-[[tools]]
-name = "echo"
-kind = "echo"
-idempotent = true
-
-{extra}
-"""
+    return scripted_provider(script) + ECHO_TOOL + extra
 
 
 PROFILES = """
