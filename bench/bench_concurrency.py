@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,6 +183,7 @@ def main() -> None:
         pass
     model, port = start_model(args.latency, args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
+    d: Daemon | None = None
     try:
         asyncio.run(wait_port(port))
         bare_s, bare_cpu = asyncio.run(bare(port, args.turns, args.steps))
@@ -236,6 +238,9 @@ idempotent = true
     finally:
         model.terminate()
         model.wait()
+        if d is not None:
+            d.kill()  # a no-op after d.stop(); a daemon left by an error does not outlive us
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
