@@ -286,13 +286,22 @@ def test_sigterm_lets_the_running_turn_finish_then_exits_0(start: Any, tmp_path:
 
 
 def test_submit_while_stopping_answers_503(start: Any, tmp_path: Path) -> None:
-    d = start(scripted(tmp_path))
-    d.submit("slow keeps it busy")
-    time.sleep(0.3)
+    held = """
+[[scenarios]]
+[[scenarios.steps]]
+delay = 30.0
+reply = "never"
+"""
+    d = start(scripted(tmp_path, held, extra="[daemon]\nshutdown_timeout = 2.0\n"))
+    d.submit("held in flight")
     d.signal(signal.SIGTERM)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while d.get("/v1/status")[1]["state"] != "stopping":  # the drain holds it here
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     status, data = d.post("/v1/turns", {"message": "late"})
     assert status == 503, data
+    assert "stopping" in data["error"]
     assert d.proc is not None and d.proc.wait(30) == 0
 
 
