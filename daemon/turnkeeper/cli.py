@@ -459,7 +459,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         if status != 200:
             print(f"turnkeeper: reload failed: {data.get('error') if data else status}",
                   file=sys.stderr)
-            return EX_CONFIG if status == 422 else EX_FAIL
+            return {422: EX_CONFIG, 503: EX_UNAVAILABLE}.get(status, EX_FAIL)
         if args.json:
             _print_json(data)
         else:

@@ -85,6 +85,7 @@ class ReloadOutcome:
     pending_restart: tuple[str, ...] = ()
     error: str | None = None
     duration_s: float = 0.0
+    stopping: bool = False  # refused because the daemon is stopping, not for the config
 
     def to_json(self) -> dict[str, Any]:
         if not self.ok:
@@ -540,7 +541,7 @@ class Supervisor:
 
     def _stopping_outcome(self) -> ReloadOutcome:
         return ReloadOutcome(ok=False, policy_version=self.policy.version,
-                             error="the daemon is stopping")
+                             error="the daemon is stopping", stopping=True)
 
     async def _reload(self, trigger: str) -> ReloadOutcome:
         if self.state == "stopping":

@@ -787,7 +787,7 @@ def test_sigterm_during_a_reload_drain_stops_and_nothing_is_lost(
         d.signal(signal.SIGTERM)
         assert exit_code(d, 10) == 0
         code, data = reload.result()
-    assert code == 422 and data["error"] == "the daemon is stopping", (code, data)
+    assert code == 503 and data["error"] == "the daemon is stopping", (code, data)
     got = keys(settled(notify, "STOPPING", mark))
     assert got[:3] == ["RELOADING", "EXTEND_TIMEOUT_USEC", "STOPPING"], got
     assert "READY" not in got  # the reload never announced itself done

@@ -263,6 +263,8 @@ async def cancel(request: web.Request) -> web.Response:
 
 async def reload(request: web.Request) -> web.Response:
     outcome = await request.app[SUPERVISOR].reload("api")
+    if outcome.stopping:  # not the config's fault: 503, as for a submit while stopping
+        return web.json_response(outcome.to_json(), status=503)
     return web.json_response(outcome.to_json(), status=200 if outcome.ok else 422)
 
 
