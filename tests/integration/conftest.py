@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import Daemon
+from tests.integration.tool_server import tool_server  # noqa: F401 - a shared fixture
 
 
 @pytest.fixture

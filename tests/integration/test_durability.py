@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -326,6 +327,41 @@ shutdown_timeout = 0.1
         assert_steps_continue(events, 4)
         assert len(of_type(events, "turn.started")) == 1
         assert len(of_type(events, "turn.finished")) == 1
+
+
+SEND_SCRIPT = """
+[[scenarios]]
+[[scenarios.steps]]
+tool_calls = [{ name = "send", arguments = { text = "$message" } },
+              { name = "lookup", arguments = { q = "after" } }]
+[[scenarios.steps]]
+reply = "sent"
+"""
+
+
+def test_a_stop_lets_a_non_idempotent_call_in_flight_finish_so_its_outcome_is_known(
+        tmp_path: Path, daemons: list[Daemon], tool_server: ToolServer) -> None:
+    d = daemon(tmp_path, daemons, config(tmp_path, SEND_SCRIPT, tools=tool_server, extra="""
+[daemon]
+shutdown_timeout = 0.1
+"""))
+    d.start()
+    tool_server.hold("/send")
+    tid = d.submit("one email")["id"]
+    tool_server.wait_for_calls("/send", 1)
+    d.signal(signal.SIGTERM)
+    time.sleep(0.4)  # well past shutdown_timeout: the stop waits for the effect
+    assert d.proc is not None and d.proc.poll() is None
+    tool_server.release("/send")
+    assert d.proc.wait(10) == 0
+    assert tool_server.calls("/lookup") == []  # the step stopped right after the effect
+    d.start()
+    done = d.wait(tid, timeout=20)
+    assert done["state"] == "completed", done
+    assert not [x for x in done["result"]["open_issues"] if "outcome unknown" in x]
+    assert len(tool_server.calls("/send")) == 1
+    assert len(tool_server.calls("/lookup")) == 1
+    assert len(of_type(d.events(tid), "turn.suspended")) == 1
 
 
 # -- parked turns --------------------------------------------------------------------

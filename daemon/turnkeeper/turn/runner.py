@@ -59,6 +59,11 @@ class TurnControl:
     parked: bool = False
     scope: anyio.CancelScope | None = None
     call_scope: anyio.CancelScope | None = None
+    # A non-idempotent tool call is on the wire: a suspend that would cut the step short
+    # waits for it instead, so its outcome is journalled and never "unknown" after a
+    # plain stop. The runner suspends right after it (`suspend_now`).
+    effect_in_flight: bool = False
+    suspend_now: bool = False
     # A parked turn (recovering, waiting) gives its slot of max_concurrent_turns back and
     # takes one again when it wakes: a thousand turns waiting for answers must not block new
     # work. Set by the supervisor; None: no slot accounting.
@@ -104,7 +109,9 @@ class TurnControl:
         """At the next step boundary; a parked turn at once (it wakes and checkpoints as
         `suspended`, its question or recovery wait kept); with `now`, cut the step short."""
         self.suspend_requested = True
-        if now and not self.parked and self.scope is not None:
+        if now:
+            self.suspend_now = True
+        if now and not self.parked and not self.effect_in_flight and self.scope is not None:
             self.scope.cancel()
         self._wake()
 
@@ -803,6 +810,10 @@ class TurnRunner:
             polling = bool(tool and tool.polling)
             all_polling = all_polling and polling
             result = await self._tool_call(call, key, resuming=resuming)
+            if self.control.suspend_now and not isinstance(result, Stop):
+                # A stop waited for this call's effect: its outcome is in the journal and
+                # the conversation; the calls after it run on resume.
+                await self._suspend()
             if isinstance(result, Stop):
                 if any(c.id == call.id for c in self.conv.pending_tool_calls()):
                     self.conv.add_tool_result(call, "not run: the turn stops here")
@@ -1012,6 +1023,7 @@ class TurnRunner:
                     exception=("CircuitOpen", "ConnectionError"),
                     message=f"the circuit breaker {tool.breaker} is open"))
             remaining = self.remaining_s()
+            self.control.effect_in_flight = not idempotent
             try:
                 outcome = await self.runtime.toolbox.call(
                     name, args, idempotency_key=key,
@@ -1020,6 +1032,8 @@ class TurnRunner:
                 if breaker is not None:
                     breaker.release(self.clock.monotonic())
                 raise
+            finally:
+                self.control.effect_in_flight = False
             if outcome.failure is None:
                 if breaker is not None:
                     breaker.record_success(self.clock.monotonic())
