@@ -312,12 +312,32 @@ class _StateCollector(Collector):
                                 "daemon.max_concurrent_turns",
                                 value=sup.config.daemon.max_concurrent_turns)
         yield from self._breakers()
+        yield from self._mcp_servers()
         yield CounterMetricFamily("turnkeeper_event_subscribers_dropped",
                                   "Event stream subscribers dropped for falling behind",
                                   value=sup.bus.dropped_subscribers)
         yield CounterMetricFamily("turnkeeper_event_listener_errors",
                                   "Errors raised by in-process event listeners",
                                   value=sup.bus.listener_errors)
+
+    def _mcp_servers(self) -> Iterator[Metric]:
+        servers = self.supervisor.runtime.toolbox.server_status()
+        up = GaugeMetricFamily("turnkeeper_mcp_server_up",
+                               "1 while an MCP server is connected and its tools offered",
+                               labels=["server"])
+        tools = GaugeMetricFamily("turnkeeper_mcp_server_tools",
+                                  "Tools an MCP server offers now", labels=["server"])
+        restarts = CounterMetricFamily("turnkeeper_mcp_server_restarts",
+                                       "Times the daemon restarted an MCP server",
+                                       labels=["server"])
+        for name, status in sorted(servers.items()):
+            is_up = status["state"] == "up"
+            up.add_metric([name], 1.0 if is_up else 0.0)
+            tools.add_metric([name], len(status["tools"]) if is_up else 0)
+            restarts.add_metric([name], status["restarts"])
+        yield up
+        yield tools
+        yield restarts
 
     def _breakers(self) -> Iterator[Metric]:
         now = self.clock.monotonic()

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import Daemon, script_file
+from tests.integration.test_observability import scrape, value
 
 SERVERS = Path(__file__).parent / "mcp_servers"
 STDIO_SERVER = SERVERS / "stdio_server.py"
@@ -332,6 +333,10 @@ def test_a_server_that_crashes_mid_call_fails_it_retryable_and_comes_back(
     srv = wait_for(lambda: (s := mcp_status(d, "calc"))["state"] == "up" and s, 10,
                    "the server to come back")
     assert srv["restarts"] == 1 and "closed the connection" in srv["last_error"]
+    samples = scrape(d)
+    assert value(samples, "turnkeeper_mcp_server_restarts_total", server="calc") == 1
+    assert value(samples, "turnkeeper_mcp_server_up", server="calc") == 1
+    assert value(samples, "turnkeeper_mcp_server_tools", server="calc") == len(srv["tools"])
     assert len(server_pids(workdir)) == 2  # a new process
     # Only the crash reached the server: the breaker saw one failure and stays closed.
     assert d.get("/v1/status")[1]["breakers"]["tool:calc"] == "closed"
