@@ -186,6 +186,13 @@ def test_body_over_one_mib_is_413_and_the_daemon_stays_up(start: Any) -> None:
     status, data = d.post("/v1/turns", {"message": "x" * (1024 * 1024 + 10)})
     assert status == 413, data
     assert "error" in data
+    # A client announcing a huge body is answered from the header, not waited for.
+    conn = socket.socket(socket.AF_UNIX)
+    conn.settimeout(5)
+    conn.connect(str(d.socket))
+    conn.sendall(b"POST /v1/turns HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{")
+    assert conn.recv(100).startswith(b"HTTP/1.1 413")
+    conn.close()
     assert d.run("still alive")["state"] == "completed"
 
 

@@ -62,6 +62,9 @@ def make_access_middleware(config: Config) -> Callable[..., Awaitable[web.Stream
             if uid not in allowed_uids and gid not in allowed_gids:
                 log.warning("control.forbidden", uid=uid, gid=gid, path=request.path)
                 return routes.error(403, f"uid {uid} is not allowed on this socket")
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            # Answered from the header: a client announcing 100 MB is not waited for.
+            return routes.error(413, f"request body is larger than {MAX_BODY} bytes")
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
