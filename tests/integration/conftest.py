@@ -29,3 +29,4 @@ def start(tmp_path: Path, daemons: list[Daemon]):  # type: ignore[no-untyped-def
         return d.start(wait=wait)
 
     return _start
+
