@@ -198,6 +198,11 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     async def stream() -> AsyncIterator[list[dict[str, Any]]]:
         with sup.bus.subscribe(turn=turn_id) as live:
             last = 0
+            # Events are committed by the store's writer after they are published: one
+            # published just before we subscribed may not be readable yet, and would be in
+            # neither the history nor the live stream. The writer commits in order, so once
+            # this flush is durable every such event is too.
+            await sup.store.flush()
             stored = await sup.store.events(turn=turn_id)
             for i, ev in enumerate(stored):
                 if ev["type"] == TERMINAL_EVENT:
