@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,30 +27,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.fake_model import start_model, wait_port
 from tests.integration.harness import Daemon
 
-HERE = Path(__file__).resolve().parent
 CONNECTIONS = 1000
-
-
-def start_model(latency: float, steps: int) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, str(HERE / "fake_model.py"), "--latency",
-                             str(latency), "--steps", str(steps)], stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    port = int(proc.stdout.readline())
-    return proc, port
-
-
-async def wait_port(port: int) -> None:
-    for _ in range(200):
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise RuntimeError("model server did not start")
 
 
 async def bare(port: int, turns: int, steps: int) -> tuple[float, float]:
@@ -181,7 +160,7 @@ def main() -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover
         pass
-    model, port = start_model(args.latency, args.steps)
+    model, port = start_model(latency=args.latency, steps=args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="tk-bench-"))
     d: Daemon | None = None
     try:

@@ -23,16 +23,18 @@ import concurrent.futures
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.integration.harness import NotifyListener
 
 from turnkeeper.control.client import Client
 
@@ -45,50 +47,6 @@ reply = "thanks: $last_tool_result"
 """
 
 
-class Listener:
-    """sd_notify's receiving end: (arrival time, fields) of every datagram."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.05)
-        self.path = path
-        self.messages: list[tuple[float, dict[str, str]]] = []
-        self.cond = threading.Condition()
-        self.closed = False
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while not self.closed:
-            try:
-                raw = self.sock.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            at = time.perf_counter()
-            fields = dict(line.split("=", 1) for line in raw.decode().splitlines() if line)
-            with self.cond:
-                self.messages.append((at, fields))
-                self.cond.notify_all()
-
-    def mark(self) -> int:
-        with self.cond:
-            return len(self.messages)
-
-    def wait_ready(self, after: int, timeout: float = 120.0) -> float:
-        deadline = time.perf_counter() + timeout
-        with self.cond:
-            while True:
-                for at, fields in self.messages[after:]:
-                    if fields.get("READY") == "1":
-                        return at
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    raise RuntimeError("no READY=1")
-                self.cond.wait(left)
-
-
 class Bench:
     def __init__(self, where: Path, parked: int) -> None:
         self.where = where
@@ -96,7 +54,7 @@ class Bench:
         self.socket = where / "run" / "control.sock"
         self.config = where / "turnkeeper.toml"
         (where / "script.toml").write_text(SCRIPT)
-        self.notify = Listener(where / "notify.sock")
+        self.notify = NotifyListener(where / "notify.sock")
         self.client = Client(self.socket, timeout=120)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = open(where / "daemon.log", "ab")  # noqa: SIM115 - closed in close()
@@ -121,12 +79,12 @@ script = "{self.where / 'script.toml'}"
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("TURNKEEPER_", "LISTEN_", "WATCHDOG_"))}
         env["NOTIFY_SOCKET"] = str(self.notify.path)
-        mark = self.notify.mark()
-        t0 = time.perf_counter()
+        mark = len(self.notify.messages)
+        t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config)],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env)
-        return self.notify.wait_ready(mark) - t0
+        return self._ready_after(mark) - t0
 
     def stop(self) -> None:
         assert self.proc is not None
@@ -136,10 +94,15 @@ script = "{self.where / 'script.toml'}"
 
     def reload(self) -> float:
         assert self.proc is not None
-        mark = self.notify.mark()
-        t0 = time.perf_counter()
+        mark = len(self.notify.messages)
+        t0 = time.monotonic()
         self.proc.send_signal(signal.SIGHUP)
-        return self.notify.wait_ready(mark) - t0
+        return self._ready_after(mark) - t0
+
+    def _ready_after(self, mark: int) -> float:
+        """When the first READY=1 after message `mark` arrived (monotonic)."""
+        _, at, _ = self.notify.wait_for(lambda m: m.get("READY") == "1", 120.0, after=mark)
+        return at
 
     def status(self) -> dict[str, Any]:
         code, data = self.client.request("GET", "/v1/status")
@@ -167,7 +130,7 @@ script = "{self.where / 'script.toml'}"
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.notify.closed = True
+        self.notify.close()
         self.log.close()
 
 

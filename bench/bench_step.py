@@ -71,7 +71,9 @@ from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.turn.record import TurnRecord
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.fake_model import start_model, wait_port
+
 RAW_CONCURRENCY = 10
 
 Round = Callable[[int, int, Path], Awaitable[float]]
@@ -88,24 +90,6 @@ def final_text(steps: int) -> str:
 
 
 # -- baseline: one raw aiohttp call -----------------------------------------------------
-
-def start_model(steps: int) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, str(HERE / "fake_model.py"), "--latency", "0",
-                             "--steps", str(steps)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    return proc, int(proc.stdout.readline())
-
-
-async def wait_port(port: int) -> None:
-    for _ in range(200):
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise RuntimeError("loopback model server did not start")
-
 
 async def raw_calls(port: int, calls: int) -> float:
     """CPU seconds per call: a mid-conversation chat request (user, one tool step), the
@@ -422,7 +406,7 @@ def main() -> None:
         port: int | None = None
         try:
             if not args.no_baseline:
-                model, port = start_model(args.steps)
+                model, port = start_model(latency=0.0, steps=args.steps)
                 asyncio.run(wait_port(port))
             anyio.run(bench, args, port, backend="asyncio",
                       backend_options={"use_uvloop": True})

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 from typing import Any
 
@@ -48,6 +49,25 @@ def make_app(latency_s: float, steps: int) -> web.Application:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
     return app
+
+
+def start_model(*, latency: float, steps: int) -> tuple[subprocess.Popen[str], int]:
+    """This server as a child process (its CPU is not the caller's), and its port."""
+    proc = subprocess.Popen([sys.executable, __file__, "--latency", str(latency),
+                             "--steps", str(steps)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+async def wait_port(port: int) -> None:
+    for _ in range(200):
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError("loopback model server did not start")
 
 
 def free_port() -> int:
