@@ -389,19 +389,18 @@ class Supervisor:
 
     async def list_turns(self, *, state: str | None, session: str | None,
                          limit: int) -> list[dict[str, Any]]:
-        rows = await self.store.list_turns(state=None if state in LIVE_STATES else state,
-                                           session=session, limit=limit if state not in
-                                           LIVE_STATES else 100_000)
-        out = []
-        for row in rows:
-            live = self.live.get(row["id"])
-            current = live.record.to_json() if live else row
-            if state and current["state"] != state:
-                continue
-            out.append(current)
-            if len(out) >= limit:
-                break
-        return out
+        """Newest first. Every unfinished turn is in memory (resumed at start), so a
+        filter on a live state reads no store; otherwise the store's rows, each replaced by
+        the live record while the turn runs (fresher than its last checkpoint)."""
+        if state in LIVE_STATES:
+            records = sorted((t.record for t in self.live.values()
+                              if t.record.state == state
+                              and (session is None or t.record.session == session)),
+                             key=lambda r: r.seq, reverse=True)
+            return [r.to_json() for r in records[:limit]]
+        rows = await self.store.list_turns(state=state, session=session, limit=limit)
+        return [self.live[r["id"]].record.to_json() if r["id"] in self.live else r
+                for r in rows]
 
     async def post_message(self, turn_id: str, *, kind: str, text: str,
                            redirect: bool) -> dict[str, Any]:

@@ -245,6 +245,11 @@ max_queued_turns = 2
     status, data = d.post("/v1/turns", {"message": "one too many"})
     assert status == 503, data
     assert "queue is full" in data["error"]
+    running = d.get("/v1/turns?state=running")[1]["turns"]
+    queued = d.get("/v1/turns?state=queued")[1]["turns"]
+    assert [t["id"] for t in running] == [accepted[0]["id"]]
+    assert [t["id"] for t in queued] == [accepted[2]["id"], accepted[1]["id"]]  # newest first
+    assert d.get("/v1/turns?state=queued&limit=1")[1]["turns"][0]["id"] == accepted[2]["id"]
     for t in accepted:
         assert d.wait(t["id"], timeout=30)["state"] == "completed"
 
