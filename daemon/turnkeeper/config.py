@@ -454,6 +454,16 @@ RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "sta
                 ("daemon", "allowed_uids"), ("daemon", "allowed_gids"), ("metrics", "listen"))
 
 
+def keep_restart_keys(running: Config, new: Config) -> Config:
+    """`new` with the RESTART_KEYS of the running config: they change at the next
+    restart, and are reported as `pending_restart` until then."""
+    updates: dict[str, dict[str, Any]] = {}
+    for section, key in RESTART_KEYS:
+        updates.setdefault(section, {})[key] = getattr(getattr(running, section), key)
+    return new.model_copy(update={section: getattr(new, section).model_copy(update=values)
+                                  for section, values in updates.items()})
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """An immutable snapshot of the validated configuration, numbered by the daemon."""

@@ -29,7 +29,7 @@ from anyio.abc import TaskGroup
 from turnkeeper import __version__
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import Clock
-from turnkeeper.config import Config, ConfigError, Policy, load_config
+from turnkeeper.config import Config, ConfigError, Policy, keep_restart_keys, load_config
 from turnkeeper.events import EventBus
 from turnkeeper.lifecycle.systemd import Notifier, extend_timeout_loop
 from turnkeeper.policy import limits
@@ -589,8 +589,8 @@ class Supervisor:
         previous = self.runtime
         pending = self.policy.pending_restart(config)
         self.pending_restart = tuple(pending)
-        keep_restart_keys = _keep_restart_keys(self.policy.config, config)
-        candidate = Policy(version=candidate.version, config=keep_restart_keys,
+        applied = keep_restart_keys(self.policy.config, config)
+        candidate = Policy(version=candidate.version, config=applied,
                            source_path=self.config_path, content_hash=digest)
         runtime.policy = candidate
         self.policy = candidate
@@ -693,12 +693,3 @@ def _log_context(record: TurnRecord) -> dict[str, Any]:
     """What every log line of a turn carries (SPEC 13), read when the line is written."""
     return {"turn": record.id, "session": record.session,
             "policy_version": record.policy_version, "provider": record.provider}
-
-
-def _keep_restart_keys(old: Config, new: Config) -> Config:
-    """Settings that need a restart keep their running value until then."""
-    daemon = new.daemon.model_copy(update={
-        "socket": old.daemon.socket, "socket_mode": old.daemon.socket_mode,
-        "state_dir": old.daemon.state_dir, "allowed_uids": old.daemon.allowed_uids,
-        "allowed_gids": old.daemon.allowed_gids})
-    return new.model_copy(update={"daemon": daemon, "metrics": old.metrics})

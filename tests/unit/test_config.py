@@ -15,6 +15,7 @@ from turnkeeper.config import (
     ProviderConfig,
     ToolConfig,
     build_config,
+    keep_restart_keys,
     load_config,
 )
 
@@ -90,6 +91,12 @@ def test_a_reload_does_not_apply_keys_that_need_a_restart() -> None:
     new = build_config({"daemon": {"socket": "/run/b.sock", "max_concurrent_turns": 3}})
     policy = Policy(version=1, config=old, source_path=None, content_hash="")
     assert policy.pending_restart(new) == ["daemon.socket"]
+    applied = keep_restart_keys(old, build_config({
+        "daemon": {"socket": "/run/b.sock", "state_dir": "/x", "max_concurrent_turns": 3},
+        "metrics": {"listen": "127.0.0.1:9464"}}))
+    assert (applied.daemon.socket, applied.daemon.state_dir) == ("/run/a.sock", "")
+    assert applied.metrics.listen == ""
+    assert applied.daemon.max_concurrent_turns == 3
 
 
 def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
