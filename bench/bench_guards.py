@@ -50,6 +50,7 @@ from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
 from turnkeeper.events import Event, EventBus
+from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.loops import Action, FailureLoop, LoopDetector, action_key
@@ -58,9 +59,7 @@ from turnkeeper.providers.base import (
     DeltaSink,
     ModelReply,
     ModelRequest,
-    ToolCall,
     Usage,
-    dumps_arguments,
 )
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.sqlite import SQLiteStore

@@ -58,14 +58,13 @@ from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
 from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.outcome import StopCode, TurnResult
 from turnkeeper.providers.base import (
     DeltaSink,
     ModelReply,
     ModelRequest,
-    ToolCall,
     Usage,
-    dumps_arguments,
 )
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor

@@ -1,17 +1,34 @@
-"""The one injectable clock. Policy objects never read time themselves: the runner and
-the supervisor pass `clock.monotonic()` (durations) or `clock.time()` (epoch, for
-deadlines and timestamps shown to people) into them."""
+"""The one injectable clock: what time it is, and how to wait for it.
+
+Policy objects never read time themselves: the runner and the supervisor pass
+`clock.monotonic()` (durations) or `clock.time()` (epoch, for deadlines and timestamps
+shown to people) into them, and every wait of a turn or of the supervisor goes through
+`clock.sleep()` or `clock.move_on_after()`. `SystemClock` is anyio's; `FakeClock` moves
+only when a test says so (or jumps to the next timer once every task is blocked), so a
+15 s recovery wait or a 30 s drain is tested in microseconds with no real sleep.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
+
+import anyio
 
 
 class Clock(Protocol):
     def monotonic(self) -> float: ...
 
     def time(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
+        """A cancel scope cancelled `seconds` from now: a timeout that is a decision (the
+        caller reads `cancelled_caught`), not an error."""
+        ...
 
 
 class SystemClock:
@@ -21,5 +38,76 @@ class SystemClock:
     def time(self) -> float:
         return time.time()
 
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+    def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
+        return anyio.move_on_after(seconds)
+
     def __repr__(self) -> str:
         return "SystemClock()"
+
+
+class FakeClock:
+    """A clock for tests. Time stands still until `advance(seconds)`, which fires every
+    timer due by then; `await settle()` waits until every task is blocked and then jumps
+    to the earliest timer, as a simulation would (False when there is none: the system is
+    idle). `time()` is `start + monotonic()`."""
+
+    def __init__(self, *, start: float = 1_800_000_000.0) -> None:
+        self._now = 0.0
+        self._start = start
+        self._timers: list[tuple[float, int, anyio.CancelScope]] = []
+        self._seq = 0
+
+    def __repr__(self) -> str:
+        return f"FakeClock(monotonic={self._now:g}, timers={len(self._timers)})"
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def time(self) -> float:
+        return self._start + self._now
+
+    @property
+    def next_timer_in(self) -> float | None:
+        """Seconds until the earliest pending timer, or None."""
+        return min(t[0] for t in self._timers) - self._now if self._timers else None
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock does not go backwards")
+        self._now += seconds
+        for due, _, scope in list(self._timers):
+            if due <= self._now:
+                scope.cancel()
+
+    async def settle(self) -> bool:
+        """Let every task run until blocked, then jump to the earliest timer."""
+        await anyio.wait_all_tasks_blocked()
+        wait = self.next_timer_in
+        if wait is None:
+            return False
+        self.advance(max(0.0, wait))
+        await anyio.wait_all_tasks_blocked()
+        return True
+
+    async def sleep(self, seconds: float) -> None:
+        with self.move_on_after(seconds):
+            await anyio.sleep_forever()
+
+    def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
+        return self._timer(seconds)
+
+    @contextmanager
+    def _timer(self, seconds: float) -> Iterator[anyio.CancelScope]:
+        self._seq += 1
+        entry = (self._now + max(0.0, seconds), self._seq, anyio.CancelScope())
+        self._timers.append(entry)
+        try:
+            with entry[2] as scope:
+                if seconds <= 0:
+                    scope.cancel()
+                yield scope
+        finally:
+            self._timers.remove(entry)

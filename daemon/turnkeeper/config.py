@@ -27,9 +27,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from turnkeeper import exits
+from turnkeeper.errors import TurnkeeperError
 from turnkeeper.paths import default_socket_path, default_state_dir
 
-EX_CONFIG = 78
 BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify"})
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent run by turnkeeper. Use the tools offered to do the user's task. "
@@ -43,10 +44,10 @@ PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
-class ConfigError(Exception):
+class ConfigError(TurnkeeperError):
     """An invalid configuration; the message names each failing key."""
 
-    exit_code = EX_CONFIG
+    exit_code = exits.CONFIG
 
 
 class _Section(BaseModel):

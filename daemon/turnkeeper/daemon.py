@@ -15,6 +15,7 @@ import anyio
 import prometheus_client
 import structlog
 
+from turnkeeper import exits
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import (
@@ -26,6 +27,7 @@ from turnkeeper.config import (
     state_dir,
 )
 from turnkeeper.control.server import ControlServer, SocketError
+from turnkeeper.errors import TurnkeeperError
 from turnkeeper.lifecycle import systemd
 from turnkeeper.lifecycle.signals import signal_dispatcher
 from turnkeeper.lifecycle.watch import ConfigChange, watch_config
@@ -36,11 +38,10 @@ from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.daemon")
 
-EX_OK = 0
 DB_NAME = "turnkeeper.sqlite3"
 
 
-class BootError(Exception):
+class BootError(TurnkeeperError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
@@ -146,5 +147,5 @@ def serve(config_option: str | None) -> int:
         print(f"turnkeeper: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        return EX_OK
-    return EX_OK
+        return exits.OK
+    return exits.OK

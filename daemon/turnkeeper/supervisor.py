@@ -30,6 +30,7 @@ from turnkeeper import __version__
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import Clock
 from turnkeeper.config import Config, ConfigError, Policy, keep_restart_keys, load_config
+from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import EventBus
 from turnkeeper.lifecycle.systemd import Notifier, extend_timeout_loop
 from turnkeeper.policy import limits
@@ -44,7 +45,7 @@ log = structlog.get_logger("turnkeeper.supervisor")
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
-class IntakeRefused(Exception):
+class IntakeRefused(TurnkeeperError):
     """Submit refused: the queue is full or the daemon is stopping."""
 
     def __init__(self, reason: str, retry_after_s: int) -> None:
@@ -52,19 +53,19 @@ class IntakeRefused(Exception):
         self.retry_after_s = retry_after_s
 
 
-class UnknownProfile(ValueError):
+class UnknownProfile(TurnkeeperError, ValueError):
     """A submit named a budget profile the policy does not define."""
 
 
-class UnknownTurn(Exception):
+class UnknownTurn(TurnkeeperError):
     pass
 
 
-class TurnFinished(Exception):
+class TurnFinished(TurnkeeperError):
     """A message to a turn that has ended."""
 
 
-class NotWaiting(Exception):
+class NotWaiting(TurnkeeperError):
     """An answer to a turn that asked no question: kept, it would answer a later one."""
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from turnkeeper.providers.base import ToolCall
+from turnkeeper.messages import ToolCall
 from turnkeeper.turn.conversation import NOTE_PREFIX, Conversation
 
 A = ToolCall(id="c1", name="echo", arguments='{"q":1}')

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import socket
 
+from turnkeeper.errors import TurnkeeperError
+
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs start-up time
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 MAX_HEADER_LINE = 65536
 
 
-class ClientError(Exception):
+class ClientError(TurnkeeperError):
     """The daemon could not be reached."""
 
 

@@ -22,19 +22,20 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from turnkeeper import exits
 from turnkeeper.config import Config
 from turnkeeper.control import routes
+from turnkeeper.errors import TurnkeeperError
 from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.control")
 
 MAX_BODY = 1024 * 1024
-EX_UNAVAILABLE = 69
 _PEERCRED = struct.Struct("3i")
 
 
-class SocketError(Exception):
-    exit_code = EX_UNAVAILABLE
+class SocketError(TurnkeeperError):
+    exit_code = exits.UNAVAILABLE
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

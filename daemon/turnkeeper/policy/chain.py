@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, TypeVar, get_args
 
+from turnkeeper.errors import TurnkeeperError
 from turnkeeper.policy.backoff import Backoff, Rand
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop, StopCode
@@ -131,7 +132,7 @@ Decision = Attempt | RetryIn | FailOver | Recover | Stop
 
 # -- the state machine -----------------------------------------------------------------
 
-class ChainError(RuntimeError):
+class ChainError(TurnkeeperError, RuntimeError):
     """An event the chain cannot take in its current phase: a bug in the caller."""
 
     def __init__(self, phase: str, event: str, detail: str = "") -> None:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from turnkeeper.errors import TurnkeeperError
 
-class RetryBudgetError(RuntimeError):
+
+class RetryBudgetError(TurnkeeperError, RuntimeError):
     """An end without a begin: a bookkeeping bug in the caller. The count stays at zero."""
 
 

@@ -24,15 +24,14 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnkeeper.config import ConfigError, ProviderConfig
+from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.providers.base import (
     DeltaSink,
     ModelReply,
     ModelRequest,
     ProviderError,
-    ToolCall,
     Usage,
-    dumps_arguments,
 )
 
 DEMO_SCRIPT = Path(__file__).resolve().parent.parent / "demo" / "demo.toml"

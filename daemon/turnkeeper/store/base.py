@@ -17,22 +17,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from turnkeeper import exits
+from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
 
-EX_UNAVAILABLE = 69
-EX_IOERR = 74
 
-
-class StoreError(Exception):
+class StoreError(TurnkeeperError):
     """The store cannot be used: the message says why and where."""
 
-    exit_code = EX_IOERR
+    exit_code = exits.IOERR
 
 
 class StoreInUse(StoreError):
     """Another daemon holds the store: this one must not run the same turns."""
 
-    exit_code = EX_UNAVAILABLE
+    exit_code = exits.UNAVAILABLE
 
 
 class Store(Protocol):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from turnkeeper.providers.base import ToolSpec
+from turnkeeper.messages import ToolSpec
 
 REPORT_BLOCKED = ToolSpec(
     name="report_blocked",

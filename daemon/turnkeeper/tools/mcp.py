@@ -38,6 +38,8 @@ from jsonschema.exceptions import SchemaError
 
 from turnkeeper import __version__
 from turnkeeper.config import ToolConfig
+from turnkeeper.errors import TurnkeeperError
+from turnkeeper.messages import ToolSpec
 from turnkeeper.policy.backoff import Backoff
 from turnkeeper.policy.classify import CallFailure, exception_names
 from turnkeeper.policy.tool_traits import (
@@ -51,7 +53,6 @@ from turnkeeper.policy.tool_traits import (
     tool_error_names,
     tool_traits,
 )
-from turnkeeper.providers.base import ToolSpec
 from turnkeeper.tools.outcome import ToolOutcome, truncate
 
 if TYPE_CHECKING:
@@ -66,11 +67,11 @@ MAX_LIST_PAGES = 100
 STDERR_LINE_CHARS = 2000
 
 
-class ServerGone(Exception):
+class ServerGone(TurnkeeperError):
     """The server closed the connection (a stdio server exited)."""
 
 
-class ConnectTimeout(Exception):
+class ConnectTimeout(TurnkeeperError):
     """The server did not answer the handshake or a ping in time."""
 
 

@@ -24,9 +24,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from turnkeeper.config import ConfigError, ToolConfig
+from turnkeeper.messages import ToolSpec
 from turnkeeper.policy.classify import CallFailure, exception_names, retry_after_of
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
-from turnkeeper.providers.base import ToolSpec
 from turnkeeper.tools.builtin import BUILTIN_SPECS
 from turnkeeper.tools.mcp import McpServer, McpTool
 from turnkeeper.tools.outcome import MAX_RESULT_CHARS, ToolOutcome, truncate

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from turnkeeper.providers.base import Message, ToolCall
+from turnkeeper.messages import Message, ToolCall
 
 NOTE_PREFIX = "[turnkeeper note] "
 

@@ -1,0 +1,78 @@
+"""The provider-neutral shapes of a conversation: messages, tool calls and tool specs.
+
+Both sides meet here: `providers/` translate these to and from a vendor's wire format,
+`tools/` offer `ToolSpec`s and answer `ToolCall`s, and the turn keeps its conversation in
+`Message`s. Neither side imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model asked for. `arguments` is the raw JSON text the model sent:
+    malformed arguments are the model's failure and are classified, not repaired."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ToolCall:
+        return cls(id=str(d["id"]), name=str(d["name"]), arguments=str(d["arguments"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One conversation message in a provider-neutral form.
+
+    - user/system: `content`.
+    - assistant: `content` (may be None) and `tool_calls`.
+    - tool: `content` (the result text) and `tool_call_id` (+ `name`).
+    """
+
+    role: Role
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_json() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Message:
+        return cls(role=d["role"], content=d.get("content"),
+                   tool_calls=tuple(ToolCall.from_json(c) for c in d.get("tool_calls", ())),
+                   tool_call_id=d.get("tool_call_id"), name=d.get("name"))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as offered to the model: a name, a description, a JSON schema."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+def dumps_arguments(arguments: Mapping[str, Any]) -> str:
+    """Compact JSON for tool arguments built by the daemon itself (scripted provider)."""
+    return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
