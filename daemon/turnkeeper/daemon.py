@@ -1,4 +1,4 @@
-"""`turnkeeper serve`: start, run, reload and stop (SPEC 9).
+"""`turnkeeper serve`: start, run, reload and stop.
 
 Start: load and validate config (exit 78 when invalid), open the store (exit 74 when
 unusable), bind the control socket or take it from systemd, resume unfinished turns,

@@ -1,4 +1,4 @@
-"""structlog setup (SPEC 13): JSON lines on stderr when not a TTY, readable console lines
+"""structlog setup: JSON lines on stderr when not a TTY, readable console lines
 on a TTY; with JOURNAL_STREAM set, each JSON line carries the `<N>` syslog priority
 prefix so journald keeps the level."""
 
@@ -26,7 +26,7 @@ def _journald_prefix(_: WrappedLogger, method: str, event: str | bytes) -> str |
 
 # The context of the turn whose task is logging, read when each line is written (so a
 # provider that changed mid-turn shows up at once). Set in the turn's own task, so every
-# log line of that task carries it, whichever module writes it (SPEC 13).
+# log line of that task carries it, whichever module writes it.
 _turn_context: ContextVar[Callable[[], dict[str, Any]] | None] = ContextVar(
     "turnkeeper_turn_context", default=None)
 

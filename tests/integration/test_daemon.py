@@ -1,4 +1,4 @@
-"""The daemon runs, takes turns over its control socket and answers them (issue 2).
+"""The daemon runs, takes turns over its control socket and answers them.
 
 Every test starts the real daemon as a subprocess with a real config file, SQLite file
 and Unix socket, and drives it over HTTP.

@@ -1,4 +1,4 @@
-"""Durability (SPEC 8, issue 7): checkpoints every step, resume after a crash, the tool
+"""Durability: checkpoints every step, resume after a crash, the tool
 call journal, no repeated side effects.
 
 The real daemon is killed with SIGKILL or stopped with SIGTERM and started again on the

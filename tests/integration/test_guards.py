@@ -1,10 +1,10 @@
-"""Turn guards, end to end (issue 5): every exit of a turn, driven through the real daemon.
+"""Turn guards, end to end: every exit of a turn, driven through the real daemon.
 
 One daemon (module scope) runs a scripted model whose scenarios are picked by the turn's
 message, next to a real HTTP tool server on 127.0.0.1 (`tool_server.py`); each test uses
 its own scenario and its own tools, and sets its limits through the submit's budget
 overrides. Tests that need another policy (`clarify.timeout`) start their own daemon.
-Every stop is checked by code, counter, value and limit, as SPEC 7 names them.
+Every stop is checked by code, counter, value and limit, as the result names them.
 """
 
 from __future__ import annotations

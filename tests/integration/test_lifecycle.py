@@ -1,4 +1,4 @@
-"""Lifecycle (SPEC 9, issue 6): start, reload, stop and the watchdog as systemd sees them,
+"""Lifecycle: start, reload, stop and the watchdog as systemd sees them,
 socket activation, every reload trigger, drains, parked turns, and reload under load.
 
 Every test runs the real daemon; systemd is played by a real AF_UNIX datagram socket

@@ -1,4 +1,4 @@
-"""Limits from measured runs (issue 11): budget profiles, enforcement modes, and the
+"""Limits from measured runs: budget profiles, enforcement modes, and the
 limits report, against the real daemon."""
 
 from __future__ import annotations

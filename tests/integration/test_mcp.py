@@ -1,4 +1,4 @@
-"""Tools from MCP servers (issue 10): real servers written with the SDK
+"""Tools from MCP servers: real servers written with the SDK
 (tests/integration/mcp_servers/), run for real as stdio subprocesses of the daemon and as
 a streamable-HTTP server on 127.0.0.1, driven through the real daemon over its socket.
 

@@ -1,4 +1,4 @@
-"""Operators can see everything (issue 8): /metrics counts exactly what happened, `follow`
+"""Operators can see everything: /metrics counts exactly what happened, `follow`
 draws a turn live on a real terminal, and every log line of a turn says which turn,
 session, policy version and provider it is about.
 

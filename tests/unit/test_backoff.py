@@ -1,4 +1,4 @@
-"""Backoff curves (SPEC 4): full jitter by default, decorrelated on request."""
+"""Backoff curves: full jitter by default, decorrelated on request."""
 
 from __future__ import annotations
 

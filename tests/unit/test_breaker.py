@@ -1,4 +1,4 @@
-"""The daemon-wide circuit breaker (SPEC 5), driven by a fake clock (plain floats)."""
+"""The daemon-wide circuit breaker, driven by a fake clock (plain floats)."""
 
 from __future__ import annotations
 

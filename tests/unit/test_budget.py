@@ -1,4 +1,4 @@
-"""The turn budget (SPEC 6.1): hard stops, soft notes, what is left."""
+"""The turn budget: hard stops, soft notes, what is left."""
 
 from __future__ import annotations
 

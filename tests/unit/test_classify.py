@@ -1,4 +1,4 @@
-"""Failure classification (SPEC 4): every failed call is classified before it counts."""
+"""Failure classification: every failed call is classified before it counts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The limits report: exact percentiles, suggestions and stop counts (issue 11)."""
+"""The limits report: exact percentiles, suggestions and stop counts."""
 
 from __future__ import annotations
 

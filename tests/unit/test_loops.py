@@ -1,4 +1,4 @@
-"""Loop detection (SPEC 6.2) and the failure loop (SPEC 3 `failure_streak`)."""
+"""Loop detection and the failure loop (the `failure_streak` counter)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The retry budget per provider (SPEC 5): retries in flight may not exceed
+"""The retry budget per provider: retries in flight may not exceed
 max(min_concurrency, ratio * requests in flight)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The control API (SPEC 10): HTTP/1.1 + JSON over the Unix socket.
+"""The control API: HTTP/1.1 + JSON over the Unix socket.
 
 Handlers validate, call the supervisor, and shape answers; they hold no state. Every
 error is JSON: `{"error": "...", "field": "..."}` where a field is to blame.

@@ -1,5 +1,5 @@
 """The daemon's edges to its host: systemd (sd_notify, watchdog, socket activation), POSIX
-signals and the config file watcher (SPEC 9).
+signals and the config file watcher.
 
 Each module is a thin edge: it turns the outside world into calls or values the supervisor
 understands, decides nothing about policy, and never raises an I/O error into the daemon that

@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_SIGNALS", "SignalHandler", "signal_dispatcher"]
 SignalHandler = Callable[[], Awaitable[None] | None]
 
 DEFAULT_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
-"""Reload, stop, stop (SPEC 9)."""
+"""Reload, stop, stop: SIGHUP reloads, SIGTERM (systemd) and SIGINT (Ctrl-C) both stop."""
 
 
 async def signal_dispatcher(

@@ -185,8 +185,8 @@ async def watchdog_loop(notifier: Notifier, interval_s: float) -> None:
     """Ping the watchdog every `interval_s` seconds from the event loop itself, forever.
 
     It runs as a task of the daemon's own task group on purpose: a loop wedged by a blocking
-    call stops the pings, and systemd restarts the daemon (SPEC 9). A thread would keep pinging
-    for a dead daemon.
+    call stops the pings, and systemd restarts the daemon: the watchdog's whole point. A
+    thread would keep pinging for a dead daemon.
     """
     import anyio
 
@@ -214,7 +214,7 @@ async def extend_timeout_loop(notifier: Notifier, every_s: float = EXTEND_EVERY_
 
 async def status_loop(notifier: Notifier, status: Callable[[], str],
                       every_s: float = 1.0) -> None:
-    """Keep `STATUS=` current (SPEC 9): every `every_s`, send `status()` if it changed since
+    """Keep `STATUS=` current: every `every_s`, send `status()` if it changed since
     the last `STATUS=` any message carried. Nothing is sent while nothing changes."""
     import anyio
 

@@ -1,4 +1,4 @@
-"""Config file watching (SPEC 9): report each change of the config file's *content*.
+"""Config file watching: report each change of the config file's *content*.
 
 What is watched is the file's directory, not the file: editors save by writing a new file and
 renaming it over the old one (the old inode, which a file watch would follow, is gone), and a

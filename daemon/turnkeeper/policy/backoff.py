@@ -1,4 +1,4 @@
-"""How long to wait before the next attempt on the same provider (SPEC 4).
+"""How long to wait before the next attempt on the same provider.
 
 Two shapes of jittered exponential backoff, both from the AWS architecture blog post
 "Exponential Backoff And Jitter":

@@ -1,4 +1,4 @@
-"""The daemon-wide circuit breaker, one per provider and one per tool (SPEC 5).
+"""The daemon-wide circuit breaker, one per provider and one per tool.
 
 Everything that affects the breaker's state lives in this module: the state is derived
 from two stored facts (the consecutive failure streak and the time the breaker is open

@@ -1,4 +1,4 @@
-"""The turn's budget: tokens, active seconds, steps, cost and an optional deadline (SPEC 6.1).
+"""The turn's budget: tokens, active seconds, steps, cost and an optional deadline.
 
 Two decisions live here, both taken at the top of a step before anything is spent:
 
@@ -27,7 +27,7 @@ from turnkeeper.policy.outcome import Stop, StopCode
 if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
     from turnkeeper.config import BudgetConfig
 
-# The keys a submit may override for its own turn (SPEC 10, POST /v1/turns `budget`).
+# The keys a submit may override for its own turn (the `budget` object of POST /v1/turns).
 OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd")
 UNBOUNDED_TOKENS = 2**62
 

@@ -1,6 +1,6 @@
 """Limits from measured runs: percentiles of what completed turns used, a suggested
 budget at a multiple of the p95, and what each current limit stopped or would have
-stopped (issue 11).
+stopped.
 
 Pure: the caller reads the turns from the store and passes them in.
 

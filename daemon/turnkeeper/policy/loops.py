@@ -1,5 +1,5 @@
 """Loop detection and the failure loop: the rules that stop a turn going round in circles
-(SPEC 6.2 and the `failure_streak` counter of SPEC 3).
+(repeated actions, state cycles and the `failure_streak` counter).
 
 Three different ways to loop, three different counters, never shared:
 
@@ -294,7 +294,7 @@ _FAILURE_CODES = {
 
 
 class FailureLoop:
-    """Consecutive identical tool failures (SPEC 3 `failure_streak`).
+    """Consecutive identical tool failures (the `failure_streak` counter).
 
     Signature = tool + canonical arguments + failure class. A failure with the signature
     of the previous failure extends its streak; any other failure starts a new streak of

@@ -1,4 +1,4 @@
-"""The retry budget per provider, shared by every turn of the daemon (SPEC 5).
+"""The retry budget per provider, shared by every turn of the daemon.
 
 Envoy's retry budget: retries in flight may not exceed
 

@@ -1,10 +1,10 @@
 """What the daemon makes of the tools an MCP server declares, and of the ways a call to
 one fails. Pure: the edge (`tools/mcp.py`) feeds in what the SDK reported.
 
-Traits (SPEC 6, "a non-idempotent call is never retried automatically ... not re-run on
-resume"). An MCP tool's annotations are hints with defaults the MCP specification fixes
-(readOnlyHint false, destructiveHint true, idempotentHint false). The daemon maps them,
-first rule that applies wins:
+Traits (a non-idempotent call is never retried automatically, and never re-run on
+resume, because a second run could repeat its side effect). An MCP tool's annotations
+are hints with defaults the MCP specification fixes (readOnlyHint false, destructiveHint
+true, idempotentHint false). The daemon maps them, first rule that applies wins:
 
 1. a per-server override in config (`overrides = { tool = { idempotent = ... } }`);
    `destructive = true` there means not idempotent;
@@ -20,7 +20,7 @@ most specific name first and a base that carries the class second (as `CircuitOp
 ConnectionError` does for an open breaker):
 
 - the server is down, the connection closed under the call, the call timed out:
-  retryable (SPEC 4: connection reset/refused, timeouts);
+  retryable (connection reset or refused and timeouts are transient by nature);
 - a result with `isError: true`: the tool ran and said no. Deterministic (sending the
   same arguments again gives the same answer) unless its text reads as a transient
   condition (a timeout, "temporarily unavailable", a 429/503...), then retryable;
