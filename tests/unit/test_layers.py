@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import re
 from pathlib import Path
 
@@ -193,6 +194,17 @@ def test_every_room_of_the_table_may_import_only_rooms_of_the_table() -> None:
     rooms = set(MAY_IMPORT)
     assert set(ROOM_OF.values()) <= rooms
     assert all(allowed <= rooms for allowed in MAY_IMPORT.values())
+
+
+def test_the_layer_table_is_the_one_the_architecture_page_describes() -> None:
+    page = PACKAGE_DIR.parents[1] / "docs" / "architecture.md"
+    if not page.exists():  # an installed package without its docs
+        pytest.skip("docs/architecture.md is not beside the package")
+    text = page.read_text(encoding="utf-8")
+    table = text[text.index("| room | may import |"):]
+    rows = itertools.takewhile(lambda line: line.startswith("|"), table.splitlines()[2:])
+    rooms = {row.split("|")[1].strip() for row in rows}
+    assert rooms == set(MAY_IMPORT)
 
 
 def test_no_module_imports_against_the_layer_order() -> None:
