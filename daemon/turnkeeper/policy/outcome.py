@@ -1,4 +1,4 @@
-"""Stop codes, the counter each one names, and the one result every turn ends with (SPEC 7).
+"""Stop codes, the counter each one names, and the one result every turn ends with.
 
 The set of codes is closed: a stop that does not fit one of these is a bug, reported as
 `internal`, never as a generic loop error.
@@ -41,7 +41,7 @@ class StopCode(StrEnum):
     INTERNAL = "internal"
 
 
-# The counter each stop code names (SPEC 7). Codes that end a turn normally name none.
+# The counter each stop code names. Codes that end a turn normally name none.
 COUNTER_OF: dict[StopCode, str | None] = {
     StopCode.COMPLETED: None,
     StopCode.BLOCKED: None,
@@ -80,7 +80,10 @@ GUARD_FAMILY: dict[StopCode, str] = {
 # `budget.steps` (the backstop) and `deadline` are in no family: no mode can make a turn
 # endless.
 
-# Codes whose turns go to the dead-letter list (SPEC 7).
+# Codes whose turns go to the dead-letter list: the turns that stopped for a reason no
+# retry inside the turn could fix (every provider refused or stayed down, or a bug), and
+# that an operator may replay once the cause is dealt with. `goes_to_dead_letters` is the
+# rule; the stores build their dead-letter query from this same set.
 DEAD_LETTER_CODES = frozenset({StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
                                StopCode.INTERNAL})
 
@@ -158,3 +161,17 @@ class TurnResult:
                    open_issues=tuple(data.get("open_issues", ())),
                    error_id=data.get("error_id"),
                    extra={k: v for k, v in data.items() if k not in known})
+
+
+def goes_to_dead_letters(outcome: Stop | TurnResult | dict[str, Any] | None) -> bool:
+    """Whether a turn that ended so is a dead letter: listed for an operator, and the only
+    kind of turn a replay accepts. Takes the stop, the result, or a stored result's JSON
+    (None, a turn with no result, is not one)."""
+    if outcome is None:
+        return False
+    if isinstance(outcome, TurnResult):
+        return outcome.stopped_because.code in DEAD_LETTER_CODES
+    if isinstance(outcome, Stop):
+        return outcome.code in DEAD_LETTER_CODES
+    code = (outcome.get("stopped_because") or {}).get("code")
+    return code in DEAD_LETTER_CODES

@@ -38,10 +38,13 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper.events import Event
+from turnkeeper.policy.outcome import DEAD_LETTER_CODES
+from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import StoreError, StoreInUse
 
 SCHEMA_VERSION = 2
 MAX_BATCH = 1000
+DEAD_LETTERS_SHOWN = 1000
 # Idempotent calls between intent and outcome (a cancelled call never clears its key: the
 # bound keeps that from growing; past it, outcomes are simply awaited).
 MAX_PENDING_IDEMPOTENT = 100_000
@@ -88,8 +91,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 
-TERMINAL_STATES = ("completed", "blocked", "partial", "failed", "cancelled")
-_TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in TERMINAL_STATES) + ")"
+
+def _sql_set(values: Iterable[str]) -> str:
+    """A constant set as an SQL list: `('a','b')` (the values are our own enum names)."""
+    return "(" + ",".join(f"'{v}'" for v in sorted(values)) + ")"
+
+
+_TERMINAL_SQL = _sql_set(TERMINAL_STATES)
+_DEAD_LETTER_SQL = _sql_set(DEAD_LETTER_CODES)
 
 
 # One encoder for every write (json.dumps with options builds a new one per call), with no
@@ -504,9 +513,9 @@ class SQLiteStore:
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         rows = await self._read(
-            "SELECT record, replayed_by FROM turns WHERE state = 'failed' OR"
-            " json_extract(record, '$.result.stopped_because.code') = 'providers.exhausted'"
-            " ORDER BY seq DESC LIMIT 1000")
+            "SELECT record, replayed_by FROM turns WHERE"
+            f" json_extract(record, '$.result.stopped_because.code') IN {_DEAD_LETTER_SQL}"
+            f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
         out = []
         for record_json, replayed_by in rows:
             record = json.loads(record_json)
