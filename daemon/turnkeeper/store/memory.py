@@ -1,0 +1,237 @@
+"""A store held in memory: the same semantics as the SQLite store, with nothing on disk.
+
+It is a real backend, not a mock: tests and the in-process benchmarks run the supervisor
+on it and expect what SQLite gives (the conformance suite runs the same tests against
+both). Every record, checkpoint and event goes through a JSON round trip on the way in
+and out, as it does through SQLite's text columns, so a caller that keeps mutating its
+dict after a write cannot change what was stored, and tuples come back as lists.
+
+What it does not have is durability: a write is "committed" when its call returns, and
+everything is gone with the process. `append_event` and `reserve_event_seqs` apply at
+once instead of riding along with the next durable write, which only makes the stored
+events a longer prefix of those published than SQLite would keep after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from turnkeeper.events import Event
+from turnkeeper.policy.outcome import goes_to_dead_letters
+from turnkeeper.policy.turn_state import TERMINAL_STATES
+from turnkeeper.store.base import StoreError
+
+DEAD_LETTERS_SHOWN = 1000
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+
+
+def _copy(value: Any) -> Any:
+    """What a JSON column would give back for `value`."""
+    return json.loads(_ENCODER.encode(value))
+
+
+def _head(items: list[Any], limit: int) -> list[Any]:
+    """The first `limit` items; a negative limit is none, as SQL's LIMIT -1."""
+    return items if limit < 0 else items[:limit]
+
+
+@dataclass(slots=True)
+class _Row:
+    seq: int
+    session: str
+    state: str
+    updated_at: float
+    record: dict[str, Any]
+    checkpoint: dict[str, Any]
+    replayed_by: str | None = None
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._turns: dict[str, _Row] = {}
+        self._events: dict[int, dict[str, Any]] = {}
+        self._event_turn: dict[int, str | None] = {}
+        self._journal: dict[str, dict[str, Any]] = {}
+        self._reserved = 0
+        self._next_seq = 0
+        self._open = False
+        self._closed = anyio.Event()
+        self.durable_writes = 0
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(turns={len(self._turns)}, events={len(self._events)})"
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def open(self) -> None:
+        self._open = True
+
+    async def close(self) -> None:
+        self._open = False
+        self._closed.set()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Stands in for the SQLite writer task (the daemon starts one): returns once the
+        store is closed."""
+        task_status.started()
+        await self._closed.wait()
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StoreError("state store is closed: the write was not made")
+        self.durable_writes += 1
+
+    def _rows(self) -> list[_Row]:
+        return sorted(self._turns.values(), key=lambda r: r.seq)
+
+    # -- writing ------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        self._check_open()
+
+    def _add_events(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if event.seq not in self._events:  # as INSERT OR IGNORE: the first one stays
+                self._events[event.seq] = _copy(event.to_json())
+                self._event_turn[event.seq] = event.turn
+
+    async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                          events: Sequence[Event] = ()) -> int:
+        self._check_open()
+        if record["id"] in self._turns:
+            raise StoreError(f"state store write failed: turn {record['id']} exists")
+        self._next_seq += 1
+        record["seq"] = self._next_seq
+        self._turns[record["id"]] = _Row(
+            seq=self._next_seq, session=record["session"], state=record["state"],
+            updated_at=record["updated_at"], record=_copy(record), checkpoint=_copy(checkpoint))
+        self._add_events(events)
+        return self._next_seq
+
+    async def save_turn(self, record: dict[str, Any],
+                        checkpoint: dict[str, Any] | None = None, *,
+                        events: Sequence[Event] = ()) -> None:
+        self._check_open()
+        row = self._turns.get(record["id"])
+        if row is not None:  # as an UPDATE that matches no row: nothing changes
+            row.state, row.updated_at = record["state"], record["updated_at"]
+            row.record = _copy(record)
+            if checkpoint is not None:
+                row.checkpoint = _copy(checkpoint)
+        self._add_events(events)
+
+    async def append_message(self, turn_id: str, message: dict[str, Any], *,
+                             updated_at: float, events: Sequence[Event] = ()) -> None:
+        """The message joins the stored inbox; the rest of the stored record stays as of
+        its last checkpoint (see the store interface for why)."""
+        self._check_open()
+        row = self._turns.get(turn_id)
+        if row is not None:
+            inbox = row.record.get("inbox") or []
+            row.record["inbox"] = [*inbox, _copy(message)]
+            row.record["updated_at"] = updated_at
+            row.updated_at = updated_at
+        self._add_events(events)
+
+    def append_event(self, event: Event) -> None:
+        if self._open:
+            self._add_events([event])
+
+    def reserve_event_seqs(self, upto: int) -> None:
+        if self._open:
+            self._reserved = max(self._reserved, upto)
+
+    async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
+                             idempotent: bool) -> None:
+        self._check_open()
+        self._journal.setdefault(key, {"turn": turn, "tool": tool, "arguments": arguments,
+                                       "idempotent": idempotent, "outcome": None})
+
+    async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
+        self._check_open()
+        entry = self._journal.get(key)
+        if entry is not None:
+            entry["outcome"] = _copy(outcome)
+
+    async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
+        self._check_open()
+        row = self._turns.get(turn_id)
+        if row is not None:
+            row.replayed_by = new_turn_id
+
+    # -- reading ------------------------------------------------------------------
+
+    async def max_event_seq(self) -> int:
+        return max(max(self._events, default=0), self._reserved)
+
+    async def get_turn(self, turn_id: str) -> dict[str, Any] | None:
+        row = self._turns.get(turn_id)
+        if row is None:
+            return None
+        record: dict[str, Any] = _copy(row.record)
+        if row.replayed_by:
+            record["replayed_by"] = row.replayed_by
+        return record
+
+    async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
+        row = self._turns.get(turn_id)
+        return None if row is None else _copy(row.checkpoint)
+
+    async def list_turns(self, *, state: str | None = None, session: str | None = None,
+                         limit: int = 100) -> list[dict[str, Any]]:
+        rows = [r for r in reversed(self._rows())
+                if (not state or r.state == state) and (not session or r.session == session)]
+        return [_copy(r.record) for r in _head(rows, limit)]
+
+    async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return [(_copy(r.record), _copy(r.checkpoint)) for r in self._rows()
+                if r.state not in TERMINAL_STATES]
+
+    async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
+        return [_copy(r.record) for r in self._rows()
+                if r.session == session and r.seq < before_seq and r.state in TERMINAL_STATES]
+
+    async def events(self, *, turn: str | None = None, after_seq: int = 0,
+                     limit: int = 10_000) -> list[dict[str, Any]]:
+        seqs = sorted(s for s in self._events
+                      if s > after_seq and (turn is None or self._event_turn[s] == turn))
+        return [_copy(self._events[s]) for s in _head(seqs, limit)]
+
+    async def journal_get(self, key: str) -> dict[str, Any] | None:
+        entry = self._journal.get(key)
+        if entry is None:
+            return None
+        return {"key": key, "tool": entry["tool"], "arguments": entry["arguments"],
+                "idempotent": bool(entry["idempotent"]),
+                "outcome": _copy(entry["outcome"]) if entry["outcome"] else None}
+
+    async def finished_turns(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[dict[str, Any]]:
+        floor = since if since is not None else 0.0
+        rows = [r for r in reversed(self._rows())
+                if r.state in TERMINAL_STATES and r.updated_at >= floor]
+        return [_copy(r.record) for r in _head(rows, limit)]
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        out = []
+        for row in reversed(self._rows()):
+            result = row.record.get("result") or {}
+            if not goes_to_dead_letters(result):
+                continue
+            record = _copy(row.record)
+            out.append({"id": record["id"], "turn": record["id"],
+                        "session": record["session"], "message": record["message"],
+                        "budget": record.get("budget"), "deadline": record.get("deadline"),
+                        "stopped_because": result.get("stopped_because"),
+                        "last_error": record.get("last_error"),
+                        "finished_at": record["updated_at"], "replayed_by": row.replayed_by})
+            if len(out) >= DEAD_LETTERS_SHOWN:
+                break
+        return out
