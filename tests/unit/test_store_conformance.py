@@ -1,0 +1,251 @@
+"""One suite, every store: each backend must give the same answers to the same calls.
+
+The fixture opens each backend (SQLite on a temporary file, the in-memory store) and
+runs its writer task where it has one; a new backend joins by adding itself to
+`BACKENDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from turnkeeper.events import Event
+from turnkeeper.store.base import Store, StoreError
+from turnkeeper.store.memory import MemoryStore
+from turnkeeper.store.sqlite import SQLiteStore
+
+BACKENDS: dict[str, Callable[[Path], Any]] = {
+    "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),
+    "memory": lambda tmp: MemoryStore(),
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    backend = BACKENDS[request.param](tmp_path)
+    await backend.open()
+    async with anyio.create_task_group() as tg:
+        await tg.start(backend.run)
+        try:
+            yield backend
+        finally:
+            await backend.close()
+
+
+def record(turn_id: str, *, session: str | None = None, state: str = "queued",
+           at: float = 100.0, **extra: Any) -> dict[str, Any]:
+    return {"id": turn_id, "session": session or turn_id, "state": state,
+            "message": f"message of {turn_id}", "created_at": at, "updated_at": at,
+            "inbox": [], "budget": {"max_steps": 3}, "deadline": None, **extra}
+
+
+def finished(rec: dict[str, Any], state: str, code: str, *, at: float = 200.0
+             ) -> dict[str, Any]:
+    return {**rec, "state": state, "updated_at": at,
+            "result": {"status": state, "stopped_because": {"code": code}}}
+
+
+def event(seq: int, turn: str | None = None, type: str = "turn.step") -> Event:
+    return Event(seq=seq, ts=1.0 + seq, type=type, turn=turn, data={"n": seq})
+
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_insert_numbers_turns_in_submission_order_and_get_reads_them(store: Store
+                                                                           ) -> None:
+    a, b = record("t_a"), record("t_b")
+    assert await store.insert_turn(a, {"step": 0}) == 1
+    assert await store.insert_turn(b, {}) == 2
+    assert a["seq"] == 1 and b["seq"] == 2  # the caller's record learns its number
+    got = await store.get_turn("t_a")
+    assert got is not None and got["seq"] == 1 and got["message"] == "message of t_a"
+    assert await store.get_checkpoint("t_a") == {"step": 0}
+    assert await store.get_turn("t_missing") is None
+    assert await store.get_checkpoint("t_missing") is None
+
+
+async def test_stored_data_is_a_copy_of_what_was_written(store: Store) -> None:
+    a = record("t_a", tags=("x", "y"))
+    checkpoint: dict[str, Any] = {"conversation": [1]}
+    await store.insert_turn(a, checkpoint)
+    a["message"] = "changed after the write"
+    checkpoint["conversation"].append(2)
+    got = await store.get_turn("t_a")
+    assert got is not None and got["message"] == "message of t_a"
+    assert got["tags"] == ["x", "y"]  # JSON gives lists back
+    assert await store.get_checkpoint("t_a") == {"conversation": [1]}
+
+
+async def test_save_turn_replaces_the_record_and_the_checkpoint_only_when_given(
+        store: Store) -> None:
+    a = record("t_a")
+    await store.insert_turn(a, {"step": 0})
+    await store.save_turn({**a, "state": "running", "updated_at": 150.0}, {"step": 1})
+    got = await store.get_turn("t_a")
+    assert got is not None and got["state"] == "running"
+    assert await store.get_checkpoint("t_a") == {"step": 1}
+    await store.save_turn(finished(a, "completed", "completed"))
+    assert await store.get_checkpoint("t_a") == {"step": 1}
+    got = await store.get_turn("t_a")
+    assert got is not None and got["state"] == "completed"
+    await store.save_turn(record("t_never_inserted", state="running"))  # no row: no-op
+    assert await store.get_turn("t_never_inserted") is None
+
+
+async def test_append_message_adds_to_the_stored_inbox_and_nothing_else(store: Store
+                                                                       ) -> None:
+    a = record("t_a")
+    await store.insert_turn(a, {"step": 0})
+    message = {"kind": "steer", "text": "left", "redirect": False, "at": 120.0}
+    await store.append_message("t_a", message, updated_at=120.0,
+                               events=[event(1, "t_a", "turn.message")])
+    await store.append_message("t_a", {**message, "text": "right"}, updated_at=121.0)
+    got = await store.get_turn("t_a")
+    assert got is not None
+    assert [m["text"] for m in got["inbox"]] == ["left", "right"]
+    assert got["updated_at"] == 121.0 and got["state"] == "queued"
+    assert await store.get_checkpoint("t_a") == {"step": 0}
+    assert [e["type"] for e in await store.events(turn="t_a")] == ["turn.message"]
+
+
+async def test_events_commit_with_their_write_in_order_and_filter_by_turn(store: Store
+                                                                         ) -> None:
+    await store.insert_turn(record("t_a"), {}, events=[event(1, "t_a", "turn.queued")])
+    store.append_event(event(2, "t_a"))
+    store.append_event(event(3, None, "daemon.reloading"))
+    store.append_event(event(4, "t_b"))
+    store.append_event(event(2, "t_a", "duplicate"))  # a number is stored once
+    await store.flush()
+    assert [e["seq"] for e in await store.events()] == [1, 2, 3, 4]
+    assert [e["seq"] for e in await store.events(turn="t_a")] == [1, 2]
+    assert (await store.events(turn="t_a"))[1]["type"] == "turn.step"
+    assert [e["seq"] for e in await store.events(after_seq=2, limit=1)] == [3]
+    first = (await store.events())[0]
+    assert first == {"seq": 1, "ts": 2.0, "turn": "t_a", "type": "turn.queued", "n": 1}
+
+
+async def test_max_event_seq_covers_stored_and_reserved_numbers(store: Store) -> None:
+    assert await store.max_event_seq() == 0
+    store.append_event(event(5))
+    await store.flush()
+    assert await store.max_event_seq() == 5
+    store.reserve_event_seqs(100)
+    store.reserve_event_seqs(50)  # a reservation never goes down
+    await store.flush()
+    assert await store.max_event_seq() == 100
+
+
+async def test_list_turns_newest_first_with_filters_and_limit(store: Store) -> None:
+    for i, (session, state) in enumerate([("s1", "queued"), ("s2", "running"),
+                                          ("s1", "running"), ("s1", "queued")]):
+        rec = record(f"t_{i}", session=session)
+        await store.insert_turn(rec, {})
+        await store.save_turn({**rec, "state": state})
+    ids = [r["id"] for r in await store.list_turns()]
+    assert ids == ["t_3", "t_2", "t_1", "t_0"]
+    assert [r["id"] for r in await store.list_turns(state="running")] == ["t_2", "t_1"]
+    assert [r["id"] for r in await store.list_turns(session="s1")] == ["t_3", "t_2", "t_0"]
+    assert [r["id"] for r in await store.list_turns(state="queued", session="s1")] == [
+        "t_3", "t_0"]
+    assert [r["id"] for r in await store.list_turns(limit=2)] == ["t_3", "t_2"]
+
+
+async def test_unfinished_turns_in_submission_order_with_their_checkpoints(store: Store
+                                                                          ) -> None:
+    states = ["running", "completed", "suspended", "failed", "waiting", "queued"]
+    for i, state in enumerate(states):
+        rec = record(f"t_{i}")
+        await store.insert_turn(rec, {"i": i})
+        if state != "queued":
+            await store.save_turn({**rec, "state": state})
+    unfinished = await store.unfinished_turns()
+    assert [(r["id"], c["i"]) for r, c in unfinished] == [
+        ("t_0", 0), ("t_2", 2), ("t_4", 4), ("t_5", 5)]
+
+
+async def test_session_history_is_the_finished_turns_before_a_seq(store: Store) -> None:
+    seqs = []
+    for i, (session, state) in enumerate([("s", "completed"), ("other", "completed"),
+                                          ("s", "partial"), ("s", "running"),
+                                          ("s", "completed")]):
+        rec = record(f"t_{i}", session=session)
+        seqs.append(await store.insert_turn(rec, {}))
+        await store.save_turn({**rec, "state": state})
+    history = await store.session_history("s", before_seq=seqs[4])
+    assert [r["id"] for r in history] == ["t_0", "t_2"]
+    assert await store.session_history("s", before_seq=seqs[0]) == []
+
+
+async def test_journal_keeps_the_first_intent_and_its_outcome(store: Store) -> None:
+    await store.journal_intent("k1", turn="t_a", tool="write", arguments='{"x":1}',
+                               idempotent=False)
+    await store.journal_intent("k1", turn="t_a", tool="other", arguments="{}",
+                               idempotent=False)
+    assert await store.journal_get("k1") == {"key": "k1", "tool": "write",
+                                             "arguments": '{"x":1}', "idempotent": False,
+                                             "outcome": None}
+    await store.journal_outcome("k1", {"ok": True})
+    got = await store.journal_get("k1")
+    assert got is not None and got["outcome"] == {"ok": True}
+    await store.journal_intent("k2", turn="t_a", tool="read", arguments="{}",
+                               idempotent=True)
+    await store.journal_outcome("k2", {"ok": False})
+    await store.flush()
+    got = await store.journal_get("k2")
+    assert got is not None and got["idempotent"] is True and got["outcome"] == {"ok": False}
+    assert await store.journal_get("k_missing") is None
+
+
+async def test_finished_turns_newest_first_since_a_time(store: Store) -> None:
+    for i, (state, at) in enumerate([("completed", 100.0), ("running", 300.0),
+                                     ("partial", 300.0), ("cancelled", 400.0)]):
+        rec = record(f"t_{i}")
+        await store.insert_turn(rec, {})
+        await store.save_turn({**rec, "state": state, "updated_at": at})
+    assert [r["id"] for r in await store.finished_turns()] == ["t_3", "t_2", "t_0"]
+    assert [r["id"] for r in await store.finished_turns(since=300.0)] == ["t_3", "t_2"]
+    assert [r["id"] for r in await store.finished_turns(limit=1)] == ["t_3"]
+
+
+async def test_dead_letters_are_the_turns_the_rule_names_and_remember_replays(
+        store: Store) -> None:
+    ends = [("failed", "providers.rejected"), ("partial", "providers.exhausted"),
+            ("failed", "internal"), ("partial", "budget.steps"),
+            ("completed", "completed"), ("cancelled", "cancelled")]
+    for i, (state, code) in enumerate(ends):
+        rec = record(f"t_{i}", session="s", last_error=f"error {i}")
+        await store.insert_turn(rec, {})
+        await store.save_turn(finished(rec, state, code, at=200.0 + i))
+    letters = await store.dead_letters()
+    assert [x["id"] for x in letters] == ["t_2", "t_1", "t_0"]
+    assert letters[2] == {
+        "id": "t_0", "turn": "t_0", "session": "s", "message": "message of t_0",
+        "budget": {"max_steps": 3}, "deadline": None,
+        "stopped_because": {"code": "providers.rejected"}, "last_error": "error 0",
+        "finished_at": 200.0, "replayed_by": None}
+    await store.mark_replayed("t_0", "t_new")
+    assert (await store.dead_letters())[2]["replayed_by"] == "t_new"
+    got = await store.get_turn("t_0")
+    assert got is not None and got["replayed_by"] == "t_new"
+
+
+async def test_a_write_after_close_is_refused(tmp_path: Path) -> None:
+    for make in BACKENDS.values():
+        backend = make(tmp_path)
+        await backend.open()
+        async with anyio.create_task_group() as tg:
+            await tg.start(backend.run)
+            await backend.close()
+        with pytest.raises(StoreError):
+            await backend.insert_turn(record("t_late"), {})
