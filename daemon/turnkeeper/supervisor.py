@@ -6,7 +6,7 @@ run concurrently, at most `max_concurrent_turns` at once. A turn parked in `wait
 `recovering` gives its slot back (it keeps its session) and takes one again when it wakes,
 before queued turns: parked turns, however many, never block new work.
 
-A reload (SPEC 9) validates first and changes nothing when the file is bad; then drains:
+A reload validates first and changes nothing when the file is bad; then drains:
 parked turns are suspended at once, running ones finish under their policy or are
 suspended at their next step boundary after `drain_timeout`; then the policy is swapped in
 one step and the suspended turns go first in the queue. A stop that comes during a reload
@@ -34,10 +34,12 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import EventBus
 from turnkeeper.lifecycle.systemd import Notifier, extend_timeout_loop
 from turnkeeper.policy import limits
-from turnkeeper.policy.outcome import DEAD_LETTER_CODES, Stop, StopCode, TurnResult
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult, goes_to_dead_letters
+from turnkeeper.policy.scheduler import SessionScheduler
+from turnkeeper.policy.turn_state import LIVE_STATES, TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store
-from turnkeeper.turn.record import LIVE_STATES, TurnRecord
+from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl, TurnRunner
 
 log = structlog.get_logger("turnkeeper.supervisor")
@@ -76,7 +78,6 @@ class LiveTurn:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     done: anyio.Event = field(default_factory=anyio.Event)
     running: bool = False  # it has a task (running, or parked: recovering / waiting)
-    has_slot: bool = False  # it holds one of max_concurrent_turns (parked turns do not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +117,9 @@ class Supervisor:
         self.state = "starting"
         self.started_at = clock.monotonic()
         self.live: dict[str, LiveTurn] = {}
-        self.queue: deque[str] = deque()
-        self.running_sessions: set[str] = set()
-        self.running = 0  # turns with a task, parked ones included (what a drain waits for)
-        self.active = 0  # turns holding a slot of max_concurrent_turns
-        self._slot_waiters: deque[LiveTurn] = deque()  # parked turns woken, wanting a slot
+        self.scheduler = SessionScheduler(
+            max_concurrent=policy.config.daemon.max_concurrent_turns,
+            max_queued=policy.config.daemon.max_queued_turns)
         self.intake_open = False
         self.pending_restart: tuple[str, ...] = ()
         self.last_reload_error: str | None = None
@@ -146,6 +145,21 @@ class Supervisor:
     def config(self) -> Config:
         return self.policy.config
 
+    @property
+    def queue(self) -> deque[str]:
+        """Queued turn ids, next first (the scheduler's)."""
+        return self.scheduler.queue
+
+    @property
+    def running(self) -> int:
+        """Turns with a task, parked ones included (what a drain waits for)."""
+        return self.scheduler.running
+
+    @property
+    def active(self) -> int:
+        """Turns holding one of the concurrency slots."""
+        return self.scheduler.active
+
     # -- start ------------------------------------------------------------------------
 
     async def start(self, tg: TaskGroup) -> None:
@@ -156,11 +170,11 @@ class Supervisor:
         resumed = 0
         for record_json, checkpoint in await self.store.unfinished_turns():
             record = TurnRecord.from_json(record_json)
-            if record.state != "queued":
+            if record.state != TurnState.QUEUED:
                 record.policy_version = self.policy.version
             live = LiveTurn(record=record, checkpoint=checkpoint)
             self.live[record.id] = live
-            self.queue.append(record.id)
+            self.scheduler.enqueue(record.id, record.session)
             resumed += 1
         if resumed:
             log.info("daemon.resuming", turns=resumed)
@@ -193,14 +207,13 @@ class Supervisor:
             raise UnknownProfile(f"profile: no budget profile {profile!r} (known: {known})")
         if self.state in ("starting", "stopping"):
             raise IntakeRefused(f"the daemon is {self.state}", retry_after_s=5)
-        if len(self.queue) >= self.config.daemon.max_queued_turns:
-            raise IntakeRefused(
-                f"the queue is full ({len(self.queue)} turns waiting)",
-                retry_after_s=max(1, min(60, len(self.queue) // max(1, self.running or 1))))
+        refusal = self.scheduler.refusal()
+        if refusal is not None:
+            raise IntakeRefused(refusal.reason, retry_after_s=refusal.retry_after_s)
         now = self.clock.time()
         turn_id = new_turn_id()
         record = TurnRecord(id=turn_id, session=session or turn_id, message=message,
-                            created_at=now, updated_at=now, state="queued",
+                            created_at=now, updated_at=now, state=TurnState.QUEUED,
                             policy_version=self.policy.version, budget=budget,
                             deadline=deadline, replay_of=replay_of, profile=profile,
                             provider=self.config.providers[0].name)
@@ -218,51 +231,29 @@ class Supervisor:
             self.live.pop(turn_id, None)
             raise
         if turn_id in self.live:  # not cancelled while the write ran
-            self.queue.append(turn_id)
+            self.scheduler.enqueue(turn_id, record.session)
         self.bus.deliver(queued)
         log.info("turn.queued", **_log_context(record), queued=len(self.queue))
         self._dispatch()
         return record
 
     def _dispatch(self) -> None:
+        """Apply the scheduler's decision: wake the parked turns it gave a slot back to,
+        start a task for each turn it took from the queue."""
         if self._tg is None:
             return
-        limit = self.config.daemon.max_concurrent_turns
-        # Turns woken from a park (an answer came, a recovery wait ended) go before new
-        # work: they are in flight already. Intake being closed does not hold them back.
-        while self._slot_waiters and self.active < limit:
-            waiter = self._slot_waiters.popleft()
-            waiter.has_slot = True
-            self.active += 1
-            waiter.control.wake_up()
-        if not self.intake_open or self.active >= limit or not self.queue:
-            return
-        blocked: set[str] = set()
-        started: list[str] = []
-        for turn_id in self.queue:
-            if self.active + len(started) >= limit:
-                break
+        plan = self.scheduler.dispatch(intake_open=self.intake_open)
+        for turn_id in plan.woken:
+            woken = self.live.get(turn_id)
+            if woken is not None:
+                woken.control.wake_up()
+        for turn_id in plan.started:
             live = self.live.get(turn_id)
-            if live is None:
-                started.append(turn_id)  # stale entry: drop it
+            if live is None:  # stale entry: nothing to run
+                self.scheduler.finished(turn_id)
                 continue
-            session = live.record.session
-            if session in self.running_sessions or session in blocked:
-                blocked.add(session)
-                continue
-            blocked.add(session)
-            started.append(turn_id)
-        for turn_id in started:
-            self.queue.remove(turn_id)
-            live_turn = self.live.get(turn_id)
-            if live_turn is None:
-                continue
-            self.running += 1
-            self.active += 1
-            self.running_sessions.add(live_turn.record.session)
-            live_turn.running = True
-            live_turn.has_slot = True
-            self._tg.start_soon(self._run_turn, live_turn, name=f"turn {turn_id}")
+            live.running = True
+            self._tg.start_soon(self._run_turn, live, name=f"turn {turn_id}")
 
     def _release_slot(self, live: LiveTurn) -> None:
         """A turn parks: its slot goes to the next turn (its session stays taken). A turn
@@ -270,23 +261,22 @@ class Supervisor:
         are when the drain begins."""
         if self.state in ("reloading", "stopping"):
             live.control.suspend()
-        if live.has_slot:
-            live.has_slot = False
-            self.active -= 1
+        if self.scheduler.release_slot(live.record.id):
             self._dispatch()
 
     async def _acquire_slot(self, live: LiveTurn) -> None:
         """A parked turn wakes: wait for a slot, or until it is asked to suspend."""
-        if live.has_slot:
+        turn_id = live.record.id
+        if self.scheduler.holds_slot(turn_id):
             return
-        self._slot_waiters.append(live)
+        self.scheduler.want_slot(turn_id)
         self._dispatch()
         try:
-            while not live.has_slot and not live.control.suspend_requested:
+            while not self.scheduler.holds_slot(turn_id) \
+                    and not live.control.suspend_requested:
                 await live.control.wake.wait()
         finally:
-            if live in self._slot_waiters:
-                self._slot_waiters.remove(live)
+            self.scheduler.stop_wanting(turn_id)
 
     async def _run_turn(self, live: LiveTurn) -> None:
         record = live.record
@@ -300,7 +290,7 @@ class Supervisor:
                                                            before_seq=record.seq)
                 # A replay repeats its dead letter's message: that turn is not history.
                 history = [h for h in history if h["id"] != record.replay_of]
-            if record.state in ("queued", "suspended"):
+            if record.state in (TurnState.QUEUED, TurnState.SUSPENDED):
                 record.policy_version = self.policy.version
             control = live.control
             control.release_slot = lambda: self._release_slot(live)
@@ -324,11 +314,7 @@ class Supervisor:
                       error=f"{type(exc).__name__}: {exc}")
         finally:
             live.running = False
-            self.running -= 1
-            if live.has_slot:
-                live.has_slot = False
-                self.active -= 1
-            self.running_sessions.discard(record.session)
+            self.scheduler.finished(record.id)
             if self.running == 0:
                 self._idle.set()
                 self._idle = anyio.Event()
@@ -336,7 +322,7 @@ class Supervisor:
 
     async def _finish(self, live: LiveTurn, result: TurnResult) -> None:
         record = live.record
-        record.state = result.status.value
+        record.state = TurnState(record.state).to(result.status.value)
         record.result = result.to_json()
         record.next_attempt_at = None
         record.question = None
@@ -354,7 +340,8 @@ class Supervisor:
                  value=stop.value, limit=stop.limit, message=stop.message, **record.counters,
                  tokens=record.usage["total_tokens"], seconds=record.usage["seconds"],
                  cost_usd=record.usage["cost_usd"])
-        if stop.code in DEAD_LETTER_CODES and stop.code is not StopCode.INTERNAL:
+        # An internal error was logged with its traceback where it happened.
+        if goes_to_dead_letters(stop) and stop.code is not StopCode.INTERNAL:
             log.warning("turn.dead_letter", turn=record.id, code=stop.code.value,
                         last_error=record.last_error)
         for hook in self.on_turn_finished:
@@ -378,7 +365,7 @@ class Supervisor:
         long poll must not hold the shutdown up)."""
         live = self.live.get(turn_id)
         if live is not None:
-            with anyio.move_on_after(timeout_s):
+            with self.clock.move_on_after(timeout_s):
                 async with anyio.create_task_group() as tg:
                     async def until(event: anyio.Event) -> None:
                         await event.wait()
@@ -438,8 +425,7 @@ class Supervisor:
         if live.running:
             live.control.cancel()
         else:
-            if turn_id in self.queue:
-                self.queue.remove(turn_id)
+            self.scheduler.dequeue(turn_id)
             await self._finish(live, TurnResult(stopped_because=Stop(
                 StopCode.CANCELLED, "cancelled before it started")))
         return {"turn": turn_id, "state": "cancelling" if live.running else "cancelled"}
@@ -448,9 +434,7 @@ class Supervisor:
         data = await self.store.get_turn(turn_id)
         if data is None:
             raise UnknownTurn(turn_id)
-        if data["state"] not in ("failed", "partial") or not data.get("result") or (
-                data["state"] == "partial" and data["result"]["stopped_because"]["code"]
-                != StopCode.PROVIDERS_EXHAUSTED.value):
+        if not goes_to_dead_letters(data.get("result")):
             raise TurnFinished(f"turn {turn_id} is not a dead letter")
         profile = data.get("profile")
         record = await self.submit(message=data["message"], session=data["session"],
@@ -463,7 +447,7 @@ class Supervisor:
 
     async def limits_report(self, *, profile: str | None, since_s: float | None,
                             factor: float) -> dict[str, Any]:
-        """Issue 11: what finished turns used, per profile, against the current limits."""
+        """What finished turns used, per profile, against the current limits."""
         since = None if since_s is None else self.clock.time() - since_s
         rows = await self.store.finished_turns(since=since)
         turns = [limits.TurnUsage(
@@ -488,7 +472,7 @@ class Supervisor:
     # -- status -----------------------------------------------------------------------
 
     def turn_counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(LIVE_STATES, 0)
+        counts = {state.value: 0 for state in LIVE_STATES}
         for live in self.live.values():
             if live.record.state in counts:
                 counts[live.record.state] += 1
@@ -599,10 +583,11 @@ class Supervisor:
         self.shared.apply(candidate.config)
         if self._tg is not None:  # MCP servers whose config changed restart, drained
             await runtime.toolbox.start(self._tg, replacing=previous.toolbox)
+        self.scheduler.set_limits(max_concurrent=applied.daemon.max_concurrent_turns,
+                                  max_queued=applied.daemon.max_queued_turns)
         suspended, self._suspended = self._suspended, []
-        for turn_id in reversed(suspended):
-            if turn_id in self.live:
-                self.queue.appendleft(turn_id)
+        self.scheduler.enqueue_first((turn_id, self.live[turn_id].record.session)
+                                     for turn_id in suspended if turn_id in self.live)
         self.last_reload_error = None
         self.reload_count += 1
         self.state = "ready"
@@ -642,9 +627,9 @@ class Supervisor:
         async with anyio.create_task_group() as tg:
             tg.start_soon(extend_timeout_loop, self.notifier, name="extend timeout")
             for live in list(self.live.values()):
-                if live.running and live.record.state in ("recovering", "waiting"):
+                if live.running and TurnState(live.record.state).parked:
                     live.control.suspend()
-            with anyio.move_on_after(timeout_s):
+            with self.clock.move_on_after(timeout_s):
                 while self.running:
                     await self._idle.wait()
             if self.running:
@@ -691,6 +676,6 @@ class Supervisor:
 
 
 def _log_context(record: TurnRecord) -> dict[str, Any]:
-    """What every log line of a turn carries (SPEC 13), read when the line is written."""
+    """What every log line of a turn carries, read when the line is written."""
     return {"turn": record.id, "session": record.session,
             "policy_version": record.policy_version, "provider": record.provider}
