@@ -1,0 +1,112 @@
+"""The supervisor: one task group owns every turn. Intake, the FIFO queue, the in-flight
+registry, drain, reload and stop all live here, and nowhere else.
+
+`Supervisor` is the one object the rest of the daemon holds. Its state is the core
+(`core.py`); its work is done by rooms, each with one job: `scheduling` (slots, dispatch,
+running and finishing a turn, as `policy/scheduler.py` decides), `intake` (submit,
+messages, cancel, replay), `queries` (turns, status, the limits report) and `lifecycle`
+(start, reload, drain, stop). The methods below only hand each call to its room.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anyio.abc import TaskGroup
+
+from turnkeeper.clock import Clock
+from turnkeeper.config import Policy
+from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.store.base import Store
+from turnkeeper.supervisor.core import (
+    IntakeRefused,
+    LiveTurn,
+    NotWaiting,
+    SupervisorCore,
+    TurnFinished,
+    UnknownProfile,
+    UnknownTurn,
+    new_turn_id,
+)
+from turnkeeper.supervisor.intake import Intake
+from turnkeeper.supervisor.lifecycle import Lifecycle, ReloadOutcome
+from turnkeeper.supervisor.queries import Queries
+from turnkeeper.supervisor.scheduling import Scheduling
+from turnkeeper.turn.record import TurnRecord
+
+__all__ = ["IntakeRefused", "LiveTurn", "NotWaiting", "ReloadOutcome", "Supervisor",
+           "TurnFinished", "UnknownProfile", "UnknownTurn", "new_turn_id"]
+
+
+class Supervisor(SupervisorCore):
+    def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
+                 config_path: str | None) -> None:
+        super().__init__(policy=policy, store=store, clock=clock, notifier=notifier,
+                         config_path=config_path)
+        self.scheduling = Scheduling(self)
+        self.intake = Intake(self)
+        self.queries = Queries(self)
+        self.lifecycle = Lifecycle(self)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self, tg: TaskGroup) -> None:
+        await self.lifecycle.start(tg)
+
+    async def wait_started(self) -> None:
+        await self.lifecycle.wait_started()
+
+    async def reload(self, trigger: str, *, unless_hash: str | None = None) -> ReloadOutcome:
+        return await self.lifecycle.reload(trigger, unless_hash=unless_hash)
+
+    def request_stop(self) -> None:
+        self.lifecycle.request_stop()
+
+    async def wait_stop_requested(self) -> None:
+        await self.lifecycle.wait_stop_requested()
+
+    async def stop(self) -> None:
+        await self.lifecycle.stop()
+
+    # -- intake -----------------------------------------------------------------------
+
+    async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
+                     deadline: float | None, replay_of: str | None = None,
+                     profile: str | None = None) -> TurnRecord:
+        return await self.intake.submit(message=message, session=session, budget=budget,
+                                        deadline=deadline, replay_of=replay_of,
+                                        profile=profile)
+
+    async def post_message(self, turn_id: str, *, kind: str, text: str,
+                           redirect: bool) -> dict[str, Any]:
+        return await self.intake.post_message(turn_id, kind=kind, text=text,
+                                              redirect=redirect)
+
+    async def cancel(self, turn_id: str) -> dict[str, Any]:
+        return await self.intake.cancel(turn_id)
+
+    async def replay(self, turn_id: str) -> TurnRecord:
+        return await self.intake.replay(turn_id)
+
+    # -- queries ----------------------------------------------------------------------
+
+    async def get_turn(self, turn_id: str) -> dict[str, Any]:
+        return await self.queries.get_turn(turn_id)
+
+    async def wait_turn(self, turn_id: str, timeout_s: float) -> dict[str, Any]:
+        return await self.queries.wait_turn(turn_id, timeout_s)
+
+    async def list_turns(self, *, state: str | None, session: str | None,
+                         limit: int) -> list[dict[str, Any]]:
+        return await self.queries.list_turns(state=state, session=session, limit=limit)
+
+    async def limits_report(self, *, profile: str | None, since_s: float | None,
+                            factor: float) -> dict[str, Any]:
+        return await self.queries.limits_report(profile=profile, since_s=since_s,
+                                                factor=factor)
+
+    def turn_counts(self) -> dict[str, int]:
+        return self.queries.turn_counts()
+
+    def status(self) -> dict[str, Any]:
+        return self.queries.status()

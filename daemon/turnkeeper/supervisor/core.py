@@ -1,0 +1,147 @@
+"""What every room of the supervisor shares: the daemon's state, the turns in memory,
+and the names other modules import (errors, `LiveTurn`, `new_turn_id`).
+
+The supervisor is one object to the rest of the daemon, but its work is split into rooms
+(scheduling, intake, queries, lifecycle), each a small class holding a reference to this
+core. Composition rather than mixins: each room reads and writes the shared state by an
+explicit `core.`, so where a field changes is visible, and a room's own bookkeeping (the
+reload coalescing counters) stays in the room instead of on one wide class.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from turnkeeper.clock import Clock
+from turnkeeper.config import Config, Policy
+from turnkeeper.errors import TurnkeeperError
+from turnkeeper.events import EventBus
+from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.policy.outcome import TurnResult
+from turnkeeper.policy.scheduler import SessionScheduler
+from turnkeeper.runtime import Runtime, Shared
+from turnkeeper.store.base import Store
+from turnkeeper.turn.record import TurnRecord
+from turnkeeper.turn.runner import TurnControl
+
+if TYPE_CHECKING:
+    from turnkeeper.supervisor.scheduling import Scheduling
+
+
+class IntakeRefused(TurnkeeperError):
+    """Submit refused: the queue is full or the daemon is stopping."""
+
+    def __init__(self, reason: str, retry_after_s: int) -> None:
+        super().__init__(reason)
+        self.retry_after_s = retry_after_s
+
+
+class UnknownProfile(TurnkeeperError, ValueError):
+    """A submit named a budget profile the policy does not define."""
+
+
+class UnknownTurn(TurnkeeperError):
+    pass
+
+
+class TurnFinished(TurnkeeperError):
+    """A message to a turn that has ended."""
+
+
+class NotWaiting(TurnkeeperError):
+    """An answer to a turn that asked no question: kept, it would answer a later one."""
+
+
+@dataclass(slots=True)
+class LiveTurn:
+    record: TurnRecord
+    control: TurnControl = field(default_factory=TurnControl)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    running: bool = False  # it has a task (running, or parked: recovering / waiting)
+
+
+def new_turn_id() -> str:
+    return "t_" + secrets.token_hex(8)
+
+
+def log_context(record: TurnRecord) -> dict[str, Any]:
+    """What every log line of a turn carries, read when the line is written."""
+    return {"turn": record.id, "session": record.session,
+            "policy_version": record.policy_version, "provider": record.provider}
+
+
+class SupervisorCore:
+    """The shared state. `Supervisor` is this plus its rooms."""
+
+    scheduling: Scheduling
+
+    def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
+                 config_path: str | None) -> None:
+        self.policy = policy
+        self.runtime = Runtime.build(policy)
+        self.shared = Shared()
+        self.shared.apply(policy.config)
+        self.store = store
+        self.clock = clock
+        self.notifier = notifier
+        self.config_path = config_path
+        self.bus = EventBus(clock=clock, persist=store.append_event,
+                            reserve=store.reserve_event_seqs)
+        self.state = "starting"
+        self.started_at = clock.monotonic()
+        self.live: dict[str, LiveTurn] = {}
+        self.scheduler = SessionScheduler(
+            max_concurrent=policy.config.daemon.max_concurrent_turns,
+            max_queued=policy.config.daemon.max_queued_turns)
+        self.intake_open = False
+        self.pending_restart: tuple[str, ...] = ()
+        self.last_reload_error: str | None = None
+        self.reload_count = 0
+        self.reload_failures = 0
+        self.tg: TaskGroup | None = None
+        self.idle = anyio.Event()  # set (and replaced) each time the last task ends
+        self.started_event = anyio.Event()
+        self.stopping_event = anyio.Event()  # long polls and event streams end on it
+        self.stop_requested_event = anyio.Event()
+        self.on_turn_finished: list[Callable[[TurnRecord, TurnResult], None]] = []
+        self.suspended_turns: list[str] = []  # suspended by a reload's drain, to requeue
+
+    def __repr__(self) -> str:
+        return (f"Supervisor(state={self.state!r}, policy_version={self.policy.version}, "
+                f"running={self.running}, queued={len(self.queue)})")
+
+    @property
+    def config(self) -> Config:
+        return self.policy.config
+
+    @property
+    def queue(self) -> deque[str]:
+        """Queued turn ids, next first (the scheduler's)."""
+        return self.scheduler.queue
+
+    @property
+    def running(self) -> int:
+        """Turns with a task, parked ones included (what a drain waits for)."""
+        return self.scheduler.running
+
+    @property
+    def active(self) -> int:
+        """Turns holding one of the concurrency slots."""
+        return self.scheduler.active
+
+    def status_line(self) -> str:
+        """systemd's STATUS=: state, counts, policy version, and a failed reload's error."""
+        parked = self.running - self.active
+        return (f"{self.state}; {self.active} running, "
+                + (f"{parked} parked, " if parked else "")
+                + f"{len(self.queue)} queued; policy v{self.policy.version}"
+                + (f"; last reload failed: {self.last_reload_error}"
+                   if self.last_reload_error else ""))

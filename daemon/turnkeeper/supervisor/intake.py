@@ -1,0 +1,127 @@
+"""Intake room: what comes in from clients (a new turn, a message to a running one, a
+cancel, a replay of a dead letter), checked and made durable before it is acknowledged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult, goes_to_dead_letters
+from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.supervisor.core import (
+    IntakeRefused,
+    LiveTurn,
+    NotWaiting,
+    SupervisorCore,
+    TurnFinished,
+    UnknownProfile,
+    UnknownTurn,
+    log_context,
+    new_turn_id,
+)
+from turnkeeper.turn.record import TurnRecord
+
+log = structlog.get_logger("turnkeeper.supervisor")
+
+
+class Intake:
+    def __init__(self, core: SupervisorCore) -> None:
+        self.core = core
+
+    async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
+                     deadline: float | None, replay_of: str | None = None,
+                     profile: str | None = None) -> TurnRecord:
+        core = self.core
+        if profile is not None and profile not in core.config.budget.profiles:
+            known = ", ".join(sorted(core.config.budget.profiles)) or "none are configured"
+            raise UnknownProfile(f"profile: no budget profile {profile!r} (known: {known})")
+        if core.state in ("starting", "stopping"):
+            raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
+        refusal = core.scheduler.refusal()
+        if refusal is not None:
+            raise IntakeRefused(refusal.reason, retry_after_s=refusal.retry_after_s)
+        now = core.clock.time()
+        turn_id = new_turn_id()
+        record = TurnRecord(id=turn_id, session=session or turn_id, message=message,
+                            created_at=now, updated_at=now, state=TurnState.QUEUED,
+                            policy_version=core.policy.version, budget=budget,
+                            deadline=deadline, replay_of=replay_of, profile=profile,
+                            provider=core.config.providers[0].name)
+        live = LiveTurn(record=record)
+        # Registered before the write so a concurrent GET sees it; queued and answered
+        # once it is on disk with its `turn.queued` event (a turn started earlier would
+        # not know its seq, which orders its session's history).
+        core.live[turn_id] = live
+        queued = core.bus.prepare("turn.queued", turn=turn_id, session=record.session,
+                                  message=message[:2000],
+                                  policy_version=record.policy_version)
+        try:
+            record.seq = await core.store.insert_turn(record.to_json(), {}, events=[queued])
+        except BaseException:
+            core.live.pop(turn_id, None)
+            raise
+        if turn_id in core.live:  # not cancelled while the write ran
+            core.scheduler.enqueue(turn_id, record.session)
+        core.bus.deliver(queued)
+        log.info("turn.queued", **log_context(record), queued=len(core.queue))
+        core.scheduling.dispatch()
+        return record
+
+    async def post_message(self, turn_id: str, *, kind: str, text: str,
+                           redirect: bool) -> dict[str, Any]:
+        core = self.core
+        live = core.live.get(turn_id)
+        if live is None:
+            if await core.store.get_turn(turn_id) is None:
+                raise UnknownTurn(turn_id)
+            raise TurnFinished(turn_id)
+        record = live.record
+        if record.result is not None or record.terminal:
+            raise TurnFinished(turn_id)  # its result is being written: nobody would read it
+        if kind == "answer" and record.question is None:
+            raise NotWaiting(f"turn {turn_id} is {record.state} and asked no question; "
+                             "send a steer instead")
+        now = core.clock.time()
+        message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
+        record.inbox.append(message)
+        record.updated_at = now
+        event = core.bus.prepare("turn.message", turn=turn_id, kind=kind, text=text[:2000],
+                                 redirect=redirect)
+        await core.store.append_message(turn_id, message, updated_at=now, events=[event])
+        core.bus.deliver(event)
+        log.info("turn.message", **log_context(record), kind=kind, redirect=redirect)
+        live.control.message_arrived(redirect=redirect)
+        return {"turn": turn_id, "accepted": kind}
+
+    async def cancel(self, turn_id: str) -> dict[str, Any]:
+        core = self.core
+        live = core.live.get(turn_id)
+        if live is None:
+            data = await core.store.get_turn(turn_id)
+            if data is None:
+                raise UnknownTurn(turn_id)
+            return {"turn": turn_id, "state": data["state"]}
+        if live.running:
+            live.control.cancel()
+        else:
+            core.scheduler.dequeue(turn_id)
+            await core.scheduling.finish(live, TurnResult(stopped_because=Stop(
+                StopCode.CANCELLED, "cancelled before it started")))
+        return {"turn": turn_id, "state": "cancelling" if live.running else "cancelled"}
+
+    async def replay(self, turn_id: str) -> TurnRecord:
+        core = self.core
+        data = await core.store.get_turn(turn_id)
+        if data is None:
+            raise UnknownTurn(turn_id)
+        if not goes_to_dead_letters(data.get("result")):
+            raise TurnFinished(f"turn {turn_id} is not a dead letter")
+        profile = data.get("profile")
+        record = await self.submit(message=data["message"], session=data["session"],
+                                   budget=data.get("budget") or {},
+                                   deadline=None, replay_of=turn_id,
+                                   profile=profile if profile in core.config.budget.profiles
+                                   else None)
+        await core.store.mark_replayed(turn_id, record.id)
+        return record

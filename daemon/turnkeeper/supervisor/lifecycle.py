@@ -1,0 +1,265 @@
+"""Lifecycle room: start (resume what was unfinished), reload, drain and stop.
+
+A reload validates first and changes nothing when the file is bad; then drains: parked
+turns are suspended at once, running ones finish under their policy or are suspended at
+their next step boundary after `drain_timeout`; then the policy is swapped in one step
+and the suspended turns go first in the queue. A stop that comes during a reload takes
+over its drain and the new policy is dropped. Every wait goes through the injected clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+
+from turnkeeper.config import ConfigError, Policy, keep_restart_keys, load_config
+from turnkeeper.lifecycle.systemd import extend_timeout_loop
+from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.runtime import Runtime
+from turnkeeper.supervisor.core import LiveTurn, SupervisorCore
+from turnkeeper.turn.record import TurnRecord
+
+log = structlog.get_logger("turnkeeper.supervisor")
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    ok: bool
+    policy_version: int
+    pending_restart: tuple[str, ...] = ()
+    error: str | None = None
+    duration_s: float = 0.0
+    stopping: bool = False  # refused because the daemon is stopping, not for the config
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.ok:
+            return {"error": self.error, "policy_version": self.policy_version}
+        return {"policy_version": self.policy_version,
+                "pending_restart": list(self.pending_restart),
+                "duration_s": round(self.duration_s, 6)}
+
+
+class Lifecycle:
+    def __init__(self, core: SupervisorCore) -> None:
+        self.core = core
+        # Reload triggers coalesce: a request numbered at most `_done_upto` is answered
+        # by the reload that covered it (`_last`).
+        self._lock = anyio.Lock()
+        self._requests = 0
+        self._done_upto = 0
+        self._last: ReloadOutcome | None = None
+
+    async def start(self, tg: TaskGroup) -> None:
+        """Resume every unfinished turn from its checkpoint, then open intake."""
+        core = self.core
+        core.tg = tg
+        await core.runtime.toolbox.start(tg)  # MCP servers: connected (or failed) once
+        core.bus.start_at(await core.store.max_event_seq())
+        resumed = 0
+        for record_json, checkpoint in await core.store.unfinished_turns():
+            record = TurnRecord.from_json(record_json)
+            if record.state != TurnState.QUEUED:
+                record.policy_version = core.policy.version
+            live = LiveTurn(record=record, checkpoint=checkpoint)
+            core.live[record.id] = live
+            core.scheduler.enqueue(record.id, record.session)
+            resumed += 1
+        if resumed:
+            log.info("daemon.resuming", turns=resumed)
+        core.state = "ready"
+        core.intake_open = True
+        core.started_event.set()
+        core.scheduling.dispatch()
+
+    async def wait_started(self) -> None:
+        """Until `start` has resumed the unfinished turns: what a request that arrives
+        earlier (systemd's socket accepts them before we run) waits for."""
+        core = self.core
+        await core.started_event.wait()
+
+    async def reload(self, trigger: str, *, unless_hash: str | None = None) -> ReloadOutcome:
+        """Every trigger comes here. Triggers that arrive while a reload runs coalesce
+        into one more reload, which all of them wait for. A caller that goes away (a client
+        hanging up) does not cut a reload short: once begun, it runs to its end.
+
+        `unless_hash` (the file watcher's): no reload when the running policy was loaded
+        from that content already (a SIGHUP sent right after saving got there first)."""
+        core = self.core
+        self._requests += 1
+        mine = self._requests
+        async with self._lock:
+            if self._done_upto >= mine and self._last is not None:
+                return self._last
+            if unless_hash is not None and unless_hash == core.policy.content_hash \
+                    and core.last_reload_error is None:
+                return ReloadOutcome(ok=True, policy_version=core.policy.version,
+                                     pending_restart=core.pending_restart)
+            upto = self._requests
+            with anyio.CancelScope(shield=True):
+                outcome = await self._reload(trigger)
+            self._done_upto = upto
+            self._last = outcome
+            return outcome
+
+    def _stopping_outcome(self) -> ReloadOutcome:
+        core = self.core
+        return ReloadOutcome(ok=False, policy_version=core.policy.version,
+                             error="the daemon is stopping", stopping=True)
+
+    async def _reload(self, trigger: str) -> ReloadOutcome:
+        core = self.core
+        if core.state == "stopping":
+            return self._stopping_outcome()
+        started = core.clock.monotonic()
+        try:
+            config, digest = await anyio.to_thread.run_sync(load_config, core.config_path)
+            if core.config_path and digest == EMPTY_SHA256:
+                # Valid TOML (every default: the offline demo provider), but on a reload far
+                # more likely a file caught between its truncation and its write.
+                raise ConfigError(f"config file {core.config_path} is empty (half-written?); "
+                                  "not applied. To run on the defaults, put a comment in it")
+            candidate = Policy(version=core.policy.version + 1, config=config,
+                               source_path=core.config_path, content_hash=digest)
+            runtime = Runtime.build(candidate, core.runtime)
+        except Exception as exc:  # ConfigError, or whatever building a provider raised
+            error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            core.last_reload_error = error
+            core.reload_failures += 1
+            core.bus.publish("daemon.reload_failed", trigger=trigger, error=error,
+                             policy_version=core.policy.version)
+            log.error("daemon.reload_failed", trigger=trigger, error=error,
+                      policy_version=core.policy.version)
+            core.notifier.status(core.status_line())
+            return ReloadOutcome(ok=False, policy_version=core.policy.version, error=error)
+        if core.state == "stopping":  # a SIGTERM came while the file was read
+            await self._discard(runtime)
+            return self._stopping_outcome()
+        core.state = "reloading"
+        core.notifier.reloading(core.status_line())
+        core.bus.publish("daemon.reloading", trigger=trigger,
+                         policy_version=core.policy.version)
+        log.info("daemon.reloading", trigger=trigger, policy_version=core.policy.version,
+                 running=core.active, parked=core.running - core.active,
+                 queued=len(core.queue))
+        core.intake_open = False
+        await self._drain(core.config.daemon.drain_timeout, reason="reload")
+        if core.state == "stopping":
+            # A SIGTERM during the drain: the stop owns the turns now (what this drain
+            # suspended resumes at the next start); the new policy is not applied.
+            await self._discard(runtime)
+            log.info("daemon.reload_abandoned", trigger=trigger,
+                     policy_version=core.policy.version)
+            return self._stopping_outcome()
+        # Swap atomically: nothing runs under the old policy any more.
+        previous = core.runtime
+        pending = core.policy.pending_restart(config)
+        core.pending_restart = tuple(pending)
+        applied = keep_restart_keys(core.policy.config, config)
+        candidate = Policy(version=candidate.version, config=applied,
+                           source_path=core.config_path, content_hash=digest)
+        runtime.policy = candidate
+        core.policy = candidate
+        core.runtime = runtime
+        core.shared.apply(candidate.config)
+        if core.tg is not None:  # MCP servers whose config changed restart, drained
+            await runtime.toolbox.start(core.tg, replacing=previous.toolbox)
+        core.scheduler.set_limits(max_concurrent=applied.daemon.max_concurrent_turns,
+                                  max_queued=applied.daemon.max_queued_turns)
+        suspended, core.suspended_turns = core.suspended_turns, []
+        core.scheduler.enqueue_first((turn_id, core.live[turn_id].record.session)
+                                     for turn_id in suspended if turn_id in core.live)
+        core.last_reload_error = None
+        core.reload_count += 1
+        core.state = "ready"
+        core.intake_open = True
+        core.scheduling.dispatch()
+        duration = core.clock.monotonic() - started
+        core.notifier.ready(core.status_line())
+        core.bus.publish("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
+                         content_hash=digest, pending_restart=pending,
+                         duration_s=round(duration, 6), resumed=len(suspended))
+        log.info("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
+                 content_hash=digest, pending_restart=pending, duration_s=round(duration, 6),
+                 suspended=len(suspended))
+        for provider in previous.retired_by(runtime):
+            await provider.aclose()
+        if previous.toolbox is not runtime.toolbox:
+            await previous.toolbox.aclose()
+        return ReloadOutcome(ok=True, policy_version=candidate.version,
+                             pending_restart=tuple(pending), duration_s=duration)
+
+    async def _discard(self, runtime: Runtime) -> None:
+        """Close what a reload built and will not use."""
+        core = self.core
+        for provider in runtime.retired_by(core.runtime):
+            await provider.aclose()
+        if runtime.toolbox is not core.runtime.toolbox:
+            await runtime.toolbox.aclose()
+
+    async def _drain(self, timeout_s: float, *, reason: str) -> None:
+        """Let running turns finish up to `timeout_s`; parked turns suspend at once, the
+        rest at their next step boundary once the time is up (a stop cuts them short).
+
+        While it lasts, systemd is told to extend its start/reload/stop timeout, a little
+        at a time, so a drain longer than `TimeoutStopSec=` is not killed for it, while a
+        wedged loop still is."""
+        core = self.core
+        if not core.running:
+            return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(extend_timeout_loop, core.notifier, name="extend timeout")
+            for live in list(core.live.values()):
+                if live.running and TurnState(live.record.state).parked:
+                    live.control.suspend()
+            with core.clock.move_on_after(timeout_s):
+                while core.running:
+                    await core.idle.wait()
+            if core.running:
+                log.info("daemon.drain_timeout", reason=reason, running=core.running)
+                for live in list(core.live.values()):
+                    if live.running:
+                        live.control.suspend(now=reason == "stop")
+                while core.running:
+                    await core.idle.wait()
+            tg.cancel_scope.cancel()
+
+    def request_stop(self) -> None:
+        """SIGTERM / SIGINT. A second one while the stop drains does not wait any longer:
+        every turn is suspended now (cut at once; it resumes from its last checkpoint at
+        the next start), as an operator pressing Ctrl-C twice expects."""
+        core = self.core
+        if core.stop_requested_event.is_set() and core.state == "stopping" and core.running:
+            log.warning("daemon.stop_now", running=core.running)
+            for live in list(core.live.values()):
+                if live.running:
+                    live.control.suspend(now=True)
+        core.stop_requested_event.set()
+
+    async def wait_stop_requested(self) -> None:
+        core = self.core
+        await core.stop_requested_event.wait()
+
+    async def stop(self) -> None:
+        core = self.core
+        if core.state == "stopping":
+            return
+        core.state = "stopping"
+        core.intake_open = False
+        core.notifier.stopping(core.status_line())
+        core.bus.publish("daemon.stopping", running=core.active,
+                         parked=core.running - core.active, queued=len(core.queue))
+        log.info("daemon.stopping", running=core.active, parked=core.running - core.active,
+                 queued=len(core.queue))
+        await self._drain(core.config.daemon.shutdown_timeout, reason="stop")
+        core.stopping_event.set()  # long polls answer now; live event streams end
+        core.bus.close_subscribers()
+        await core.runtime.toolbox.aclose()
+        for provider in core.runtime.providers.values():
+            await provider.aclose()

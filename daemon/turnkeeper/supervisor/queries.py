@@ -1,0 +1,114 @@
+"""Queries room: reads of turns, the daemon's status and the limits report. Nothing here
+changes a turn; a live turn is answered from memory, fresher than its last checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from turnkeeper import __version__
+from turnkeeper.policy import limits
+from turnkeeper.policy.turn_state import LIVE_STATES
+from turnkeeper.supervisor.core import SupervisorCore, UnknownTurn
+
+
+class Queries:
+    def __init__(self, core: SupervisorCore) -> None:
+        self.core = core
+
+    async def get_turn(self, turn_id: str) -> dict[str, Any]:
+        core = self.core
+        live = core.live.get(turn_id)
+        if live is not None:
+            return live.record.to_json()
+        data = await core.store.get_turn(turn_id)
+        if data is None:
+            raise UnknownTurn(turn_id)
+        return data
+
+    async def wait_turn(self, turn_id: str, timeout_s: float) -> dict[str, Any]:
+        """The turn once it is terminal, or after `timeout_s`, or as the daemon stops (a
+        long poll must not hold the shutdown up)."""
+        core = self.core
+        live = core.live.get(turn_id)
+        if live is not None:
+            with core.clock.move_on_after(timeout_s):
+                async with anyio.create_task_group() as tg:
+                    async def until(event: anyio.Event) -> None:
+                        await event.wait()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(until, live.done)
+                    tg.start_soon(until, core.stopping_event)
+        return await self.get_turn(turn_id)
+
+    async def list_turns(self, *, state: str | None, session: str | None,
+                         limit: int) -> list[dict[str, Any]]:
+        """Newest first. Every unfinished turn is in memory (resumed at start), so a
+        filter on a live state reads no store; otherwise the store's rows, each replaced by
+        the live record while the turn runs (fresher than its last checkpoint)."""
+        core = self.core
+        if state in LIVE_STATES:
+            records = sorted((t.record for t in core.live.values()
+                              if t.record.state == state
+                              and (session is None or t.record.session == session)),
+                             key=lambda r: r.seq, reverse=True)
+            return [r.to_json() for r in records[:limit]]
+        rows = await core.store.list_turns(state=state, session=session, limit=limit)
+        return [core.live[r["id"]].record.to_json() if r["id"] in core.live else r
+                for r in rows]
+
+    async def limits_report(self, *, profile: str | None, since_s: float | None,
+                            factor: float) -> dict[str, Any]:
+        """What finished turns used, per profile, against the current limits."""
+        core = self.core
+        since = None if since_s is None else core.clock.time() - since_s
+        rows = await core.store.finished_turns(since=since)
+        turns = [limits.TurnUsage(
+            profile=r.get("profile") or "default", status=r["state"],
+            code=r["result"]["stopped_because"]["code"],
+            tokens=int(r["usage"]["total_tokens"]), seconds=float(r["usage"]["seconds"]),
+            steps=int(r["counters"]["steps"]), cost_usd=float(r["usage"]["cost_usd"]),
+            would_have_stopped=tuple(w["code"] for w in r.get("would_have_stopped") or ()))
+            for r in rows if r.get("result")]
+        if profile is not None:
+            turns = [t for t in turns if t.profile == profile]
+        current: dict[str, dict[str, float]] = {}
+        for name in ("default", *core.config.budget.profiles):
+            b = core.config.guards(None if name == "default" else name).budget
+            current[name] = {"max_tokens": b.max_tokens, "max_seconds": b.max_seconds,
+                             "max_steps": b.max_steps, "max_cost_usd": b.max_cost_usd}
+        reports = limits.report(turns, limits=current, factor=factor)
+        return {"factor": factor, "since": since, "turns": len(turns),
+                "profiles": [r.to_json() for r in reports],
+                "toml": "\n\n".join(r.toml() for r in reports if r.completed)}
+
+    def turn_counts(self) -> dict[str, int]:
+        core = self.core
+        counts = {state.value: 0 for state in LIVE_STATES}
+        for live in core.live.values():
+            if live.record.state in counts:
+                counts[live.record.state] += 1
+        return counts
+
+    def status(self) -> dict[str, Any]:
+        core = self.core
+        now = core.clock.monotonic()
+        return {
+            "state": core.state,
+            "policy_version": core.policy.version,
+            "config_path": core.config_path,
+            "pending_restart": list(core.pending_restart),
+            "last_reload_error": core.last_reload_error,
+            "turns": self.turn_counts(),
+            "queue": {"depth": len(core.queue),
+                      "max": core.config.daemon.max_queued_turns,
+                      "max_concurrent": core.config.daemon.max_concurrent_turns},
+            "breakers": {name.split(":", 1)[1] if name.startswith("provider:") else name:
+                         b.state(now).value for name, b in core.shared.breakers.items()},
+            "reloads": {"count": core.reload_count, "failures": core.reload_failures},
+            "mcp_servers": core.runtime.toolbox.server_status(),
+            "uptime_s": round(now - core.started_at, 3),
+            "version": __version__,
+        }

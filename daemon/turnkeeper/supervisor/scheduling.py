@@ -1,0 +1,145 @@
+"""Scheduling room: applies the session scheduler's decisions, runs each turn's task and
+writes its end.
+
+Which turn runs next, how many at once and when a parked turn gets its slot back are
+decided in `policy/scheduler.py`; here those decisions become tasks, wake-ups and the
+final store write. A turn parked in `waiting` or `recovering` gives its slot back (it
+keeps its session) and takes one again when it wakes, before queued turns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import structlog
+
+from turnkeeper import logging as tk_logging
+from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
+from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
+from turnkeeper.turn.runner import TurnControl, TurnRunner
+
+log = structlog.get_logger("turnkeeper.supervisor")
+
+
+class Scheduling:
+    def __init__(self, core: SupervisorCore) -> None:
+        self.core = core
+
+    def dispatch(self) -> None:
+        """Apply the scheduler's decision: wake the parked turns it gave a slot back to,
+        start a task for each turn it took from the queue."""
+        core = self.core
+        if core.tg is None:
+            return
+        plan = core.scheduler.dispatch(intake_open=core.intake_open)
+        for turn_id in plan.woken:
+            woken = core.live.get(turn_id)
+            if woken is not None:
+                woken.control.wake_up()
+        for turn_id in plan.started:
+            live = core.live.get(turn_id)
+            if live is None:  # stale entry: nothing to run
+                core.scheduler.finished(turn_id)
+                continue
+            live.running = True
+            core.tg.start_soon(self.run_turn, live, name=f"turn {turn_id}")
+
+    def release_slot(self, live: LiveTurn) -> None:
+        """A turn parks: its slot goes to the next turn (its session stays taken). A turn
+        that parks while a reload or a stop drains is suspended at once, as parked turns
+        are when the drain begins."""
+        core = self.core
+        if core.state in ("reloading", "stopping"):
+            live.control.suspend()
+        if core.scheduler.release_slot(live.record.id):
+            self.dispatch()
+
+    async def acquire_slot(self, live: LiveTurn) -> None:
+        """A parked turn wakes: wait for a slot, or until it is asked to suspend."""
+        core = self.core
+        turn_id = live.record.id
+        if core.scheduler.holds_slot(turn_id):
+            return
+        core.scheduler.want_slot(turn_id)
+        self.dispatch()
+        try:
+            while not core.scheduler.holds_slot(turn_id) \
+                    and not live.control.suspend_requested:
+                await live.control.wake.wait()
+        finally:
+            core.scheduler.stop_wanting(turn_id)
+
+    async def run_turn(self, live: LiveTurn) -> None:
+        core = self.core
+        record = live.record
+        tk_logging.bind_turn_context(lambda: log_context(record))
+        try:
+            history: list[dict[str, Any]] = []
+            # A turn submitted without a session is its own session (named after it): it
+            # has no history to read, and the read cost ~18% of a 5-step turn's CPU.
+            if not live.checkpoint.get("conversation") and record.session != record.id:
+                history = await core.store.session_history(record.session,
+                                                           before_seq=record.seq)
+                # A replay repeats its dead letter's message: that turn is not history.
+                history = [h for h in history if h["id"] != record.replay_of]
+            if record.state in (TurnState.QUEUED, TurnState.SUSPENDED):
+                record.policy_version = core.policy.version
+            control = live.control
+            control.release_slot = lambda: self.release_slot(live)
+            control.acquire_slot = lambda: self.acquire_slot(live)
+            runner = TurnRunner(record, live.control, runtime=core.runtime,
+                                shared=core.shared, store=core.store, bus=core.bus,
+                                clock=core.clock, checkpoint=live.checkpoint,
+                                history=history)
+            result = await runner.run()
+            if result is None:
+                live.checkpoint = runner.checkpoint_data()
+                live.control = TurnControl()
+                log.info("turn.suspended", turn=record.id, session=record.session,
+                         policy_version=record.policy_version, **record.counters)
+                if core.state != "stopping":
+                    core.suspended_turns.append(record.id)
+                return
+            await self.finish(live, result)
+        except Exception as exc:  # the store failed under us: the turn stays resumable
+            log.error("turn.supervisor_error", turn=record.id,
+                      error=f"{type(exc).__name__}: {exc}")
+        finally:
+            live.running = False
+            core.scheduler.finished(record.id)
+            if core.running == 0:
+                core.idle.set()
+                core.idle = anyio.Event()
+            self.dispatch()
+
+    async def finish(self, live: LiveTurn, result: TurnResult) -> None:
+        core = self.core
+        record = live.record
+        record.state = TurnState(record.state).to(result.status.value)
+        record.result = result.to_json()
+        record.next_attempt_at = None
+        record.question = None
+        record.updated_at = core.clock.time()
+        # The result and its `turn.finished` event commit together: after any crash a
+        # turn has both or neither (and then resumes), never one finish too many.
+        finished = core.bus.prepare("turn.finished", turn=record.id, result=record.result)
+        with anyio.CancelScope(shield=True):
+            await core.store.save_turn(record.to_json(), events=[finished])
+        stop = result.stopped_because
+        core.bus.deliver(finished)
+        log.info("turn.finished", turn=record.id, session=record.session,
+                 policy_version=record.policy_version, provider=record.provider,
+                 status=record.state, code=stop.code.value, counter=stop.counter,
+                 value=stop.value, limit=stop.limit, message=stop.message, **record.counters,
+                 tokens=record.usage["total_tokens"], seconds=record.usage["seconds"],
+                 cost_usd=record.usage["cost_usd"])
+        # An internal error was logged with its traceback where it happened.
+        if goes_to_dead_letters(stop) and stop.code is not StopCode.INTERNAL:
+            log.warning("turn.dead_letter", turn=record.id, code=stop.code.value,
+                        last_error=record.last_error)
+        for hook in core.on_turn_finished:
+            hook(record, result)
+        core.live.pop(record.id, None)
+        live.done.set()
