@@ -34,6 +34,18 @@ class StoreInUse(StoreError):
     exit_code = exits.UNAVAILABLE
 
 
+def dead_letter_entry(record: dict[str, Any], replayed_by: str | None) -> dict[str, Any]:
+    """One line of the dead-letter list, the same from every store: what a replay needs
+    and what the operator reads to decide on one."""
+    result = record.get("result") or {}
+    return {"id": record["id"], "turn": record["id"], "session": record["session"],
+            "message": record["message"], "budget": record.get("budget"),
+            "deadline": record.get("deadline"),
+            "stopped_because": result.get("stopped_because"),
+            "last_error": record.get("last_error"), "finished_at": record["updated_at"],
+            "replayed_by": replayed_by}
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
 

@@ -24,7 +24,7 @@ import anyio
 from turnkeeper.events import Event
 from turnkeeper.policy.outcome import goes_to_dead_letters
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError
+from turnkeeper.store.base import StoreError, dead_letter_entry
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -225,13 +225,7 @@ class MemoryStore:
             result = row.record.get("result") or {}
             if not goes_to_dead_letters(result):
                 continue
-            record = _copy(row.record)
-            out.append({"id": record["id"], "turn": record["id"],
-                        "session": record["session"], "message": record["message"],
-                        "budget": record.get("budget"), "deadline": record.get("deadline"),
-                        "stopped_because": result.get("stopped_because"),
-                        "last_error": record.get("last_error"),
-                        "finished_at": record["updated_at"], "replayed_by": row.replayed_by})
+            out.append(dead_letter_entry(_copy(row.record), row.replayed_by))
             if len(out) >= DEAD_LETTERS_SHOWN:
                 break
         return out

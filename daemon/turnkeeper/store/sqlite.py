@@ -23,8 +23,6 @@ a new, empty one.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import sqlite3
@@ -40,56 +38,17 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from turnkeeper.events import Event
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError, StoreInUse
+from turnkeeper.store.base import StoreError, dead_letter_entry
+from turnkeeper.store.sqlite_lock import lock_exclusive
+from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
+from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
+from turnkeeper.store.sqlite_schema import prepare
 
-SCHEMA_VERSION = 2
 MAX_BATCH = 1000
 DEAD_LETTERS_SHOWN = 1000
 # Idempotent calls between intent and outcome (a cancelled call never clears its key: the
 # bound keeps that from growing; past it, outcomes are simply awaited).
 MAX_PENDING_IDEMPOTENT = 100_000
-
-# Migrations: index i brings the schema from version i to i + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        """CREATE TABLE turns (
-            id TEXT PRIMARY KEY,
-            seq INTEGER NOT NULL UNIQUE,
-            session TEXT NOT NULL,
-            state TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            record TEXT NOT NULL,
-            checkpoint TEXT NOT NULL DEFAULT '{}',
-            replayed_by TEXT
-        )""",
-        "CREATE INDEX turns_state ON turns(state, seq)",
-        "CREATE INDEX turns_session ON turns(session, seq)",
-        """CREATE TABLE events (
-            seq INTEGER PRIMARY KEY,
-            turn TEXT,
-            ts REAL NOT NULL,
-            type TEXT NOT NULL,
-            data TEXT NOT NULL
-        )""",
-        "CREATE INDEX events_turn ON events(turn, seq)",
-        """CREATE TABLE journal (
-            key TEXT PRIMARY KEY,
-            turn TEXT NOT NULL,
-            tool TEXT NOT NULL,
-            arguments TEXT NOT NULL,
-            idempotent INTEGER NOT NULL,
-            outcome TEXT
-        )""",
-    ),
-    (
-        # Daemon-wide values that must survive a crash (the event numbers reserved).
-        """CREATE TABLE meta (
-            key TEXT PRIMARY KEY,
-            value INTEGER NOT NULL
-        )""",
-    ),
-)
 
 
 def _sql_set(values: Iterable[str]) -> str:
@@ -162,24 +121,7 @@ class SQLiteStore:
         return self.path.with_name(self.path.name + ".lock")
 
     def _lock_sync(self) -> None:
-        """Hold an exclusive lock for the life of the process (the kernel drops it when
-        the process dies, kill -9 included)."""
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise StoreInUse(
-                    f"state database {self.path} is in use by another turnkeeper"
-                    + (f" (pid {holder})" if holder else "")
-                    + "; two daemons on one state directory would run the same turns "
-                    "twice") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd = lock_exclusive(self.lock_path, self.path)
 
     def _open_sync(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -187,33 +129,7 @@ class SQLiteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
             self._lock_sync()
             conn = self._connect()
-            # Checked before anything is written: a database this code must not use is
-            # left exactly as it was found (even the switch to WAL writes its header).
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"state database {self.path} has schema version {version}, newer than "
-                    f"this turnkeeper understands ({SCHEMA_VERSION}); refusing to touch it "
-                    "(run the newer turnkeeper, or restore a backup made by this one)")
-            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
-            if problems != ["ok"]:
-                found = " ".join("; ".join(problems).split())
-                raise StoreError(
-                    f"state database {self.path} is corrupt (quick_check: {found[:300]}); "
-                    "restore it from a backup or move it aside to start with an empty "
-                    "store")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode is None or str(mode[0]).lower() != "wal":
-                raise StoreError(f"state database {self.path} cannot use WAL mode "
-                                 f"(journal_mode is {mode[0] if mode else None!r})")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            for v in range(version, SCHEMA_VERSION):
-                conn.execute("BEGIN IMMEDIATE")
-                for stmt in MIGRATIONS[v]:
-                    conn.execute(stmt)
-                conn.execute(f"PRAGMA user_version = {v + 1}")
-                conn.execute("COMMIT")
+            prepare(conn, self.path)
             row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM turns").fetchone()
             self._next_seq = int(row[0])
             self._writer = conn
@@ -516,14 +432,5 @@ class SQLiteStore:
             "SELECT record, replayed_by FROM turns WHERE"
             f" json_extract(record, '$.result.stopped_because.code') IN {_DEAD_LETTER_SQL}"
             f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
-        out = []
-        for record_json, replayed_by in rows:
-            record = json.loads(record_json)
-            result = record.get("result") or {}
-            out.append({"id": record["id"], "turn": record["id"],
-                        "session": record["session"], "message": record["message"],
-                        "budget": record.get("budget"), "deadline": record.get("deadline"),
-                        "stopped_because": result.get("stopped_because"),
-                        "last_error": record.get("last_error"),
-                        "finished_at": record["updated_at"], "replayed_by": replayed_by})
-        return out
+        return [dead_letter_entry(json.loads(record_json), replayed_by)
+                for record_json, replayed_by in rows]

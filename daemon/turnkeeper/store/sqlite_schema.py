@@ -1,0 +1,91 @@
+"""The SQLite store's schema, its migrations, and the checks a database passes before the
+store writes to it.
+
+A database this code must not use is left exactly as it was found: the schema version
+and an integrity check come before anything is written (even the switch to WAL writes
+the file's header). Migrations run in order, each in its own transaction, so a crash
+during one leaves the database at the version before it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from turnkeeper.store.base import StoreError
+
+SCHEMA_VERSION = 2
+
+# Migrations: index i brings the schema from version i to i + 1.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE turns (
+            id TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL UNIQUE,
+            session TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            record TEXT NOT NULL,
+            checkpoint TEXT NOT NULL DEFAULT '{}',
+            replayed_by TEXT
+        )""",
+        "CREATE INDEX turns_state ON turns(state, seq)",
+        "CREATE INDEX turns_session ON turns(session, seq)",
+        """CREATE TABLE events (
+            seq INTEGER PRIMARY KEY,
+            turn TEXT,
+            ts REAL NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX events_turn ON events(turn, seq)",
+        """CREATE TABLE journal (
+            key TEXT PRIMARY KEY,
+            turn TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            idempotent INTEGER NOT NULL,
+            outcome TEXT
+        )""",
+    ),
+    (
+        # Daemon-wide values that must survive a crash (the event numbers reserved).
+        """CREATE TABLE meta (
+            key TEXT PRIMARY KEY,
+            value INTEGER NOT NULL
+        )""",
+    ),
+)
+
+
+def prepare(conn: sqlite3.Connection, path: Path) -> None:
+    """Check the database at `path` (open on `conn`), switch it to WAL with full syncs,
+    and bring its schema to `SCHEMA_VERSION`. Raises StoreError when it must not be used."""
+    # Checked before anything is written: a database this code must not use is
+    # left exactly as it was found (even the switch to WAL writes its header).
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"state database {path} has schema version {version}, newer than "
+            f"this turnkeeper understands ({SCHEMA_VERSION}); refusing to touch it "
+            "(run the newer turnkeeper, or restore a backup made by this one)")
+    problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
+    if problems != ["ok"]:
+        found = " ".join("; ".join(problems).split())
+        raise StoreError(
+            f"state database {path} is corrupt (quick_check: {found[:300]}); "
+            "restore it from a backup or move it aside to start with an empty "
+            "store")
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    if mode is None or str(mode[0]).lower() != "wal":
+        raise StoreError(f"state database {path} cannot use WAL mode "
+                         f"(journal_mode is {mode[0] if mode else None!r})")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    for v in range(version, SCHEMA_VERSION):
+        conn.execute("BEGIN IMMEDIATE")
+        for stmt in MIGRATIONS[v]:
+            conn.execute(stmt)
+        conn.execute(f"PRAGMA user_version = {v + 1}")
+        conn.execute("COMMIT")
