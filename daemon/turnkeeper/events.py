@@ -8,6 +8,12 @@ text) are live only; everything else is persisted so a turn's events survive res
 Listeners are synchronous in-process hooks called on every event as it is published
 (metrics derive their counters here, so the runner is not sprinkled with metric calls).
 A listener must be quick and must not raise; one that does is counted, never propagated.
+
+What an event carries is fixed by its class in `turnkeeper.event_types`: publish one
+(`bus.publish(ModelFailover(...), turn=...)`). The older form, a type name and keyword
+fields, is still accepted while publishers move over; a name the catalogue does not know
+is a bug, raised by a strict bus (tests) and logged by the daemon's, which must never
+fail a turn over how it reports it.
 """
 
 from __future__ import annotations
@@ -19,12 +25,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper.clock import Clock
+from turnkeeper.errors import TurnkeeperError
+from turnkeeper.event_types import EVENT_TYPES, EventBody, ModelDelta, TurnFinished
 
-LIVE_ONLY_TYPES = frozenset({"model.delta"})
-TERMINAL_EVENT = "turn.finished"
+log = structlog.get_logger("turnkeeper.events")
+
+LIVE_ONLY_TYPES = frozenset({ModelDelta.TYPE})
+TERMINAL_EVENT = TurnFinished.TYPE
+
+
+class UnknownEventType(TurnkeeperError):
+    """An event published under a type name the catalogue does not list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +58,13 @@ class Event:
         out.update(self.data)
         return out
 
+    @property
+    def body(self) -> EventBody | None:
+        """The typed fields, from the catalogue; None for a type it does not list (an
+        event stored by another daemon version)."""
+        cls = EVENT_TYPES.get(self.type)
+        return None if cls is None else cls.from_json(self.data)
+
 
 @dataclass(slots=True)
 class _Subscriber:
@@ -54,7 +76,7 @@ class EventBus:
     def __init__(self, *, clock: Clock, start_seq: int = 0,
                  persist: Callable[[Event], None] | None = None,
                  reserve: Callable[[int], None] | None = None, reserve_block: int = 10_000,
-                 subscriber_buffer: int = 10_000) -> None:
+                 subscriber_buffer: int = 10_000, strict: bool = False) -> None:
         self._clock = clock
         self._seq = start_seq
         self._persist = persist
@@ -66,6 +88,8 @@ class EventBus:
         self.dropped_subscribers = 0
         self.listeners: list[Callable[[Event], None]] = []
         self.listener_errors = 0
+        self.strict = strict
+        self.unknown_types = 0
 
     @property
     def last_seq(self) -> int:
@@ -76,18 +100,28 @@ class EventBus:
         number, so no number a live subscriber may have seen is handed out twice."""
         self._seq = self._reserved = seq
 
-    def publish(self, type: str, turn: str | None = None, **data: Any) -> Event:
-        event = self.prepare(type, turn, **data)
-        if self._persist is not None and type not in LIVE_ONLY_TYPES:
-            self._persist(event)
-        self.deliver(event)
-        return event
+    def publish(self, event: EventBody | str, turn: str | None = None,
+                **data: Any) -> Event:
+        prepared = self.prepare(event, turn, **data)
+        if self._persist is not None and prepared.type not in LIVE_ONLY_TYPES:
+            self._persist(prepared)
+        self.deliver(prepared)
+        return prepared
 
-    def prepare(self, type: str, turn: str | None = None, **data: Any) -> Event:
+    def prepare(self, event: EventBody | str, turn: str | None = None,
+                **data: Any) -> Event:
         """An event with its sequence number, not yet persisted or delivered: for an
         event that must commit in the same transaction as the state it reports (a turn's
         `turn.queued` with its row, `turn.finished` with its result), so a crash can
         never keep one without the other. The caller writes it, then `deliver`s it."""
+        if isinstance(event, EventBody):
+            if data:
+                raise TypeError("a catalogue event carries its own fields")
+            type, data = event.TYPE, event.to_json()
+        else:
+            type = event
+            if type not in EVENT_TYPES:
+                self._unknown(type)
         self._seq += 1
         if self._reserve is not None and self._seq > self._reserved - self._reserve_block // 2:
             # Reserve numbers ahead, in the store, before they are handed out: events
@@ -96,6 +130,13 @@ class EventBus:
             self._reserved = self._seq + self._reserve_block
             self._reserve(self._reserved)
         return Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data)
+
+    def _unknown(self, type: str) -> None:
+        self.unknown_types += 1
+        if self.strict:
+            raise UnknownEventType(f"event type {type!r} is not in the catalogue")
+        if self.unknown_types <= 10:
+            log.error("events.unknown_type", event_type=type)
 
     def deliver(self, event: Event) -> None:
         """Fan an event out to listeners and live subscribers (no persistence)."""

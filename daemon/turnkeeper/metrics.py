@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC 13), on a registry of this daemon's own (never the global one).
+"""Prometheus metrics, on a registry of this daemon's own (never the global one).
 
 Nothing in the turn runner calls a metric. Counters are derived from the events the
 runner and the supervisor already publish: `Metrics.on_event` is an EventBus listener,
@@ -14,7 +14,8 @@ shows up there before it shows up anywhere else.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import structlog
@@ -30,6 +31,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from turnkeeper import __version__
+from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.events import Event
 from turnkeeper.policy.breaker import BreakerState
@@ -151,59 +153,84 @@ class Metrics:
                           error=f"{type(exc).__name__}: {exc}")
 
     def _count(self, event: Event) -> None:
-        d = event.data
-        kind = event.type
-        if kind == "model.request":
-            self.provider_requests.labels(d["provider"]).inc()
-        elif kind == "model.response":
-            provider = d["provider"]
-            self.provider_attempts.labels(provider, "success").inc()
-            usage = d.get("usage") or {}
-            self.tokens.labels(provider, "input").inc(usage.get("input_tokens", 0))
-            self.tokens.labels(provider, "output").inc(usage.get("output_tokens", 0))
-            cost = d.get("cost_usd") or 0.0
-            if cost > 0:
-                self.cost.labels(provider).inc(cost)
-        elif kind == "model.attempt_failed":
-            self.provider_attempts.labels(d["provider"], d["class"]).inc()
-        elif kind == "model.redirected":
-            self.provider_attempts.labels(d["provider"], "redirected").inc()
-        elif kind == "model.retry_scheduled":
-            self.retries_scheduled.labels(d["provider"], d["class"]).inc()
-        elif kind == "model.failover":
-            self.failovers.labels(d["from"], d["to"], d["reason"]).inc()
-        elif kind == "turn.recovering":
-            self.recovery_cycles.inc()
-        elif kind == "tool.result":
-            ok = d.get("ok")
-            outcome = "ok" if ok else ("outcome_unknown" if ok is None
-                                       else str(d.get("class", "unknown")))
-            self.tool_calls.labels(self._tool_label(d["tool"]), outcome).inc()
-        elif kind == "tool.retry_scheduled":
-            self.tool_retries.labels(self._tool_label(d["tool"]), d["class"]).inc()
-        elif kind == "budget.warning":
-            self.guard_warnings.labels("budget").inc()
-        elif kind == "loop.warning":
-            self.guard_warnings.labels("loop").inc()
-        elif kind == "step.started" and event.turn is not None:
-            self._step_started(event.turn, int(d.get("step", 0)))
-        elif kind in ("turn.finished", "turn.suspended") and event.turn is not None:
-            self._step_ended(event.turn)
-            if kind == "turn.finished":
-                stop = d["result"]["stopped_because"]
-                self.turns_finished.labels(d["result"]["status"], stop["code"]).inc()
-        elif kind == "turn.resumed" and event.turn is not None:
-            # Its last step was cut by a suspend or a restart: wall time that includes the
-            # daemon being down is not a step duration.
-            self._steps.pop(event.turn, None)
-        elif kind == "turn.queued":
-            self.turns_submitted.inc()
-        elif kind == "daemon.reloaded":
-            self.reloads.labels("ok").inc()
-            self.reload_duration.observe(float(d.get("duration_s", 0.0)))
-            self._label_providers()
-        elif kind == "daemon.reload_failed":
-            self.reloads.labels("failed").inc()
+        body = event.body
+        if body is None:
+            return
+        handler = _HANDLERS.get(type(body))
+        if handler is not None:
+            handler(self, body, event.turn)
+
+    def _model_request(self, e: ev.ModelRequest, turn: str | None) -> None:
+        self.provider_requests.labels(e.provider).inc()
+
+    def _model_response(self, e: ev.ModelResponse, turn: str | None) -> None:
+        self.provider_attempts.labels(e.provider, "success").inc()
+        usage = e.usage or {}
+        self.tokens.labels(e.provider, "input").inc(usage.get("input_tokens", 0))
+        self.tokens.labels(e.provider, "output").inc(usage.get("output_tokens", 0))
+        cost = e.cost_usd or 0.0
+        if cost > 0:
+            self.cost.labels(e.provider).inc(cost)
+
+    def _attempt_failed(self, e: ev.ModelAttemptFailed, turn: str | None) -> None:
+        self.provider_attempts.labels(e.provider, e.class_).inc()
+
+    def _redirected(self, e: ev.ModelRedirected, turn: str | None) -> None:
+        self.provider_attempts.labels(e.provider, "redirected").inc()
+
+    def _retry_scheduled(self, e: ev.ModelRetryScheduled, turn: str | None) -> None:
+        self.retries_scheduled.labels(e.provider, e.class_).inc()
+
+    def _failover(self, e: ev.ModelFailover, turn: str | None) -> None:
+        self.failovers.labels(e.from_, e.to, e.reason).inc()
+
+    def _recovering(self, e: ev.TurnRecovering, turn: str | None) -> None:
+        self.recovery_cycles.inc()
+
+    def _tool_result(self, e: ev.ToolResult, turn: str | None) -> None:
+        outcome = "ok" if e.ok else ("outcome_unknown" if e.ok is None
+                                     else str(e.class_ or "unknown"))
+        self.tool_calls.labels(self._tool_label(e.tool), outcome).inc()
+
+    def _tool_retry(self, e: ev.ToolRetryScheduled, turn: str | None) -> None:
+        self.tool_retries.labels(self._tool_label(e.tool), e.class_).inc()
+
+    def _budget_warning(self, e: ev.BudgetWarning, turn: str | None) -> None:
+        self.guard_warnings.labels("budget").inc()
+
+    def _loop_warning(self, e: ev.LoopWarning, turn: str | None) -> None:
+        self.guard_warnings.labels("loop").inc()
+
+    def _step(self, e: ev.StepStarted, turn: str | None) -> None:
+        if turn is not None:
+            self._step_started(turn, int(e.step or 0))
+
+    def _suspended(self, e: ev.TurnSuspended, turn: str | None) -> None:
+        if turn is not None:
+            self._step_ended(turn)
+
+    def _finished(self, e: ev.TurnFinished, turn: str | None) -> None:
+        if turn is not None:
+            self._step_ended(turn)
+            stop = e.result["stopped_because"]
+            self.turns_finished.labels(e.result["status"], stop["code"]).inc()
+
+    def _resumed(self, e: ev.TurnResumed, turn: str | None) -> None:
+        # Its last step was cut by a suspend or a restart: wall time that includes the
+        # daemon being down is not a step duration.
+        if turn is not None:
+            self._steps.pop(turn, None)
+
+    def _queued(self, e: ev.TurnQueued, turn: str | None) -> None:
+        self.turns_submitted.inc()
+
+    def _reloaded(self, e: ev.DaemonReloaded, turn: str | None) -> None:
+        self.reloads.labels("ok").inc()
+        self.reload_duration.observe(float(e.duration_s or 0.0))
+        self._label_providers()
+
+    def _reload_failed(self, e: ev.DaemonReloadFailed, turn: str | None) -> None:
+        self.reloads.labels("failed").inc()
 
     def _tool_label(self, name: str) -> str:
         return name if self.supervisor.runtime.toolbox.get(name) is not None else UNKNOWN_TOOL
@@ -356,3 +383,26 @@ class _StateCollector(Collector):
         yield state
         yield failures
 
+
+
+# What each event type counts; a type not listed counts nothing.
+_HANDLERS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] = {
+    ev.ModelRequest: Metrics._model_request,
+    ev.ModelResponse: Metrics._model_response,
+    ev.ModelAttemptFailed: Metrics._attempt_failed,
+    ev.ModelRedirected: Metrics._redirected,
+    ev.ModelRetryScheduled: Metrics._retry_scheduled,
+    ev.ModelFailover: Metrics._failover,
+    ev.TurnRecovering: Metrics._recovering,
+    ev.ToolResult: Metrics._tool_result,
+    ev.ToolRetryScheduled: Metrics._tool_retry,
+    ev.BudgetWarning: Metrics._budget_warning,
+    ev.LoopWarning: Metrics._loop_warning,
+    ev.StepStarted: Metrics._step,
+    ev.TurnSuspended: Metrics._suspended,
+    ev.TurnFinished: Metrics._finished,
+    ev.TurnResumed: Metrics._resumed,
+    ev.TurnQueued: Metrics._queued,
+    ev.DaemonReloaded: Metrics._reloaded,
+    ev.DaemonReloadFailed: Metrics._reload_failed,
+}

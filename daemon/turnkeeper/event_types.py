@@ -1,0 +1,336 @@
+"""The catalogue of events: one frozen dataclass per event type the daemon publishes.
+
+An event on the wire (the NDJSON streams, the store) is a flat JSON object: the envelope
+(`seq`, `ts`, `turn`, `type`) and the fields of its type. Each class here names its wire
+`type` and its fields, so a publisher cannot misspell one and a reader (metrics, the
+CLI, the live follow view) dispatches on a class instead of re-reading strings.
+
+Readers must survive another daemon version: `from_json` keeps fields it does not know
+in `extra` (and `to_json` writes them back), and `parse` answers None for a type it does
+not know or a body it cannot read, so the caller shows it generically instead of
+crashing. Two wire names are Python keywords (`class`, `from`): their attributes are
+`class_` and `from_`, and the JSON keeps the wire names.
+
+Imported by the CLI, so it imports only the standard library (no anyio, pydantic...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+ENVELOPE = ("seq", "ts", "turn", "type")
+
+# Attribute name -> wire name, for the fields whose wire name is a Python keyword.
+_WIRE = {"class_": "class", "from_": "from"}
+# Fields written only when set: `tool.result` carries a different set for each outcome.
+_OPTIONAL = "optional"
+_OMIT_NONE = {_OPTIONAL: True}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventBody:
+    """The fields of one event, without its envelope. Subclasses set `TYPE`."""
+
+    TYPE = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire fields (without `type`), unknown ones kept from `from_json` last."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get(_OPTIONAL):
+                continue
+            out[_WIRE.get(f.name, f.name)] = value
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EventBody:
+        """The event from its wire fields (the envelope keys are ignored). Fields this
+        version does not know go to `extra`; one it expects and the sender did not write
+        (an older daemon) takes its default, or None: a reader must not crash on it."""
+        known: dict[str, Any] = {}
+        wire_names = set()
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            wire = _WIRE.get(f.name, f.name)
+            wire_names.add(wire)
+            if wire in data:
+                known[f.name] = data[wire]
+            elif f.default is MISSING and f.default_factory is MISSING:
+                known[f.name] = None
+        extra = {k: v for k, v in data.items() if k not in wire_names and k not in ENVELOPE}
+        return cls(**known, extra=extra)
+
+
+# -- turns --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnQueued(EventBody):
+    TYPE = "turn.queued"
+    session: str
+    message: str
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnStarted(EventBody):
+    TYPE = "turn.started"
+    policy_version: int
+    provider: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnResumed(EventBody):
+    TYPE = "turn.resumed"
+    state: str
+    step: int
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnSuspended(EventBody):
+    TYPE = "turn.suspended"
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnRecovering(EventBody):
+    TYPE = "turn.recovering"
+    cycle: int
+    of: int
+    wait: float
+    next_attempt_at: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnWaiting(EventBody):
+    TYPE = "turn.waiting"
+    question: str
+    timeout_at: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnMessage(EventBody):
+    TYPE = "turn.message"
+    kind: str  # steer | answer
+    text: str
+    redirect: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnFinished(EventBody):
+    TYPE = "turn.finished"
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepStarted(EventBody):
+    TYPE = "step.started"
+    step: int
+    provider: str | None
+
+
+# -- guards -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetWarning(EventBody):
+    """A budget dimension crossed its warning fraction; carries the turn's counters."""
+
+    TYPE = "budget.warning"
+    dimensions: list[str]
+    message: str
+    mode: str
+    provider_attempts: int = 0
+    fallback_hops: int = 0
+    restarts: int = 0
+    recovery_cycles: int = 0
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardWouldStop(EventBody):
+    """A guard in `warn` or `observe` mode would have stopped the turn here."""
+
+    TYPE = "guard.would_stop"
+    code: str
+    counter: str | None
+    value: float | None
+    limit: float | None
+    step: int
+    mode: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopWarning(EventBody):
+    TYPE = "loop.warning"
+    code: str
+    count: int
+    limit: int
+    tool: str
+
+
+# -- the model ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRequest(EventBody):
+    TYPE = "model.request"
+    provider: str
+    attempt: int
+    step: int
+    messages: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelDelta(EventBody):
+    """Streamed answer text: live only, never stored."""
+
+    TYPE = "model.delta"
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelResponse(EventBody):
+    TYPE = "model.response"
+    provider: str
+    usage: dict[str, int]
+    cost_usd: float
+    finish_reason: str | None
+    tool_calls: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelAttemptFailed(EventBody):
+    TYPE = "model.attempt_failed"
+    provider: str
+    attempt: int
+    class_: str
+    status: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRetryScheduled(EventBody):
+    TYPE = "model.retry_scheduled"
+    provider: str
+    attempt: int
+    delay: float
+    class_: str
+    status: int | None
+    retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelFailover(EventBody):
+    TYPE = "model.failover"
+    from_: str
+    to: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRedirected(EventBody):
+    """A steer with redirect cut the in-flight call; the step restarts with it."""
+
+    TYPE = "model.redirected"
+    provider: str
+
+
+# -- tools --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCalled(EventBody):
+    TYPE = "tool.call"
+    tool: str
+    call_id: str
+    key: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult(EventBody):
+    """`ok` is True (with `content`, `state`), False (with `class_`, `error`,
+    `failure_streak`, `limit`) or None: the outcome is unknown (`outcome`)."""
+
+    TYPE = "tool.result"
+    tool: str
+    call_id: str
+    key: str
+    ok: bool | None
+    outcome: str | None = field(default=None, metadata=_OMIT_NONE)
+    content: str | None = field(default=None, metadata=_OMIT_NONE)
+    state: Any = field(default=None, metadata=_OMIT_NONE)
+    class_: str | None = field(default=None, metadata=_OMIT_NONE)
+    error: str | None = field(default=None, metadata=_OMIT_NONE)
+    failure_streak: int | None = field(default=None, metadata=_OMIT_NONE)
+    limit: int | None = field(default=None, metadata=_OMIT_NONE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolRetryScheduled(EventBody):
+    TYPE = "tool.retry_scheduled"
+    tool: str
+    key: str
+    attempt: int
+    delay: float
+    class_: str
+    status: int | None
+
+
+# -- the daemon ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonReloading(EventBody):
+    TYPE = "daemon.reloading"
+    trigger: str
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonReloadFailed(EventBody):
+    TYPE = "daemon.reload_failed"
+    trigger: str
+    error: str
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonReloaded(EventBody):
+    TYPE = "daemon.reloaded"
+    trigger: str
+    policy_version: int
+    content_hash: str | None
+    pending_restart: list[str]
+    duration_s: float
+    resumed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonStopping(EventBody):
+    TYPE = "daemon.stopping"
+    running: int
+    parked: int
+    queued: int
+
+
+EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
+    TurnQueued, TurnStarted, TurnResumed, TurnSuspended, TurnRecovering, TurnWaiting,
+    TurnMessage, TurnFinished, StepStarted, BudgetWarning, GuardWouldStop, LoopWarning,
+    ModelRequest, ModelDelta, ModelResponse, ModelAttemptFailed, ModelRetryScheduled,
+    ModelFailover, ModelRedirected, ToolCalled, ToolResult, ToolRetryScheduled,
+    DaemonReloading, DaemonReloadFailed, DaemonReloaded, DaemonStopping)}
+
+
+def parse(event: dict[str, Any]) -> EventBody | None:
+    """The typed body of a wire event (envelope included or not); None for a type this
+    version does not know, which the caller shows generically."""
+    cls = EVENT_TYPES.get(str(event.get("type")))
+    return None if cls is None else cls.from_json(event)
