@@ -30,7 +30,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from turnkeeper.control.client import Client, ClientError
+from turnkeeper import event_types as ev
+from turnkeeper.control.client import Client, ClientError, HTTPStatusError
+from turnkeeper.event_types import parse
+from turnkeeper.policy.turn_state import TurnState
 
 POLL_INTERVAL_S = 0.5
 FRAME_S = 0.1
@@ -56,7 +59,7 @@ class FollowState:
 
     turn_id: str
     turn: dict[str, Any] = field(default_factory=dict)
-    state: str = "queued"
+    state: str = TurnState.QUEUED
     step: int = 0
     provider: str | None = None
     attempt: int = 0
@@ -68,80 +71,99 @@ class FollowState:
     events: deque[str] = field(default_factory=lambda: deque(maxlen=EVENT_LINES))
     result: dict[str, Any] | None = None
 
-    def apply(self, ev: dict[str, Any], line: str | None) -> None:
-        kind = ev["type"]
+    def apply(self, event: dict[str, Any], line: str | None) -> None:
         if line is not None:
             self.events.append(line)
-        if kind == "turn.started":
-            self.state = "running"
-            self.provider = ev.get("provider") or self.provider
-        elif kind == "turn.resumed":
-            self.state = "running"
+        body = parse(event)
+        handler = None if body is None else _APPLY.get(type(body))
+        if handler is not None:
+            handler(self, body, float(event.get("ts") or 0.0))
+
+    def _started(self, e: ev.TurnStarted, ts: float) -> None:
+        self.state = TurnState.RUNNING
+        self.provider = e.provider or self.provider
+
+    def _resumed(self, e: ev.TurnResumed, ts: float) -> None:
+        self.state = TurnState.RUNNING
+        self.wait = None
+
+    def _suspended(self, e: ev.TurnSuspended, ts: float) -> None:
+        self.state = TurnState.SUSPENDED
+        self.activity = "suspended: it resumes by itself after the reload or restart"
+
+    def _step(self, e: ev.StepStarted, ts: float) -> None:
+        self.step = max(self.step, int(e.step or 0))
+        self.provider = e.provider or self.provider
+        self.wait = None
+        self.activity = "calling the model"
+
+    def _request(self, e: ev.ModelRequest, ts: float) -> None:
+        self.state = TurnState.RUNNING
+        self.provider = e.provider
+        self.attempt = int(e.attempt or 1)
+        self.wait = None
+        self.answer = ""
+        self.activity = f"waiting for {self.provider} (attempt {self.attempt})"
+
+    def _delta(self, e: ev.ModelDelta, ts: float) -> None:
+        self.answer += str(e.text or "")
+        self.activity = f"{self.provider} is answering"
+
+    def _response(self, e: ev.ModelResponse, ts: float) -> None:
+        usage = e.usage or {}
+        self.tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+        self.cost_usd += float(e.cost_usd or 0.0)
+        calls = int(e.tool_calls or 0)
+        self.activity = f"{calls} tool call(s) asked" if calls else "answered"
+
+    def _attempt_failed(self, e: ev.ModelAttemptFailed, ts: float) -> None:
+        status = f" {e.status}" if e.status else ""
+        self.activity = f"{e.provider} attempt {e.attempt} failed:{status} {e.class_}"
+
+    def _retry(self, e: ev.ModelRetryScheduled, ts: float) -> None:
+        status = f"{e.status} " if e.status else ""
+        self.wait = Wait("retry", ts + float(e.delay or 0.0),
+                         f"retry on {e.provider} (attempt {e.attempt}) after "
+                         f"{status}{e.class_}")
+
+    def _failover(self, e: ev.ModelFailover, ts: float) -> None:
+        self.provider = e.to
+        self.attempt = 0
+        self.activity = f"failover {e.from_} -> {e.to} ({e.reason})"
+
+    def _recovering(self, e: ev.TurnRecovering, ts: float) -> None:
+        self.state = TurnState.RECOVERING
+        until = e.next_attempt_at or ts + float(e.wait or 0.0)
+        self.wait = Wait("recovery", until,
+                         f"recovery cycle {e.cycle} of {e.of}: every "
+                         "provider failed; next pass from the primary")
+
+    def _waiting(self, e: ev.TurnWaiting, ts: float) -> None:
+        self.state = TurnState.WAITING
+        self.wait = Wait("clarify", e.timeout_at,
+                         f"clarify: {e.question}  (answer with `turnkeeper answer "
+                         f"{self.turn_id} TEXT`)")
+
+    def _message(self, e: ev.TurnMessage, ts: float) -> None:
+        if e.kind == "answer":
             self.wait = None
-        elif kind == "turn.suspended":
-            self.state = "suspended"
-            self.activity = "suspended: it resumes by itself after the reload or restart"
-        elif kind == "step.started":
-            self.step = max(self.step, int(ev.get("step", 0)))
-            self.provider = ev.get("provider") or self.provider
-            self.wait = None
-            self.activity = "calling the model"
-        elif kind == "model.request":
-            self.state = "running"
-            self.provider = ev.get("provider")
-            self.attempt = int(ev.get("attempt", 1))
-            self.wait = None
-            self.answer = ""
-            self.activity = f"waiting for {self.provider} (attempt {self.attempt})"
-        elif kind == "model.delta":
-            self.answer += str(ev.get("text", ""))
-            self.activity = f"{self.provider} is answering"
-        elif kind == "model.response":
-            usage = ev.get("usage") or {}
-            self.tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
-            self.cost_usd += float(ev.get("cost_usd") or 0.0)
-            calls = int(ev.get("tool_calls", 0))
-            self.activity = f"{calls} tool call(s) asked" if calls else "answered"
-        elif kind == "model.attempt_failed":
-            status = f" {ev['status']}" if ev.get("status") else ""
-            self.activity = f"{ev['provider']} attempt {ev.get('attempt')} failed:{status} " \
-                            f"{ev.get('class')}"
-        elif kind == "model.retry_scheduled":
-            status = f"{ev['status']} " if ev.get("status") else ""
-            self.wait = Wait("retry", ev["ts"] + float(ev.get("delay") or 0.0),
-                             f"retry on {ev['provider']} (attempt {ev.get('attempt')}) after "
-                             f"{status}{ev.get('class')}")
-        elif kind == "model.failover":
-            self.provider = ev.get("to")
-            self.attempt = 0
-            self.activity = f"failover {ev.get('from')} -> {ev.get('to')} ({ev.get('reason')})"
-        elif kind == "turn.recovering":
-            self.state = "recovering"
-            until = ev.get("next_attempt_at") or ev["ts"] + float(ev.get("wait") or 0.0)
-            self.wait = Wait("recovery", until,
-                             f"recovery cycle {ev.get('cycle')} of {ev.get('of')}: every "
-                             "provider failed; next pass from the primary")
-        elif kind == "turn.waiting":
-            self.state = "waiting"
-            self.wait = Wait("clarify", ev.get("timeout_at"),
-                             f"clarify: {ev.get('question')}  (answer with `turnkeeper answer "
-                             f"{self.turn_id} TEXT`)")
-        elif kind == "turn.message" and ev.get("kind") == "answer":
-            self.wait = None
-        elif kind == "tool.call":
-            self.activity = f"tool {ev.get('tool')} running"
-        elif kind == "tool.retry_scheduled":
-            self.wait = Wait("retry", ev["ts"] + float(ev.get("delay") or 0.0),
-                             f"retry of tool {ev.get('tool')} after {ev.get('class')}")
-        elif kind == "tool.result":
-            ok = ev.get("ok")
-            self.wait = None
-            self.activity = f"tool {ev.get('tool')}: " + (
-                "ok" if ok else "outcome unknown" if ok is None else f"failed ({ev.get('class')})")
-        elif kind == "turn.finished":
-            self.result = ev["result"]
-            self.state = ev["result"]["status"]
-            self.wait = None
+
+    def _tool_call(self, e: ev.ToolCalled, ts: float) -> None:
+        self.activity = f"tool {e.tool} running"
+
+    def _tool_retry(self, e: ev.ToolRetryScheduled, ts: float) -> None:
+        self.wait = Wait("retry", ts + float(e.delay or 0.0),
+                         f"retry of tool {e.tool} after {e.class_}")
+
+    def _tool_result(self, e: ev.ToolResult, ts: float) -> None:
+        self.wait = None
+        self.activity = f"tool {e.tool}: " + (
+            "ok" if e.ok else "outcome unknown" if e.ok is None else f"failed ({e.class_})")
+
+    def _finished(self, e: ev.TurnFinished, ts: float) -> None:
+        self.result = e.result
+        self.state = e.result["status"]
+        self.wait = None
 
     def seen_turn(self, turn: dict[str, Any]) -> None:
         self.turn = turn
@@ -250,10 +272,12 @@ def render(st: FollowState, now: float) -> RenderableType:
     return Group(*parts)
 
 
-_STATE_STYLE = {"running": "bold green", "recovering": "bold yellow",
-                "waiting": "bold yellow", "suspended": "bold yellow", "queued": "bold",
-                "completed": "bold green", "blocked": "bold yellow", "partial": "bold yellow",
-                "failed": "bold red", "cancelled": "bold red"}
+_STATE_STYLE: dict[str, str] = {
+                TurnState.RUNNING: "bold green", TurnState.RECOVERING: "bold yellow",
+                TurnState.WAITING: "bold yellow", TurnState.SUSPENDED: "bold yellow",
+                TurnState.QUEUED: "bold", TurnState.COMPLETED: "bold green",
+                TurnState.BLOCKED: "bold yellow", TurnState.PARTIAL: "bold yellow",
+                TurnState.FAILED: "bold red", TurnState.CANCELLED: "bold red"}
 
 
 def render_result(result: dict[str, Any]) -> RenderableType:
@@ -293,12 +317,13 @@ def _read_events(client: Client, turn_id: str, out: queue.Queue[object]) -> None
 def follow_live(client: Client, turn_id: str,
                 event_line: Callable[[dict[str, Any]], str | None]) -> dict[str, Any] | None:
     """Draw the turn until it finishes; return its result (None if the stream ended
-    first). Raises ClientError when the daemon cannot be reached."""
+    first). Raises ClientError when the daemon cannot be reached, HTTPStatusError when
+    it answers with an error (an unknown turn)."""
     console = Console()
     st = FollowState(turn_id)
     status, data = client.request("GET", f"/v1/turns/{quote(turn_id)}", timeout=10)
     if status != 200 or not isinstance(data, dict):  # nothing to draw: say why, plainly
-        raise ClientError(f"HTTP {status}: {(data or {}).get('error', 'no answer')}")
+        raise HTTPStatusError(status, str((data or {}).get("error", "no answer")))
     st.seen_turn(data["turn"])
     events: queue.Queue[object] = queue.Queue()
     threading.Thread(target=_read_events, args=(client, turn_id, events),
@@ -338,3 +363,25 @@ def follow_live(client: Client, turn_id: str,
     if st.result is not None:
         console.print(render_result(st.result))
     return st.result
+
+
+# How each event type moves the view; a type not listed only adds its line.
+_APPLY: dict[type[ev.EventBody], Callable[[FollowState, Any, float], None]] = {
+    ev.TurnStarted: FollowState._started,
+    ev.TurnResumed: FollowState._resumed,
+    ev.TurnSuspended: FollowState._suspended,
+    ev.StepStarted: FollowState._step,
+    ev.ModelRequest: FollowState._request,
+    ev.ModelDelta: FollowState._delta,
+    ev.ModelResponse: FollowState._response,
+    ev.ModelAttemptFailed: FollowState._attempt_failed,
+    ev.ModelRetryScheduled: FollowState._retry,
+    ev.ModelFailover: FollowState._failover,
+    ev.TurnRecovering: FollowState._recovering,
+    ev.TurnWaiting: FollowState._waiting,
+    ev.TurnMessage: FollowState._message,
+    ev.ToolCalled: FollowState._tool_call,
+    ev.ToolRetryScheduled: FollowState._tool_retry,
+    ev.ToolResult: FollowState._tool_result,
+    ev.TurnFinished: FollowState._finished,
+}

@@ -26,6 +26,15 @@ class ClientError(TurnkeeperError):
     """The daemon could not be reached."""
 
 
+class HTTPStatusError(TurnkeeperError):
+    """The daemon answered a stream request with an error (an unknown turn: 404). Not a
+    `ClientError`: the daemon was reached, and the CLI tells the two apart by exit status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.message = status, message
+
+
 class _Response:
     """One response read from `fp`: the status, then the body, whole or line by line."""
 
@@ -175,7 +184,7 @@ class Client:
                     message = json.loads(raw).get("error", raw.decode())
                 except (json.JSONDecodeError, AttributeError):
                     message = raw.decode(errors="replace")
-                raise ClientError(f"HTTP {resp.status}: {message}")
+                raise HTTPStatusError(resp.status, str(message))
             while True:
                 try:
                     line = resp.readline()

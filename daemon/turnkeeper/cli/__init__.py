@@ -1,0 +1,84 @@
+"""The `turnkeeper` command: the parser and `main`; the commands are a table in
+`turnkeeper.cli.commands`, what they print for people in `turnkeeper.cli.render`.
+
+Client commands import only the standard library and the socket client, so they start
+fast; `serve` and `config` import the daemon side when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from turnkeeper import __version__, exits
+from turnkeeper.cli.commands import COMMANDS, UsageError
+from turnkeeper.control.client import Client, ClientError, HTTPStatusError
+from turnkeeper.paths import client_socket_path
+
+USAGE_ERROR = 2  # what argparse exits with on a wrong command line, and so do we
+
+EXIT_STATUSES = f"""exit statuses:
+  {exits.OK}   done (a turn: completed)
+  {exits.FAIL}   the request failed (the daemon's message is printed)
+  {USAGE_ERROR}   wrong command line
+  {exits.TURN_STATUS['blocked']}-{exits.TURN_STATUS['cancelled']} a turn ended """ + ", ".join(
+    f"{status} ({code})" for status, code in exits.TURN_STATUS.items() if code) + f"""
+  {exits.UNAVAILABLE}  the daemon cannot be reached (serve: the store is held by another)
+  {exits.IOERR}  serve: the store cannot be used as it is
+  {exits.CONFIG}  the configuration is invalid"""
+
+
+def _common(*, top: bool) -> argparse.ArgumentParser:
+    """The options every command takes, before or after the command name. On the
+    subcommands their defaults are suppressed so they do not undo a value given first."""
+    common = argparse.ArgumentParser(add_help=False)
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    common.add_argument("--socket", help="control socket (default: $TURNKEEPER_SOCKET, "
+                        "the config's daemon.socket, or the per-user default)", **kw)
+    common.add_argument("--json", action="store_true", help="print raw JSON", **kw)
+    common.add_argument("--config", help="config file (for serve, config, and to find "
+                        "the socket)", **kw)
+    return common
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="turnkeeper", parents=[_common(top=True)],
+                                description="Host LLM agent turns that stay alive, bounded "
+                                "and honest.", epilog=EXIT_STATUSES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-V", "--version", action="version", version=f"turnkeeper {__version__}",
+                   help="print the version and exit")
+    common = _common(top=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        c = sub.add_parser(cmd.name, parents=[common], help=cmd.help,
+                           description=cmd.description)
+        cmd.setup(c, common)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    cmd = COMMANDS[args.command]
+    try:
+        if cmd.run_local is not None:
+            return cmd.run_local(args)
+        assert cmd.run is not None
+        return cmd.run(Client(client_socket_path(args.socket, args.config)), args)
+    except UsageError as exc:
+        print(f"turnkeeper {cmd.name}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except ClientError as exc:
+        print(f"turnkeeper: {exc}", file=sys.stderr)
+        return exits.UNAVAILABLE
+    except HTTPStatusError as exc:  # the daemon answered, with an error
+        print(f"turnkeeper: {exc}", file=sys.stderr)
+        return exits.FAIL
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exits.OK

@@ -1,0 +1,162 @@
+"""What the `turnkeeper` commands print for people: turns, results, the daemon's status,
+event lines and the limits report. Pure functions from the daemon's JSON to text."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `30m`, `24h`, `7d` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    scale = units.get(text[-1:], 0)
+    number = text[:-1] if scale else text
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 24h, 7d)") from None
+    if value < 0:
+        raise ValueError("a duration cannot be negative")
+    return value
+
+
+def fmt_time(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def summary(turn: dict[str, Any]) -> str:
+    c, u = turn["counters"], turn["usage"]
+    lines = [
+        f"turn      {turn['id']}  (session {turn['session']})",
+        f"state     {turn['state']}  policy v{turn['policy_version']}  provider "
+        f"{turn.get('provider') or '-'}",
+        f"created   {fmt_time(turn['created_at'])}   updated {fmt_time(turn['updated_at'])}",
+        f"counters  steps {c['steps']}  provider_attempts {c['provider_attempts']}  "
+        f"fallback_hops {c['fallback_hops']}  restarts {c['restarts']}  "
+        f"recovery_cycles {c['recovery_cycles']}",
+        f"usage     tokens {u['total_tokens']} (in {u['input_tokens']}, out "
+        f"{u['output_tokens']})  active {u['seconds']:.2f} s  cost ${u['cost_usd']:.4f}",
+    ]
+    if turn.get("next_attempt_at"):
+        lines.append(f"next try  {fmt_time(turn['next_attempt_at'])}")
+    if turn.get("question"):
+        lines.append(f"question  {turn['question']}")
+    result = turn.get("result")
+    if result:
+        lines.extend(result_lines(result))
+    return "\n".join(lines)
+
+
+def result_lines(result: dict[str, Any]) -> list[str]:
+    sb = result["stopped_because"]
+    lines = [f"result    {result['status']}: {sb['code']}"
+             + (f"  ({sb['counter']} = {sb['value']} of limit {sb['limit']})"
+                if sb.get("counter") else "")
+             + f"  {sb['message']}"]
+    if result.get("answer"):
+        lines.append("answer    " + str(result["answer"]).replace("\n", "\n          "))
+    for item in result.get("partial") or []:
+        lines.append(f"  done    {item}")
+    for item in result.get("open_issues") or []:
+        lines.append(f"  open    {item}")
+    return lines
+
+
+def duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600:02d} h"
+
+
+def status_lines(data: dict[str, Any]) -> list[str]:
+    """`turnkeeper status` for people: one line per concern, problems in capitals."""
+    t, q, r = data["turns"], data.get("queue") or {}, data.get("reloads") or {}
+    lines = [f"state        {data['state']}  (turnkeeper {data['version']}, up "
+             f"{duration(data['uptime_s'])})",
+             f"policy       v{data['policy_version']}  "
+             f"{data['config_path'] or 'embedded defaults'}"]
+    reloads = f"{r.get('count', 0)} done, {r.get('failures', 0)} refused; " if r else ""
+    error = data.get("last_reload_error")
+    lines.append(f"reloads      {reloads}last "
+                 + ("FAILED (the running policy is kept):\n             "
+                    + str(error).replace("\n", "\n             ") if error else "ok"))
+    if data.get("pending_restart"):
+        lines.append(f"restart for  {', '.join(data['pending_restart'])} (changed, not "
+                     "applied until a restart)")
+    lines.append("turns        " + "  ".join(f"{k} {v}" for k, v in t.items()))
+    if q:
+        lines.append(f"queue        {q['depth']} waiting of {q['max']} allowed; at most "
+                     f"{q['max_concurrent']} run at once")
+    breakers = data.get("breakers") or {}
+    lines.append("breakers     " + ("  ".join(
+        f"{name} {state.upper() if state != 'closed' else state}"
+        for name, state in breakers.items()) or "-"))
+    for name, srv in (data.get("mcp_servers") or {}).items():
+        restarts = f"{srv['restarts']} restart{'s' if srv['restarts'] != 1 else ''}"
+        if srv["state"] == "up":
+            lines.append(f"mcp server   {name} up ({srv['transport']}), "
+                         f"{len(srv['tools'])} tools, {restarts}")
+            continue
+        nxt = srv.get("next_restart_at")
+        wait = f"; next start in {max(0.0, nxt - time.time()):.1f} s" if nxt else ""
+        lines.append(f"mcp server   {name} {srv['state'].upper()} ({srv['transport']}): "
+                     f"{srv.get('last_error') or '-'}{wait}; {restarts}")
+    return lines
+
+
+def event_line(ev: dict[str, Any]) -> str | None:
+    """One line for an event; None for streamed text, which is printed as it comes."""
+    # Imported here: the catalogue (dataclasses) costs `turnkeeper status` milliseconds.
+    from turnkeeper.event_types import ENVELOPE, ModelDelta, TurnFinished, parse
+
+    body = parse(ev)
+    if isinstance(body, ModelDelta):
+        return None
+    if isinstance(body, TurnFinished):
+        return "finished  " + "\n          ".join(result_lines(body.result))
+    data = {k: v for k, v in ev.items() if k not in ENVELOPE}
+    detail = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in data.items())
+    return f"{time.strftime('%H:%M:%S', time.localtime(ev['ts']))} {ev['type']:<22} {detail}"
+
+
+def limits_lines(data: dict[str, Any]) -> list[str]:
+    """`turnkeeper limits report`: per profile, the measured percentiles against each
+    limit, and what each limit stopped or would have stopped."""
+    lines = [f"{data['turns']} finished turns; suggested limit = {data['factor']:g} x p95"]
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.6g}"
+
+    for prof in data["profiles"]:
+        lines.append(f"\nprofile {prof['profile']}: {prof['completed_turns']} completed of "
+                     f"{prof['finished_turns']} finished")
+        lines.append(f"  {'':<9}{'p50':>10}{'p95':>10}{'max':>10}{'limit':>10}"
+                     f"{'suggest':>10}   stopped / would have stopped")
+        for dim, d in prof["dimensions"].items():
+            stops = ", ".join(f"{k} {v}" for k, v in d["stopped"].items()) or "0"
+            would = ", ".join(f"{k} {v}" for k, v in d["would_have_stopped"].items()) or "0"
+            lines.append(f"  {dim:<9}{fmt(d['p50']):>10}{fmt(d['p95']):>10}"
+                         f"{fmt(d['max']):>10}{fmt(d['limit']):>10}{fmt(d['suggested']):>10}"
+                         f"   {stops} / {would}")
+        for code, counts in prof.get("rules", {}).items():
+            stops = ", ".join(f"{k} {v}" for k, v in counts["stopped"].items()) or "0"
+            would = ", ".join(f"{k} {v}" for k, v in counts["would_have_stopped"].items())
+            lines.append(f"  rule {code:<24} stopped {stops}; would have stopped "
+                         f"{would or '0'}")
+    if data.get("toml"):
+        lines.append("\n# paste into the config:\n" + data["toml"])
+    return lines
