@@ -1,0 +1,80 @@
+"""The CLI as a table: every command and option explains itself, `--version` works,
+usage errors exit 2, and a daemon that cannot be reached is 69 (without a daemon)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from turnkeeper import __version__, exits
+from turnkeeper.cli import main, parser
+from turnkeeper.cli.commands import COMMANDS
+
+
+def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _walk(p: argparse.ArgumentParser, path: str = "turnkeeper"
+          ) -> list[tuple[str, argparse.ArgumentParser]]:
+    out = [(path, p)]
+    for name, sub in _subparsers(p).items():
+        out.extend(_walk(sub, f"{path} {name}"))
+    return out
+
+
+def test_every_command_has_a_help_line_and_a_description() -> None:
+    for cmd in COMMANDS.values():
+        assert cmd.help and cmd.description, cmd.name
+        assert (cmd.run is None) != (cmd.run_local is None), cmd.name
+    assert set(_subparsers(parser())) == set(COMMANDS)
+
+
+def test_every_option_and_argument_has_help() -> None:
+    for path, p in _walk(parser()):
+        assert p.description, path
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{path}: {action.dest}"
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([flag])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"turnkeeper {__version__}"
+
+
+def test_help_lists_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit statuses" in out
+    for code in (exits.OK, exits.FAIL, exits.UNAVAILABLE, exits.CONFIG,
+                 *exits.TURN_STATUS.values()):
+        assert str(code) in out
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sock = str(tmp_path / "none.sock")
+    with pytest.raises(SystemExit) as exc:
+        main(["--socket", sock, "show"])  # no id: argparse's own
+    assert exc.value.code == 2
+    assert main(["--socket", sock, "dead-letters", "replay"]) == 2
+    assert "needs an ID" in capsys.readouterr().err
+    assert main(["--socket", sock, "limits", "report", "--since", "soon"]) == 2
+
+
+def test_an_unreachable_daemon_is_69(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--socket", str(tmp_path / "none.sock"), "status"]) == exits.UNAVAILABLE
+    assert main(["--socket", str(tmp_path / "none.sock"), "follow", "t_1", "--json"]) \
+        == exits.UNAVAILABLE
+    assert "turnkeeper:" in capsys.readouterr().err
