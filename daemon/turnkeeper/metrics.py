@@ -153,11 +153,11 @@ class Metrics:
                           error=f"{type(exc).__name__}: {exc}")
 
     def _count(self, event: Event) -> None:
-        body = event.body
-        if body is None:
-            return
-        handler = _HANDLERS.get(type(body))
-        if handler is not None:
+        # Looked up before the body is read: streamed text, the most frequent event,
+        # counts nothing and is not worth parsing.
+        handler = _HANDLERS.get(ev.EVENT_TYPES.get(event.type, ev.EventBody))
+        body = event.body if handler is not None else None
+        if handler is not None and body is not None:
             handler(self, body, event.turn)
 
     def _model_request(self, e: ev.ModelRequest, turn: str | None) -> None:

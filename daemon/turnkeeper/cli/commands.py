@@ -13,11 +13,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from turnkeeper import exits
 from turnkeeper.cli import render
+from turnkeeper.cli.streams import cmd_events, cmd_follow, follow_turn, turn_exit
 from turnkeeper.control.client import Client
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.policy.turn_state import TurnState
@@ -31,23 +32,24 @@ class UsageError(TurnkeeperError):
     """The command line is wrong in a way argparse cannot see; exits 2 like its own."""
 
 
-class Command(NamedTuple):  # not a dataclass: importing dataclasses slows every command
-    name: str
-    help: str            # the line in the list of commands
-    description: str     # the paragraph at the top of `turnkeeper NAME --help`
-    setup: Setup
-    run: Callable[[Client, argparse.Namespace], int] | None = None
-    run_local: Callable[[argparse.Namespace], int] | None = None  # needs no daemon
+class Command:
+    """One command: what `--help` shows for it, how its arguments are declared, and what
+    runs it (`run` with a client of the daemon, or `run_local` for one that needs none).
+    A plain class: a dataclass or NamedTuple costs every command start-up time."""
+
+    __slots__ = ("description", "help", "name", "run", "run_local", "setup")
+
+    def __init__(self, name: str, help: str, description: str, setup: Setup,
+                 run: Callable[[Client, argparse.Namespace], int] | None = None, *,
+                 run_local: Callable[[argparse.Namespace], int] | None = None) -> None:
+        self.name, self.help, self.description, self.setup = name, help, description, setup
+        self.run, self.run_local = run, run_local
 
 
 def _fail(status: int, data: Any) -> int:
     msg = data.get("error") if isinstance(data, dict) else data
     print(f"turnkeeper: HTTP {status}: {msg}", file=sys.stderr)
     return exits.FAIL
-
-
-def _turn_exit(result: dict[str, Any]) -> int:
-    return exits.TURN_STATUS.get(result["status"], exits.FAIL)
 
 
 def _no_args(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -158,7 +160,7 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         render.print_json(turn)
     else:
         print(render.summary(turn))
-    return _turn_exit(turn["result"])
+    return turn_exit(turn["result"])
 
 
 def _turns_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -193,45 +195,6 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     else:
         print(render.summary(data["turn"]))
     return exits.OK
-
-
-def follow_turn(client: Client, turn_id: str, as_json: bool) -> int:
-    """Show a turn until it ends; exit with its final status."""
-    if not as_json and sys.stdout.isatty():
-        from turnkeeper.follow import follow_live  # rich: imported only here
-
-        result = follow_live(client, turn_id, render.event_line)
-        if result is None:
-            print("turnkeeper: the event stream ended before the turn finished",
-                  file=sys.stderr)
-            return exits.UNAVAILABLE
-        return _turn_exit(result)
-    final: dict[str, Any] | None = None
-    streaming = False
-    for ev in client.stream(f"/v1/turns/{quote(turn_id)}/events"):
-        if as_json:
-            print(json.dumps(ev, ensure_ascii=False), flush=True)
-        elif ev["type"] == "model.delta":
-            sys.stdout.write(ev.get("text", ""))
-            streaming = True
-            sys.stdout.flush()
-        else:
-            if streaming:
-                sys.stdout.write("\n")
-                streaming = False
-            line = render.event_line(ev)
-            if line:
-                print(line, flush=True)
-        if ev["type"] == "turn.finished":
-            final = ev["result"]
-    if final is None:
-        print("turnkeeper: the event stream ended before the turn finished", file=sys.stderr)
-        return exits.UNAVAILABLE
-    return _turn_exit(final)
-
-
-def cmd_follow(client: Client, args: argparse.Namespace) -> int:
-    return follow_turn(client, args.id, args.json)
 
 
 def _steer_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -287,17 +250,6 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         render.print_json(data)
     else:
         print("\n".join(render.status_lines(data)))
-    return exits.OK
-
-
-def cmd_events(client: Client, args: argparse.Namespace) -> int:
-    for ev in client.stream("/v1/events"):
-        if args.json:
-            print(json.dumps(ev, ensure_ascii=False), flush=True)
-        else:
-            line = render.event_line(ev)
-            if line:
-                print((ev.get("turn") or "daemon") + " " + line, flush=True)
     return exits.OK
 
 
