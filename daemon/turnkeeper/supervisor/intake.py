@@ -7,6 +7,7 @@ from typing import Any
 
 import structlog
 
+from turnkeeper import event_types as ev
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor.core import (
@@ -53,9 +54,9 @@ class Intake:
         # once it is on disk with its `turn.queued` event (a turn started earlier would
         # not know its seq, which orders its session's history).
         core.live[turn_id] = live
-        queued = core.bus.prepare("turn.queued", turn=turn_id, session=record.session,
-                                  message=message[:2000],
-                                  policy_version=record.policy_version)
+        queued = core.bus.prepare(ev.TurnQueued(session=record.session, message=message[:2000],
+                                                policy_version=record.policy_version),
+                                  turn=turn_id)
         try:
             record.seq = await core.store.insert_turn(record.to_json(), {}, events=[queued])
         except BaseException:
@@ -86,8 +87,8 @@ class Intake:
         message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
         record.inbox.append(message)
         record.updated_at = now
-        event = core.bus.prepare("turn.message", turn=turn_id, kind=kind, text=text[:2000],
-                                 redirect=redirect)
+        event = core.bus.prepare(ev.TurnMessage(kind=kind, text=text[:2000], redirect=redirect),
+                                 turn=turn_id)
         await core.store.append_message(turn_id, message, updated_at=now, events=[event])
         core.bus.deliver(event)
         log.info("turn.message", **log_context(record), kind=kind, redirect=redirect)

@@ -17,6 +17,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
+from turnkeeper import event_types as ev
 from turnkeeper.config import ConfigError, Policy, keep_restart_keys, load_config
 from turnkeeper.lifecycle.systemd import extend_timeout_loop
 from turnkeeper.policy.turn_state import TurnState
@@ -132,8 +133,8 @@ class Lifecycle:
             error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             core.last_reload_error = error
             core.reload_failures += 1
-            core.bus.publish("daemon.reload_failed", trigger=trigger, error=error,
-                             policy_version=core.policy.version)
+            core.bus.publish(ev.DaemonReloadFailed(trigger=trigger, error=error,
+                                                   policy_version=core.policy.version))
             log.error("daemon.reload_failed", trigger=trigger, error=error,
                       policy_version=core.policy.version)
             core.notifier.status(core.status_line())
@@ -143,8 +144,8 @@ class Lifecycle:
             return self._stopping_outcome()
         core.state = "reloading"
         core.notifier.reloading(core.status_line())
-        core.bus.publish("daemon.reloading", trigger=trigger,
-                         policy_version=core.policy.version)
+        core.bus.publish(ev.DaemonReloading(trigger=trigger,
+                                            policy_version=core.policy.version))
         log.info("daemon.reloading", trigger=trigger, policy_version=core.policy.version,
                  running=core.active, parked=core.running - core.active,
                  queued=len(core.queue))
@@ -182,9 +183,9 @@ class Lifecycle:
         core.scheduling.dispatch()
         duration = core.clock.monotonic() - started
         core.notifier.ready(core.status_line())
-        core.bus.publish("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
-                         content_hash=digest, pending_restart=pending,
-                         duration_s=round(duration, 6), resumed=len(suspended))
+        core.bus.publish(ev.DaemonReloaded(
+            trigger=trigger, policy_version=candidate.version, content_hash=digest,
+            pending_restart=pending, duration_s=round(duration, 6), resumed=len(suspended)))
         log.info("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
                  content_hash=digest, pending_restart=pending, duration_s=round(duration, 6),
                  suspended=len(suspended))
@@ -253,8 +254,9 @@ class Lifecycle:
         core.state = "stopping"
         core.intake_open = False
         core.notifier.stopping(core.status_line())
-        core.bus.publish("daemon.stopping", running=core.active,
-                         parked=core.running - core.active, queued=len(core.queue))
+        core.bus.publish(ev.DaemonStopping(running=core.active,
+                                           parked=core.running - core.active,
+                                           queued=len(core.queue)))
         log.info("daemon.stopping", running=core.active, parked=core.running - core.active,
                  queued=len(core.queue))
         await self._drain(core.config.daemon.shutdown_timeout, reason="stop")

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import structlog
 
+from turnkeeper import event_types as ev
 from turnkeeper import logging as tk_logging
 from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.turn_state import TurnState
@@ -118,13 +119,13 @@ class Scheduling:
         core = self.core
         record = live.record
         record.state = TurnState(record.state).to(result.status.value)
-        record.result = result.to_json()
+        record.result = result_json = result.to_json()
         record.next_attempt_at = None
         record.question = None
         record.updated_at = core.clock.time()
         # The result and its `turn.finished` event commit together: after any crash a
         # turn has both or neither (and then resumes), never one finish too many.
-        finished = core.bus.prepare("turn.finished", turn=record.id, result=record.result)
+        finished = core.bus.prepare(ev.TurnFinished(result=result_json), turn=record.id)
         with anyio.CancelScope(shield=True):
             await core.store.save_turn(record.to_json(), events=[finished])
         stop = result.stopped_because
