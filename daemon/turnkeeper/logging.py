@@ -1,6 +1,10 @@
 """structlog setup: JSON lines on stderr when not a TTY, readable console lines
 on a TTY; with JOURNAL_STREAM set, each JSON line carries the `<N>` syslog priority
-prefix so journald keeps the level."""
+prefix so journald keeps the level.
+
+Lines from libraries that log through the standard library (aiohttp, asyncio, the MCP
+SDK) go through the same processors (`structlog.stdlib.ProcessorFormatter` on the root
+logger): a plain-text line among the JSON ones made `jq` abort on the whole stream."""
 
 from __future__ import annotations
 
@@ -56,25 +60,35 @@ def configure(*, log_format: str = "auto", log_level: str = "info",
     fmt = log_format
     if fmt == "auto":
         fmt = "console" if out.isatty() else "json"
-    processors: list[Any] = [
+    shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         _merge_turn_context,
         _to_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
     ]
+    renderers: list[Any] = [structlog.processors.format_exc_info]
     if fmt == "json":
-        processors.append(structlog.processors.JSONRenderer(sort_keys=False))
+        renderers.append(structlog.processors.JSONRenderer(sort_keys=False))
         if os.environ.get("JOURNAL_STREAM"):
-            processors.append(_journald_prefix)
+            renderers.append(_journald_prefix)
     else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
+        renderers.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
     structlog.configure(
-        processors=processors,
+        processors=[*shared, *renderers],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[log_level]),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
-    # Libraries that log through the standard library land on stderr too.
-    std_logging.basicConfig(level=max(_LEVELS[log_level], 30), stream=out,
-                            format="%(levelname)s %(name)s: %(message)s")
+    # Libraries that log through the standard library: the same processors, the same
+    # stream, and at least warning (their info lines are noise in a daemon's log).
+    handler = std_logging.StreamHandler(out)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    *renderers],
+    ))
+    root = std_logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(max(_LEVELS[log_level], 30))
