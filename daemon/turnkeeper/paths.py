@@ -1,9 +1,30 @@
-"""Default locations, shared by the daemon and the light CLI (standard library only)."""
+"""Default locations, shared by the daemon and the light CLI (standard library only),
+and the rules that say whether a socket's directory can be trusted.
+
+A directory in a place every user can write (`/tmp`) can be created by anyone first: a
+socket found there is only ours if the directory is ours (or root's). A directory whose
+own parent only its owner or root can write (`$XDG_RUNTIME_DIR`, `/run`) cannot have been
+squatted, whoever owns it (the systemd unit's `/run/turnkeeper` belongs to the service
+user, not to the caller).
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from turnkeeper import exits
+from turnkeeper.errors import TurnkeeperError
+
+SYSTEM_SOCKET = Path("/run/turnkeeper/control.sock")
+
+
+class UnsafeSocketDir(TurnkeeperError):
+    """A socket's directory another user controls, or one others can write without the
+    sticky bit. A setting to fix, not a transient failure: exit 78 (EX_CONFIG)."""
+
+    exit_code = exits.CONFIG
 
 
 def default_state_dir() -> Path:
@@ -21,9 +42,79 @@ def default_socket_path() -> Path:
     return Path(f"/tmp/turnkeeper-{os.getuid()}") / "control.sock"
 
 
+def _owner_name(uid: int) -> str:
+    try:
+        import pwd  # here: only an error message needs it
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _only_trusted_can_write(st: os.stat_result, uid: int) -> bool:
+    """Only `uid` or root could have created an entry in a directory with this stat."""
+    return st.st_uid in (0, uid) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def check_socket_dir_owner(directory: Path, *, uid: int | None = None) -> None:
+    """Refuse `directory` if another user may have put it there: it is owned by neither
+    `uid` (default: ours) nor root, and its parent lets others create entries."""
+    me = os.getuid() if uid is None else uid
+    st = directory.stat()
+    if st.st_uid in (0, me):
+        return
+    if _only_trusted_can_write(directory.parent.stat(), me):
+        return
+    raise UnsafeSocketDir(
+        f"socket directory {directory} is owned by {_owner_name(st.st_uid)}, not by you or "
+        f"root, in a directory others can write: refusing a socket another user may have "
+        f"put there (give --socket or TURNKEEPER_SOCKET to use it anyway)")
+
+
+def check_socket_dir_mode(directory: Path) -> None:
+    """Refuse a directory others can write without the sticky bit: anyone could replace
+    the socket in it."""
+    mode = directory.stat().st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        raise UnsafeSocketDir(
+            f"socket directory {directory} (mode {stat.S_IMODE(mode):04o}) can be written "
+            f"by others and has no sticky bit: anyone could replace the socket in it")
+
+
+def default_socket_candidates() -> list[Path]:
+    """Where the CLI looks when not told, in order: the per-user runtime directory, the
+    per-user directory in /tmp, then the systemd unit's socket."""
+    out = []
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        out.append(Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0]) / "control.sock")
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        out.append(Path(os.environ["XDG_RUNTIME_DIR"]) / "turnkeeper" / "control.sock")
+    out.append(Path(f"/tmp/turnkeeper-{os.getuid()}") / "control.sock")
+    out.append(SYSTEM_SOCKET)
+    return out
+
+
+def discover_socket(candidates: list[Path] | None = None) -> Path:
+    """The first of `candidates` (default: `default_socket_candidates()`) that holds a
+    socket, checked with `check_socket_dir_owner` (a squatted one raises
+    `UnsafeSocketDir` rather than being skipped: the user must hear about it); the
+    per-user default when none does."""
+    for path in default_socket_candidates() if candidates is None else candidates:
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                continue
+        except OSError:
+            continue
+        check_socket_dir_owner(path.parent)
+        return path
+    return default_socket_path()
+
+
 def client_socket_path(option: str | None, config_option: str | None = None) -> Path:
     """--socket, then TURNKEEPER_SOCKET, then the config file's daemon.socket (read with
-    tomllib only), then TURNKEEPER_DAEMON__SOCKET, then the default."""
+    tomllib only), then TURNKEEPER_DAEMON__SOCKET, then the default locations (see
+    `discover_socket`; raises `UnsafeSocketDir` for one another user controls). A path
+    given explicitly is taken as it is: the user chose it."""
     if option:
         return Path(option)
     if os.environ.get("TURNKEEPER_SOCKET"):
@@ -41,4 +132,4 @@ def client_socket_path(option: str | None, config_option: str | None = None) -> 
                 return Path(sock)
         except (OSError, tomllib.TOMLDecodeError):
             pass
-    return default_socket_path()
+    return discover_socket()
