@@ -72,7 +72,8 @@ async def _serve(policy: Policy, config_path: str | None) -> None:
         await server.start(metrics.install)
     except (SocketError, OSError) as exc:
         await store.close()
-        raise BootError(f"control socket: {exc}", SocketError.exit_code) from None
+        raise BootError(f"control socket: {exc}",
+                        getattr(exc, "exit_code", SocketError.exit_code)) from None
     metrics_tcp = None
     address = config.metrics.address()
     if address is not None:
