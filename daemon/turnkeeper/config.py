@@ -67,6 +67,13 @@ class DaemonConfig(_Section):
     watch_config: bool = True
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    # Control connections. 0 for max_connections: min(1024, a quarter of the descriptor
+    # limit), read at start, so the socket alone can never exhaust the daemon's files.
+    max_connections: NonNegInt = 0
+    control_idle_timeout: Annotated[float, Field(gt=0)] = 30.0
+    body_read_timeout: Annotated[float, Field(gt=0)] = 10.0
+    max_followers_per_client: PositiveInt = 16
+    max_message_bytes: PositiveInt = 256 * 1024
 
     @field_validator("socket_mode")
     @classmethod
@@ -452,7 +459,9 @@ class Config(BaseSettings):
 
 # Keys whose change cannot be applied without a restart (SPEC 9).
 RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "state_dir"),
-                ("daemon", "allowed_uids"), ("daemon", "allowed_gids"), ("metrics", "listen"))
+                ("daemon", "allowed_uids"), ("daemon", "allowed_gids"),
+                ("daemon", "max_connections"), ("daemon", "control_idle_timeout"),
+                ("metrics", "listen"))
 
 
 def keep_restart_keys(running: Config, new: Config) -> Config:

@@ -2,20 +2,28 @@
 
 Handlers validate, call the supervisor, and shape answers; they hold no state. Every
 error is JSON: `{"error": "...", "field": "..."}` where a field is to blame.
+
+Input is strict: a number is a JSON number, finite, never a string or a boolean (a
+`"deadline": Infinity` once queued a turn that never ran); a body is read within
+`daemon.body_read_timeout` or the connection is closed (a client trickling a body would
+hold a descriptor for ever).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anyio
+import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from anyio.streams.memory import MemoryObjectReceiveStream
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
+from turnkeeper.control.bodies import Body, MessageBody, SubmitBody
 from turnkeeper.events import TERMINAL_EVENT, Event
 from turnkeeper.supervisor import (
     IntakeRefused,
@@ -26,47 +34,14 @@ from turnkeeper.supervisor import (
     UnknownTurn,
 )
 
+log = structlog.get_logger("turnkeeper.control")
+
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
+# Event followers open per peer uid (-1: a peer without credentials), for the cap.
+FOLLOWERS: web.AppKey[dict[int, int]] = web.AppKey("followers", dict)
+PEER_UID = "turnkeeper.peer_uid"  # request key: the uid the access check saw
 MAX_WAIT_S = 3600.0
 MAX_BATCH_EVENTS = 500  # events per write of an NDJSON stream
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BudgetOverride(_Body):
-    max_tokens: Annotated[int, Field(gt=0)] | None = None
-    max_seconds: Annotated[float, Field(gt=0)] | None = None
-    max_steps: Annotated[int, Field(gt=0)] | None = None
-    max_cost_usd: Annotated[float, Field(ge=0)] | None = None
-
-
-class SubmitBody(_Body):
-    message: Annotated[str, Field(min_length=1, max_length=512 * 1024)]
-    session: Annotated[str, Field(min_length=1, max_length=200,
-                                  pattern=r"^[A-Za-z0-9_.:\-]+$")] | None = None
-    budget: BudgetOverride | None = None
-    deadline: float | datetime | None = None
-    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-
-    @field_validator("deadline")
-    @classmethod
-    def _epoch(cls, v: float | datetime | None) -> float | datetime | None:
-        if isinstance(v, datetime) and v.tzinfo is None:
-            raise ValueError("needs a time zone (e.g. 2026-12-01T10:00:00Z)")
-        return v
-
-    def deadline_epoch(self) -> float | None:
-        if isinstance(self.deadline, datetime):
-            return self.deadline.timestamp()
-        return self.deadline
-
-
-class MessageBody(_Body):
-    kind: Literal["steer", "answer"]
-    text: Annotated[str, Field(min_length=1, max_length=512 * 1024)]
-    redirect: bool = False
 
 
 def error(status: int, message: str, *, field: str | None = None,
@@ -77,8 +52,32 @@ def error(status: int, message: str, *, field: str | None = None,
     return web.json_response(body, status=status, headers=headers)
 
 
-async def _body(request: web.Request, model: type[_Body]) -> _Body | web.Response:
-    raw = await request.read()
+async def _read(request: web.Request) -> bytes | web.Response:
+    """The body, read within `daemon.body_read_timeout`. A client too slow, or gone, has
+    its connection closed; leaving mid-body is one log line, not a traceback."""
+    sup = request.app[SUPERVISOR]
+    raw: bytes | None = None
+    try:
+        with sup.clock.move_on_after(sup.config.daemon.body_read_timeout):
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    except (ConnectionError, web.HTTPException, HttpProcessingError) as exc:
+        # Gone mid-body, or a malformed body framing: one line, no traceback.
+        log.info("control.client_left", path=request.path, error=type(exc).__name__)
+        return error(400, "the body could not be read", field="(body)")
+    if raw is None:
+        log.info("control.body_timeout", path=request.path)
+        late = error(408, "the body was not sent in time", field="(body)")
+        late.force_close()  # answered, then the connection is closed: not waited for again
+        return late
+    return raw
+
+
+async def _body(request: web.Request, model: type[Body]) -> Body | web.Response:
+    raw = await _read(request)
+    if isinstance(raw, web.Response):
+        return raw
     if not raw:
         data: Any = {}
     else:
@@ -86,6 +85,8 @@ async def _body(request: web.Request, model: type[_Body]) -> _Body | web.Respons
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error(400, f"body is not valid JSON: {exc}", field="(body)")
+        except RecursionError:
+            return error(400, "body is nested too deeply", field="(body)")
     if not isinstance(data, dict):
         return error(400, "body must be a JSON object", field="(body)")
     try:
@@ -95,6 +96,42 @@ async def _body(request: web.Request, model: type[_Body]) -> _Body | web.Respons
         field = ".".join(str(p) for p in first["loc"]) or "(body)"
         msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
         return error(400, f"{field}: {msg}", field=field)
+    except RecursionError:
+        return error(400, "body is nested too deeply", field="(body)")
+
+
+def _too_large(request: web.Request, field: str, text: str) -> web.Response | None:
+    """413 naming `field` when `text` is over `daemon.max_message_bytes` (UTF-8)."""
+    limit = request.app[SUPERVISOR].config.daemon.max_message_bytes
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        return error(413, f"{field} is {size} bytes, more than the {limit} allowed "
+                          f"(daemon.max_message_bytes)", field=field)
+    return None
+
+
+@contextlib.contextmanager
+def _follower(request: web.Request) -> Iterator[bool]:
+    """Counts an event follower against its peer's cap; yields False when over it."""
+    uid = request.get(PEER_UID, -1)
+    followers = request.app[FOLLOWERS]
+    limit = request.app[SUPERVISOR].config.daemon.max_followers_per_client
+    if followers.get(uid, 0) >= limit:
+        yield False
+        return
+    followers[uid] = followers.get(uid, 0) + 1
+    try:
+        yield True
+    finally:
+        followers[uid] -= 1
+        if not followers[uid]:
+            del followers[uid]
+
+
+def _too_many_followers(request: web.Request) -> web.Response:
+    limit = request.app[SUPERVISOR].config.daemon.max_followers_per_client
+    return error(429, f"more than {limit} event streams open for this client "
+                      f"(daemon.max_followers_per_client)", headers={"Retry-After": "1"})
 
 
 def _query_float(request: web.Request, name: str, default: float | None,
@@ -121,10 +158,16 @@ async def submit(request: web.Request) -> web.Response:
         return body
     assert isinstance(body, SubmitBody)
     sup = request.app[SUPERVISOR]
+    too_large = _too_large(request, "message", body.message)
+    if too_large is not None:
+        return too_large
+    deadline = body.deadline_epoch()
+    if deadline is not None and deadline <= sup.clock.time():
+        return error(400, "deadline: is in the past", field="deadline")
     budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
     try:
         record = await sup.submit(message=body.message, session=body.session, budget=budget,
-                                  deadline=body.deadline_epoch(), profile=body.profile)
+                                  deadline=deadline, profile=body.profile)
     except UnknownProfile as exc:
         return error(400, str(exc), field="profile")
     except IntakeRefused as exc:
@@ -194,6 +237,14 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
         await sup.get_turn(turn_id)
     except UnknownTurn:
         return error(404, f"no turn {turn_id}")
+    with _follower(request) as admitted:
+        if not admitted:
+            return _too_many_followers(request)
+        return await _turn_events(request, sup, turn_id)
+
+
+async def _turn_events(request: web.Request, sup: Supervisor, turn_id: str
+                       ) -> web.StreamResponse:
 
     async def stream() -> AsyncIterator[list[dict[str, Any]]]:
         with sup.bus.subscribe(turn=turn_id) as live:
@@ -236,7 +287,10 @@ async def all_events(request: web.Request) -> web.StreamResponse:
             async for first in live:
                 yield [event.to_json() for event in _ready(live, first)]
 
-    return await _ndjson(request, stream())
+    with _follower(request) as admitted:
+        if not admitted:
+            return _too_many_followers(request)
+        return await _ndjson(request, stream())
 
 
 async def post_message(request: web.Request) -> web.Response:
@@ -244,6 +298,9 @@ async def post_message(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     assert isinstance(body, MessageBody)
+    too_large = _too_large(request, "text", body.text)
+    if too_large is not None:
+        return too_large
     turn_id = request.match_info["id"]
     try:
         out = await request.app[SUPERVISOR].post_message(
@@ -304,6 +361,7 @@ async def limits_report(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app[FOLLOWERS] = {}
     app.router.add_get("/v1/status", status)
     app.router.add_post("/v1/turns", submit)
     app.router.add_get("/v1/turns", list_turns)

@@ -1,0 +1,74 @@
+"""The bodies the control API accepts, as strict pydantic models.
+
+Strict because the daemon once took `"max_steps": "5"` and `true` as numbers, and a
+`"deadline": Infinity` queued a turn that never ran: a number is a JSON number, finite,
+never a string or a boolean; an unknown field is an error, not ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+StrictFiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class BudgetOverride(Body):
+    max_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
+    max_seconds: Annotated[StrictFiniteFloat, Field(gt=0)] | None = None
+    max_steps: Annotated[StrictInt, Field(gt=0)] | None = None
+    max_cost_usd: Annotated[StrictFiniteFloat, Field(ge=0)] | None = None
+
+
+class SubmitBody(Body):
+    message: Annotated[str, Field(min_length=1, max_length=512 * 1024)]
+    session: Annotated[str, Field(min_length=1, max_length=200,
+                                  pattern=r"^[A-Za-z0-9_.:\-]+$")] | None = None
+    budget: BudgetOverride | None = None
+    deadline: float | datetime | None = None
+    profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _epoch(cls, v: Any) -> float | datetime | None:
+        """Epoch seconds as a JSON number, or an ISO 8601 string with a zone; nothing
+        else (pydantic would read "5" as a timestamp and `true` as 1)."""
+        if v is None:
+            return None
+        if isinstance(v, bool):
+            raise ValueError("must be a number of epoch seconds or an ISO 8601 time")
+        if isinstance(v, (int, float)):
+            if not math.isfinite(v):
+                raise ValueError("must be a finite number")
+            return float(v)
+        if isinstance(v, str):
+            try:
+                when = datetime.fromisoformat(v)
+            except ValueError:
+                raise ValueError("must be an ISO 8601 time such as "
+                                 "2026-12-01T10:00:00Z") from None
+            if when.tzinfo is None:
+                raise ValueError("needs a time zone (e.g. 2026-12-01T10:00:00Z)")
+            return when
+        raise ValueError("must be a number of epoch seconds or an ISO 8601 time")
+
+    def deadline_epoch(self) -> float | None:
+        if isinstance(self.deadline, datetime):
+            return self.deadline.timestamp()
+        return self.deadline
+
+
+class MessageBody(Body):
+    kind: Literal["steer", "answer"]
+    text: Annotated[str, Field(min_length=1, max_length=512 * 1024)]
+    redirect: StrictBool = False
+
+
