@@ -16,7 +16,7 @@ from typing import Any
 from turnkeeper import __version__, exits
 from turnkeeper.cli.commands import COMMANDS, UsageError
 from turnkeeper.control.client import Client, ClientError, HTTPStatusError
-from turnkeeper.paths import client_socket_path
+from turnkeeper.paths import UnsafeSocketDir, client_socket_path
 
 USAGE_ERROR = 2  # what argparse exits with on a wrong command line, and so do we
 
@@ -74,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClientError as exc:
         print(f"turnkeeper: {exc}", file=sys.stderr)
         return exits.UNAVAILABLE
+    except UnsafeSocketDir as exc:  # a default socket another user could have planted
+        print(f"turnkeeper: {exc}", file=sys.stderr)
+        return exc.exit_code
     except HTTPStatusError as exc:  # the daemon answered, with an error
         print(f"turnkeeper: {exc}", file=sys.stderr)
         return exits.FAIL
