@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import resource
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -23,8 +24,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic import ValidationError
 
+from turnkeeper.config import DaemonConfig
 from turnkeeper.control.bodies import Body, MessageBody, SubmitBody
 from turnkeeper.events import TERMINAL_EVENT, Event
+from turnkeeper.policy.admission import ControlLimits, default_max_connections
 from turnkeeper.supervisor import (
     IntakeRefused,
     NotWaiting,
@@ -100,11 +103,26 @@ async def _body(request: web.Request, model: type[Body]) -> Body | web.Response:
         return error(400, "body is nested too deeply", field="(body)")
 
 
+def control_limits(daemon: DaemonConfig) -> ControlLimits:
+    """The control plane's limits from the `[daemon]` section; `max_connections = 0`
+    means a share of this process's descriptor limit."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    max_connections = daemon.max_connections or default_max_connections(
+        None if soft == resource.RLIM_INFINITY else soft)
+    return ControlLimits(max_connections=max_connections,
+                         max_followers_per_client=daemon.max_followers_per_client,
+                         max_message_bytes=daemon.max_message_bytes)
+
+
+def _limits(request: web.Request) -> ControlLimits:
+    return control_limits(request.app[SUPERVISOR].config.daemon)
+
+
 def _too_large(request: web.Request, field: str, text: str) -> web.Response | None:
     """413 naming `field` when `text` is over `daemon.max_message_bytes` (UTF-8)."""
     limit = request.app[SUPERVISOR].config.daemon.max_message_bytes
     size = len(text.encode("utf-8", "surrogatepass"))
-    if size > limit:
+    if _limits(request).message_too_large(size):
         return error(413, f"{field} is {size} bytes, more than the {limit} allowed "
                           f"(daemon.max_message_bytes)", field=field)
     return None
@@ -115,8 +133,7 @@ def _follower(request: web.Request) -> Iterator[bool]:
     """Counts an event follower against its peer's cap; yields False when over it."""
     uid = request.get(PEER_UID, -1)
     followers = request.app[FOLLOWERS]
-    limit = request.app[SUPERVISOR].config.daemon.max_followers_per_client
-    if followers.get(uid, 0) >= limit:
+    if not _limits(request).admits_follower(followers.get(uid, 0)):
         yield False
         return
     followers[uid] = followers.get(uid, 0) + 1

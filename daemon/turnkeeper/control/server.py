@@ -23,7 +23,6 @@ import contextlib
 import errno
 import json
 import os
-import resource
 import socket
 import stat
 import struct
@@ -39,6 +38,7 @@ from turnkeeper.config import Config
 from turnkeeper.control import routes
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.paths import UnsafeSocketDir, check_socket_dir_mode, check_socket_dir_owner
+from turnkeeper.policy.admission import ControlLimits
 from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.control")
@@ -88,15 +88,6 @@ def peer_groups(sock: socket.socket, pid: int) -> frozenset[int]:
     except (OSError, ValueError):
         pass
     return frozenset()
-
-
-def default_max_connections() -> int:
-    """min(1024, a quarter of the soft descriptor limit): the rest stay for the store,
-    providers, tools and MCP servers."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1024
-    return max(1, min(1024, soft // 4))
 
 
 def make_access_middleware(config: Config) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -200,21 +191,21 @@ class _BoundedSite(web.SockSite):
     """A listening socket whose connections beyond `max_connections` get `_Busy`."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, *,
-                 max_connections: int) -> None:
+                 limits: ControlLimits) -> None:
         super().__init__(runner, sock)
         self._tk_runner = runner
         self._tk_sock = sock
-        self._tk_max_connections = max_connections
+        self._tk_limits = limits
         self.refused = 0
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         server = self._tk_runner.server
         assert server is not None
-        limit = self._tk_max_connections
+        admits = self._tk_limits.admits_connection
 
         def factory() -> asyncio.Protocol:
-            if len(server.connections) >= limit:
+            if not admits(len(server.connections)):
                 self.refused += 1
                 return _Busy()
             return server()
@@ -278,19 +269,19 @@ class ControlServer:
         if extra_app_setup is not None:
             extra_app_setup(app)
         daemon = self.supervisor.config.daemon
-        max_connections = daemon.max_connections or default_max_connections()
+        limits = routes.control_limits(daemon)
         runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                keepalive_timeout=daemon.control_idle_timeout,
                                shutdown_timeout=5.0)
         await runner.setup()
         self._runner = runner
         sock = self.inherited if self.inherited is not None else self._bind()
-        site = _BoundedSite(runner, sock, max_connections=max_connections)
+        site = _BoundedSite(runner, sock, limits=limits)
         await site.start()
         log.info("control.listening",
                  socket=str(self.path) if self.inherited is None
                  else "(systemd socket activation)",
-                 mode=oct(self.mode), max_connections=max_connections)
+                 mode=oct(self.mode), max_connections=limits.max_connections)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -1,0 +1,39 @@
+"""What the control plane admits: connections, event streams per client, message sizes.
+
+Each limit is compared here and nowhere else, so the socket server and the routes only
+ask and act (answer 503, 429 or 413). The descriptor arithmetic is here too: a daemon
+that lets its control clients take every file descriptor has none left for the
+providers, and its own EMFILE then looks like a provider outage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A quarter of the descriptors at most go to control connections; the rest stay for the
+# store, providers, tools and MCP servers.
+CONTROL_SHARE_OF_DESCRIPTORS = 4
+MAX_DEFAULT_CONNECTIONS = 1024
+
+
+def default_max_connections(nofile_soft: int | None) -> int:
+    """min(1024, a quarter of the soft descriptor limit); None = unlimited."""
+    if nofile_soft is None:
+        return MAX_DEFAULT_CONNECTIONS
+    return max(1, min(MAX_DEFAULT_CONNECTIONS, nofile_soft // CONTROL_SHARE_OF_DESCRIPTORS))
+
+
+@dataclass(frozen=True, slots=True)
+class ControlLimits:
+    max_connections: int
+    max_followers_per_client: int
+    max_message_bytes: int
+
+    def admits_connection(self, open_now: int) -> bool:
+        return open_now < self.max_connections
+
+    def admits_follower(self, following_now: int) -> bool:
+        return following_now < self.max_followers_per_client
+
+    def message_too_large(self, size_bytes: int) -> bool:
+        return size_bytes > self.max_message_bytes
