@@ -658,3 +658,40 @@ def test_repr_shows_phase_position_and_counters() -> None:
     chain.begin_call()
     assert repr(chain) == ("ProviderChain(phase=attempting, current='primary', "
                            "provider_attempts=1/4, fallback_hops=0/2, recovery_cycles=0/5)")
+
+
+# -- resuming a call -------------------------------------------------------------------
+
+
+def _parked_in_cycle_2() -> ProviderChain:
+    chain = make(max_attempts=1)
+    chain.begin_call()
+    assert isinstance(exhaust_pass(chain), Recover)
+    chain.recovery_done()
+    assert isinstance(exhaust_pass(chain), Recover)
+    return ProviderChain.restore(chain.snapshot(), **{**SETTINGS, "max_attempts": 1})
+
+
+def test_resume_outside_recovery_is_a_plain_first_attempt() -> None:
+    assert make().resume(now=100.0, recover_until=None) == Attempt("primary", 1)
+
+
+def test_resume_parked_in_recovery_waits_out_the_same_cycle_until_its_wake_up_time() -> None:
+    chain = _parked_in_cycle_2()
+    decision = chain.resume(now=100.0, recover_until=112.5)
+    assert decision == Recover(cycle=2, of_cycles=5, wait_s=12.5)
+    assert chain.recovery_cycles == 1
+    assert chain.recovery_done() == Attempt(provider="primary", attempt=1)
+    assert chain.recovery_cycles == 2
+
+
+def test_resume_past_the_wake_up_time_waits_zero_seconds() -> None:
+    decision = _parked_in_cycle_2().resume(now=200.0, recover_until=112.5)
+    assert isinstance(decision, Recover) and decision.wait_s == 0.0
+
+
+def test_resume_after_a_steer_cut_the_wait_starts_a_new_pass_without_charging_a_cycle(
+        ) -> None:
+    chain = _parked_in_cycle_2()
+    assert chain.resume(now=100.0, recover_until=None) == Attempt("primary", 1)
+    assert chain.recovery_cycles == 1

@@ -337,6 +337,21 @@ class ProviderChain:
         self._expect(_Event.RETRY_REFUSED)
         return self._enter(self._hop("retry_budget", rand))
 
+    def resume(self, *, now: float, recover_until: float | None) -> Attempt | Recover:
+        """The first decision of a model call, `begin_call()` but for a chain restored
+        parked in recovery. Parked with its wake-up time (`recover_until`, wall clock):
+        the same cycle goes on waiting until then, nothing counted again (call
+        `recovery_done()` after the wait). Parked without one: a steer had cut the wait
+        short before the checkpoint, so a new pass starts at the primary, no cycle
+        charged."""
+        if self._phase is Phase.RECOVERING and recover_until is None:
+            self.user_message()
+            return self.begin_call()
+        if self._phase is Phase.RECOVERING and recover_until is not None:
+            return Recover(cycle=self._recovery_cycles + 1, of_cycles=self.auto_recovery_cycles,
+                           wait_s=max(0.0, recover_until - now))
+        return self.begin_call()
+
     def retry_ready(self) -> Attempt:
         """The RetryIn sleep is over: the next attempt on the same provider."""
         self._expect(_Event.RETRY_READY)
