@@ -11,6 +11,7 @@ from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.providers.base import Provider
 from turnkeeper.tools.registry import ToolBox
+from turnkeeper.turn.settings import TurnSettings
 
 
 def make_provider(cfg: ProviderConfig) -> Provider:
@@ -29,6 +30,11 @@ class Runtime:
     policy: Policy
     providers: dict[str, Provider]
     toolbox: ToolBox
+    # What turns read from the policy, resolved once here rather than on every step.
+    settings: TurnSettings = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.settings = TurnSettings.from_config(self.policy.config)
 
     @property
     def config(self) -> Config:
@@ -66,7 +72,7 @@ class Shared:
 
     def apply(self, config: Config) -> None:
         """Create or reconfigure the breaker and retry budget of every provider and http
-        tool. The breaker of an unchanged provider or tool keeps its state (SPEC 9: it
+        tool. The breaker of an unchanged provider or tool keeps its state (it
         survives a reload); a changed one starts closed. Retry budgets keep their counts:
         they are in-flight bookkeeping, not a judgement of the peer."""
         cb, rb = config.circuit_breaker, config.retry_budget

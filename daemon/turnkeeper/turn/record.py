@@ -7,9 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnkeeper.policy import turn_state
+from turnkeeper.policy.turn_state import TurnState
+
 COUNTER_NAMES = ("provider_attempts", "fallback_hops", "restarts", "recovery_cycles", "steps")
-TERMINAL_STATES = frozenset({"completed", "blocked", "partial", "failed", "cancelled"})
-LIVE_STATES = ("queued", "running", "recovering", "waiting", "suspended")
+# The states live with their transition table; the modules that have always taken these
+# from the record get them here, as the plain strings a record and the store hold.
+TERMINAL_STATES: frozenset[str] = frozenset(s.value for s in turn_state.TERMINAL_STATES)
+LIVE_STATES: tuple[str, ...] = tuple(s.value for s in turn_state.LIVE_STATES)
 
 
 def _zero_counters() -> dict[str, int]:
@@ -28,7 +33,7 @@ class TurnRecord:
     message: str
     created_at: float
     updated_at: float
-    state: str = "queued"
+    state: str = TurnState.QUEUED.value
     policy_version: int = 0
     seq: int = 0
     budget: dict[str, Any] = field(default_factory=dict)

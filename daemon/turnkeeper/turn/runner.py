@@ -23,18 +23,22 @@ import structlog
 
 from turnkeeper.clock import Clock
 from turnkeeper.events import EventBus
-from turnkeeper.policy.backoff import Backoff
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage, cost_usd
-from turnkeeper.policy.chain import Attempt, FailOver, Phase, ProviderChain, Recover, RetryIn
-from turnkeeper.policy.classify import CallFailure, FailureClass, classify
-from turnkeeper.policy.loops import Action, FailureLoop, LoopDetector, LoopWarning, action_key
-from turnkeeper.policy.outcome import GUARD_FAMILY, Stop, StopCode, TurnResult
+from turnkeeper.policy.chain import Attempt, FailOver, Phase, Recover, RetryIn
+from turnkeeper.policy.classify import CallFailure, classify
+from turnkeeper.policy.gate import ModeGate, WouldStop
+from turnkeeper.policy.loops import Action, LoopWarning, action_key
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.restarts import RestartCounter
+from turnkeeper.policy.tool_retry import attempts_for
+from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import ModelReply, ModelRequest, ProviderError, ToolCall
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store
 from turnkeeper.tools.registry import ToolOutcome
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
+from turnkeeper.turn.settings import failure_loop, loop_detector
 
 log = structlog.get_logger("turnkeeper.turn")
 
@@ -139,6 +143,10 @@ class TurnRunner:
             record.profile = None
         guards = cfg.guards(record.profile)
         self.modes = guards.modes
+        self.gate = ModeGate(guards.modes)
+        self.settings = runtime.settings
+        self.restarts = RestartCounter(self.settings.max_restarts,
+                                       count=record.counters["restarts"])
         limits = BudgetLimits.from_config(guards.budget, overrides=record.budget,
                                           deadline=record.deadline)
         self.limits = limits
@@ -147,16 +155,7 @@ class TurnRunner:
         # real limits are watched by a second guard that records what would have stopped.
         enforced = limits if self.modes["budget"] == "enforce" else limits.backstop_only()
         self.watch: BudgetGuard | None = None
-        chain_kwargs: dict[str, Any] = {
-            "max_attempts": cfg.agent.api_max_retries + 1,
-            "backoff": Backoff.from_config(cfg.retry),
-            "max_retry_after_s": cfg.retry.max_retry_after,
-            "recovery_schedule": cfg.agent.recovery_schedule,
-            "recovery_jitter": cfg.agent.recovery_jitter,
-            "auto_recovery_cycles": cfg.agent.auto_recovery_cycles,
-            "rand": rand,
-        }
-        names = [p.name for p in cfg.providers]
+        chain_settings = self.settings.chain
         self._pending_stop: Stop | None = None
         # A checkpoint this code cannot read (damaged, or written by an incompatible
         # version) ends the turn `internal` with what is known, never leaves it hanging.
@@ -168,15 +167,9 @@ class TurnRunner:
                 if enforced is not limits:
                     self.watch = BudgetGuard.restore(
                         checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
-                self.loops = LoopDetector.restore(checkpoint["loops"],
-                                                  **_loop_kwargs(guards.loop_detection))
-                self.failures = FailureLoop.restore(checkpoint["failures"],
-                                                    **_failure_kwargs(guards.failure_loop))
-                chain_snap = checkpoint.get("chain")
-                self.chain = (ProviderChain.restore(chain_snap, providers=names,
-                                                    **chain_kwargs)
-                              if chain_snap and chain_snap.get("providers") == names
-                              else ProviderChain(names, **chain_kwargs))
+                self.loops = loop_detector(guards.loop_detection, checkpoint["loops"])
+                self.failures = failure_loop(guards.failure_loop, checkpoint["failures"])
+                self.chain = chain_settings.restore_chain(checkpoint.get("chain"), rand)
                 self.partial: list[str] = list(checkpoint.get("partial", ()))
                 self.open_issues: list[str] = list(checkpoint.get("open_issues", ()))
                 self.waiting_since: float | None = checkpoint.get("waiting_since")
@@ -192,9 +185,9 @@ class TurnRunner:
             self.conv = Conversation.start(history, record.message)
             self.guard = BudgetGuard(enforced)
             self.watch = None if enforced is limits else BudgetGuard(limits)
-            self.loops = LoopDetector(**_loop_kwargs(guards.loop_detection))
-            self.failures = FailureLoop(**_failure_kwargs(guards.failure_loop))
-            self.chain = ProviderChain(names, **chain_kwargs)
+            self.loops = loop_detector(guards.loop_detection)
+            self.failures = failure_loop(guards.failure_loop)
+            self.chain = chain_settings.new_chain(rand)
             self.partial = []
             self.open_issues = []
             self.waiting_since = None
@@ -240,6 +233,7 @@ class TurnRunner:
         c["provider_attempts"] = self.chain.provider_attempts
         c["fallback_hops"] = self.chain.fallback_hops
         c["recovery_cycles"] = self.chain.recovery_cycles
+        c["restarts"] = self.restarts.count
         self.record.provider = self.chain.current_provider
 
     def checkpoint_data(self) -> dict[str, Any]:
@@ -249,8 +243,8 @@ class TurnRunner:
             "budget_watch": self.watch.snapshot() if self.watch is not None else None,
             "loops": self.loops.snapshot(),
             "failures": self.failures.snapshot(),
-            "chain": {**self.chain.snapshot(), "providers": [
-                p.name for p in self.runtime.config.providers]},
+            "chain": {**self.chain.snapshot(),
+                      "providers": list(self.settings.chain.providers)},
             "partial": list(self.partial),
             "open_issues": list(self.open_issues),
             "waiting_since": self.waiting_since,
@@ -260,9 +254,14 @@ class TurnRunner:
             "pending_stop": self._pending_stop.to_json() if self._pending_stop else None,
         }
 
-    async def checkpoint(self, state: str | None = None) -> None:
+    def _move(self, new: TurnState) -> None:
+        """Change the turn's state through the transition table: an illegal move raises
+        instead of leaving the turn in two places at once."""
+        self.record.state = TurnState(self.record.state).to(new).value
+
+    async def checkpoint(self, state: TurnState | None = None) -> None:
         if state is not None:
-            self.record.state = state
+            self._move(state)
         self._sync_counters()
         if self._active_since is not None:  # fold the running active time into the record
             self._stop_active()
@@ -321,7 +320,7 @@ class TurnRunner:
         else:
             self.emit("turn.started", policy_version=self.record.policy_version,
                       provider=self.chain.current_provider)
-        self.record.state = "running"
+        self._move(TurnState.RUNNING)
         self._start_active()
         reenter_step = False
         if self.resumed:
@@ -351,7 +350,7 @@ class TurnRunner:
                     self._gate(reached)
             if self.control.suspend_requested:
                 await self._suspend()
-            await self.checkpoint("running")
+            await self.checkpoint(TurnState.RUNNING)
             self._soft_warning()
             self._offered, note = self.runtime.toolbox.offer_note(self._offered)
             if note is not None:  # MCP tools left or came back: the agent is told
@@ -412,21 +411,18 @@ class TurnRunner:
         and `observe` record it once per code in `would_have_stopped` (warn also tells
         the agent) and return None. Stops outside the families (the step backstop, the
         deadline, every non-guard code) always come back."""
-        family = GUARD_FAMILY.get(stop.code)
-        if family is None or self.modes[family] == "enforce":
-            return stop
-        if any(w["code"] == stop.code.value for w in self.record.would_have_stopped):
-            return None
-        mode = self.modes[family]
+        decision = self.gate.decide(
+            stop, recorded={w["code"] for w in self.record.would_have_stopped})
+        if not isinstance(decision, WouldStop):
+            return decision
         entry = {"code": stop.code.value, "counter": stop.counter, "value": stop.value,
-                 "limit": stop.limit, "step": self.record.counters["steps"], "mode": mode,
-                 "message": stop.message}
+                 "limit": stop.limit, "step": self.record.counters["steps"],
+                 "mode": decision.mode, "message": stop.message}
         self.record.would_have_stopped.append(entry)
         self.emit("guard.would_stop", **entry)
         self.log.info("guard.would_stop", **entry, **self._counter_values())
-        if mode == "warn":
-            self.conv.add_note(f"{stop.message}. This limit is in warn mode, so the turn "
-                               "goes on: finish soon, or call report_blocked.")
+        if decision.note is not None:
+            self.conv.add_note(decision.note)
         return None
 
     def _resumed_answer(self) -> TurnResult | None:
@@ -458,9 +454,9 @@ class TurnRunner:
         resumes it the same way). A thousand parked turns then cost a reload no writes."""
         self._stop_active()
         if parked:
-            self.record.state = "suspended"
+            self._move(TurnState.SUSPENDED)
         else:
-            await self.checkpoint("suspended")
+            await self.checkpoint(TurnState.SUSPENDED)
         self.emit("turn.suspended", step=self.record.counters["steps"])
         raise _Suspend
 
@@ -478,6 +474,7 @@ class TurnRunner:
         self.record.inbox = [m for m in self.record.inbox if m["kind"] != "steer"]
         for m in steers:
             self.conv.add_user(m["text"])
+        self.restarts.reset()
         self.record.counters["restarts"] = 0
         self.control.redirect_requested = False
         self._pending_stop = None
@@ -485,15 +482,14 @@ class TurnRunner:
     # -- the model call ---------------------------------------------------------------
 
     def _request(self) -> ModelRequest:
-        cfg = self.runtime.config
-        provider_cfg = next(p for p in cfg.providers if p.name == self.chain.current_provider)
+        provider_cfg = self.settings.providers[self.chain.current_provider]
         usage = self._usage()
         return ModelRequest(
-            system=cfg.agent.system_prompt, messages=tuple(self.conv.messages),
+            system=self.settings.system_prompt, messages=tuple(self.conv.messages),
             tools=self.runtime.toolbox.specs,
             max_output_tokens=self.guard.max_output_tokens(usage,
                                                            provider_cfg.max_output_tokens),
-            timeout_s=max(0.001, min(provider_cfg.timeout, self.remaining_s())),
+            timeout_s=max(0.001, min(provider_cfg.timeout_s, self.remaining_s())),
             turn_id=self.record.id, step=self.record.counters["steps"],
             metadata={"turn_message": self.record.message})
 
@@ -502,16 +498,8 @@ class TurnRunner:
         a Stop, or None after a context-overflow rebuild."""
         decision: Any
         self._streamed_from = None
-        if self.chain.phase is Phase.RECOVERING and self.recover_until is None:
-            # Resumed from the checkpoint of a steer that had cut the wait short.
-            self.chain.user_message()
-            decision = self.chain.begin_call()
-        elif self.chain.phase is Phase.RECOVERING:  # resumed while parked in recovery
-            decision = Recover(cycle=self.chain.recovery_cycles + 1,
-                               of_cycles=self.runtime.config.agent.auto_recovery_cycles,
-                               wait_s=max(0.0, (self.recover_until or 0.0) - self.clock.time()))
-        else:
-            decision = self.chain.begin_call()
+        # A chain restored parked in recovery goes on with its wait; any other starts.
+        decision = self.chain.resume(now=self.clock.time(), recover_until=self.recover_until)
         retry_held: str | None = None
         first = True  # the step's guards have just checked the time
         try:
@@ -600,7 +588,7 @@ class TurnRunner:
             return self.chain.on_breaker_open(reopens_in_s=breaker.open_for(now))
         if self._streamed_from not in (None, name):
             # The step's partial output came from another provider: it is rebuilt for
-            # this one (SPEC 3 `restarts`). A retry on the same provider is not a rebuild.
+            # this one, which counts as a restart. A retry on the same provider is not a rebuild.
             self._streamed_from = None
             stop = self._count_restart("a partially streamed step was rebuilt for "
                                        f"provider {name}")
@@ -679,7 +667,7 @@ class TurnRunner:
         u["input_tokens"] += reply.usage.input_tokens
         u["output_tokens"] += reply.usage.output_tokens
         u["total_tokens"] = u["input_tokens"] + u["output_tokens"]
-        pcfg = next(p for p in self.runtime.config.providers if p.name == provider)
+        pcfg = self.settings.providers[provider]
         cost = cost_usd(reply.usage.input_tokens, reply.usage.output_tokens,
                         price_input_per_mtok=pcfg.price_input_per_mtok,
                         price_output_per_mtok=pcfg.price_output_per_mtok)
@@ -691,31 +679,22 @@ class TurnRunner:
                   finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls))
 
     def _count_restart(self, why: str) -> Stop | None:
-        c = self.record.counters
-        c["restarts"] += 1
-        limit = self.runtime.config.agent.max_restarts
+        stop = self.restarts.restart(why)
         self.log.info("turn.restart", why=why, **self._counter_values())
-        if c["restarts"] > limit:
-            return Stop(StopCode.RESTARTS_EXHAUSTED,
-                        f"{c['restarts']} automatic rebuilds, more than max_restarts = {limit}",
-                        value=c["restarts"], limit=limit)
-        return None
+        return stop
 
     async def _rebuild(self) -> Stop | None:
         stop = self._count_restart("context overflow: older history compacted")
         if stop is not None:
             return stop
         if not self.conv.compact():
-            return Stop(StopCode.RESTARTS_EXHAUSTED,
-                        "the context overflowed and nothing more can be compacted",
-                        value=self.record.counters["restarts"],
-                        limit=self.runtime.config.agent.max_restarts)
+            return self.restarts.nothing_to_compact()
         return None
 
     async def _sleep_active(self, seconds: float) -> None:
         """A backoff wait: active time (it counts toward max_seconds), cut short by a
         redirect steer."""
-        with anyio.move_on_after(seconds):
+        with self.clock.move_on_after(seconds):
             while not self.control.redirect_requested:
                 await self.control.wake.wait()
         if self.control.redirect_requested:
@@ -737,10 +716,10 @@ class TurnRunner:
         self.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
                          wait=round(decision.wait_s, 3), **self._counter_values())
         self._stop_active()
-        await self.checkpoint("recovering")
+        await self.checkpoint(TurnState.RECOVERING)
         self.control.park()
         try:
-            with anyio.move_on_after(wait):
+            with self.clock.move_on_after(wait):
                 while not (self.control.redirect_requested or self.control.suspend_requested
                            or self._has_unread_steer()):
                     await self.control.wake.wait()
@@ -751,7 +730,7 @@ class TurnRunner:
             await self._suspend(parked=True)
         self.recover_until = None
         self.record.next_attempt_at = None
-        self.record.state = "running"
+        self._move(TurnState.RUNNING)
         self._start_active()
         stop = self.guard.check(self._usage(), now=self.clock.time())
         if stop is not None and stop.code is StopCode.DEADLINE:
@@ -862,14 +841,14 @@ class TurnRunner:
             question = str(json.loads(call.arguments or "{}").get("question") or "")
         except (json.JSONDecodeError, AttributeError):
             question = call.arguments
-        timeout = self.runtime.config.clarify.timeout
+        timeout = self.settings.clarify_timeout_s
         now = self.clock.time()
         if self.waiting_since is None:
             self.waiting_since = now
         self.record.question = question
         self.emit("turn.waiting", question=question, timeout_at=self.waiting_since + timeout)
         self._stop_active()
-        await self.checkpoint("waiting")
+        await self.checkpoint(TurnState.WAITING)
         self.control.park()
 
         def first_answer() -> dict[str, Any] | None:
@@ -879,7 +858,7 @@ class TurnRunner:
         if self.limits.deadline is not None:  # the deadline counts every wait
             wait_s = min(wait_s, max(0.0, self.limits.deadline - now))
         try:
-            with anyio.move_on_after(wait_s):
+            with self.clock.move_on_after(wait_s):
                 while first_answer() is None and not self.control.suspend_requested:
                     await self.control.wake.wait()
         except BaseException:  # cancelled: no slot to take back
@@ -895,7 +874,7 @@ class TurnRunner:
         waited = self.clock.time() - self.waiting_since
         self.waiting_since = None
         self.record.question = None
-        self.record.state = "running"
+        self._move(TurnState.RUNNING)
         self._start_active()
         if answer is None:
             self.conv.add_tool_result(call, "no answer came")
@@ -906,6 +885,7 @@ class TurnRunner:
                                    f"no answer to the clarify question within {timeout:g} s",
                                    value=round(waited, 3), limit=timeout))
         self.conv.add_tool_result(call, answer)
+        self.restarts.reset()
         self.record.counters["restarts"] = 0
         self.partial.append(f"step {self.record.counters['steps']}: asked the user: "
                             f"{question[:200]}")
@@ -1008,12 +988,12 @@ class TurnRunner:
                        idempotent: bool) -> ToolOutcome:
         """Attempts of one call: idempotent tools retry retryable failures with backoff
         (one Idempotency-Key for all attempts); others get exactly one attempt."""
-        cfg = self.runtime.config
         tool = self.runtime.toolbox.get(name)
         assert tool is not None
         breaker = self.shared.breakers.get(tool.breaker)
-        backoff = Backoff.from_config(cfg.retry)
-        max_attempts = cfg.agent.api_max_retries + 1 if idempotent else 1
+        rule = self.settings.tool_retry
+        max_attempts = attempts_for(idempotent=idempotent,
+                                    max_attempts=self.settings.tool_max_attempts)
         previous: float | None = None
         attempt = 0
         while True:
@@ -1044,30 +1024,20 @@ class TurnRunner:
             elif breaker is not None:
                 breaker.record_failure(self.clock.monotonic(), cls,
                                        retry_after_s=outcome.failure.retry_after_s)
-            if cls is FailureClass.DETERMINISTIC or attempt >= max_attempts:
+            delay = rule.next_delay(attempt=attempt, max_attempts=max_attempts,
+                                    failure_class=cls,
+                                    retry_after_s=outcome.failure.retry_after_s,
+                                    remaining_s=self.remaining_s(), previous_s=previous,
+                                    rand=self.rand)
+            if delay is None:
                 return outcome
-            delay = backoff.delay(attempt=attempt - 1, previous_s=previous, rand=self.rand)
-            if outcome.failure.retry_after_s is not None:
-                delay = max(delay, outcome.failure.retry_after_s)
             previous = delay
-            if delay > min(cfg.retry.max_retry_after, self.remaining_s()):
-                return outcome
             self.emit("tool.retry_scheduled", tool=name, key=key, attempt=attempt + 1,
                       delay=round(delay, 3), **{"class": cls.value},
                       status=outcome.failure.status)
-            await anyio.sleep(delay)
+            await self.clock.sleep(delay)
 
 
 def _short(arguments: str, limit: int = 120) -> str:
     return arguments if len(arguments) <= limit else arguments[:limit] + "..."
 
-
-def _loop_kwargs(cfg: Any) -> dict[str, Any]:
-    return {"warn_repeats": cfg.warn_repeats, "max_repeats": cfg.max_repeats,
-            "max_state_revisits": cfg.max_state_revisits,
-            "max_no_progress": cfg.max_no_progress}
-
-
-def _failure_kwargs(cfg: Any) -> dict[str, Any]:
-    return {"deterministic": cfg.deterministic, "unknown": cfg.unknown,
-            "retryable": cfg.retryable}

@@ -1,0 +1,111 @@
+"""What a turn reads from its policy, typed and built once per policy version.
+
+The runner used to reach into `runtime.config` wherever it needed a number; these frozen
+objects are that same data, resolved when the policy is loaded (`Runtime.build`), so a
+turn's rooms take exactly what they use and a test can hand them settings without a
+whole config. Guard limits stay per turn: they depend on the turn's budget profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from turnkeeper.config import Config, FailureLoopConfig, LoopDetectionConfig
+from turnkeeper.policy.backoff import Backoff, Rand
+from turnkeeper.policy.chain import ProviderChain
+from turnkeeper.policy.loops import FailureLoop, LoopDetector
+from turnkeeper.policy.tool_retry import ToolRetry
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRequestSettings:
+    """What one provider's requests and charges need."""
+
+    timeout_s: float
+    max_output_tokens: int
+    price_input_per_mtok: float
+    price_output_per_mtok: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChainSettings:
+    """How a turn walks its provider chain: attempts per provider, backoff, the longest
+    Retry-After honoured, and the recovery cycles once every provider has failed."""
+
+    providers: tuple[str, ...]
+    max_attempts: int
+    backoff: Backoff
+    max_retry_after_s: float
+    recovery_schedule: tuple[float, ...]
+    recovery_jitter: float
+    auto_recovery_cycles: int
+
+    def _kwargs(self, rand: Rand) -> dict[str, Any]:
+        return {"max_attempts": self.max_attempts, "backoff": self.backoff,
+                "max_retry_after_s": self.max_retry_after_s,
+                "recovery_schedule": self.recovery_schedule,
+                "recovery_jitter": self.recovery_jitter,
+                "auto_recovery_cycles": self.auto_recovery_cycles, "rand": rand}
+
+    def new_chain(self, rand: Rand) -> ProviderChain:
+        return ProviderChain(self.providers, **self._kwargs(rand))
+
+    def restore_chain(self, snapshot: Mapping[str, Any] | None, rand: Rand) -> ProviderChain:
+        """The checkpointed chain, or a fresh one when the provider list changed since
+        (a reload): positions in another list mean nothing."""
+        if snapshot and list(snapshot.get("providers") or ()) == list(self.providers):
+            return ProviderChain.restore(dict(snapshot), providers=self.providers,
+                                         **self._kwargs(rand))
+        return self.new_chain(rand)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    system_prompt: str
+    clarify_timeout_s: float
+    max_restarts: int
+    # Attempts an idempotent tool call gets (a non-idempotent one gets exactly one).
+    tool_max_attempts: int
+    tool_retry: ToolRetry
+    providers: Mapping[str, ProviderRequestSettings]
+    chain: ChainSettings
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> TurnSettings:
+        backoff = Backoff.from_config(cfg.retry)
+        return cls(
+            system_prompt=cfg.agent.system_prompt,
+            clarify_timeout_s=cfg.clarify.timeout,
+            max_restarts=cfg.agent.max_restarts,
+            tool_max_attempts=cfg.agent.api_max_retries + 1,
+            tool_retry=ToolRetry(backoff=backoff, max_retry_after_s=cfg.retry.max_retry_after),
+            providers={p.name: ProviderRequestSettings(
+                timeout_s=p.timeout, max_output_tokens=p.max_output_tokens,
+                price_input_per_mtok=p.price_input_per_mtok,
+                price_output_per_mtok=p.price_output_per_mtok) for p in cfg.providers},
+            chain=ChainSettings(
+                providers=tuple(p.name for p in cfg.providers),
+                max_attempts=cfg.agent.api_max_retries + 1, backoff=backoff,
+                max_retry_after_s=cfg.retry.max_retry_after,
+                recovery_schedule=tuple(cfg.agent.recovery_schedule),
+                recovery_jitter=cfg.agent.recovery_jitter,
+                auto_recovery_cycles=cfg.agent.auto_recovery_cycles))
+
+
+def loop_detector(cfg: LoopDetectionConfig, snapshot: Mapping[str, Any] | None = None
+                  ) -> LoopDetector:
+    kwargs = {"warn_repeats": cfg.warn_repeats, "max_repeats": cfg.max_repeats,
+              "max_state_revisits": cfg.max_state_revisits,
+              "max_no_progress": cfg.max_no_progress}
+    return LoopDetector(**kwargs) if snapshot is None else LoopDetector.restore(snapshot,
+                                                                                **kwargs)
+
+
+def failure_loop(cfg: FailureLoopConfig, snapshot: Mapping[str, Any] | None = None
+                 ) -> FailureLoop:
+    kwargs = {"deterministic": cfg.deterministic, "unknown": cfg.unknown,
+              "retryable": cfg.retryable}
+    return FailureLoop(**kwargs) if snapshot is None else FailureLoop.restore(snapshot,
+                                                                              **kwargs)
