@@ -63,7 +63,7 @@ from turnkeeper.providers.base import (
 )
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.sqlite import SQLiteStore
-from turnkeeper.turn import runner as runner_mod
+from turnkeeper.turn import tool_step as runner_mod
 from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl, TurnRunner
 
@@ -256,9 +256,9 @@ async def _measure(turns: int, steps: int, *, runtime: Runtime, shared: Shared,
                             store=store, bus=bus, clock=clock, checkpoint={},
                             history=[])
         if not guards:
-            runner.guard = NoBudget()  # type: ignore[assignment]
-            runner.loops = NoLoops()  # type: ignore[assignment]
-            runner.failures = NoFailures()  # type: ignore[assignment]
+            runner.ctx.guard = NoBudget()  # type: ignore[assignment]
+            runner.ctx.loops = NoLoops()  # type: ignore[assignment]
+            runner.ctx.failures = NoFailures()  # type: ignore[assignment]
         result = await runner.run()
         assert result is not None and result.stopped_because.code is \
             StopCode.COMPLETED, result

@@ -1,0 +1,85 @@
+"""The tools the daemon answers itself: `report_blocked` (the agent gives up and says
+why) and `clarify` (the agent asks the user and waits for the answer, parked)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.providers.base import ToolCall
+from turnkeeper.turn.context import TurnContext
+
+
+class Builtins:
+    def __init__(self, ctx: TurnContext) -> None:
+        self.ctx = ctx
+
+    def blocked(self, call: ToolCall) -> TurnResult:
+        ctx = self.ctx
+        try:
+            args = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            args = {"reason": call.arguments}
+        if not isinstance(args, dict):
+            args = {"reason": str(args)}
+        reason = str(args.get("reason") or "blocked")
+        tried = [str(x) for x in args.get("tried") or []]
+        found = [str(x) for x in args.get("found") or []]
+        ctx.partial.extend(f"tried: {t}" for t in tried)
+        ctx.partial.extend(f"found: {f}" for f in found)
+        ctx.open_issues.append(reason)
+        return ctx.finish(Stop(StopCode.BLOCKED, reason), answer=None,
+                          extra={"blocked": {"reason": reason, "tried": tried,
+                                             "found": found}})
+
+    def pending_clarify_call(self) -> ToolCall | None:
+        """The clarify call a resumed turn was waiting on, if any."""
+        if self.ctx.waiting_since is None or self.ctx.record.question is None:
+            return None
+        return ToolCall(id="clarify", name="clarify",
+                        arguments=json.dumps({"question": self.ctx.record.question}))
+
+    async def clarify(self, call: ToolCall) -> TurnResult | None:
+        """Ask, park until the answer (or the clarify timeout, or the deadline), and
+        give the agent the answer. None: the turn goes on."""
+        ctx = self.ctx
+        try:
+            question = str(json.loads(call.arguments or "{}").get("question") or "")
+        except (json.JSONDecodeError, AttributeError):
+            question = call.arguments
+        timeout = ctx.settings.clarify_timeout_s
+        if ctx.waiting_since is None:
+            ctx.waiting_since = ctx.clock.time()
+        ctx.record.question = question
+        ctx.emit("turn.waiting", question=question, timeout_at=ctx.waiting_since + timeout)
+
+        def first_answer() -> dict[str, Any] | None:
+            return next((m for m in ctx.record.inbox if m["kind"] == "answer"), None)
+
+        # A suspend keeps an answer that came in the inbox, for the resumed wait.
+        await ctx.park(TurnState.WAITING, until=ctx.waiting_since + timeout,
+                       done=lambda: first_answer() is not None)
+        answer: str | None = None
+        message = first_answer()
+        if message is not None:
+            answer = message["text"]
+            ctx.record.inbox.remove(message)
+        waited = ctx.clock.time() - ctx.waiting_since
+        ctx.waiting_since = None
+        ctx.record.question = None
+        if answer is None:
+            ctx.conv.add_tool_result(call, "no answer came")
+            stop = ctx.time_spent()
+            if stop is not None and stop.code is StopCode.DEADLINE:
+                return ctx.stop(stop)
+            return ctx.stop(Stop(StopCode.CLARIFY_TIMEOUT,
+                                 f"no answer to the clarify question within {timeout:g} s",
+                                 value=round(waited, 3), limit=timeout))
+        ctx.conv.add_tool_result(call, answer)
+        ctx.user_message_arrived()
+        ctx.partial.append(f"step {ctx.record.counters['steps']}: asked the user: "
+                           f"{question[:200]}")
+        await ctx.checkpoint()
+        return None

@@ -1,0 +1,296 @@
+"""The shared ground of one turn: its state, its meters and the few things every room
+does (emit an event, checkpoint, park, suspend, finish).
+
+The rooms of a turn (the step loop in `runner`, the model call, the tool step, the
+builtin tools) each hold this context and never each other's methods from below: they
+meet here. The state is either fresh (a new turn) or restored from a checkpoint, and
+`to_checkpoint()` is its exact inverse.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from turnkeeper.clock import Clock
+from turnkeeper.events import EventBus
+from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
+from turnkeeper.policy.gate import ModeGate, WouldStop
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.restarts import RestartCounter
+from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.runtime import Runtime, Shared
+from turnkeeper.store.base import Store
+from turnkeeper.turn.control import TurnControl
+from turnkeeper.turn.conversation import Conversation
+from turnkeeper.turn.record import TurnRecord
+from turnkeeper.turn.settings import failure_loop, loop_detector
+
+log = structlog.get_logger("turnkeeper.turn")
+
+
+class Suspended(Exception):
+    """Internal: the turn is to stop here and resume later from its checkpoint."""
+
+
+class Redirected(Exception):
+    """Internal: a steer with redirect cut the model call; the step starts over."""
+
+
+class TurnContext:
+    def __init__(self, record: TurnRecord, control: TurnControl, *, runtime: Runtime,
+                 shared: Shared, store: Store, bus: EventBus, clock: Clock,
+                 checkpoint: dict[str, Any], history: list[dict[str, Any]],
+                 rand: Callable[[float, float], float] = random.uniform) -> None:
+        self.record = record
+        self.control = control
+        self.runtime = runtime
+        self.shared = shared
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self.rand = rand
+        self.settings = runtime.settings
+        cfg = runtime.config
+        self.log = log.bind(turn=record.id, session=record.session,
+                            policy_version=record.policy_version)
+        if record.profile is not None and record.profile not in cfg.budget.profiles:
+            # A reload removed the profile this turn was submitted with: it goes on under
+            # the plain sections, and says so.
+            self.log.warning("turn.profile_gone", profile=record.profile)
+            record.profile = None
+        guards = cfg.guards(record.profile)
+        self.modes = guards.modes
+        self.mode_gate = ModeGate(guards.modes)
+        self.restarts = RestartCounter(self.settings.max_restarts,
+                                       count=record.counters["restarts"])
+        limits = BudgetLimits.from_config(guards.budget, overrides=record.budget,
+                                          deadline=record.deadline)
+        self.limits = limits
+        record.limits = limits.snapshot()
+        # A budget in warn/observe mode only enforces the backstop and the deadline; its
+        # real limits are watched by a second guard that records what would have stopped.
+        enforced = limits if self.modes["budget"] == "enforce" else limits.backstop_only()
+        self.watch: BudgetGuard | None = None
+        chain_settings = self.settings.chain
+        # A guard's stop decided after a step's tools (loop detection) and not yet
+        # applied: checkpointed, or a crash would let the turn run one step too many.
+        self.pending_stop: Stop | None = None
+        # A checkpoint this code cannot read (damaged, or written by an incompatible
+        # version) ends the turn `internal` with what is known, never leaves it hanging.
+        self.restore_error: str | None = None
+        if checkpoint.get("conversation"):
+            try:
+                self.conv = Conversation.from_json(checkpoint["conversation"])
+                self.guard = BudgetGuard.restore(checkpoint["budget"], limits=enforced)
+                if enforced is not limits:
+                    self.watch = BudgetGuard.restore(
+                        checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
+                self.loops = loop_detector(guards.loop_detection, checkpoint["loops"])
+                self.failures = failure_loop(guards.failure_loop, checkpoint["failures"])
+                self.chain = chain_settings.restore_chain(checkpoint.get("chain"), rand)
+                self.partial: list[str] = list(checkpoint.get("partial", ()))
+                self.open_issues: list[str] = list(checkpoint.get("open_issues", ()))
+                self.waiting_since: float | None = checkpoint.get("waiting_since")
+                self.recover_until: float | None = checkpoint.get("recover_until")
+                pending = checkpoint.get("pending_stop")
+                self.pending_stop = Stop.from_json(pending) if pending else None
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                self.restore_error = f"checkpoint unreadable: {type(exc).__name__}: {exc}"
+                checkpoint = {"partial": checkpoint.get("partial")}
+        if self.restore_error is None and checkpoint.get("conversation"):
+            self.resumed = True
+        else:
+            self.conv = Conversation.start(history, record.message)
+            self.guard = BudgetGuard(enforced)
+            self.watch = None if enforced is limits else BudgetGuard(limits)
+            self.loops = loop_detector(guards.loop_detection)
+            self.failures = failure_loop(guards.failure_loop)
+            self.chain = chain_settings.new_chain(rand)
+            self.partial = []
+            self.open_issues = []
+            self.waiting_since = None
+            self.recover_until = None
+            self.resumed = False
+            if self.restore_error is not None:
+                self.partial = [str(x) for x in checkpoint.get("partial") or ()]
+        self._active_since: float | None = None
+
+    # -- time -----------------------------------------------------------------------
+
+    def start_active(self) -> None:
+        if self._active_since is None:
+            self._active_since = self.clock.monotonic()
+            self.record.active_since = self.clock.time()
+
+    def stop_active(self) -> None:
+        if self._active_since is not None:
+            self.record.usage["seconds"] = round(
+                self.record.usage["seconds"] + self.clock.monotonic() - self._active_since, 6)
+            self._active_since = None
+            self.record.active_since = None
+
+    def usage(self) -> BudgetUsage:
+        seconds = self.record.usage["seconds"]
+        if self._active_since is not None:
+            seconds += self.clock.monotonic() - self._active_since
+        return BudgetUsage(tokens=self.record.usage["total_tokens"], seconds=seconds,
+                           steps=self.record.counters["steps"],
+                           cost_usd=self.record.usage["cost_usd"])
+
+    def remaining_s(self) -> float:
+        return self.guard.remaining_seconds(self.usage(), now=self.clock.time())
+
+    def time_spent(self) -> Stop | None:
+        """The budget's stop when the active time or the deadline has run out."""
+        return self.guard.check_time(self.usage(), now=self.clock.time())
+
+    # -- events, counters, checkpoints -------------------------------------------------
+
+    def emit(self, type: str, **data: Any) -> None:
+        self.bus.publish(type, turn=self.record.id, **data)
+
+    def sync_counters(self) -> None:
+        c = self.record.counters
+        c["provider_attempts"] = self.chain.provider_attempts
+        c["fallback_hops"] = self.chain.fallback_hops
+        c["recovery_cycles"] = self.chain.recovery_cycles
+        c["restarts"] = self.restarts.count
+        self.record.provider = self.chain.current_provider
+
+    def counter_values(self) -> dict[str, Any]:
+        """The counters and meters, for a log line."""
+        self.sync_counters()
+        u = self.usage()
+        return {**self.record.counters, "tokens": u.tokens, "seconds": round(u.seconds, 3),
+                "cost_usd": round(u.cost_usd, 6)}
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {
+            "conversation": self.conv.to_json(),
+            "budget": self.guard.snapshot(),
+            "budget_watch": self.watch.snapshot() if self.watch is not None else None,
+            "loops": self.loops.snapshot(),
+            "failures": self.failures.snapshot(),
+            "chain": {**self.chain.snapshot(),
+                      "providers": list(self.settings.chain.providers)},
+            "partial": list(self.partial),
+            "open_issues": list(self.open_issues),
+            "waiting_since": self.waiting_since,
+            "recover_until": self.recover_until,
+            "pending_stop": self.pending_stop.to_json() if self.pending_stop else None,
+        }
+
+    def move(self, new: TurnState) -> None:
+        """Change the turn's state through the transition table: an illegal move raises
+        instead of leaving the turn in two places at once."""
+        self.record.state = TurnState(self.record.state).to(new).value
+
+    async def checkpoint(self, state: TurnState | None = None) -> None:
+        if state is not None:
+            self.move(state)
+        self.sync_counters()
+        if self._active_since is not None:  # fold the running active time into the record
+            self.stop_active()
+            self.start_active()
+        self.record.updated_at = self.clock.time()
+        await self.store.save_turn(self.record.to_json(), self.to_checkpoint())
+
+    # -- ways out -----------------------------------------------------------------------
+
+    def finish(self, stop: Stop, *, answer: str | None = None,
+               error_id: str | None = None, extra: dict[str, Any] | None = None
+               ) -> TurnResult:
+        return TurnResult(stopped_because=stop, answer=answer, partial=tuple(self.partial),
+                          open_issues=tuple(self.open_issues), error_id=error_id,
+                          extra=extra or {})
+
+    def stop(self, stop: Stop) -> TurnResult:
+        """End the turn early (or blocked, or completed) with the last thing it said."""
+        if stop.code not in (StopCode.COMPLETED, StopCode.BLOCKED):
+            self.open_issues.append(f"stopped early: {stop.message}")
+        return self.finish(stop, answer=self.conv.last_assistant_text()
+                           if stop.code is not StopCode.INTERNAL else None)
+
+    async def suspend(self, *, parked: bool = False) -> None:
+        """Stop here; the supervisor requeues the turn. A parked turn (waiting, recovering)
+        was checkpointed when it parked and has not moved since: that checkpoint is what a
+        resume needs, so only its state changes, in memory (after a crash the stored row
+        resumes it the same way). A thousand parked turns then cost a reload no writes."""
+        self.stop_active()
+        if parked:
+            self.move(TurnState.SUSPENDED)
+        else:
+            await self.checkpoint(TurnState.SUSPENDED)
+        self.emit("turn.suspended", step=self.record.counters["steps"])
+        raise Suspended
+
+    async def park(self, state: TurnState, *, until: float,
+                   done: Callable[[], bool]) -> None:
+        """Wait, not as active time and without a slot, until the wall-clock time `until`
+        (never past the deadline, which counts every wait), until `done()` holds, or until
+        a suspend. The turn is checkpointed in `state` first, so a crash resumes it in the
+        same wait. A suspend raises `Suspended`; otherwise the turn is running again on
+        return, whichever way the wait ended."""
+        now = self.clock.time()
+        wait_s = max(0.0, until - now)
+        if self.limits.deadline is not None:
+            wait_s = min(wait_s, max(0.0, self.limits.deadline - now))
+        self.stop_active()
+        await self.checkpoint(state)
+        self.control.park()
+        try:
+            with self.clock.move_on_after(wait_s):
+                while not (done() or self.control.suspend_requested):
+                    await self.control.wake.wait()
+        except BaseException:  # cancelled: no slot to take back
+            self.control.parked = False
+            raise
+        if not await self.control.unpark():
+            await self.suspend(parked=True)
+        self.move(TurnState.RUNNING)
+        self.start_active()
+
+    # -- guards and user messages --------------------------------------------------------
+
+    def gate(self, stop: Stop) -> Stop | None:
+        """The stop, when its guard family enforces; else None, with the stop recorded
+        once per code in `would_have_stopped` (and, in warn mode, told to the agent)."""
+        decision = self.mode_gate.decide(
+            stop, recorded={w["code"] for w in self.record.would_have_stopped})
+        if not isinstance(decision, WouldStop):
+            return decision
+        entry = {"code": stop.code.value, "counter": stop.counter, "value": stop.value,
+                 "limit": stop.limit, "step": self.record.counters["steps"],
+                 "mode": decision.mode, "message": stop.message}
+        self.record.would_have_stopped.append(entry)
+        self.emit("guard.would_stop", **entry)
+        self.log.info("guard.would_stop", **entry, **self.counter_values())
+        if decision.note is not None:
+            self.conv.add_note(decision.note)
+        return None
+
+    def has_unread_steer(self) -> bool:
+        return any(m["kind"] == "steer" for m in self.record.inbox)
+
+    def absorb_messages(self) -> None:
+        """Steers join the conversation at the step boundary. A user message is never
+        charged to any counter; it resets `restarts`."""
+        steers = [m for m in self.record.inbox if m["kind"] == "steer"]
+        if not steers:
+            return
+        self.record.inbox = [m for m in self.record.inbox if m["kind"] != "steer"]
+        for m in steers:
+            self.conv.add_user(m["text"])
+        self.user_message_arrived()
+        self.control.redirect_requested = False
+        self.pending_stop = None
+
+    def user_message_arrived(self) -> None:
+        """A steer or an answer: the person changed the situation, so the rebuilds
+        before it say nothing about what comes next."""
+        self.restarts.reset()
+        self.record.counters["restarts"] = 0

@@ -1,0 +1,79 @@
+"""What the outside world can do to a running turn: cancel it, suspend it, wake it,
+steer it. The supervisor holds a `TurnControl` per live turn; the turn reads it at step
+boundaries and while parked."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+
+@dataclass(slots=True)
+class TurnControl:
+    """What the outside world can do to a running turn. The supervisor holds it; the
+    runner reads it at step boundaries and while parked."""
+
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    cancel_requested: bool = False
+    suspend_requested: bool = False
+    redirect_requested: bool = False
+    parked: bool = False
+    scope: anyio.CancelScope | None = None
+    call_scope: anyio.CancelScope | None = None
+    # A non-idempotent tool call is on the wire: a suspend that would cut the step short
+    # waits for it instead, so its outcome is journalled and never "unknown" after a
+    # plain stop. The runner suspends right after it (`suspend_now`).
+    effect_in_flight: bool = False
+    suspend_now: bool = False
+    # A parked turn (recovering, waiting) gives its slot of max_concurrent_turns back and
+    # takes one again when it wakes: a thousand turns waiting for answers must not block new
+    # work. Set by the supervisor; None: no slot accounting.
+    release_slot: Callable[[], None] | None = None
+    acquire_slot: Callable[[], Awaitable[None]] | None = None
+
+    def _wake(self) -> None:
+        self.wake.set()
+        self.wake = anyio.Event()
+
+    def wake_up(self) -> None:
+        """Wake whatever the turn waits on, to look at this control again."""
+        self._wake()
+
+    def park(self) -> None:
+        self.parked = True
+        if self.release_slot is not None:
+            self.release_slot()
+
+    async def unpark(self) -> bool:
+        """Take a slot again (waiting for one if need be). False when the turn is to suspend
+        instead: a reload or a stop came while it was parked."""
+        try:
+            if self.acquire_slot is not None and not self.suspend_requested:
+                await self.acquire_slot()
+        finally:
+            self.parked = False
+        return not self.suspend_requested
+
+    def message_arrived(self, *, redirect: bool) -> None:
+        if redirect:
+            self.redirect_requested = True
+            if self.call_scope is not None:
+                self.call_scope.cancel()
+        self._wake()
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def suspend(self, *, now: bool = False) -> None:
+        """At the next step boundary; a parked turn at once (it wakes and checkpoints as
+        `suspended`, its question or recovery wait kept); with `now`, cut the step short."""
+        self.suspend_requested = True
+        if now:
+            self.suspend_now = True
+        if now and not self.parked and not self.effect_in_flight and self.scope is not None:
+            self.scope.cancel()
+        self._wake()

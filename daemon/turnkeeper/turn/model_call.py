@@ -1,0 +1,320 @@
+"""One model call of a step, through the provider chain: the request, each attempt,
+the retry sleeps, the failovers and the recovery waits.
+
+`ProviderChain` decides every move; this room carries them out. The shared protection
+a call claims on the way (a provider breaker's slot, a retry from the provider's retry
+budget) is held by one `_Claims` for the whole call, so every way out, a reply, a stop,
+a redirect, a cancellation, gives back exactly what it took.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from turnkeeper.clock import Clock
+from turnkeeper.policy.breaker import CircuitBreaker
+from turnkeeper.policy.budget import cost_usd
+from turnkeeper.policy.chain import Attempt, FailOver, Recover, RetryIn
+from turnkeeper.policy.classify import CallFailure, FailureClass, classify
+from turnkeeper.policy.outcome import Stop, StopCode
+from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.providers.base import ModelReply, ModelRequest, ProviderError
+from turnkeeper.runtime import Shared
+from turnkeeper.turn.context import Redirected, TurnContext
+
+
+class _Claims:
+    """What one model call holds of the shared protection: at most one breaker slot (an
+    attempt on the wire) and at most one retry of a provider's retry budget (from the
+    retry's sleep to the end of its attempt). Leaving the `with` gives back whatever is
+    still held."""
+
+    def __init__(self, shared: Shared, clock: Clock) -> None:
+        self._shared = shared
+        self._clock = clock
+        self._retry_of: str | None = None
+        self._breaker: CircuitBreaker | None = None
+
+    def __enter__(self) -> _Claims:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.end_retry()
+        if self._breaker is not None:
+            self._breaker.release(self._clock.monotonic())
+            self._breaker = None
+
+    def begin_retry(self, provider: str) -> bool:
+        """Take a retry from the provider's budget; False when the budget refuses."""
+        if not self._shared.retry_budgets[provider].try_begin_retry():
+            return False
+        self._retry_of = provider
+        return True
+
+    def end_retry(self) -> None:
+        if self._retry_of is not None:
+            self._shared.retry_budgets[self._retry_of].end_retry()
+            self._retry_of = None
+
+    def acquire(self, breaker: CircuitBreaker) -> bool:
+        if not breaker.try_acquire(self._clock.monotonic()):
+            return False
+        self._breaker = breaker
+        return True
+
+    def succeeded(self) -> None:
+        assert self._breaker is not None
+        self._breaker.record_success(self._clock.monotonic())
+        self._breaker = None
+
+    def failed(self, failure_class: FailureClass, retry_after_s: float | None) -> None:
+        assert self._breaker is not None
+        self._breaker.record_failure(self._clock.monotonic(), failure_class,
+                                     retry_after_s=retry_after_s)
+        self._breaker = None
+
+
+class ModelCall:
+    def __init__(self, ctx: TurnContext) -> None:
+        self.ctx = ctx
+        self._last_failure = CallFailure()
+        # The provider whose stream broke after sending text in this model call, if any.
+        self._streamed_from: str | None = None
+
+    def _breaker(self, provider: str) -> CircuitBreaker:
+        return self.ctx.shared.breakers[f"provider:{provider}"]
+
+    async def call(self) -> ModelReply | Stop | None:
+        """Returns the reply, a Stop, or None after a context-overflow rebuild (the step
+        is to run again). Raises `Redirected` when a steer cut it short."""
+        ctx = self.ctx
+        self._streamed_from = None
+        # A chain restored parked in recovery goes on with its wait; any other starts.
+        decision: Any = ctx.chain.resume(now=ctx.clock.time(), recover_until=ctx.recover_until)
+        first = True  # the step's guards have just checked the time
+        try:
+            with _Claims(ctx.shared, ctx.clock) as claims:
+                while True:
+                    # The active time or the deadline ran out during this call: that is
+                    # the budget's stop, not a reason to fail over, park in recovery or
+                    # give up on the providers.
+                    if not first:
+                        spent = ctx.time_spent()
+                        if spent is not None:
+                            return spent
+                    first = False
+                    if isinstance(decision, Attempt):
+                        result = await self._attempt(decision, claims)
+                        if isinstance(result, ModelReply):
+                            return result
+                        if result is None:
+                            return self._rebuild()
+                        decision = result
+                    elif isinstance(decision, RetryIn):
+                        decision = await self._retry(decision, claims)
+                    elif isinstance(decision, FailOver):
+                        ctx.emit("model.failover", **{"from": decision.from_provider},
+                                 to=decision.to_provider, reason=decision.reason)
+                        ctx.log.info("model.failover", from_provider=decision.from_provider,
+                                     to=decision.to_provider, reason=decision.reason,
+                                     **ctx.counter_values())
+                        decision = ctx.chain.begin_call()
+                    elif isinstance(decision, Recover):
+                        outcome = await self._recover(decision)
+                        if isinstance(outcome, Stop):
+                            return outcome
+                        if outcome:  # a steer cut the wait short: a new pass, no cycle
+                            ctx.chain.user_message()
+                            decision = ctx.chain.begin_call()
+                        else:
+                            decision = ctx.chain.recovery_done()
+                    elif isinstance(decision, Stop):
+                        return decision
+                    else:  # pragma: no cover - the chain's decisions are a closed set
+                        raise AssertionError(f"unexpected chain decision {decision!r}")
+        finally:
+            ctx.sync_counters()
+
+    async def _retry(self, decision: RetryIn, claims: _Claims) -> Any:
+        """Sleep before a retry on the same provider, unless its breaker opened meanwhile
+        or its retry budget refuses: then the chain moves on at once."""
+        ctx = self.ctx
+        reopens_in = self._breaker(decision.provider).open_for(ctx.clock.monotonic())
+        if reopens_in is not None:  # opened meanwhile: hop now, do not sleep
+            ctx.log.info("model.breaker_open", provider=decision.provider)
+            return ctx.chain.on_breaker_open(reopens_in_s=reopens_in)
+        if not claims.begin_retry(decision.provider):
+            ctx.log.info("model.retry_refused", provider=decision.provider,
+                         **ctx.counter_values())
+            return ctx.chain.on_retry_refused()
+        ctx.emit("model.retry_scheduled", provider=decision.provider,
+                 attempt=decision.attempt_next, delay=round(decision.seconds, 3),
+                 **{"class": decision.failure_class.value},
+                 status=self._last_failure.status, retry_after=decision.retry_after_s)
+        ctx.log.info("model.retry_scheduled", provider=decision.provider,
+                     delay=round(decision.seconds, 3),
+                     failure_class=decision.failure_class.value, **ctx.counter_values())
+        ctx.record.next_attempt_at = ctx.clock.time() + decision.seconds
+        await self._sleep_active(decision.seconds)
+        ctx.record.next_attempt_at = None
+        return ctx.chain.retry_ready()
+
+    def _request(self) -> ModelRequest:
+        ctx = self.ctx
+        provider = ctx.settings.providers[ctx.chain.current_provider]
+        return ModelRequest(
+            system=ctx.settings.system_prompt, messages=tuple(ctx.conv.messages),
+            tools=ctx.runtime.toolbox.specs,
+            max_output_tokens=ctx.guard.max_output_tokens(ctx.usage(),
+                                                          provider.max_output_tokens),
+            timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
+            turn_id=ctx.record.id, step=ctx.record.counters["steps"],
+            metadata={"turn_message": ctx.record.message})
+
+    async def _attempt(self, attempt: Attempt, claims: _Claims) -> ModelReply | Any | None:
+        ctx = self.ctx
+        name = attempt.provider
+        breaker = self._breaker(name)
+        if not claims.acquire(breaker):
+            claims.end_retry()
+            ctx.log.info("model.breaker_open", provider=name)
+            return ctx.chain.on_breaker_open(
+                reopens_in_s=breaker.open_for(ctx.clock.monotonic()))
+        if self._streamed_from not in (None, name):
+            # The step's partial output came from another provider: it is rebuilt for
+            # this one, which counts as a restart. A retry on the same provider is not.
+            self._streamed_from = None
+            stop = self._count_restart("a partially streamed step was rebuilt for "
+                                       f"provider {name}")
+            if stop is not None:
+                ctx.chain.abandon()
+                return stop
+        ctx.sync_counters()
+        provider = ctx.runtime.providers[name]
+        request = self._request()
+        budget = ctx.shared.retry_budgets[name]
+        ctx.emit("model.request", provider=name, attempt=attempt.attempt,
+                 step=request.step, messages=len(request.messages))
+        budget.begin_request()
+        streamed = False
+        call_scope = anyio.CancelScope()
+        ctx.control.call_scope = call_scope
+        failure: CallFailure | None = None
+        reply: ModelReply | None = None
+
+        async def on_delta(text: str) -> None:
+            nonlocal streamed
+            streamed = True
+            ctx.emit("model.delta", text=text)
+
+        try:
+            with call_scope:
+                try:
+                    reply = await provider.complete(request, on_delta)
+                except ProviderError as exc:
+                    failure = exc.failure
+        finally:
+            ctx.control.call_scope = None
+            budget.end_request()
+            claims.end_retry()
+        if call_scope.cancelled_caught:
+            ctx.chain.abandon()
+            ctx.emit("model.redirected", provider=name)
+            raise Redirected
+        if reply is not None:
+            self._streamed_from = None
+            claims.succeeded()
+            ctx.chain.on_success()
+            self._charge(name, reply)
+            return reply
+        assert failure is not None
+        self._last_failure = failure
+        ctx.record.last_error = f"{name}: {failure.describe()}"
+        if failure.context_overflow:
+            claims.succeeded()
+            ctx.chain.abandon()  # not a failure: the step is rebuilt and called afresh
+            ctx.emit("model.attempt_failed", provider=name, attempt=attempt.attempt,
+                     **{"class": "context_overflow"}, status=failure.status)
+            return None
+        cls = classify(failure)
+        claims.failed(cls, failure.retry_after_s)
+        ctx.emit("model.attempt_failed", provider=name, attempt=attempt.attempt,
+                 **{"class": cls.value}, status=failure.status)
+        ctx.log.info("model.attempt_failed", provider=name, failure_class=cls.value,
+                     status=failure.status, error=failure.describe(),
+                     **ctx.counter_values())
+        if streamed:
+            self._streamed_from = name  # counted if the step moves to another provider
+        return ctx.chain.on_failure(cls, retry_after_s=failure.retry_after_s,
+                                    remaining_s=ctx.remaining_s(), rand=ctx.rand)
+
+    def _charge(self, provider: str, reply: ModelReply) -> None:
+        ctx = self.ctx
+        u = ctx.record.usage
+        u["input_tokens"] += reply.usage.input_tokens
+        u["output_tokens"] += reply.usage.output_tokens
+        u["total_tokens"] = u["input_tokens"] + u["output_tokens"]
+        prices = ctx.settings.providers[provider]
+        cost = cost_usd(reply.usage.input_tokens, reply.usage.output_tokens,
+                        price_input_per_mtok=prices.price_input_per_mtok,
+                        price_output_per_mtok=prices.price_output_per_mtok)
+        u["cost_usd"] = round(u["cost_usd"] + cost, 9)
+        ctx.emit("model.response", provider=provider,
+                 usage={"input_tokens": reply.usage.input_tokens,
+                        "output_tokens": reply.usage.output_tokens},
+                 cost_usd=round(cost, 9),
+                 finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls))
+
+    def _count_restart(self, why: str) -> Stop | None:
+        stop = self.ctx.restarts.restart(why)
+        self.ctx.log.info("turn.restart", why=why, **self.ctx.counter_values())
+        return stop
+
+    def _rebuild(self) -> Stop | None:
+        stop = self._count_restart("context overflow: older history compacted")
+        if stop is not None:
+            return stop
+        if not self.ctx.conv.compact():
+            return self.ctx.restarts.nothing_to_compact()
+        return None
+
+    async def _sleep_active(self, seconds: float) -> None:
+        """A backoff wait: active time (it counts toward max_seconds), cut short by a
+        redirect steer."""
+        control = self.ctx.control
+        with self.ctx.clock.move_on_after(seconds):
+            while not control.redirect_requested:
+                await control.wake.wait()
+        if control.redirect_requested:
+            self.ctx.chain.abandon()
+            raise Redirected
+
+    async def _recover(self, decision: Recover) -> Stop | bool:
+        """Park for a recovery cycle: not active time; cancel, steer and suspend work.
+        True when a steer cut the wait short (it has joined the conversation)."""
+        ctx = self.ctx
+        if ctx.recover_until is None:
+            ctx.recover_until = ctx.clock.time() + decision.wait_s
+        ctx.record.next_attempt_at = ctx.recover_until
+        ctx.emit("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
+                 wait=round(decision.wait_s, 3), next_attempt_at=ctx.recover_until)
+        ctx.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
+                        wait=round(decision.wait_s, 3), **ctx.counter_values())
+        await ctx.park(TurnState.RECOVERING, until=ctx.recover_until,
+                       done=lambda: ctx.control.redirect_requested or ctx.has_unread_steer())
+        ctx.recover_until = None
+        ctx.record.next_attempt_at = None
+        stop = ctx.guard.check(ctx.usage(), now=ctx.clock.time())
+        if stop is not None and stop.code is StopCode.DEADLINE:
+            return stop
+        # A steer that cut the wait short joins the conversation before the next pass,
+        # checkpointed at once: its inbox entry is gone from the record from now on.
+        if ctx.has_unread_steer():
+            ctx.absorb_messages()
+            await ctx.checkpoint()
+            return True
+        return False

@@ -1,0 +1,244 @@
+"""The tools of one step: each call's guards (loop detection, time left), its journal
+entry (so a resumed turn never runs a side effect twice), its attempts (retries only for
+idempotent tools) and its outcome, told to the agent and to the failure loop.
+`report_blocked` and `clarify` go to the builtins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnkeeper.policy.classify import CallFailure, classify
+from turnkeeper.policy.loops import Action, LoopWarning, action_key
+from turnkeeper.policy.outcome import Stop, TurnResult
+from turnkeeper.policy.tool_retry import attempts_for
+from turnkeeper.providers.base import ToolCall
+from turnkeeper.tools.registry import ToolOutcome
+from turnkeeper.turn.builtins import Builtins
+from turnkeeper.turn.context import TurnContext
+
+
+class ToolStep:
+    def __init__(self, ctx: TurnContext, builtins: Builtins) -> None:
+        self.ctx = ctx
+        self.builtins = builtins
+
+    def _call_positions(self) -> dict[str, int]:
+        ctx = self.ctx
+        last = next((m for m in reversed(ctx.conv.messages) if m.role == "assistant"), None)
+        calls = last.tool_calls if last is not None else ()
+        position = {c.id: i for i, c in enumerate(calls)}
+        return position if len(position) == len(calls) else {}
+
+    async def run(self, calls: tuple[ToolCall, ...], *, resuming: bool
+                  ) -> TurnResult | None:
+        ctx = self.ctx
+        step = ctx.record.counters["steps"]
+        observations: list[str] = []
+        states: list[str] = []
+        all_polling = True
+        # A call's Idempotency-Key names its place in the model's reply, not in `calls`,
+        # which on resume holds only the calls still without a result.
+        position = self._call_positions()
+        for n, call in enumerate(calls):
+            index = position.get(call.id, n)
+            if call.name == "report_blocked":
+                if not ctx.has_unread_steer():
+                    return self.builtins.blocked(call)
+                # The agent gave up without reading what the user just sent: it reads it
+                # first (a turn never ends with an unread steer).
+                ctx.conv.add_tool_result(call, "not ended: the user sent a message; read "
+                                               "it, then answer or call report_blocked")
+                all_polling = False
+                continue
+            if call.name == "clarify":
+                outcome = await self.builtins.clarify(call)
+                if outcome is not None:
+                    return outcome
+                all_polling = False
+                continue
+            key = f"{ctx.record.id}.{step}.{index}"
+            tool = ctx.runtime.toolbox.get(call.name)
+            polling = bool(tool and tool.polling)
+            all_polling = all_polling and polling
+            result = await self._tool_call(call, key, resuming=resuming)
+            if ctx.control.suspend_now and not isinstance(result, Stop):
+                # A stop waited for this call's effect: its outcome is in the journal and
+                # the conversation; the calls after it run on resume.
+                await ctx.suspend()
+            if isinstance(result, Stop):
+                if any(c.id == call.id for c in ctx.conv.pending_tool_calls()):
+                    ctx.conv.add_tool_result(call, "not run: the turn stops here")
+                await ctx.checkpoint()
+                return ctx.stop(result)
+            content, state = result
+            if content is not None:
+                observations.append(content)
+            if state is not None:
+                states.append(state)
+        if observations:
+            stop = ctx.loops.after_step(observations,
+                                        state="|".join(states) if states else None,
+                                        polling_only=all_polling)
+            stop = ctx.gate(stop) if stop is not None else None
+            if stop is not None:
+                ctx.pending_stop = stop
+                ctx.log.info("guard.loop_stop", code=stop.code.value, value=stop.value,
+                             limit=stop.limit, no_progress=ctx.loops.no_progress,
+                             **ctx.counter_values())
+        # No checkpoint here: the caller's next step boundary takes one before anything
+        # else is awaited (or the turn ends and its result is saved). A second one here
+        # cost ~15% of a step's CPU and a commit round trip.
+        ctx.sync_counters()
+        return None
+
+    async def _tool_call(self, call: ToolCall, key: str, *, resuming: bool
+                         ) -> Stop | tuple[str | None, str | None]:
+        """One tool call with its guards, journal, breaker and retries. Returns the
+        observation (content, state), content None for a failure (the failure loop
+        governs those, not the progress and state rules), or a Stop."""
+        ctx = self.ctx
+        toolbox = ctx.runtime.toolbox
+        tool = toolbox.get(call.name)
+        if tool is None:
+            failure = CallFailure(exception=("UnknownTool",),
+                                  message=f"there is no tool named {call.name!r}")
+            return self._tool_failed(call, None, failure)
+        args, problem = toolbox.check_arguments(call.name, call.arguments)
+        if problem is not None:
+            return self._tool_failed(call, None, problem.failure)
+        assert args is not None
+        action = Action(tool=call.name, key=action_key(call.name, args), polling=tool.polling)
+        verdict = ctx.loops.before_action(action)
+        if isinstance(verdict, Stop):
+            verdict = ctx.gate(verdict)
+            if verdict is not None:
+                return verdict
+        if isinstance(verdict, LoopWarning):
+            if ctx.modes["loop_detection"] != "observe":
+                ctx.conv.add_note(verdict.message)
+            ctx.emit("loop.warning", code=verdict.code, count=verdict.count,
+                     limit=verdict.limit, tool=call.name)
+            ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
+                         repeats=verdict.count, limit=verdict.limit,
+                         **ctx.counter_values())
+        # No time left for even a request: do not send one (a cut non-idempotent call
+        # would leave an effect of unknown outcome behind).
+        spent = ctx.time_spent()
+        if spent is not None:
+            return spent
+        ctx.emit("tool.call", tool=call.name, call_id=call.id, key=key,
+                 arguments=args)
+        outcome: ToolOutcome | None = None
+        if resuming:
+            entry = await ctx.store.journal_get(key)
+            if entry is not None and entry["outcome"] is not None:
+                outcome = ToolOutcome.from_json(entry["outcome"])
+            elif entry is not None and not entry["idempotent"]:
+                msg = (f"the call {call.name} ({key}) was in flight when the daemon stopped; "
+                       "it is not idempotent, so it was not run again and its outcome is "
+                       "unknown. Check before doing it again.")
+                ctx.open_issues.append(f"outcome unknown: {call.name} {call.arguments} "
+                                       f"(Idempotency-Key {key})")
+                ctx.conv.add_tool_result(call, "OUTCOME UNKNOWN: " + msg)
+                ctx.emit("tool.result", tool=call.name, call_id=call.id, key=key,
+                         ok=None, outcome="unknown")
+                return (f"unknown:{key}", None)
+        if outcome is None:
+            await ctx.store.journal_intent(key, turn=ctx.record.id, tool=call.name,
+                                           arguments=call.arguments,
+                                           idempotent=tool.idempotent)
+            outcome = await self._execute(call.name, args, key, idempotent=tool.idempotent)
+            await ctx.store.journal_outcome(key, outcome.to_json())
+        ctx.loops.after_action(action, classify(outcome.failure) if outcome.failure else None)
+        if outcome.failure is not None:
+            return self._tool_failed(call, args, outcome.failure, key=key)
+        ctx.failures.record_success(call.name, args)
+        ctx.conv.add_tool_result(call, outcome.content)
+        ctx.partial.append(f"step {ctx.record.counters['steps']}: {call.name} "
+                           f"{_short(call.arguments)} -> ok")
+        ctx.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=True,
+                 content=outcome.content[:2000], state=outcome.state)
+        return (outcome.content, outcome.state)
+
+    def _tool_failed(self, call: ToolCall, args: dict[str, Any] | None,
+                     failure: CallFailure, *, key: str | None = None
+                     ) -> Stop | tuple[str | None, str | None]:
+        """The agent is told every failure (so it can change what it sends); the failure
+        loop counts it."""
+        ctx = self.ctx
+        cls = classify(failure)
+        text = f"ERROR ({cls.value}): {failure.describe()}"
+        ctx.conv.add_tool_result(call, text)
+        ctx.partial.append(f"step {ctx.record.counters['steps']}: {call.name} "
+                           f"{_short(call.arguments)} -> failed ({cls.value})")
+        stop = ctx.failures.record_failure(call.name, args if args is not None
+                                           else call.arguments, cls)
+        stop = ctx.gate(stop) if stop is not None else None
+        streak, limit = ctx.failures.streak, ctx.failures.thresholds[cls]
+        ctx.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=False,
+                 **{"class": cls.value}, error=failure.describe()[:500],
+                 failure_streak=streak, limit=limit)
+        ctx.log.info("tool.failed", tool=call.name, failure_class=cls.value,
+                     error=failure.describe()[:300], failure_streak=streak, limit=limit,
+                     **ctx.counter_values())
+        if stop is not None:
+            return stop
+        return (None, None)
+
+    async def _execute(self, name: str, args: dict[str, Any], key: str, *,
+                       idempotent: bool) -> ToolOutcome:
+        """Attempts of one call: idempotent tools retry retryable failures with backoff
+        (one Idempotency-Key for all attempts); others get exactly one attempt."""
+        ctx = self.ctx
+        tool = ctx.runtime.toolbox.get(name)
+        assert tool is not None
+        breaker = ctx.shared.breakers.get(tool.breaker)
+        rule = ctx.settings.tool_retry
+        max_attempts = attempts_for(idempotent=idempotent,
+                                    max_attempts=ctx.settings.tool_max_attempts)
+        previous: float | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            if breaker is not None and not breaker.try_acquire(ctx.clock.monotonic()):
+                return ToolOutcome(content="", failure=CallFailure(
+                    exception=("CircuitOpen", "ConnectionError"),
+                    message=f"the circuit breaker {tool.breaker} is open"))
+            remaining = ctx.remaining_s()
+            ctx.control.effect_in_flight = not idempotent
+            try:
+                outcome = await ctx.runtime.toolbox.call(
+                    name, args, idempotency_key=key,
+                    timeout_s=max(0.001, min(tool.timeout, remaining)))
+            except BaseException:
+                if breaker is not None:
+                    breaker.release(ctx.clock.monotonic())
+                raise
+            finally:
+                ctx.control.effect_in_flight = False
+            if outcome.failure is None:
+                if breaker is not None:
+                    breaker.record_success(ctx.clock.monotonic())
+                return outcome
+            cls = classify(outcome.failure)
+            if breaker is not None and not outcome.attempted:  # e.g. its server is down
+                breaker.release(ctx.clock.monotonic())
+            elif breaker is not None:
+                breaker.record_failure(ctx.clock.monotonic(), cls,
+                                       retry_after_s=outcome.failure.retry_after_s)
+            delay = rule.next_delay(attempt=attempt, max_attempts=max_attempts,
+                                    failure_class=cls,
+                                    retry_after_s=outcome.failure.retry_after_s,
+                                    remaining_s=ctx.remaining_s(), previous_s=previous,
+                                    rand=ctx.rand)
+            if delay is None:
+                return outcome
+            previous = delay
+            ctx.emit("tool.retry_scheduled", tool=name, key=key, attempt=attempt + 1,
+                     delay=round(delay, 3), **{"class": cls.value},
+                     status=outcome.failure.status)
+            await ctx.clock.sleep(delay)
+
+
+def _short(arguments: str, limit: int = 120) -> str:
+    return arguments if len(arguments) <= limit else arguments[:limit] + "..."
