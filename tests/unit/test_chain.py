@@ -1,4 +1,4 @@
-"""The per-turn provider chain (SPEC 3 counters, SPEC 4 backoff, SPEC 7 stop codes).
+"""The per-turn provider chain: its counters, its backoff and its stop codes.
 
 Every test drives the sans-I/O state machine directly: events in, decisions out, a
 deterministic rand, no clock and no sleeps.

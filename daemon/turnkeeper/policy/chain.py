@@ -1,10 +1,10 @@
-"""The provider chain of one turn: retries, failover and auto-recovery (SPEC 3, 4, 7).
+"""The provider chain of one turn: retries, failover and auto-recovery.
 
 Sans-I/O, in the manner of h11: the turn runner reports what happened (an event method)
 and gets back what to do next (a decision). The runner owns the I/O, the clock, the
 daemon-wide breakers and retry budgets; it asks them and reports their answers here.
 
-Counters (SPEC 3), each with one meaning:
+Counters, each with one meaning:
 
 - ``provider_attempts``: attempts of the current model call on the current provider,
   limited by ``max_attempts = api_max_retries + 1``. Reset by a failover hop, a success,
@@ -37,7 +37,7 @@ The flow, one model call::
     Stop                   -> the turn ends with it
     any time before a Stop -> abandon()  (the call or sleep was cancelled: no decision)
 
-The rules of one failed attempt (SPEC 4), in `on_failure`:
+The rules of one failed attempt, in `on_failure`:
 
 - deterministic: fail over at once ("deterministic"), never retried on this provider;
 - retryable/unknown, attempts spent: fail over ("attempts_spent");
@@ -368,7 +368,7 @@ class ProviderChain:
     def user_message(self) -> None:
         """A user message (a steer) cut the Recover wait short: a new pass starts at the
         primary (call `begin_call()` next) without counting the cycle, because a user
-        message is never charged to any counter (SPEC 3). If the new pass is spent too,
+        message is never charged to any counter. If the new pass is spent too,
         the next Recover is the same cycle again, on the same schedule."""
         self._expect(_Event.USER_MESSAGE)
         self._start_pass()
