@@ -1,5 +1,5 @@
 """Configuration: TOML file + `TURNKEEPER_SECTION__KEY` environment overrides, validated by
-pydantic, frozen into an immutable `Policy` snapshot (SPEC 12).
+pydantic, frozen into an immutable `Policy` snapshot.
 
 Every turn runs under exactly one Policy; a reload builds a new one and swaps it
 atomically. Unknown keys are errors: a typo in a limit must not silently fall back to a
@@ -457,7 +457,7 @@ class Config(BaseSettings):
         return data
 
 
-# Keys whose change cannot be applied without a restart (SPEC 9).
+# Keys whose change cannot be applied without a restart.
 RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "state_dir"),
                 ("daemon", "allowed_uids"), ("daemon", "allowed_gids"),
                 ("daemon", "max_connections"), ("daemon", "control_idle_timeout"),

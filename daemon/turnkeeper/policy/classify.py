@@ -1,4 +1,4 @@
-"""Every failed call, model or tool, is classified here before anything counts it (SPEC 4).
+"""Every failed call, model or tool, is classified here before anything counts it.
 
 The input is one value, `CallFailure`, built at the edge by the provider or tool adapter
 from what it saw (status, headers, body, transport exception). Nothing else decides
@@ -38,6 +38,8 @@ DETERMINISTIC_EXCEPTIONS = frozenset({
     "ValueError", "TypeError", "KeyError", "FileNotFoundError", "PermissionError",
     "JSONDecodeError", "UnicodeDecodeError", "InvalidURL", "MalformedArguments",
     "UnknownTool", "SchemaViolation",
+    # A repeat of a side effect whose outcome is unknown, refused before sending it.
+    "OutcomeUnknown",
 })
 
 # The error types (`error.type`, else `error.code`) OpenAI and Anthropic send, for failures

@@ -1,0 +1,131 @@
+"""A non-idempotent side effect happens at most once, even when its reply is lost.
+
+This module serves non-idempotent tool calls only. An idempotent tool keeps the key
+`<turn>.<step>.<index>` the turn runner builds itself: sending it twice is harmless, so
+it needs no memory across steps.
+
+For a non-idempotent call the key must survive the model re-issuing the same action in
+a later step, because the server dedupes on the key: if the reply to a POST was lost
+and the model asks again, only the same key lets the server say "already done". So the
+key is derived from what the call *is* (turn, tool, canonical arguments) plus an
+ordinal that advances only once an outcome is known (ok or failed). After an unknown
+outcome the ordinal stays, and a repeat carries the same key; after a known outcome a
+new call of the same action is a deliberate second effect and gets the next key.
+
+A repeat of an action whose last outcome is unknown is sent again (same key) only when
+the tool promises to dedupe keys; otherwise it is refused without being sent, as a
+deterministic failure, so the failure loop stops a model that insists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from turnkeeper.policy.classify import CallFailure
+from turnkeeper.policy.loops import action_key
+
+# Characters of the action hash kept in a key: enough to tell a turn's actions of one
+# tool apart (48 bits), short enough to read in a server's log next to the tool name.
+KEY_HASH_CHARS = 12
+
+# The exception name a refusal carries; classify() counts it as deterministic.
+REFUSAL_EXCEPTION = "OutcomeUnknown"
+REFUSAL_MESSAGE = "outcome unknown; not repeated; verify first"
+
+
+class EffectOutcome(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send the call with this Idempotency-Key. `repeat` is True when it is the same key
+    as an earlier attempt whose outcome is unknown (the tool dedupes keys)."""
+
+    key: str
+    repeat: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Do not send: the last attempt of this action has an unknown outcome and the tool
+    does not dedupe keys. `failure` is what the model is told."""
+
+    failure: CallFailure
+
+
+Plan = Send | Refuse
+
+
+@dataclass(slots=True)
+class _Action:
+    ordinal: int = 1
+    unknown: bool = False
+
+
+def effect_key(turn_id: str, tool: str, arguments: object, ordinal: int) -> str:
+    """`<turn>.<tool>.<hash>.<ordinal>`: readable in the tool server's log (which turn,
+    which tool, which nth time), stable across daemon restarts (no random part), and
+    the same for the same action whatever the order of its JSON keys."""
+    digest = action_key(tool, arguments)[:KEY_HASH_CHARS]
+    return f"{turn_id}.{tool}.{digest}.{ordinal}"
+
+
+class EffectLedger:
+    """One turn's memory of its non-idempotent actions: their ordinal and whether the
+    last attempt's outcome is unknown. Kept in the turn's checkpoint (snapshot/restore),
+    so a resumed turn refuses the same repeats."""
+
+    __slots__ = ("_actions", "_turn_id")
+
+    def __init__(self, turn_id: str) -> None:
+        self._turn_id = turn_id
+        self._actions: dict[str, _Action] = {}
+
+    def plan(self, tool: str, arguments: object, *, dedupes_keys: bool) -> Plan:
+        """What to do with a call about to be sent. Pure: nothing changes until record()."""
+        action = self._actions.get(action_key(tool, arguments))
+        ordinal = action.ordinal if action else 1
+        key = effect_key(self._turn_id, tool, arguments, ordinal)
+        if action is None or not action.unknown:
+            return Send(key)
+        if dedupes_keys:
+            return Send(key, repeat=True)
+        return Refuse(CallFailure(
+            exception=(REFUSAL_EXCEPTION,),
+            message=f"{tool}: {REFUSAL_MESSAGE} (Idempotency-Key {key})"))
+
+    def record(self, tool: str, arguments: object, outcome: EffectOutcome | str) -> None:
+        """A known outcome (ok or failed) closes the action's ordinal; unknown keeps it
+        open, so the next plan() of the same action repeats the key or refuses."""
+        kind = EffectOutcome(outcome)
+        action = self._actions.setdefault(action_key(tool, arguments), _Action())
+        if kind is EffectOutcome.UNKNOWN:
+            action.unknown = True
+        else:
+            action.ordinal += 1
+            action.unknown = False
+
+    def unknown_count(self) -> int:
+        return sum(1 for a in self._actions.values() if a.unknown)
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-safe: action hash -> [ordinal, unknown]."""
+        return {"turn": self._turn_id,
+                "actions": {k: [a.ordinal, a.unknown] for k, a in self._actions.items()}}
+
+    @classmethod
+    def restore(cls, snapshot: Mapping[str, Any]) -> EffectLedger:
+        ledger = cls(str(snapshot["turn"]))
+        for key, (ordinal, unknown) in dict(snapshot.get("actions") or {}).items():
+            ledger._actions[str(key)] = _Action(int(ordinal), bool(unknown))
+        return ledger
+
+    def __repr__(self) -> str:
+        return (f"EffectLedger(turn={self._turn_id!r}, actions={len(self._actions)}, "
+                f"unknown={self.unknown_count()})")

@@ -1,0 +1,117 @@
+"""The rule for non-idempotent calls: at most once, and an unknown outcome is never
+guessed away."""
+
+from __future__ import annotations
+
+import json
+
+from turnkeeper.policy.classify import FailureClass, classify
+from turnkeeper.policy.effects import EffectLedger, EffectOutcome, Refuse, Send, effect_key
+
+
+def _send(plan: object) -> Send:
+    assert isinstance(plan, Send), plan
+    return plan
+
+
+def test_first_call_key_names_turn_tool_action_and_ordinal_one() -> None:
+    ledger = EffectLedger("t1")
+    key = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key
+    turn, tool, digest, ordinal = key.split(".")
+    assert (turn, tool, ordinal) == ("t1", "create_ticket", "1")
+    assert len(digest) == 12
+
+
+def test_same_action_after_unknown_gets_the_same_key_when_the_tool_dedupes() -> None:
+    ledger = EffectLedger("t1")
+    first = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=True))
+    ledger.record("create_ticket", {"title": "x"}, "unknown")
+    again = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=True))
+    assert again.key == first.key
+    assert again.repeat
+
+
+def test_same_action_after_unknown_is_refused_without_dedupes_keys() -> None:
+    ledger = EffectLedger("t1")
+    ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False)
+    ledger.record("create_ticket", {"title": "x"}, EffectOutcome.UNKNOWN)
+    plan = ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False)
+    assert isinstance(plan, Refuse)
+    assert "outcome unknown; not repeated; verify first" in plan.failure.describe()
+    assert classify(plan.failure) is FailureClass.DETERMINISTIC
+
+
+def test_refusal_lasts_until_a_known_outcome() -> None:
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", {"title": "x"}, "unknown")
+    for _ in range(3):
+        assert isinstance(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False),
+                          Refuse)
+
+
+def test_same_action_after_success_gets_the_next_key() -> None:
+    ledger = EffectLedger("t1")
+    first = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False))
+    ledger.record("create_ticket", {"title": "x"}, "ok")
+    second = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False))
+    assert first.key.endswith(".1") and second.key.endswith(".2")
+    assert first.key[:-2] == second.key[:-2]
+    assert not second.repeat
+
+
+def test_same_action_after_a_known_failure_gets_the_next_key() -> None:
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", {"title": "x"}, "failed")
+    assert _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key \
+        .endswith(".2")
+
+
+def test_known_outcome_after_unknown_reopens_the_action() -> None:
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", {"title": "x"}, "unknown")
+    ledger.record("create_ticket", {"title": "x"}, "ok")
+    assert _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key \
+        .endswith(".2")
+
+
+def test_order_of_json_keys_does_not_matter() -> None:
+    a = {"title": "x", "body": {"p": 1, "q": 2}}
+    b = json.loads('{"body": {"q": 2, "p": 1}, "title": "x"}')
+    assert effect_key("t1", "create_ticket", a, 1) == effect_key("t1", "create_ticket", b, 1)
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", a, "unknown")
+    assert isinstance(ledger.plan("create_ticket", b, dedupes_keys=False), Refuse)
+
+
+def test_other_arguments_or_tool_or_turn_are_another_action() -> None:
+    base = effect_key("t1", "create_ticket", {"title": "x"}, 1)
+    assert effect_key("t1", "create_ticket", {"title": "y"}, 1) != base
+    assert effect_key("t1", "close_ticket", {"title": "x"}, 1) != base
+    assert effect_key("t2", "create_ticket", {"title": "x"}, 1) != base
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", {"title": "x"}, "unknown")
+    assert isinstance(ledger.plan("create_ticket", {"title": "y"}, dedupes_keys=False), Send)
+
+
+def test_plan_alone_changes_nothing() -> None:
+    ledger = EffectLedger("t1")
+    first = ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False)
+    assert ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False) == first
+
+
+def test_snapshot_restore_round_trip_through_json() -> None:
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", {"title": "x"}, "ok")
+    ledger.record("create_ticket", {"title": "y"}, "unknown")
+    restored = EffectLedger.restore(json.loads(json.dumps(ledger.snapshot())))
+    assert restored.snapshot() == ledger.snapshot()
+    assert _send(restored.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key \
+        .endswith(".2")
+    assert isinstance(restored.plan("create_ticket", {"title": "y"}, dedupes_keys=False),
+                      Refuse)
+
+
+def test_repr_names_turn_and_open_unknowns() -> None:
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", {"title": "y"}, "unknown")
+    assert repr(ledger) == "EffectLedger(turn='t1', actions=1, unknown=1)"
