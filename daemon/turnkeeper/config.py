@@ -114,6 +114,13 @@ class RetryConfig(_Section):
     max_retry_after: NonNegFloat = 120.0
 
 
+class ToolsRetryConfig(_Section):
+    """Attempts of one call of an idempotent tool, on retryable or unknown failures only.
+    Model calls have their own count (`agent.api_max_retries`), never shared with this."""
+
+    max_attempts: PositiveInt = 3
+
+
 class RetryBudgetConfig(_Section):
     ratio: Annotated[float, Field(ge=0)] = 0.2
     min_concurrency: NonNegInt = 3
@@ -293,7 +300,9 @@ class RestartBackoffConfig(_Section):
 
 _MCP_ONLY = ("command", "args", "env", "include", "exclude", "overrides", "connect_timeout",
              "ping_interval", "restart_backoff")
-_NOT_FOR_MCP = ("description", "method", "parameters", "idempotent", "polling")
+_NOT_FOR_MCP = ("description", "method", "parameters", "idempotent", "polling",
+                "dedupes_keys", "error_field", "follow_redirects", "max_response_bytes",
+                "allowed_hosts")
 MCP_INSTALL_HINT = "pip install 'turnkeeper[mcp]'"
 
 
@@ -317,6 +326,13 @@ class ToolConfig(_Section):
     idempotent: bool = False
     polling: bool = False
     headers: dict[str, str] = Field(default_factory=dict)
+    max_attempts: PositiveInt | None = None  # None: [tools_retry] max_attempts
+    # http only: how a non-idempotent call's effect and its answer are judged.
+    dedupes_keys: bool = False
+    error_field: Annotated[str, Field(pattern=r"^(/.*)?$")] = ""
+    follow_redirects: bool = False
+    max_response_bytes: PositiveInt = 1_048_576
+    allowed_hosts: tuple[str, ...] = ()
     # kind = "mcp" only: one MCP server whose tools are offered as `<name>__<tool>`.
     command: str = ""
     args: tuple[str, ...] = ()
@@ -404,6 +420,7 @@ class Config(BaseSettings):
     agent: AgentConfig = AgentConfig()
     retry: RetryConfig = RetryConfig()
     retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    tools_retry: ToolsRetryConfig = ToolsRetryConfig()
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
     failure_loop: FailureLoopConfig = FailureLoopConfig()
     budget: BudgetConfig = BudgetConfig()
@@ -433,6 +450,10 @@ class Config(BaseSettings):
                     raise ValueError(f"{kind}: name {item.name!r} appears twice")
                 seen.add(item.name)
         return self
+
+    def tool_max_attempts(self, tool: ToolConfig) -> int:
+        """The attempts one call of `tool` may take: its own setting, else the section's."""
+        return tool.max_attempts or self.tools_retry.max_attempts
 
     def guards(self, profile: str | None = None) -> GuardConfig:
         """The effective guard settings for a turn of `profile` (None: the plain
@@ -528,11 +549,27 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
     """Load the config (file or embedded defaults) with environment overrides.
     Returns it with the hash of the file's content ("" for embedded defaults)."""
     if path is None or str(path) == "":
-        return build_config({}), ""
+        config = build_config({})
+        check_provider_keys(config, "embedded defaults")
+        return config, ""
     p = Path(path)
     data, digest = read_config_file(p)
     _resolve_relative_scripts(data, p.parent)
-    return build_config(data, str(p)), digest
+    config = build_config(data, str(p))
+    check_provider_keys(config, str(p))
+    return config, digest
+
+
+def check_provider_keys(config: Config, source: str) -> None:
+    """A provider whose api_key_env names an unset or empty variable would fail every call
+    with a 401 at run time; refuse it now, naming the variable (never a value). Done on
+    loading a file (config check, start-up, reload), not in the model, so a config can
+    still be built and inspected where the secrets are not present."""
+    missing = [f"  providers.{p.name}.api_key_env: the variable {p.api_key_env} is not "
+               "set or is empty" for p in config.providers
+               if p.api_key_env and not os.environ.get(p.api_key_env)]
+    if missing:
+        raise ConfigError("\n".join([f"invalid configuration ({source}):", *missing]))
 
 
 def _resolve_relative_scripts(data: dict[str, Any], base: Path) -> None:

@@ -123,3 +123,58 @@ def test_the_example_config_documents_every_key_and_is_valid() -> None:
         missing.extend(f"{model.__name__}.{name}" for name in model.model_fields
                        if f"\n{name} = " not in text)
     assert not missing, f"undocumented keys in config/turnkeeper.toml: {missing}"
+
+
+def _provider_file(tmp_path: Path, api_key_env: str) -> Path:
+    f = tmp_path / "c.toml"
+    f.write_text(f'[[providers]]\nname = "p"\nkind = "openai"\n'
+                 f'base_url = "http://127.0.0.1:1/v1"\napi_key_env = "{api_key_env}"\n')
+    return f
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_a_provider_key_variable_unset_or_empty_is_a_config_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv("TK_TEST_MISSING_KEY", raising=False)
+    else:
+        monkeypatch.setenv("TK_TEST_MISSING_KEY", value)
+    with pytest.raises(ConfigError) as err:
+        load_config(_provider_file(tmp_path, "TK_TEST_MISSING_KEY"))
+    assert "providers.p.api_key_env" in str(err.value)
+    assert "TK_TEST_MISSING_KEY" in str(err.value)
+    assert err.value.exit_code == 78
+
+
+def test_a_set_provider_key_loads_and_is_never_in_the_error_or_dump(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TK_TEST_KEY", "sk-secret-value")
+    config, _ = load_config(_provider_file(tmp_path, "TK_TEST_KEY"))
+    assert config.providers[0].api_key() == "sk-secret-value"
+    assert "sk-secret-value" not in str(config.redacted())
+
+
+def test_an_empty_api_key_env_means_no_auth_and_loads(tmp_path: Path) -> None:
+    config, _ = load_config(_provider_file(tmp_path, ""))
+    assert config.providers[0].api_key() is None
+
+
+def test_tool_attempts_come_from_tools_retry_unless_the_tool_sets_its_own() -> None:
+    config = build_config({"tools_retry": {"max_attempts": 5}, "tools": [
+        {"name": "a", "url": "http://127.0.0.1:1/", "idempotent": True},
+        {"name": "b", "url": "http://127.0.0.1:1/", "idempotent": True, "max_attempts": 2}]})
+    a, b = config.tools
+    assert (config.tool_max_attempts(a), config.tool_max_attempts(b)) == (5, 2)
+    assert build_config({}).tools_retry.max_attempts == 3
+
+
+def test_http_tool_effect_defaults() -> None:
+    tool = ToolConfig(name="t", url="http://127.0.0.1:1/")
+    assert (tool.dedupes_keys, tool.error_field, tool.follow_redirects,
+            tool.max_response_bytes, tool.allowed_hosts) == (False, "", False, 1048576, ())
+
+
+def test_error_field_must_be_a_json_pointer() -> None:
+    with pytest.raises(ConfigError, match="error_field"):
+        build_config({"tools": [{"name": "t", "url": "http://x/", "error_field": "error"}]})
+    build_config({"tools": [{"name": "t", "url": "http://x/", "error_field": "/result/error"}]})
