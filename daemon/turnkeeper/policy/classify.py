@@ -40,6 +40,9 @@ DETERMINISTIC_EXCEPTIONS = frozenset({
     "UnknownTool", "SchemaViolation",
     # A repeat of a side effect whose outcome is unknown, refused before sending it.
     "OutcomeUnknown",
+    # An http tool's answer the daemon will not take: a redirect it may not follow, a
+    # host outside allowed_hosts, a body over max_response_bytes.
+    "RedirectNotFollowed", "HostNotAllowed", "ResponseTooLarge",
 })
 
 # The error types (`error.type`, else `error.code`) OpenAI and Anthropic send, for failures
@@ -61,6 +64,23 @@ _OVERFLOW_PATTERNS = re.compile(
 )
 
 
+# Secrets a server or an exception may echo back: header values of Authorization and
+# x-api-key / api-key, and `key=`-style query values (Gemini-style `?key=`, `api_key=`,
+# `access_token=`). The provider also removes its own key value before this.
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)\b(authorization|x-api-key|api-key)(['\"]?\s*[:=]\s*['\"]?)"
+               r"(?:(bearer|basic)\s+)?[^\s'\",;}]+"),
+    re.compile(r"(?i)([?&](?:key|api_key|apikey|access_token|token)=)[^&\s'\"#]+"),
+)
+
+
+def redact_secrets(text: str) -> str:
+    """`text` with credential-looking values replaced by [redacted]."""
+    text = _SECRET_PATTERNS[0].sub(
+        lambda m: f"{m[1]}{m[2]}{m[3] + ' ' if m[3] else ''}[redacted]", text)
+    return _SECRET_PATTERNS[1].sub(lambda m: f"{m[1]}[redacted]", text)
+
+
 @dataclass(frozen=True, slots=True)
 class CallFailure:
     """What the edge saw of one failed call. `exception` holds the transport exception's
@@ -74,6 +94,9 @@ class CallFailure:
     context_overflow: bool = False
 
     def describe(self) -> str:
+        """The one-line cause told to people and to the model: `HTTP 429: rate_limit_error:
+        <the server's message>`, or `ClientConnectorError: Cannot connect to host ...`.
+        The one place a failure is rendered, so the one place secrets are removed."""
         parts = []
         if self.status is not None:
             parts.append(f"HTTP {self.status}")
@@ -82,7 +105,7 @@ class CallFailure:
         if self.exception:
             parts.append(self.exception[0])
         if self.message:
-            parts.append(self.message[:300])
+            parts.append(redact_secrets(" ".join(self.message.split()))[:300])
         return ": ".join(parts) or "unknown failure"
 
     def to_json(self) -> dict[str, Any]:

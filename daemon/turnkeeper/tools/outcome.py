@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnkeeper.policy.classify import CallFailure
+from turnkeeper.policy.effects import EffectOutcome
 
 MAX_RESULT_CHARS = 32_768
 
@@ -17,19 +18,36 @@ class ToolOutcome:
     """One attempt's outcome. `state` is the tool's own declared state value (a JSON
     object's top-level "state" key), used by loop detection. `attempted` is False when
     nothing reached the tool (its MCP server is down and being restarted): the peer's
-    circuit breaker learns nothing from that."""
+    circuit breaker learns nothing from that.
+
+    `kind` says what is known of the effect: ok, failed (it did not happen, or the
+    server answered with a failure) or unknown (a non-idempotent request may have
+    reached the server and no answer came back), derived from `failure` and `unknown`
+    so it cannot disagree with them. An unknown outcome still carries the failure that
+    ended the attempt (what the model is told)."""
 
     content: str
     failure: CallFailure | None = None
     state: str | None = None
     attempted: bool = True
+    unknown: bool = False
+
+    def __post_init__(self) -> None:
+        if self.unknown and self.failure is None:
+            raise ValueError("an unknown outcome carries the failure that ended it")
+
+    @property
+    def kind(self) -> EffectOutcome:
+        if self.unknown:
+            return EffectOutcome.UNKNOWN
+        return EffectOutcome.OK if self.failure is None else EffectOutcome.FAILED
 
     @property
     def ok(self) -> bool:
         return self.failure is None
 
     def to_json(self) -> dict[str, Any]:
-        return {"content": self.content, "state": self.state,
+        return {"content": self.content, "state": self.state, "kind": str(self.kind),
                 "failure": self.failure.to_json() if self.failure else None}
 
     @classmethod
@@ -41,7 +59,9 @@ class ToolOutcome:
                                   exception=tuple(f.get("exception") or ()),
                                   message=f.get("message", ""),
                                   retry_after_s=f.get("retry_after_s"))
-        return cls(content=d.get("content", ""), failure=failure, state=d.get("state"))
+        # "kind" is absent in rows written before outcomes had one: ok or failed then.
+        return cls(content=d.get("content", ""), failure=failure, state=d.get("state"),
+                   unknown=d.get("kind") == EffectOutcome.UNKNOWN and failure is not None)
 
 
 def truncate(text: str) -> str:

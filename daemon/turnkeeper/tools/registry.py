@@ -13,7 +13,6 @@ reload reuses the servers whose config did not change.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +24,10 @@ from jsonschema.exceptions import SchemaError
 
 from turnkeeper.config import ConfigError, ToolConfig
 from turnkeeper.messages import ToolSpec
-from turnkeeper.policy.classify import CallFailure, exception_names, retry_after_of
+from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
 from turnkeeper.tools.builtin import BUILTIN_SPECS
+from turnkeeper.tools.http import call_http
 from turnkeeper.tools.mcp import McpServer, McpTool
 from turnkeeper.tools.outcome import MAX_RESULT_CHARS, ToolOutcome, truncate
 
@@ -198,46 +198,13 @@ class ToolBox:
         for server in owned:
             await server.aclose()
 
-    # -- http -------------------------------------------------------------------------
-
     async def _http(self, tool: ToolConfig, args: dict[str, Any], *, idempotency_key: str,
                     timeout_s: float) -> ToolOutcome:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=200), auto_decompress=True)
-        headers = {**tool.resolved_headers(), "Idempotency-Key": idempotency_key,
-                   "Accept": "application/json, text/plain;q=0.9"}
-        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 10.0))
-        kwargs: dict[str, Any] = {"headers": headers, "timeout": timeout}
-        if tool.method in ("GET", "DELETE"):
-            kwargs["params"] = {k: v if isinstance(v, str) else json.dumps(v)
-                                for k, v in args.items()}
-        else:
-            kwargs["json"] = args
-        try:
-            async with self._session.request(tool.method, tool.url, **kwargs) as resp:
-                text = await resp.text(errors="replace")
-                status = resp.status
-                resp_headers = dict(resp.headers)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return ToolOutcome(content="", failure=CallFailure(
-                exception=exception_names(exc), message=str(exc) or type(exc).__name__))
-        body: Any = None
-        try:
-            body = json.loads(text) if text else None
-        except json.JSONDecodeError:
-            body = None
-        if status >= 400:
-            err = body.get("error") if isinstance(body, dict) else None
-            return ToolOutcome(content=_truncate(text), failure=CallFailure(
-                status=status,
-                error_type=str(err.get("type")) if isinstance(err, dict) and err.get("type")
-                else None,
-                message=_truncate(text)[:500],
-                retry_after_s=retry_after_of(resp_headers, body, now_epoch=time.time())))
-        state = body.get("state") if isinstance(body, dict) else None
-        return ToolOutcome(content=_truncate(text),
-                           state=None if state is None else json.dumps(state, sort_keys=True))
+        return await call_http(self._session, tool, args, idempotency_key=idempotency_key,
+                               timeout_s=timeout_s)
 
 
 def _names(names: Iterable[str], *, most: int = 20) -> str:
