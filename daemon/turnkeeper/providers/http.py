@@ -28,6 +28,7 @@ from turnkeeper.policy.classify import (
     exception_names,
     is_context_overflow,
     parse_retry_after,
+    redact_secrets,
     retry_after_of,
 )
 from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError
@@ -100,10 +101,12 @@ class HttpClient:
     def redact(self, text: str) -> str:
         if self._secret and self._secret in text:
             text = text.replace(self._secret, "[redacted]")
-        return text[:MESSAGE_LIMIT]
+        return redact_secrets(text)[:MESSAGE_LIMIT]
 
     def transport_failure(self, exc: BaseException) -> CallFailure:
-        return CallFailure(exception=exception_names(exc), message=self.redact(str(exc)))
+        """Always a message: a bare TimeoutError says nothing, so it is named instead."""
+        return CallFailure(exception=exception_names(exc),
+                           message=self.redact(str(exc) or repr(exc)))
 
     def stream_read_failure(self, exc: BaseException) -> CallFailure:
         """A fault while reading the body of a started stream: a timeout is a stall."""
