@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "turnkeeper.toml"
 
 
-def test_embedded_defaults_are_the_spec_defaults() -> None:
+def test_embedded_defaults_are_the_documented_defaults() -> None:
     config, digest = load_config(None)
     assert digest == ""
     assert config.agent.api_max_retries == 3

@@ -15,6 +15,11 @@ new call of the same action is a deliberate second effect and gets the next key.
 A repeat of an action whose last outcome is unknown is sent again (same key) only when
 the tool promises to dedupe keys; otherwise it is refused without being sent, as a
 deterministic failure, so the failure loop stops a model that insists.
+
+Wiring, per non-idempotent call: `plan()` before sending; on `Send(key)` send with that
+key and then `record()` the attempt's `ToolOutcome.kind`; on `Refuse(failure)` send
+nothing and report the failure as the call's result. A call cut by a cancel or a stop
+while in flight is recorded "unknown". `snapshot()` goes into the turn's checkpoint.
 """
 
 from __future__ import annotations

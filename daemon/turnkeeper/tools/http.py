@@ -10,6 +10,9 @@ The point of this module is to be honest about whether the effect happened:
   an error (a non-null top-level `error`, or the value at the tool's `error_field`) is a
   failure of class unknown: the server says something went wrong, not whether to retry.
 
+A cancel while the request is in flight cannot return an outcome from here (the task is
+cancelled): the caller that cancels a non-idempotent call records it as unknown.
+
 Redirects are not followed unless the tool says so (a POST silently replayed elsewhere
 is a second effect); when followed, every hop must stay on the allowed hosts. A body
 larger than `max_response_bytes` is not read further.

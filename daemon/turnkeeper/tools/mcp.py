@@ -537,7 +537,8 @@ class McpServer:
                 exception=exception_names(exc),
                 message=f"MCP server {self.name}: {describe_error(exc)}"))
         if scope.cancelled_caught:
-            return ToolOutcome(content="", failure=CallFailure(
+            # The request went out: a non-idempotent tool may have done it.
+            return ToolOutcome(content="", unknown=not tool.idempotent, failure=CallFailure(
                 exception=CALL_TIMED_OUT,
                 message=f"{tool.name} did not answer within {timeout_s:.3g} s; "
                         "the request was cancelled"))
