@@ -10,8 +10,8 @@ from turnkeeper.config import Config, Policy, ProviderConfig, ToolConfig
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.providers.base import Provider
+from turnkeeper.settings import TurnSettings
 from turnkeeper.tools.registry import ToolBox
-from turnkeeper.turn.settings import TurnSettings
 
 
 def make_provider(cfg: ProviderConfig) -> Provider:

@@ -34,7 +34,7 @@ ROOM_OF: dict[str, str] = {
     "clock": "kit", "paths": "kit", "logging": "kit",
     "messages": "messages", "event_types": "messages",
     "policy": "policy",
-    "config": "config",
+    "config": "config", "settings": "config",
     "events": "events",
     "store": "store",
     "providers": "providers",
@@ -324,11 +324,6 @@ def test_the_limit_fields_are_read_from_the_config_models() -> None:
     assert not {"base_delay", "jitter", "ratio", "mode", "name"} & fields
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the runner and the supervisor still compare limits themselves, being moved into "
-    "policy/ as they split: turn/runner.py `c['restarts'] > limit` (agent.max_restarts); "
-    "supervisor.py `len(self.queue) >= ...max_queued_turns` and three comparisons of "
-    "`self.active` with daemon.max_concurrent_turns"))
 def test_turn_supervisor_and_control_compare_no_config_limit() -> None:
     fields = limit_fields()
     found = [hit for path in _files_that_may_not_compare()

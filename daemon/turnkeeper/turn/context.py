@@ -23,11 +23,11 @@ from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.restarts import RestartCounter
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
+from turnkeeper.settings import failure_loop, loop_detector
 from turnkeeper.store.base import Store
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
-from turnkeeper.turn.settings import failure_loop, loop_detector
 
 log = structlog.get_logger("turnkeeper.turn")
 
