@@ -151,6 +151,7 @@ class BudgetWarning(EventBody):
     restarts: int = 0
     recovery_cycles: int = 0
     steps: int = 0
+    tool_attempts: int = 0
     tokens: int = 0
     seconds: float = 0.0
     cost_usd: float = 0.0
@@ -263,7 +264,7 @@ class ToolResult(EventBody):
     TYPE = "tool.result"
     tool: str
     call_id: str
-    key: str
+    key: str | None  # None: nothing was sent (unknown tool, bad arguments, a refusal)
     ok: bool | None
     outcome: str | None = field(default=None, metadata=_OMIT_NONE)
     content: str | None = field(default=None, metadata=_OMIT_NONE)
@@ -283,6 +284,20 @@ class ToolRetryScheduled(EventBody):
     delay: float
     class_: str
     status: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolOutcomeUnknown(EventBody):
+    """A non-idempotent call may have had its effect and no answer says whether: it is
+    not retried, and stays an open issue of the turn until someone checks. `reason` says
+    what cut it (a timeout, a reset after sending, cancel --now, a stop, a crash)."""
+
+    TYPE = "tool.outcome_unknown"
+    tool: str
+    call_id: str
+    key: str
+    arguments: Any
+    reason: str
 
 
 # -- the daemon ---------------------------------------------------------------------------
@@ -326,6 +341,7 @@ EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
     TurnMessage, TurnFinished, StepStarted, BudgetWarning, GuardWouldStop, LoopWarning,
     ModelRequest, ModelDelta, ModelResponse, ModelAttemptFailed, ModelRetryScheduled,
     ModelFailover, ModelRedirected, ToolCalled, ToolResult, ToolRetryScheduled,
+    ToolOutcomeUnknown,
     DaemonReloading, DaemonReloadFailed, DaemonReloaded, DaemonStopping)}
 
 

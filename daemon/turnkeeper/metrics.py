@@ -88,6 +88,11 @@ class Metrics:
             "turnkeeper_tool_calls",
             "Tool calls by tool and outcome (ok, a failure class, or outcome_unknown)",
             ["tool", "outcome"], registry=r)
+        self.tool_outcomes_unknown = Counter(
+            "turnkeeper_tool_outcomes_unknown",
+            "Non-idempotent tool calls whose effect may have happened with no answer to "
+            "say so (never retried; each is an open issue of its turn)",
+            ["tool"], registry=r)
         self.tool_retries = Counter(
             "turnkeeper_tool_retries_scheduled", "Idempotent tool call retries scheduled",
             ["tool", "class"], registry=r)
@@ -191,6 +196,9 @@ class Metrics:
         outcome = "ok" if e.ok else ("outcome_unknown" if e.ok is None
                                      else str(e.class_ or "unknown"))
         self.tool_calls.labels(self._tool_label(e.tool), outcome).inc()
+
+    def _outcome_unknown(self, e: ev.ToolOutcomeUnknown, turn: str | None) -> None:
+        self.tool_outcomes_unknown.labels(self._tool_label(e.tool)).inc()
 
     def _tool_retry(self, e: ev.ToolRetryScheduled, turn: str | None) -> None:
         self.tool_retries.labels(self._tool_label(e.tool), e.class_).inc()
@@ -396,6 +404,7 @@ _HANDLERS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] 
     ev.TurnRecovering: Metrics._recovering,
     ev.ToolResult: Metrics._tool_result,
     ev.ToolRetryScheduled: Metrics._tool_retry,
+    ev.ToolOutcomeUnknown: Metrics._outcome_unknown,
     ev.BudgetWarning: Metrics._budget_warning,
     ev.LoopWarning: Metrics._loop_warning,
     ev.StepStarted: Metrics._step,

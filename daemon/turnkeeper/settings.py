@@ -62,13 +62,41 @@ class ChainSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallSettings:
+    """How a turn treats tool calls: the retry rule, the attempts an idempotent call may
+    take (`[tools_retry] max_attempts`, or a tool's own), and the tools that promise to
+    dedupe Idempotency-Keys. Never the provider's `api_max_retries`: a model call and a
+    tool call fail for different reasons and are counted apart."""
+
+    retry: ToolRetry
+    default_max_attempts: int
+    max_attempts_by_tool: Mapping[str, int]
+    deduping_tools: frozenset[str]
+
+    def max_attempts(self, tool: str) -> int:
+        """Attempts one call of `tool` may take when it is idempotent (an MCP tool, not
+        in the config's list, takes the section's)."""
+        return self.max_attempts_by_tool.get(tool, self.default_max_attempts)
+
+    def dedupes_keys(self, tool: str) -> bool:
+        return tool in self.deduping_tools
+
+    @classmethod
+    def from_config(cls, cfg: Config, backoff: Backoff) -> ToolCallSettings:
+        return cls(retry=ToolRetry(backoff=backoff,
+                                   max_retry_after_s=cfg.retry.max_retry_after),
+                   default_max_attempts=cfg.tools_retry.max_attempts,
+                   max_attempts_by_tool={t.name: cfg.tool_max_attempts(t)
+                                         for t in cfg.tools},
+                   deduping_tools=frozenset(t.name for t in cfg.tools if t.dedupes_keys))
+
+
+@dataclass(frozen=True, slots=True)
 class TurnSettings:
     system_prompt: str
     clarify_timeout_s: float
     max_restarts: int
-    # Attempts an idempotent tool call gets (a non-idempotent one gets exactly one).
-    tool_max_attempts: int
-    tool_retry: ToolRetry
+    tools: ToolCallSettings
     providers: Mapping[str, ProviderRequestSettings]
     chain: ChainSettings
 
@@ -79,8 +107,7 @@ class TurnSettings:
             system_prompt=cfg.agent.system_prompt,
             clarify_timeout_s=cfg.clarify.timeout,
             max_restarts=cfg.agent.max_restarts,
-            tool_max_attempts=cfg.agent.api_max_retries + 1,
-            tool_retry=ToolRetry(backoff=backoff, max_retry_after_s=cfg.retry.max_retry_after),
+            tools=ToolCallSettings.from_config(cfg, backoff),
             providers={p.name: ProviderRequestSettings(
                 timeout_s=p.timeout, max_output_tokens=p.max_output_tokens,
                 price_input_per_mtok=p.price_input_per_mtok,

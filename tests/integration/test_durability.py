@@ -25,6 +25,7 @@ import pytest
 from tests.integration.harness import ECHO_TOOL, Daemon, script_file, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
 from turnkeeper.control.client import Client, ClientError
+from turnkeeper.policy.effects import effect_key
 
 DB_NAME = "turnkeeper.sqlite3"
 EX_IOERR = 74
@@ -127,6 +128,12 @@ CRASH_STEPS = 6
 # (step, index) of each call in CRASH_SCRIPT.
 LOOKUPS = ((1, 0), (2, 1), (4, 0))
 SENDS = ((2, 0), (3, 0), (5, 0))
+# The `to` argument of each send, after "$turn": a send's key comes from what it does.
+SEND_TO = {(2, 0): "", (3, 0): " again", (5, 0): " last"}
+
+
+def send_key(turn_id: str, step: int, index: int) -> str:
+    return effect_key(turn_id, "send", {"to": turn_id + SEND_TO[step, index]}, 1)
 TURNS = 100
 KILLS = 30
 
@@ -235,14 +242,15 @@ max_delay = 0.05
             assert result["answer"] == f"done {tid}"
             issues = " ".join(result["open_issues"])
             for step, index in SENDS:
-                key = f"{tid}.{step}.{index}"
+                key = send_key(tid, step, index)
                 reported = f"(Idempotency-Key {key})" in issues
                 unknown_total += reported
                 assert sent[key] == 1 or reported, (
                     f"{key} neither reached the tool server nor was reported unknown")
             for step, index in LOOKUPS:
                 assert looked[f"{tid}.{step}.{index}"] >= 1, (tid, step, index)
-        expected_keys = {f"{t['id']}.{s}.{i}" for t in turns for s, i in SENDS + LOOKUPS}
+        expected_keys = ({f"{t['id']}.{s}.{i}" for t in turns for s, i in LOOKUPS}
+                         | {send_key(t["id"], s, i) for t in turns for s, i in SENDS})
         assert set(sent) | set(looked) <= expected_keys, "a call with an unexpected key"
 
         # Logs: never two finishes for one turn (a kill between the result and its log

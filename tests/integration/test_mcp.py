@@ -23,6 +23,7 @@ import pytest
 
 from tests.integration.harness import Daemon, script_file
 from tests.integration.test_observability import scrape, value
+from turnkeeper.policy.effects import effect_key
 
 SERVERS = Path(__file__).parent / "mcp_servers"
 STDIO_SERVER = SERVERS / "stdio_server.py"
@@ -383,7 +384,8 @@ def test_a_destructive_call_in_flight_at_kill_9_is_not_repeated_a_read_only_one_
     assert len(lookups) == 2, lines  # read-only: run again on resume
     # ... with the same idempotency key, which travels in the request's _meta
     assert lookups[0].split()[-1] == lookups[1].split()[-1] == f"{look['id']}.1.0"
-    assert charges[0].split()[-1] == f"{charge['id']}.1.0"
+    assert charges[0].split()[-1] == effect_key(charge["id"], "calc__charge",
+                                                {"account": "acme", "amount": 100}, 1)
 
     assert charged["state"] == "completed"
     assert any("outcome unknown: calc__charge" in issue

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from turnkeeper.event_types import TurnWaiting
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import ToolCall
@@ -53,7 +54,7 @@ class Builtins:
         if ctx.waiting_since is None:
             ctx.waiting_since = ctx.clock.time()
         ctx.record.question = question
-        ctx.emit("turn.waiting", question=question, timeout_at=ctx.waiting_since + timeout)
+        ctx.emit(TurnWaiting(question=question, timeout_at=ctx.waiting_since + timeout))
 
         def first_answer() -> dict[str, Any] | None:
             return next((m for m in ctx.record.inbox if m["kind"] == "answer"), None)

@@ -16,8 +16,10 @@ from typing import Any
 import structlog
 
 from turnkeeper.clock import Clock
+from turnkeeper.event_types import EventBody, GuardWouldStop, TurnSuspended
 from turnkeeper.events import EventBus
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
+from turnkeeper.policy.effects import EffectLedger
 from turnkeeper.policy.gate import ModeGate, WouldStop
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.restarts import RestartCounter
@@ -98,6 +100,10 @@ class TurnContext:
                 self.recover_until: float | None = checkpoint.get("recover_until")
                 pending = checkpoint.get("pending_stop")
                 self.pending_stop = Stop.from_json(pending) if pending else None
+                # A checkpoint from before the ledger existed starts an empty one.
+                effects = checkpoint.get("effects")
+                self.effects = (EffectLedger.restore(effects) if effects
+                                else EffectLedger(record.id))
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 self.restore_error = f"checkpoint unreadable: {type(exc).__name__}: {exc}"
                 checkpoint = {"partial": checkpoint.get("partial")}
@@ -114,6 +120,7 @@ class TurnContext:
             self.open_issues = []
             self.waiting_since = None
             self.recover_until = None
+            self.effects = EffectLedger(record.id)
             self.resumed = False
             if self.restore_error is not None:
                 self.partial = [str(x) for x in checkpoint.get("partial") or ()]
@@ -150,8 +157,10 @@ class TurnContext:
 
     # -- events, counters, checkpoints -------------------------------------------------
 
-    def emit(self, type: str, **data: Any) -> None:
-        self.bus.publish(type, turn=self.record.id, **data)
+    def emit(self, event: EventBody | str, **data: Any) -> None:
+        """Publish one of this turn's events: a catalogue event, or (for the rooms not
+        yet moved to the catalogue) a wire type with its fields."""
+        self.bus.publish(event, turn=self.record.id, **data)
 
     def sync_counters(self) -> None:
         c = self.record.counters
@@ -182,6 +191,7 @@ class TurnContext:
             "waiting_since": self.waiting_since,
             "recover_until": self.recover_until,
             "pending_stop": self.pending_stop.to_json() if self.pending_stop else None,
+            "effects": self.effects.snapshot(),
         }
 
     def move(self, new: TurnState) -> None:
@@ -225,7 +235,7 @@ class TurnContext:
             self.move(TurnState.SUSPENDED)
         else:
             await self.checkpoint(TurnState.SUSPENDED)
-        self.emit("turn.suspended", step=self.record.counters["steps"])
+        self.emit(TurnSuspended(step=self.record.counters["steps"]))
         raise Suspended
 
     async def park(self, state: TurnState, *, until: float,
@@ -263,11 +273,12 @@ class TurnContext:
             stop, recorded={w["code"] for w in self.record.would_have_stopped})
         if not isinstance(decision, WouldStop):
             return decision
-        entry = {"code": stop.code.value, "counter": stop.counter, "value": stop.value,
-                 "limit": stop.limit, "step": self.record.counters["steps"],
-                 "mode": decision.mode, "message": stop.message}
+        entry: dict[str, Any] = {
+            "code": stop.code.value, "counter": stop.counter, "value": stop.value,
+            "limit": stop.limit, "step": self.record.counters["steps"],
+            "mode": decision.mode, "message": stop.message}
         self.record.would_have_stopped.append(entry)
-        self.emit("guard.would_stop", **entry)
+        self.emit(GuardWouldStop(**entry))
         self.log.info("guard.would_stop", **entry, **self.counter_values())
         if decision.note is not None:
             self.conv.add_note(decision.note)

@@ -22,11 +22,13 @@ class TurnControl:
     parked: bool = False
     scope: anyio.CancelScope | None = None
     call_scope: anyio.CancelScope | None = None
-    # A non-idempotent tool call is on the wire: a suspend that would cut the step short
-    # waits for it instead, so its outcome is journalled and never "unknown" after a
-    # plain stop. The runner suspends right after it (`suspend_now`).
+    # A non-idempotent tool call is on the wire: a suspend that would cut the step short,
+    # or a plain cancel, waits for it instead (bounded by the tool's own timeout), so its
+    # outcome is journalled and never "unknown". The tool step suspends or ends the turn
+    # right after it (`suspend_now`, `cancel_requested`). Only `cancel --now` cuts it.
     effect_in_flight: bool = False
     suspend_now: bool = False
+    cancel_now: bool = False
     # A parked turn (recovering, waiting) gives its slot of max_concurrent_turns back and
     # takes one again when it wakes: a thousand turns waiting for answers must not block new
     # work. Set by the supervisor; None: no slot accounting.
@@ -63,9 +65,13 @@ class TurnControl:
                 self.call_scope.cancel()
         self._wake()
 
-    def cancel(self) -> None:
+    def cancel(self, *, now: bool = False) -> None:
+        """End the turn `cancelled`. A side effect in flight finishes first (its real
+        outcome is recorded) unless `now`: then it is cut, and recorded as unknown."""
         self.cancel_requested = True
-        if self.scope is not None:
+        if now:
+            self.cancel_now = True
+        if self.scope is not None and (now or not self.effect_in_flight):
             self.scope.cancel()
 
     def suspend(self, *, now: bool = False) -> None:

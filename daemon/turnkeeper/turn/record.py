@@ -10,7 +10,8 @@ from typing import Any
 from turnkeeper.policy import turn_state
 from turnkeeper.policy.turn_state import TurnState
 
-COUNTER_NAMES = ("provider_attempts", "fallback_hops", "restarts", "recovery_cycles", "steps")
+COUNTER_NAMES = ("provider_attempts", "fallback_hops", "restarts", "recovery_cycles", "steps",
+                 "tool_attempts")
 # The states live with their transition table; the modules that have always taken these
 # from the record get them here, as the plain strings a record and the store hold.
 TERMINAL_STATES: frozenset[str] = frozenset(s.value for s in turn_state.TERMINAL_STATES)

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+
+from turnkeeper import event_types as ev
 from turnkeeper.policy.classify import CallFailure, classify
+from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
-from turnkeeper.policy.outcome import Stop, TurnResult
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.tool_retry import attempts_for
 from turnkeeper.providers.base import ToolCall
 from turnkeeper.tools.registry import ToolOutcome
@@ -61,6 +65,9 @@ class ToolStep:
             polling = bool(tool and tool.polling)
             all_polling = all_polling and polling
             result = await self._tool_call(call, key, resuming=resuming)
+            if ctx.control.cancel_requested:
+                # A plain cancel waited for this call's effect; its real outcome is known.
+                return ctx.finish(Stop(StopCode.CANCELLED, "cancelled by request"))
             if ctx.control.suspend_now and not isinstance(result, Stop):
                 # A stop waited for this call's effect: its outcome is in the journal and
                 # the conversation; the calls after it run on resume.
@@ -93,7 +100,10 @@ class ToolStep:
 
     async def _tool_call(self, call: ToolCall, key: str, *, resuming: bool
                          ) -> Stop | tuple[str | None, str | None]:
-        """One tool call with its guards, journal, breaker and retries. Returns the
+        """One tool call with its guards, journal, breaker and retries. `key` is the
+        call's place (`<turn>.<step>.<index>`), the Idempotency-Key of an idempotent
+        tool; a non-idempotent one takes its key from the turn's effect ledger, which
+        keeps it across steps for the same action until its outcome is known. Returns the
         observation (content, state), content None for a failure (the failure loop
         governs those, not the progress and state rules), or a Stop."""
         ctx = self.ctx
@@ -116,8 +126,8 @@ class ToolStep:
         if isinstance(verdict, LoopWarning):
             if ctx.modes["loop_detection"] != "observe":
                 ctx.conv.add_note(verdict.message)
-            ctx.emit("loop.warning", code=verdict.code, count=verdict.count,
-                     limit=verdict.limit, tool=call.name)
+            ctx.emit(ev.LoopWarning(code=verdict.code, count=verdict.count,
+                                    limit=verdict.limit, tool=call.name))
             ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
                          repeats=verdict.count, limit=verdict.limit,
                          **ctx.counter_values())
@@ -126,39 +136,94 @@ class ToolStep:
         spent = ctx.time_spent()
         if spent is not None:
             return spent
-        ctx.emit("tool.call", tool=call.name, call_id=call.id, key=key,
-                 arguments=args)
+        if not tool.idempotent:
+            plan = ctx.effects.plan(call.name, args,
+                                    dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
+            if isinstance(plan, Refuse):  # nothing is sent: the effect may have happened
+                ctx.record.counters["tool_attempts"] = 0
+                ctx.loops.after_action(action, classify(plan.failure))
+                return self._tool_failed(call, args, plan.failure)
+            key = plan.key
+        ctx.emit(ev.ToolCalled(tool=call.name, call_id=call.id, key=key, arguments=args))
         outcome: ToolOutcome | None = None
         if resuming:
             entry = await ctx.store.journal_get(key)
             if entry is not None and entry["outcome"] is not None:
                 outcome = ToolOutcome.from_json(entry["outcome"])
             elif entry is not None and not entry["idempotent"]:
-                msg = (f"the call {call.name} ({key}) was in flight when the daemon stopped; "
-                       "it is not idempotent, so it was not run again and its outcome is "
-                       "unknown. Check before doing it again.")
-                ctx.open_issues.append(f"outcome unknown: {call.name} {call.arguments} "
-                                       f"(Idempotency-Key {key})")
-                ctx.conv.add_tool_result(call, "OUTCOME UNKNOWN: " + msg)
-                ctx.emit("tool.result", tool=call.name, call_id=call.id, key=key,
-                         ok=None, outcome="unknown")
-                return (f"unknown:{key}", None)
+                # Sent, and the daemon died before any answer: not sent again.
+                outcome = _unknown("DaemonStopped", "the daemon stopped while it was in "
+                                                    "flight")
+                await ctx.store.journal_outcome(key, outcome.to_json())
         if outcome is None:
-            await ctx.store.journal_intent(key, turn=ctx.record.id, tool=call.name,
-                                           arguments=call.arguments,
-                                           idempotent=tool.idempotent)
-            outcome = await self._execute(call.name, args, key, idempotent=tool.idempotent)
-            await ctx.store.journal_outcome(key, outcome.to_json())
+            outcome = await self._send(call, args, key, idempotent=tool.idempotent)
+        if not tool.idempotent:
+            ctx.effects.record(call.name, args, outcome.kind)
         ctx.loops.after_action(action, classify(outcome.failure) if outcome.failure else None)
+        if outcome.kind is EffectOutcome.UNKNOWN:
+            return self._tool_unknown(call, args, key, outcome)
         if outcome.failure is not None:
             return self._tool_failed(call, args, outcome.failure, key=key)
         ctx.failures.record_success(call.name, args)
         ctx.conv.add_tool_result(call, outcome.content)
         ctx.partial.append(f"step {ctx.record.counters['steps']}: {call.name} "
                            f"{_short(call.arguments)} -> ok")
-        ctx.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=True,
-                 content=outcome.content[:2000], state=outcome.state)
+        ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=True,
+                               content=outcome.content[:2000], state=outcome.state))
         return (outcome.content, outcome.state)
+
+    async def _send(self, call: ToolCall, args: dict[str, Any], key: str, *,
+                    idempotent: bool) -> ToolOutcome:
+        """Journal the intent, make the attempts, journal the outcome. A non-idempotent
+        call is an effect in flight from its intent to its outcome: a stop or a plain
+        cancel waits for it; one that cuts it anyway (cancel --now, the daemon's last
+        resort) leaves the outcome unknown, journalled and reported before the cut goes on."""
+        ctx = self.ctx
+        await ctx.store.journal_intent(key, turn=ctx.record.id, tool=call.name,
+                                       arguments=call.arguments, idempotent=idempotent)
+        ctx.control.effect_in_flight = not idempotent
+        try:
+            outcome = await self._execute(call.name, args, key, idempotent=idempotent)
+            await ctx.store.journal_outcome(key, outcome.to_json())
+        except anyio.get_cancelled_exc_class():
+            if not idempotent:
+                with anyio.CancelScope(shield=True):
+                    why = ("cancelled with --now while it was in flight"
+                           if ctx.control.cancel_now else "cut while it was in flight")
+                    cut = _unknown("Cancelled", why)
+                    await ctx.store.journal_outcome(key, cut.to_json())
+                    ctx.effects.record(call.name, args, cut.kind)
+                    self._tool_unknown(call, args, key, cut)
+            raise
+        finally:
+            ctx.control.effect_in_flight = False
+        return outcome
+
+    def _tool_unknown(self, call: ToolCall, args: dict[str, Any], key: str,
+                      outcome: ToolOutcome) -> tuple[str | None, str | None]:
+        """The effect may have happened and nothing says whether. It is not a failure to
+        retry: the agent is told to check, not to repeat; the turn's result lists it as
+        an open issue. The failure loop does not count it (a repeat is refused, and
+        that refusal is what it counts)."""
+        ctx = self.ctx
+        assert outcome.failure is not None
+        reason = outcome.failure.describe()
+        issue = unknown_issue(call.name, call.arguments, key)
+        if issue not in ctx.open_issues:
+            ctx.open_issues.append(issue)
+        ctx.conv.add_tool_result(call, (
+            f"OUTCOME UNKNOWN: {call.name} may have done its effect ({reason}), and no "
+            "answer says whether. It was not repeated. Check whether it happened before "
+            f"doing it again (Idempotency-Key {key})."))
+        ctx.partial.append(f"step {ctx.record.counters['steps']}: {call.name} "
+                           f"{_short(call.arguments)} -> outcome unknown")
+        ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=None,
+                               outcome=str(EffectOutcome.UNKNOWN)))
+        ctx.emit(ev.ToolOutcomeUnknown(tool=call.name, call_id=call.id, key=key,
+                                       arguments=args, reason=reason))
+        ctx.log.info("tool.outcome_unknown", tool=call.name, key=key, reason=reason,
+                     **ctx.counter_values())
+        return (f"unknown:{key}", None)
 
     def _tool_failed(self, call: ToolCall, args: dict[str, Any] | None,
                      failure: CallFailure, *, key: str | None = None
@@ -175,9 +240,9 @@ class ToolStep:
                                            else call.arguments, cls)
         stop = ctx.gate(stop) if stop is not None else None
         streak, limit = ctx.failures.streak, ctx.failures.thresholds[cls]
-        ctx.emit("tool.result", tool=call.name, call_id=call.id, key=key, ok=False,
-                 **{"class": cls.value}, error=failure.describe()[:500],
-                 failure_streak=streak, limit=limit)
+        ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=False,
+                               class_=cls.value, error=failure.describe()[:500],
+                               failure_streak=streak, limit=limit))
         ctx.log.info("tool.failed", tool=call.name, failure_class=cls.value,
                      error=failure.describe()[:300], failure_streak=streak, limit=limit,
                      **ctx.counter_values())
@@ -193,19 +258,19 @@ class ToolStep:
         tool = ctx.runtime.toolbox.get(name)
         assert tool is not None
         breaker = ctx.shared.breakers.get(tool.breaker)
-        rule = ctx.settings.tool_retry
+        rule = ctx.settings.tools.retry
         max_attempts = attempts_for(idempotent=idempotent,
-                                    max_attempts=ctx.settings.tool_max_attempts)
+                                    max_attempts=ctx.settings.tools.max_attempts(name))
         previous: float | None = None
         attempt = 0
         while True:
             attempt += 1
+            ctx.record.counters["tool_attempts"] = attempt
             if breaker is not None and not breaker.try_acquire(ctx.clock.monotonic()):
                 return ToolOutcome(content="", failure=CallFailure(
                     exception=("CircuitOpen", "ConnectionError"),
                     message=f"the circuit breaker {tool.breaker} is open"))
             remaining = ctx.remaining_s()
-            ctx.control.effect_in_flight = not idempotent
             try:
                 outcome = await ctx.runtime.toolbox.call(
                     name, args, idempotency_key=key,
@@ -214,8 +279,6 @@ class ToolStep:
                 if breaker is not None:
                     breaker.release(ctx.clock.monotonic())
                 raise
-            finally:
-                ctx.control.effect_in_flight = False
             if outcome.failure is None:
                 if breaker is not None:
                     breaker.record_success(ctx.clock.monotonic())
@@ -234,10 +297,21 @@ class ToolStep:
             if delay is None:
                 return outcome
             previous = delay
-            ctx.emit("tool.retry_scheduled", tool=name, key=key, attempt=attempt + 1,
-                     delay=round(delay, 3), **{"class": cls.value},
-                     status=outcome.failure.status)
+            ctx.emit(ev.ToolRetryScheduled(tool=name, key=key, attempt=attempt + 1,
+                                           delay=round(delay, 3), class_=cls.value,
+                                           status=outcome.failure.status))
             await ctx.clock.sleep(delay)
+
+
+def unknown_issue(tool: str, arguments: str, key: str) -> str:
+    """The open issue an unknown outcome leaves in the turn's result: the same words
+    whatever cut the call (a timeout, a reset, cancel --now, a stop, a crash)."""
+    return f"outcome unknown: {tool} {arguments} (Idempotency-Key {key})"
+
+
+def _unknown(exception: str, message: str) -> ToolOutcome:
+    return ToolOutcome(content="", unknown=True,
+                       failure=CallFailure(exception=(exception,), message=message))
 
 
 def _short(arguments: str, limit: int = 120) -> str:
