@@ -229,8 +229,16 @@ def cmd_answer(client: Client, args: argparse.Namespace) -> int:
     return _message(client, args, "answer")
 
 
+def _cancel_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    _turn_id(p, common)
+    p.add_argument("--now", action="store_true",
+                   help="also cut a side effect in flight (its outcome is then unknown); "
+                        "without it, such a call finishes first")
+
+
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
-    status, data = client.request("POST", f"/v1/turns/{quote(args.id)}/cancel")
+    status, data = client.request("POST", f"/v1/turns/{quote(args.id)}/cancel",
+                                  {"now": True} if args.now else None)
     if status != 202:
         return _fail(status, data)
     if args.json:
@@ -345,8 +353,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("follow", "follow a turn live",
             "Show a turn's events as they happen (a live view on a terminal) until it "
             "ends; the exit status is the turn's.", _turn_id, cmd_follow),
-    Command("cancel", "cancel a turn", "Cancel a queued, running or parked turn.",
-            _turn_id, cmd_cancel),
+    Command("cancel", "cancel a turn",
+            "Cancel a queued, running or parked turn. A side effect in flight finishes "
+            "first unless --now.", _cancel_setup, cmd_cancel),
     Command("steer", "add a message to a running turn",
             "Give a running turn a message it reads before its next step.",
             _steer_setup, cmd_steer),

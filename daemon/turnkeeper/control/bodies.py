@@ -72,3 +72,9 @@ class MessageBody(Body):
     redirect: StrictBool = False
 
 
+
+
+class CancelBody(Body):
+    """Optional: an empty body is a plain cancel (a side effect in flight finishes)."""
+
+    now: StrictBool = False

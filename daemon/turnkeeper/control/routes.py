@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic import ValidationError
 
 from turnkeeper.config import DaemonConfig
-from turnkeeper.control.bodies import Body, MessageBody, SubmitBody
+from turnkeeper.control.bodies import Body, CancelBody, MessageBody, SubmitBody
 from turnkeeper.events import TERMINAL_EVENT, Event
 from turnkeeper.policy.admission import ControlLimits, default_max_connections
 from turnkeeper.supervisor import (
@@ -332,9 +332,13 @@ async def post_message(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
+    body = await _body(request, CancelBody)
+    if isinstance(body, web.Response):
+        return body
+    assert isinstance(body, CancelBody)
     turn_id = request.match_info["id"]
     try:
-        out = await request.app[SUPERVISOR].cancel(turn_id)
+        out = await request.app[SUPERVISOR].cancel(turn_id, now=body.now)
     except UnknownTurn:
         return error(404, f"no turn {turn_id}")
     return web.json_response(out, status=202)

@@ -82,8 +82,8 @@ class Supervisor(SupervisorCore):
         return await self.intake.post_message(turn_id, kind=kind, text=text,
                                               redirect=redirect)
 
-    async def cancel(self, turn_id: str) -> dict[str, Any]:
-        return await self.intake.cancel(turn_id)
+    async def cancel(self, turn_id: str, *, now: bool = False) -> dict[str, Any]:
+        return await self.intake.cancel(turn_id, now=now)
 
     async def replay(self, turn_id: str) -> TurnRecord:
         return await self.intake.replay(turn_id)

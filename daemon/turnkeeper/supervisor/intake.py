@@ -95,7 +95,9 @@ class Intake:
         live.control.message_arrived(redirect=redirect)
         return {"turn": turn_id, "accepted": kind}
 
-    async def cancel(self, turn_id: str) -> dict[str, Any]:
+    async def cancel(self, turn_id: str, *, now: bool = False) -> dict[str, Any]:
+        """A running turn ends `cancelled` at once, except that a side effect in flight
+        finishes first; `now` cuts that too (its outcome is then unknown)."""
         core = self.core
         live = core.live.get(turn_id)
         if live is None:
@@ -104,7 +106,7 @@ class Intake:
                 raise UnknownTurn(turn_id)
             return {"turn": turn_id, "state": data["state"]}
         if live.running:
-            live.control.cancel()
+            live.control.cancel(now=now)
         else:
             core.scheduler.dequeue(turn_id)
             await core.scheduling.finish(live, TurnResult(stopped_because=Stop(
