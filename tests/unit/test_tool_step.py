@@ -1,0 +1,98 @@
+"""The tool step's side-effect rules in fake time: an unknown outcome is said and never
+repeated, the ledger is checkpointed, a plain cancel waits for an effect in flight and
+`cancel --now` records it unknown. The tool is a stand-in for an http tool whose answer
+the test decides (no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.test_runner import Harness, answer, calls
+
+from turnkeeper.policy.classify import CallFailure
+from turnkeeper.policy.effects import effect_key
+from turnkeeper.policy.outcome import StopCode
+from turnkeeper.tools.outcome import ToolOutcome
+
+pytestmark = pytest.mark.anyio
+
+ARGS = '{"title": "printer on fire"}'
+KEY = effect_key("t1", "ticket", {"title": "printer on fire"}, 1)
+LATE = ToolOutcome(content="", unknown=True,
+                   failure=CallFailure(exception=("TimeoutError",), message="no answer"))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def harness(script: list[Any], outcome: ToolOutcome | None = None, *,
+            wait_s: float = 0.0) -> tuple[Harness, list[str]]:
+    """A turn whose tool `ticket` is not idempotent; each call is recorded by its key,
+    takes `wait_s` of fake time and ends with `outcome` (ok by default)."""
+    h = Harness(script, tools=[{"name": "ticket", "kind": "echo", "idempotent": False}])
+    sent: list[str] = []
+
+    async def call(name: str, args: dict[str, Any], *, idempotency_key: str,
+                   timeout_s: float) -> ToolOutcome:
+        sent.append(idempotency_key)
+        if wait_s:
+            await h.clock.sleep(wait_s)
+        return outcome or ToolOutcome(content='{"ticket": 1}')
+
+    h.runtime.toolbox.call = call  # type: ignore[method-assign]
+    return h, sent
+
+
+async def test_an_unknown_outcome_is_an_open_issue_and_a_repeat_is_refused() -> None:
+    h, sent = harness([calls("ticket", ARGS)] * 3 + [answer()], LATE)
+    result = await h.run()
+    assert result is not None
+    assert sent == [KEY]
+    assert result.open_issues[0] == f"outcome unknown: ticket {ARGS} (Idempotency-Key {KEY})"
+    results = h.of_type("tool.result")
+    assert results[0]["ok"] is None and results[0]["outcome"] == "unknown"
+    assert all(r["class"] == "deterministic" for r in results[1:])
+    assert [e["key"] for e in h.of_type("tool.outcome_unknown")] == [KEY]
+    assert h.store.journal[KEY]["outcome"]["kind"] == "unknown"
+    assert result.stopped_because.code is not StopCode.FAILURE_RETRYABLE
+
+
+async def test_the_effect_ledger_is_saved_in_the_checkpoint() -> None:
+    h, _ = harness([calls("ticket", ARGS), answer()], LATE)
+    await h.run()
+    _record, checkpoint = h.store.turns["t1"]
+    assert checkpoint is not None
+    assert [v[1] for v in checkpoint["effects"]["actions"].values()] == [True]
+
+
+async def test_a_plain_cancel_waits_for_the_effect_in_flight() -> None:
+    h, sent = harness([calls("ticket", ARGS), answer()], wait_s=5.0)
+
+    def cancel(h: Harness) -> None:
+        if h.control.effect_in_flight and not h.control.cancel_requested:
+            h.control.cancel()
+
+    result = await h.run(on_blocked=cancel)
+    assert result is not None and result.stopped_because.code is StopCode.CANCELLED
+    assert sent == [KEY]
+    assert h.store.journal[KEY]["outcome"]["kind"] == "ok"
+    assert not [i for i in result.open_issues if i.startswith("outcome unknown")]
+    assert h.clock.monotonic() == pytest.approx(5.0)
+
+
+async def test_cancel_now_cuts_the_effect_and_records_it_unknown() -> None:
+    h, sent = harness([calls("ticket", ARGS), answer()], wait_s=5.0)
+
+    def cancel(h: Harness) -> None:
+        if h.control.effect_in_flight and not h.control.cancel_requested:
+            h.control.cancel(now=True)
+
+    result = await h.run(on_blocked=cancel)
+    assert result is not None and result.stopped_because.code is StopCode.CANCELLED
+    assert sent == [KEY]
+    assert h.store.journal[KEY]["outcome"]["kind"] == "unknown"
+    assert f"outcome unknown: ticket {ARGS} (Idempotency-Key {KEY})" in result.open_issues
+    assert h.clock.monotonic() == pytest.approx(0.0)
