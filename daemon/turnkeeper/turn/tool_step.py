@@ -1,7 +1,12 @@
 """The tools of one step: each call's guards (loop detection, time left), its journal
 entry (so a resumed turn never runs a side effect twice), its attempts (retries only for
 idempotent tools) and its outcome, told to the agent and to the failure loop.
-`report_blocked` and `clarify` go to the builtins."""
+`report_blocked` and `clarify` go to the builtins.
+
+A non-idempotent call is planned by the turn's effect ledger (its key, or a refusal when
+the same action's last outcome is unknown) and recorded in it afterwards. An unknown
+outcome is neither a success nor a failure to retry: it is told to the agent as
+something to check, and left in the result as an open issue."""
 
 from __future__ import annotations
 
@@ -179,9 +184,15 @@ class ToolStep:
         cancel waits for it; one that cuts it anyway (cancel --now, the daemon's last
         resort) leaves the outcome unknown, journalled and reported before the cut goes on."""
         ctx = self.ctx
-        await ctx.store.journal_intent(key, turn=ctx.record.id, tool=call.name,
-                                       arguments=call.arguments, idempotent=idempotent)
+        # Set before the intent's write, so a plain cancel cannot cut between the write
+        # and the request; a cut during the write sends nothing (nothing to report).
         ctx.control.effect_in_flight = not idempotent
+        try:
+            await ctx.store.journal_intent(key, turn=ctx.record.id, tool=call.name,
+                                           arguments=call.arguments, idempotent=idempotent)
+        except BaseException:
+            ctx.control.effect_in_flight = False
+            raise
         try:
             outcome = await self._execute(call.name, args, key, idempotent=idempotent)
             await ctx.store.journal_outcome(key, outcome.to_json())
