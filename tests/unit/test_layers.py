@@ -78,9 +78,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
                                     "control", "client", "daemon", "cli"}),
 }
 
-# The CLI must start fast: at module level `cli.py` and `follow.py` import only these;
-# anything heavier (the daemon for `serve`, the config for `config check`, rich for
-# `follow`) is imported inside the function that needs it.
+# The CLI must start fast: at module level the `cli` package and `follow.py` import only
+# these (and each other); anything heavier (the daemon for `serve`, the config for
+# `config check`, rich for `follow`) is imported inside the function that needs it.
 LIGHT_FOR_CLI = frozenset({"", "errors", "exits", "paths", "control.client", "follow",
                            "policy.turn_state", "event_types"})
 CLI_MODULES = frozenset({"cli", "follow"})
