@@ -257,7 +257,7 @@ def limit_fields() -> frozenset[str]:
     names = set()
     for obj in vars(turnkeeper.config).values():
         if (inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel)
-                and obj.__module__ == turnkeeper.config.__name__):
+                and obj.__module__.startswith(turnkeeper.config.__name__)):
             names.update(name for name in obj.model_fields if _LIMIT_NAME.search(name))
     return frozenset(names)
 

@@ -1,0 +1,296 @@
+"""Configuration: TOML file + `TURNKEEPER_SECTION__KEY` environment overrides, validated by
+pydantic, frozen into an immutable `Policy` snapshot.
+
+Every turn runs under exactly one Policy; a reload builds a new one and swaps it
+atomically. Unknown keys are errors: a typo in a limit must not silently fall back to a
+default.
+
+The models live in `sections.py` (the daemon and the turn's rules) and `peers.py`
+(providers and tools); this module assembles them into `Config`, freezes a `Policy`,
+reads files and answers where the socket and state live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from turnkeeper.config.peers import (
+    DEFAULT_PROVIDERS,
+    DEFAULT_TOOLS,
+    MCP_INSTALL_HINT,
+    ProviderConfig,
+    RestartBackoffConfig,
+    ToolConfig,
+    ToolOverride,
+    mcp_available,
+)
+from turnkeeper.config.sections import (
+    BUILTIN_TOOL_NAMES,
+    DEFAULT_SYSTEM_PROMPT,
+    AgentConfig,
+    BudgetConfig,
+    BudgetProfile,
+    CircuitBreakerConfig,
+    ClarifyConfig,
+    ConfigError,
+    DaemonConfig,
+    FailureLoopConfig,
+    FailureLoopOverride,
+    GuardConfig,
+    LoopDetectionConfig,
+    LoopDetectionOverride,
+    MetricsConfig,
+    Mode,
+    NonNegFloat,
+    NonNegInt,
+    PositiveFloat,
+    PositiveInt,
+    ProfileName,
+    RetryBudgetConfig,
+    RetryConfig,
+    ToolsRetryConfig,
+    _overrides,
+)
+from turnkeeper.paths import default_socket_path, default_state_dir
+
+__all__ = [
+    "BUILTIN_TOOL_NAMES",
+    "DEFAULT_PROVIDERS",
+    "DEFAULT_SYSTEM_PROMPT",
+    "DEFAULT_TOOLS",
+    "MCP_INSTALL_HINT",
+    "RESTART_KEYS",
+    "AgentConfig",
+    "BudgetConfig",
+    "BudgetProfile",
+    "CircuitBreakerConfig",
+    "ClarifyConfig",
+    "Config",
+    "ConfigError",
+    "DaemonConfig",
+    "FailureLoopConfig",
+    "FailureLoopOverride",
+    "GuardConfig",
+    "LoopDetectionConfig",
+    "LoopDetectionOverride",
+    "MetricsConfig",
+    "Mode",
+    "NonNegFloat",
+    "NonNegInt",
+    "Policy",
+    "PositiveFloat",
+    "PositiveInt",
+    "ProfileName",
+    "ProviderConfig",
+    "RestartBackoffConfig",
+    "RetryBudgetConfig",
+    "RetryConfig",
+    "ToolConfig",
+    "ToolOverride",
+    "ToolsRetryConfig",
+    "build_config",
+    "check_provider_keys",
+    "config_path_from_env",
+    "keep_restart_keys",
+    "load_config",
+    "mcp_available",
+    "read_config_file",
+    "socket_path",
+    "state_dir",
+]
+
+
+class Config(BaseSettings):
+    """The whole validated configuration. Immutable."""
+
+    model_config = SettingsConfigDict(env_prefix="TURNKEEPER_", env_nested_delimiter="__",
+                                      extra="forbid", frozen=True, case_sensitive=False)
+
+    daemon: DaemonConfig = DaemonConfig()
+    agent: AgentConfig = AgentConfig()
+    retry: RetryConfig = RetryConfig()
+    retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    tools_retry: ToolsRetryConfig = ToolsRetryConfig()
+    circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
+    failure_loop: FailureLoopConfig = FailureLoopConfig()
+    budget: BudgetConfig = BudgetConfig()
+    loop_detection: LoopDetectionConfig = LoopDetectionConfig()
+    clarify: ClarifyConfig = ClarifyConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
+    tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file (passed as init values).
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        if not self.providers:
+            raise ValueError("providers: at least one provider is needed")
+        for kind, items in (("providers", self.providers), ("tools", self.tools)):
+            seen: set[str] = set()
+            for item in items:
+                if item.name in seen:
+                    raise ValueError(f"{kind}: name {item.name!r} appears twice")
+                seen.add(item.name)
+        return self
+
+    def tool_max_attempts(self, tool: ToolConfig) -> int:
+        """The attempts one call of `tool` may take: its own setting, else the section's."""
+        return tool.max_attempts or self.tools_retry.max_attempts
+
+    def guards(self, profile: str | None = None) -> GuardConfig:
+        """The effective guard settings for a turn of `profile` (None: the plain
+        sections). Raises KeyError for a profile the policy does not define."""
+        if profile is None:
+            return GuardConfig(None, self.budget, self.loop_detection, self.failure_loop)
+        p = self.budget.profiles[profile]
+        return GuardConfig(
+            profile,
+            self.budget.model_copy(update=_overrides(p)),
+            self.loop_detection.model_copy(update=_overrides(p.loop_detection)),
+            self.failure_loop.model_copy(update=_overrides(p.failure_loop)))
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective config as JSON, secrets replaced: literal header and MCP server
+        env values (an `env:NAME` reference is shown, never its value)."""
+        data = self.model_dump(mode="json")
+        for tool in data["tools"]:
+            for key in ("headers", "env"):
+                tool[key] = {k: (v if v.startswith("env:") else "<redacted>")
+                             for k, v in tool[key].items()}
+        return data
+
+
+# Keys whose change cannot be applied without a restart.
+RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "state_dir"),
+                ("daemon", "allowed_uids"), ("daemon", "allowed_gids"),
+                ("daemon", "max_connections"), ("daemon", "control_idle_timeout"),
+                ("metrics", "listen"))
+
+
+def keep_restart_keys(running: Config, new: Config) -> Config:
+    """`new` with the RESTART_KEYS of the running config: they change at the next
+    restart, and are reported as `pending_restart` until then."""
+    updates: dict[str, dict[str, Any]] = {}
+    for section, key in RESTART_KEYS:
+        updates.setdefault(section, {})[key] = getattr(getattr(running, section), key)
+    return new.model_copy(update={section: getattr(new, section).model_copy(update=values)
+                                  for section, values in updates.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """An immutable snapshot of the validated configuration, numbered by the daemon."""
+
+    version: int
+    config: Config
+    source_path: str | None
+    content_hash: str
+
+    def pending_restart(self, new: Config) -> list[str]:
+        out = []
+        for section, key in RESTART_KEYS:
+            if getattr(getattr(self.config, section), key) != getattr(getattr(new, section), key):
+                out.append(f"{section}.{key}")
+        return out
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def read_config_file(path: Path) -> tuple[dict[str, Any], str]:
+    """The parsed TOML and the hash of its bytes. Raises ConfigError naming the file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"invalid configuration ({path}): not valid TOML: {exc}") from None
+    return data, hashlib.sha256(raw).hexdigest()
+
+
+def build_config(data: Mapping[str, Any], source: str = "embedded defaults") -> Config:
+    try:
+        return Config(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def load_config(path: str | Path | None) -> tuple[Config, str]:
+    """Load the config (file or embedded defaults) with environment overrides.
+    Returns it with the hash of the file's content ("" for embedded defaults)."""
+    if path is None or str(path) == "":
+        config = build_config({})
+        check_provider_keys(config, "embedded defaults")
+        return config, ""
+    p = Path(path)
+    data, digest = read_config_file(p)
+    _resolve_relative_scripts(data, p.parent)
+    config = build_config(data, str(p))
+    check_provider_keys(config, str(p))
+    return config, digest
+
+
+def check_provider_keys(config: Config, source: str) -> None:
+    """A provider whose api_key_env names an unset or empty variable would fail every call
+    with a 401 at run time; refuse it now, naming the variable (never a value). Done on
+    loading a file (config check, start-up, reload), not in the model, so a config can
+    still be built and inspected where the secrets are not present."""
+    missing = [f"  providers.{p.name}.api_key_env: the variable {p.api_key_env} is not "
+               "set or is empty" for p in config.providers
+               if p.api_key_env and not os.environ.get(p.api_key_env)]
+    if missing:
+        raise ConfigError("\n".join([f"invalid configuration ({source}):", *missing]))
+
+
+def _resolve_relative_scripts(data: dict[str, Any], base: Path) -> None:
+    """A scripted provider's relative `script` is relative to the config file."""
+    providers = data.get("providers")
+    if not isinstance(providers, list):
+        return
+    for p in providers:
+        if isinstance(p, dict) and isinstance(p.get("script"), str) and p["script"]:
+            script = Path(p["script"])
+            if not script.is_absolute():
+                p["script"] = str(base / script)
+
+
+def config_path_from_env(cli_value: str | None) -> str | None:
+    return cli_value or os.environ.get("TURNKEEPER_CONFIG") or None
+
+
+def socket_path(config: Config) -> Path:
+    return Path(config.daemon.socket) if config.daemon.socket else default_socket_path()
+
+
+def state_dir(config: Config) -> Path:
+    return Path(config.daemon.state_dir) if config.daemon.state_dir else default_state_dir()
+

@@ -1,0 +1,234 @@
+"""The sections of the configuration that shape the daemon and each turn's rules: one
+pydantic model per TOML table, unknown keys refused, every limit with its range."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+)
+
+from turnkeeper import exits
+from turnkeeper.errors import TurnkeeperError
+
+BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify"})
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent run by turnkeeper. Use the tools offered to do the user's task. "
+    "When you are done, answer in plain text. If you cannot finish, call report_blocked "
+    "with what you tried and what you found; if you need the user, call clarify."
+)
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class ConfigError(TurnkeeperError):
+    """An invalid configuration; the message names each failing key."""
+
+    exit_code = exits.CONFIG
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DaemonConfig(_Section):
+    socket: str = ""
+    socket_mode: str = "0660"
+    allowed_uids: tuple[NonNegInt, ...] = ()
+    allowed_gids: tuple[NonNegInt, ...] = ()
+    state_dir: str = ""
+    max_concurrent_turns: PositiveInt = 64
+    max_queued_turns: NonNegInt = 1000
+    drain_timeout: NonNegFloat = 30.0
+    shutdown_timeout: NonNegFloat = 60.0
+    watch_config: bool = True
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    # Control connections. 0 for max_connections: min(1024, a quarter of the descriptor
+    # limit), read at start, so the socket alone can never exhaust the daemon's files.
+    max_connections: NonNegInt = 0
+    control_idle_timeout: Annotated[float, Field(gt=0)] = 30.0
+    body_read_timeout: Annotated[float, Field(gt=0)] = 10.0
+    max_followers_per_client: PositiveInt = 16
+    max_message_bytes: PositiveInt = 256 * 1024
+
+    @field_validator("socket_mode")
+    @classmethod
+    def _octal_mode(cls, v: str) -> str:
+        try:
+            mode = int(v, 8)
+        except ValueError:
+            raise ValueError("must be an octal file mode such as \"0660\"") from None
+        if not 0 <= mode <= 0o777:
+            raise ValueError("must be between 0000 and 0777")
+        return v
+
+    @property
+    def socket_mode_int(self) -> int:
+        return int(self.socket_mode, 8)
+
+
+class AgentConfig(_Section):
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    api_max_retries: NonNegInt = 3
+    max_restarts: NonNegInt = 3
+    auto_recovery_cycles: NonNegInt = 5
+    recovery_schedule: tuple[NonNegFloat, ...] = (15.0, 30.0, 60.0, 60.0, 60.0)
+    recovery_jitter: Annotated[float, Field(ge=0, le=10)] = 0.2
+
+    @field_validator("recovery_schedule")
+    @classmethod
+    def _non_empty(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v:
+            raise ValueError("needs at least one wait")
+        return v
+
+
+class RetryConfig(_Section):
+    base_delay: NonNegFloat = 0.5
+    max_delay: NonNegFloat = 30.0
+    jitter: Literal["full", "decorrelated"] = "full"
+    max_retry_after: NonNegFloat = 120.0
+
+
+class ToolsRetryConfig(_Section):
+    """Attempts of one call of an idempotent tool, on retryable or unknown failures only.
+    Model calls have their own count (`agent.api_max_retries`), never shared with this."""
+
+    max_attempts: PositiveInt = 3
+
+
+class RetryBudgetConfig(_Section):
+    ratio: Annotated[float, Field(ge=0)] = 0.2
+    min_concurrency: NonNegInt = 3
+
+
+class CircuitBreakerConfig(_Section):
+    failure_threshold: PositiveInt = 5
+    cooldown: NonNegFloat = 30.0
+    half_open_probes: PositiveInt = 1
+
+
+# How a guard family acts on a stop: `enforce` stops the turn; `warn` tells the agent
+# and emits the event; `observe` emits the event and logs only. Whatever the mode, the
+# step backstop (max_steps) and an absolute deadline always enforce.
+Mode = Literal["enforce", "warn", "observe"]
+ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
+
+
+class FailureLoopConfig(_Section):
+    deterministic: PositiveInt = 2
+    unknown: PositiveInt = 3
+    retryable: PositiveInt = 5
+    mode: Mode = "enforce"
+
+
+class LoopDetectionConfig(_Section):
+    warn_repeats: PositiveInt = 2
+    max_repeats: PositiveInt = 3
+    max_state_revisits: PositiveInt = 2
+    max_no_progress: PositiveInt = 5
+    mode: Mode = "enforce"
+
+
+class LoopDetectionOverride(_Section):
+    warn_repeats: PositiveInt | None = None
+    max_repeats: PositiveInt | None = None
+    max_state_revisits: PositiveInt | None = None
+    max_no_progress: PositiveInt | None = None
+    mode: Mode | None = None
+
+
+class FailureLoopOverride(_Section):
+    deterministic: PositiveInt | None = None
+    unknown: PositiveInt | None = None
+    retryable: PositiveInt | None = None
+    mode: Mode | None = None
+
+
+class BudgetProfile(_Section):
+    """`[budget.profiles.NAME]`: overrides of any `[budget]` key, and of
+    `[loop_detection]` / `[failure_loop]` keys in sub-tables of the same names."""
+
+    max_tokens: PositiveInt | None = None
+    max_seconds: PositiveFloat | None = None
+    max_steps: PositiveInt | None = None
+    max_cost_usd: NonNegFloat | None = None
+    soft_limit: Annotated[float, Field(gt=0, le=1)] | None = None
+    mode: Mode | None = None
+    loop_detection: LoopDetectionOverride = LoopDetectionOverride()
+    failure_loop: FailureLoopOverride = FailureLoopOverride()
+
+
+class BudgetConfig(_Section):
+    max_tokens: PositiveInt = 200_000
+    max_seconds: PositiveFloat = 300.0
+    max_steps: PositiveInt = 40
+    max_cost_usd: NonNegFloat = 0.0
+    soft_limit: Annotated[float, Field(gt=0, le=1)] = 0.8
+    mode: Mode = "enforce"
+    profiles: dict[ProfileName, BudgetProfile] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardConfig:
+    """The guards of one turn: the policy's sections with its profile applied."""
+
+    profile: str | None
+    budget: BudgetConfig
+    loop_detection: LoopDetectionConfig
+    failure_loop: FailureLoopConfig
+
+    @property
+    def modes(self) -> dict[str, str]:
+        return {"budget": self.budget.mode, "loop_detection": self.loop_detection.mode,
+                "failure_loop": self.failure_loop.mode}
+
+
+def _overrides(model: BaseModel) -> dict[str, Any]:
+    return {k: v for k, v in model if v is not None and not isinstance(v, BaseModel)}
+
+
+class ClarifyConfig(_Section):
+    timeout: PositiveFloat = 3600.0
+
+
+class MetricsConfig(_Section):
+    """`/metrics` is always on the control socket; `listen` adds a TCP address for a
+    Prometheus scrape ("" = off), e.g. "127.0.0.1:9464" or "[::1]:9464"."""
+
+    listen: str = ""
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        if v:
+            split_host_port(v)
+        return v
+
+    def address(self) -> tuple[str, int] | None:
+        return split_host_port(self.listen) if self.listen else None
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """ "HOST:PORT" (an IPv6 host in brackets) -> (host, port). Raises ValueError."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"must be HOST:PORT, such as \"127.0.0.1:9464\" (got {value!r})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port must be a number (got {port_text!r})") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be between 1 and 65535 (got {port})")
+    return host, port
