@@ -28,7 +28,8 @@ from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
 from turnkeeper.tools.builtin import BUILTIN_SPECS
 from turnkeeper.tools.http import call_http
-from turnkeeper.tools.mcp import McpServer, McpTool
+from turnkeeper.tools.mcp import McpServer
+from turnkeeper.tools.mcp_tool import McpTool
 from turnkeeper.tools.outcome import MAX_RESULT_CHARS, ToolOutcome, truncate
 
 __all__ = ["MAX_RESULT_CHARS", "ArgumentProblem", "ToolBox", "ToolOutcome"]
