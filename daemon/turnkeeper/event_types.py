@@ -130,6 +130,16 @@ class TurnFinished(EventBody):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TurnReplayed(EventBody):
+    """A dead letter put back in the queue: it resumes from its last checkpoint, same
+    turn, same journal. `previous` is the result it had, kept on the record too."""
+
+    TYPE = "turn.replayed"
+    previous: dict[str, Any]
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepStarted(EventBody):
     TYPE = "step.started"
     step: int
@@ -211,11 +221,14 @@ class ModelResponse(EventBody):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelAttemptFailed(EventBody):
+    """One attempt failed; `error` is its one-line cause, secrets redacted."""
+
     TYPE = "model.attempt_failed"
     provider: str
     attempt: int
     class_: str
     status: int | None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -338,7 +351,8 @@ class DaemonStopping(EventBody):
 
 EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
     TurnQueued, TurnStarted, TurnResumed, TurnSuspended, TurnRecovering, TurnWaiting,
-    TurnMessage, TurnFinished, StepStarted, BudgetWarning, GuardWouldStop, LoopWarning,
+    TurnMessage, TurnFinished, TurnReplayed, StepStarted, BudgetWarning, GuardWouldStop,
+    LoopWarning,
     ModelRequest, ModelDelta, ModelResponse, ModelAttemptFailed, ModelRetryScheduled,
     ModelFailover, ModelRedirected, ToolCalled, ToolResult, ToolRetryScheduled,
     ToolOutcomeUnknown,

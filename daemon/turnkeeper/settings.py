@@ -53,12 +53,14 @@ class ChainSettings:
         return ProviderChain(self.providers, **self._kwargs(rand))
 
     def restore_chain(self, snapshot: Mapping[str, Any] | None, rand: Rand) -> ProviderChain:
-        """The checkpointed chain, or a fresh one when the provider list changed since
-        (a reload): positions in another list mean nothing."""
-        if snapshot and list(snapshot.get("providers") or ()) == list(self.providers):
+        """The checkpointed chain; when a reload changed the provider list since, the
+        same chain carried over to the new list (a new pass, the same recovery cycles)."""
+        if not snapshot:
+            return self.new_chain(rand)
+        if list(snapshot.get("providers") or ()) == list(self.providers):
             return ProviderChain.restore(dict(snapshot), providers=self.providers,
                                          **self._kwargs(rand))
-        return self.new_chain(rand)
+        return ProviderChain.carry_over(dict(snapshot), self.providers, **self._kwargs(rand))
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,14 +272,68 @@ def test_retry_refused_by_the_budget_fails_over_instead_of_sleeping() -> None:
     assert chain.provider_attempts == 0
 
 
-def test_position_in_the_chain_is_sticky_for_the_turn() -> None:
+def test_a_success_forgets_the_providers_already_left() -> None:
     chain = make()
     chain.begin_call()
     fail(chain, D)
     chain.begin_call()
     chain.on_success()
-    assert chain.begin_call() == Attempt(provider="fallback", attempt=1)
-    assert chain.fallback_hops == 1
+    assert chain.fallback_hops == 0
+    assert chain.begin_call() == Attempt(provider="primary", attempt=1)
+
+
+def test_a_success_forgets_the_retry_after_of_its_pass() -> None:
+    chain = make(max_attempts=1)
+    chain.begin_call()
+    fail(chain, R, retry_after_s=100.0)  # step 1: primary asks for 100 s, fallback answers
+    chain.begin_call()
+    chain.on_success()
+    chain.begin_call()  # a later step: both fail with no Retry-After
+    assert exhaust_pass(chain) == Recover(cycle=1, of_cycles=5, wait_s=18.0)
+
+
+def test_a_success_forgets_the_breaker_reopening_of_its_pass() -> None:
+    chain = make()
+    chain.begin_call()
+    chain.on_breaker_open(reopens_in_s=90.0)
+    chain.begin_call()
+    chain.on_success()
+    chain.begin_call()
+    chain.on_breaker_open(reopens_in_s=None, rand=upper)
+    chain.begin_call()
+    assert chain.on_breaker_open(rand=upper) == Recover(cycle=1, of_cycles=5, wait_s=18.0)
+
+
+def test_a_new_retry_after_after_a_success_still_raises_the_wait() -> None:
+    chain = make(max_attempts=1)
+    chain.begin_call()
+    chain.on_success()
+    chain.begin_call()
+    fail(chain, R, retry_after_s=40.0)
+    chain.begin_call()
+    assert fail(chain, R) == Recover(cycle=1, of_cycles=5, wait_s=40.0)
+
+
+def test_a_reload_that_changes_the_providers_keeps_the_recovery_cycles() -> None:
+    chain = _parked_in_cycle_2()
+    carried = ProviderChain.carry_over(chain.snapshot(), ("new", "primary"),
+                                       **{**SETTINGS, "max_attempts": 1})
+    assert carried.phase is Phase.RECOVERING
+    assert carried.recovery_cycles == 1
+    assert carried.resume(now=100.0, recover_until=101.0) == Recover(
+        cycle=2, of_cycles=5, wait_s=1.0)
+    assert carried.recovery_done() == Attempt(provider="new", attempt=1)
+    assert carried.recovery_cycles == 2
+
+
+def test_a_reload_that_changes_the_providers_starts_a_new_pass() -> None:
+    chain = make()
+    chain.begin_call()
+    fail(chain, D)
+    carried = ProviderChain.carry_over(chain.snapshot(), ("a", "b", "c"), **SETTINGS)
+    assert carried.phase is Phase.READY
+    assert carried.fallback_hops == 0
+    assert carried.begin_call() == Attempt(provider="a", attempt=1)
 
 
 def test_new_chain_starts_at_the_primary() -> None:
@@ -334,14 +388,16 @@ def test_a_single_provider_that_rejects_stops_at_once() -> None:
                                   message="the provider rejected the request", value=1, limit=1)
 
 
-def test_rejection_counts_deterministic_exits_across_sticky_steps() -> None:
+def test_rejection_counts_only_the_exits_since_the_last_success() -> None:
     chain = make()
     chain.begin_call()
     fail(chain, D)
     chain.begin_call()
     chain.on_success()  # step 1 answered by the fallback
     chain.begin_call()
-    stop = fail(chain, D)  # step 2: the fallback rejects too
+    assert isinstance(fail(chain, D), FailOver)  # step 2: the primary again, a new pass
+    chain.begin_call()
+    stop = fail(chain, D)
     assert isinstance(stop, Stop)
     assert stop.code is StopCode.PROVIDERS_REJECTED
 
@@ -585,11 +641,7 @@ def test_a_user_message_is_only_taken_while_recovering() -> None:
 def test_snapshot_is_json_and_restore_keeps_the_counters() -> None:
     chain = make(("a", "b", "c"))
     chain.begin_call()
-    fail(chain, D)
-    chain.begin_call()
-    fail(chain, retry_after_s=7.0)
-    chain.retry_ready()
-    chain.on_success()
+    fail(chain, D, retry_after_s=7.0)  # a failover mid-pass: what the pass remembers
     snap = json.loads(json.dumps(chain.snapshot()))
     assert snap == {"version": 1, "providers": ["a", "b", "c"], "phase": "ready",
                     "current_provider": "b", "provider_attempts": 0, "fallback_hops": 1,

@@ -13,9 +13,10 @@ from turnkeeper.policy.outcome import (
 
 
 @pytest.mark.parametrize("code", list(StopCode))
-def test_dead_letters_are_the_provider_failures_and_internal_errors(code: StopCode) -> None:
+def test_dead_letters_are_provider_failures_deterministic_tool_failures_and_internal_errors(
+        code: StopCode) -> None:
     expected = code in (StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
-                        StopCode.INTERNAL)
+                        StopCode.FAILURE_DETERMINISTIC, StopCode.INTERNAL)
     stop = Stop(code, "why")
     result = TurnResult(stopped_because=stop)
     assert goes_to_dead_letters(stop) is expected
@@ -32,3 +33,19 @@ def test_a_dead_letter_failed_or_returned_partial_work() -> None:
 def test_no_result_is_no_dead_letter() -> None:
     assert not goes_to_dead_letters(None)
     assert not goes_to_dead_letters({})
+
+
+def test_context_exhausted_is_a_closed_code_naming_the_context_tokens() -> None:
+    stop = Stop(StopCode("context.exhausted"), "no room", value=9000, limit=8192)
+    assert stop.counter == "context_tokens"
+    assert TurnResult(stopped_because=stop).status is Status.PARTIAL
+    assert not goes_to_dead_letters(stop)
+
+
+def test_a_providers_stop_carries_each_providers_last_error() -> None:
+    stop = Stop(StopCode.PROVIDERS_EXHAUSTED, "down", value=5, limit=5,
+                last_error={"primary": "ClientConnectorError: Cannot connect"})
+    data = stop.to_json()
+    assert data["last_error"] == {"primary": "ClientConnectorError: Cannot connect"}
+    assert Stop.from_json(data).last_error == stop.last_error
+    assert "last_error" not in Stop(StopCode.COMPLETED, "ok").to_json()

@@ -224,7 +224,8 @@ async def test_an_overflow_with_nothing_left_to_compact_stops_at_once() -> None:
     h = Harness([OVERFLOW], agent={"max_restarts": 3})
     result = await h.run()
     assert result is not None
-    assert result.stopped_because.code is StopCode.RESTARTS_EXHAUSTED
+    assert result.stopped_because.code is StopCode.CONTEXT_EXHAUSTED
+    assert result.stopped_because.counter == "context_tokens"
     assert "nothing more can be compacted" in result.stopped_because.message
 
 

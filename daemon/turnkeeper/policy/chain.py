@@ -12,14 +12,20 @@ Counters, each with one meaning:
 - ``fallback_hops``: moves to the next provider in this pass, an open breaker included
   (a hop with no attempt). The move off the end of the chain counts too, so a pass that
   spent every provider reads ``len(providers)`` of ``len(providers)``. Reset when a new
-  pass starts at the primary: the start of the turn (a new chain) or a recovery cycle.
+  pass starts at the primary: the start of the turn (a new chain), a successful call or
+  a recovery cycle.
 - ``recovery_cycles``: completed waits after the whole chain was exhausted by retryable
-  or unknown failures, limited by ``auto_recovery_cycles``. Reset by a successful call.
+  or unknown failures, limited by ``auto_recovery_cycles``. Reset by a successful call,
+  and nothing else: a reload that changes the provider list keeps it (`carry_over`).
 
-The position in the chain is sticky for the turn: once step 1 failed over to the second
-provider, step 2 starts there. Each provider is tried at most once per pass, so a pass
-is simply a walk from the primary to the end of the list; the reason each provider was
-left is recorded (`pass_exits`) and `fallback_hops` is its length.
+Within one model call the position in the chain only moves forward: each provider is
+tried at most once per pass, so a pass is simply a walk from the primary to the end of
+the list; the reason each provider was left is recorded (`pass_exits`) and
+`fallback_hops` is its length. A successful call ends the pass: what it remembered (the
+providers already left, the largest Retry-After, the soonest breaker reopening) described
+an outage that is over, so the next call starts a new pass at the primary (whose breaker
+turns it away at once if it is still down) and its first recovery wait is the
+schedule's, unless a new Retry-After raises it.
 
 The flow, one model call::
 
@@ -278,12 +284,12 @@ class ProviderChain:
         return self._enter(self._attempt())
 
     def on_success(self) -> None:
-        """The call succeeded: provider_attempts and recovery_cycles start over. The
-        position in the chain stays (sticky for the turn)."""
+        """The call succeeded: the outage is over. recovery_cycles starts over and so
+        does the pass: the next call begins at the primary with no Retry-After, no
+        breaker reopening and no providers left behind."""
         self._expect(_Event.SUCCESS)
-        self._provider_attempts = 0
         self._recovery_cycles = 0
-        self._previous_delay_s = None
+        self._start_pass()
         self._enter(None)
 
     def on_failure(self, failure_class: FailureClass, *, retry_after_s: float | None = None,
@@ -455,6 +461,24 @@ class ProviderChain:
                 "pass_retry_after_s": self._pass_retry_after_s,
                 "pass_reopen_s": self._pass_reopen_s,
                 "previous_delay_s": self._previous_delay_s}
+
+    @classmethod
+    def carry_over(cls, snapshot: dict[str, Any], providers: Sequence[str],
+                   **settings: Any) -> ProviderChain:
+        """A checkpointed chain brought to another provider list (a reload changed it).
+        Positions in the old list mean nothing in the new one, so the pass starts over at
+        the new primary; but the turn's history does not change with the list: its
+        recovery cycles are kept, and a turn parked in recovery stays parked in the same
+        cycle (its wake-up time lives in the turn's checkpoint). A stopped chain stays
+        stopped. `settings` are the constructor's keyword arguments."""
+        if snapshot.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"provider chain snapshot version {snapshot.get('version')!r} "
+                             f"is not {SNAPSHOT_VERSION}")
+        chain = cls(providers, **settings)
+        phase = Phase(snapshot["phase"])
+        chain._phase = phase if phase in (Phase.RECOVERING, Phase.STOPPED) else Phase.READY
+        chain._recovery_cycles = int(snapshot["recovery_cycles"])
+        return chain
 
     @classmethod
     def restore(cls, snapshot: dict[str, Any], providers: Sequence[str] | None = None, *,

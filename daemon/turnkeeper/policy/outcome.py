@@ -36,6 +36,7 @@ class StopCode(StrEnum):
     PROVIDERS_REJECTED = "providers.rejected"
     PROVIDERS_EXHAUSTED = "providers.exhausted"
     RESTARTS_EXHAUSTED = "restarts.exhausted"
+    CONTEXT_EXHAUSTED = "context.exhausted"
     CLARIFY_TIMEOUT = "clarify.timeout"
     CANCELLED = "cancelled"
     INTERNAL = "internal"
@@ -59,6 +60,7 @@ COUNTER_OF: dict[StopCode, str | None] = {
     StopCode.PROVIDERS_REJECTED: "fallback_hops",
     StopCode.PROVIDERS_EXHAUSTED: "recovery_cycles",
     StopCode.RESTARTS_EXHAUSTED: "restarts",
+    StopCode.CONTEXT_EXHAUSTED: "context_tokens",
     StopCode.CLARIFY_TIMEOUT: "clarify_seconds",
     StopCode.CANCELLED: None,
     StopCode.INTERNAL: None,
@@ -81,11 +83,12 @@ GUARD_FAMILY: dict[StopCode, str] = {
 # endless.
 
 # Codes whose turns go to the dead-letter list: the turns that stopped for a reason no
-# retry inside the turn could fix (every provider refused or stayed down, or a bug), and
-# that an operator may replay once the cause is dealt with. `goes_to_dead_letters` is the
-# rule; the stores build their dead-letter query from this same set.
+# retry inside the turn could fix (every provider refused or stayed down, a tool that
+# fails the same way every time, or a bug), and that an operator may replay, from their
+# last checkpoint, once the cause is dealt with. `goes_to_dead_letters` is the rule; the
+# stores build their dead-letter query from this same set.
 DEAD_LETTER_CODES = frozenset({StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
-                               StopCode.INTERNAL})
+                               StopCode.FAILURE_DETERMINISTIC, StopCode.INTERNAL})
 
 
 def status_of(code: StopCode) -> Status:
@@ -104,25 +107,34 @@ def status_of(code: StopCode) -> Status:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """A decision to end the turn: which code, which counter, its value and its limit."""
+    """A decision to end the turn: which code, which counter, its value and its limit.
+    `last_error` (for the provider stops) is each provider's last failure, one line, so
+    the result says why without a look at the daemon's log."""
 
     code: StopCode
     message: str
     value: float | int | None = None
     limit: float | int | None = None
+    last_error: dict[str, str] | None = field(default=None, compare=False)
 
     @property
     def counter(self) -> str | None:
         return COUNTER_OF[self.code]
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code.value, "counter": self.counter, "value": self.value,
-                "limit": self.limit, "message": self.message}
+        out: dict[str, Any] = {"code": self.code.value, "counter": self.counter,
+                               "value": self.value, "limit": self.limit,
+                               "message": self.message}
+        if self.last_error is not None:
+            out["last_error"] = dict(self.last_error)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Stop:
+        last = data.get("last_error")
         return cls(code=StopCode(data["code"]), message=data.get("message", ""),
-                   value=data.get("value"), limit=data.get("limit"))
+                   value=data.get("value"), limit=data.get("limit"),
+                   last_error=dict(last) if isinstance(last, dict) else None)
 
 
 @dataclass(frozen=True, slots=True)

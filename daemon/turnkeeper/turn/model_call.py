@@ -9,17 +9,20 @@ a redirect, a cancellation, gives back exactly what it took.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 import anyio
 
+from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.budget import cost_usd
 from turnkeeper.policy.chain import Attempt, FailOver, Recover, RetryIn
 from turnkeeper.policy.classify import CallFailure, FailureClass, classify
 from turnkeeper.policy.outcome import Stop, StopCode
+from turnkeeper.policy.restarts import context_exhausted
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import ModelReply, ModelRequest, ProviderError
 from turnkeeper.runtime import Shared
@@ -82,17 +85,24 @@ class ModelCall:
     def __init__(self, ctx: TurnContext) -> None:
         self.ctx = ctx
         self._last_failure = CallFailure()
+        # Each provider's last failure in this model call, one line: what a providers
+        # stop tells in its result instead of leaving the cause to the daemon's log.
+        self._last_errors: dict[str, str] = {}
         # The provider whose stream broke after sending text in this model call, if any.
         self._streamed_from: str | None = None
 
     def _breaker(self, provider: str) -> CircuitBreaker:
         return self.ctx.shared.breakers[f"provider:{provider}"]
 
+    def _publish(self, body: ev.EventBody) -> None:
+        self.ctx.bus.publish(body, turn=self.ctx.record.id)
+
     async def call(self) -> ModelReply | Stop | None:
         """Returns the reply, a Stop, or None after a context-overflow rebuild (the step
         is to run again). Raises `Redirected` when a steer cut it short."""
         ctx = self.ctx
         self._streamed_from = None
+        self._last_errors = {}
         # A chain restored parked in recovery goes on with its wait; any other starts.
         decision: Any = ctx.chain.resume(now=ctx.clock.time(), recover_until=ctx.recover_until)
         first = True  # the step's guards have just checked the time
@@ -117,8 +127,9 @@ class ModelCall:
                     elif isinstance(decision, RetryIn):
                         decision = await self._retry(decision, claims)
                     elif isinstance(decision, FailOver):
-                        ctx.emit("model.failover", **{"from": decision.from_provider},
-                                 to=decision.to_provider, reason=decision.reason)
+                        self._publish(ev.ModelFailover(from_=decision.from_provider,
+                                                       to=decision.to_provider,
+                                                       reason=decision.reason))
                         ctx.log.info("model.failover", from_provider=decision.from_provider,
                                      to=decision.to_provider, reason=decision.reason,
                                      **ctx.counter_values())
@@ -133,7 +144,7 @@ class ModelCall:
                         else:
                             decision = ctx.chain.recovery_done()
                     elif isinstance(decision, Stop):
-                        return decision
+                        return self._gave_up(decision)
                     else:  # pragma: no cover - the chain's decisions are a closed set
                         raise AssertionError(f"unexpected chain decision {decision!r}")
         finally:
@@ -151,10 +162,10 @@ class ModelCall:
             ctx.log.info("model.retry_refused", provider=decision.provider,
                          **ctx.counter_values())
             return ctx.chain.on_retry_refused()
-        ctx.emit("model.retry_scheduled", provider=decision.provider,
-                 attempt=decision.attempt_next, delay=round(decision.seconds, 3),
-                 **{"class": decision.failure_class.value},
-                 status=self._last_failure.status, retry_after=decision.retry_after_s)
+        self._publish(ev.ModelRetryScheduled(
+            provider=decision.provider, attempt=decision.attempt_next,
+            delay=round(decision.seconds, 3), class_=decision.failure_class.value,
+            status=self._last_failure.status, retry_after=decision.retry_after_s))
         ctx.log.info("model.retry_scheduled", provider=decision.provider,
                      delay=round(decision.seconds, 3),
                      failure_class=decision.failure_class.value, **ctx.counter_values())
@@ -197,8 +208,8 @@ class ModelCall:
         provider = ctx.runtime.providers[name]
         request = self._request()
         budget = ctx.shared.retry_budgets[name]
-        ctx.emit("model.request", provider=name, attempt=attempt.attempt,
-                 step=request.step, messages=len(request.messages))
+        self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
+                                      step=request.step, messages=len(request.messages)))
         budget.begin_request()
         streamed = False
         call_scope = anyio.CancelScope()
@@ -209,7 +220,7 @@ class ModelCall:
         async def on_delta(text: str) -> None:
             nonlocal streamed
             streamed = True
-            ctx.emit("model.delta", text=text)
+            self._publish(ev.ModelDelta(text=text))
 
         try:
             with call_scope:
@@ -223,7 +234,7 @@ class ModelCall:
             claims.end_retry()
         if call_scope.cancelled_caught:
             ctx.chain.abandon()
-            ctx.emit("model.redirected", provider=name)
+            self._publish(ev.ModelRedirected(provider=name))
             raise Redirected
         if reply is not None:
             self._streamed_from = None
@@ -233,20 +244,23 @@ class ModelCall:
             return reply
         assert failure is not None
         self._last_failure = failure
-        ctx.record.last_error = f"{name}: {failure.describe()}"
+        error = failure.describe()
+        self._last_errors[name] = error
+        ctx.record.last_error = f"{name}: {error}"
         if failure.context_overflow:
             claims.succeeded()
             ctx.chain.abandon()  # not a failure: the step is rebuilt and called afresh
-            ctx.emit("model.attempt_failed", provider=name, attempt=attempt.attempt,
-                     **{"class": "context_overflow"}, status=failure.status)
+            self._publish(ev.ModelAttemptFailed(provider=name, attempt=attempt.attempt,
+                                                class_="context_overflow",
+                                                status=failure.status, error=error))
             return None
         cls = classify(failure)
         claims.failed(cls, failure.retry_after_s)
-        ctx.emit("model.attempt_failed", provider=name, attempt=attempt.attempt,
-                 **{"class": cls.value}, status=failure.status)
+        self._publish(ev.ModelAttemptFailed(provider=name, attempt=attempt.attempt,
+                                            class_=cls.value, status=failure.status,
+                                            error=error))
         ctx.log.info("model.attempt_failed", provider=name, failure_class=cls.value,
-                     status=failure.status, error=failure.describe(),
-                     **ctx.counter_values())
+                     status=failure.status, error=error, **ctx.counter_values())
         if streamed:
             self._streamed_from = name  # counted if the step moves to another provider
         return ctx.chain.on_failure(cls, retry_after_s=failure.retry_after_s,
@@ -263,11 +277,11 @@ class ModelCall:
                         price_input_per_mtok=prices.price_input_per_mtok,
                         price_output_per_mtok=prices.price_output_per_mtok)
         u["cost_usd"] = round(u["cost_usd"] + cost, 9)
-        ctx.emit("model.response", provider=provider,
-                 usage={"input_tokens": reply.usage.input_tokens,
-                        "output_tokens": reply.usage.output_tokens},
-                 cost_usd=round(cost, 9),
-                 finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls))
+        self._publish(ev.ModelResponse(
+            provider=provider, usage={"input_tokens": reply.usage.input_tokens,
+                                      "output_tokens": reply.usage.output_tokens},
+            cost_usd=round(cost, 9), finish_reason=reply.finish_reason,
+            tool_calls=len(reply.tool_calls)))
 
     def _count_restart(self, why: str) -> Stop | None:
         stop = self.ctx.restarts.restart(why)
@@ -279,8 +293,31 @@ class ModelCall:
         if stop is not None:
             return stop
         if not self.ctx.conv.compact():
-            return self.ctx.restarts.nothing_to_compact()
+            return context_exhausted(message=self._last_failure.message,
+                                     estimate_tokens=self._estimate_tokens())
         return None
+
+    def _estimate_tokens(self) -> int:
+        """The daemon's own rough size of the request (four characters a token), for an
+        overflow error that does not say the numbers."""
+        ctx = self.ctx
+        chars = len(ctx.settings.system_prompt) + sum(
+            len(m.content or "") + sum(len(c.arguments) for c in m.tool_calls)
+            for m in ctx.conv.messages)
+        return max(1, chars // 4)
+
+    def _gave_up(self, stop: Stop) -> Stop:
+        """A providers stop says why: each provider's last failure in its result, and in
+        `partial` what was attempted."""
+        if stop.code not in (StopCode.PROVIDERS_EXHAUSTED, StopCode.PROVIDERS_REJECTED):
+            return stop
+        ctx = self.ctx
+        tried = ", ".join(f"{p} ({e})" for p, e in self._last_errors.items()) or "none"
+        ctx.partial.append(
+            f"step {ctx.record.counters['steps']}: the model call was attempted on "
+            f"{len(ctx.chain.providers)} provider(s) over {ctx.chain.recovery_cycles} "
+            f"recovery cycle(s) and none answered; last errors: {tried}")
+        return replace(stop, last_error=dict(self._last_errors))
 
     async def _sleep_active(self, seconds: float) -> None:
         """A backoff wait: active time (it counts toward max_seconds), cut short by a
@@ -297,13 +334,17 @@ class ModelCall:
         """Park for a recovery cycle: not active time; cancel, steer and suspend work.
         True when a steer cut the wait short (it has joined the conversation)."""
         ctx = self.ctx
+        now = ctx.clock.time()
         if ctx.recover_until is None:
-            ctx.recover_until = ctx.clock.time() + decision.wait_s
+            ctx.recover_until = now + decision.wait_s
+        # A turn resumed in its wait (a restart, a reload) waits out what is left of it:
+        # that, not the cycle's full wait, is what the event reports.
+        wait = round(max(0.0, ctx.recover_until - now), 3)
         ctx.record.next_attempt_at = ctx.recover_until
-        ctx.emit("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
-                 wait=round(decision.wait_s, 3), next_attempt_at=ctx.recover_until)
+        self._publish(ev.TurnRecovering(cycle=decision.cycle, of=decision.of_cycles,
+                                        wait=wait, next_attempt_at=ctx.recover_until))
         ctx.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
-                        wait=round(decision.wait_s, 3), **ctx.counter_values())
+                        wait=wait, **ctx.counter_values())
         await ctx.park(TurnState.RECOVERING, until=ctx.recover_until,
                        done=lambda: ctx.control.redirect_requested or ctx.has_unread_steer())
         ctx.recover_until = None

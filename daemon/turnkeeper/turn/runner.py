@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.events import EventBus
 from turnkeeper.policy.chain import Phase
@@ -89,14 +90,14 @@ class TurnRunner:
         if ctx.restore_error is not None:
             raise RuntimeError(ctx.restore_error)
         if ctx.resumed:
-            ctx.emit("turn.resumed", state=ctx.record.state,
-                     step=ctx.record.counters["steps"],
-                     policy_version=ctx.record.policy_version)
+            self._publish(ev.TurnResumed(state=ctx.record.state,
+                                         step=ctx.record.counters["steps"],
+                                         policy_version=ctx.record.policy_version))
             ctx.log.info("turn.resumed", state=ctx.record.state,
                          **ctx.record.counters)
         else:
-            ctx.emit("turn.started", policy_version=ctx.record.policy_version,
-                     provider=ctx.chain.current_provider)
+            self._publish(ev.TurnStarted(policy_version=ctx.record.policy_version,
+                                         provider=ctx.chain.current_provider))
         ctx.move(TurnState.RUNNING)
         ctx.start_active()
         reenter_step = False
@@ -139,7 +140,7 @@ class TurnRunner:
             else:
                 ctx.record.counters["steps"] += 1
             step = ctx.record.counters["steps"]
-            ctx.emit("step.started", step=step, provider=ctx.chain.current_provider)
+            self._publish(ev.StepStarted(step=step, provider=ctx.chain.current_provider))
             try:
                 reply = await self.model.call()
             except Redirected:
@@ -168,6 +169,9 @@ class TurnRunner:
             if outcome is not None:
                 return outcome
 
+    def _publish(self, body: ev.EventBody) -> None:
+        self.ctx.bus.publish(body, turn=self.ctx.record.id)
+
     def _soft_warning(self) -> None:
         """The soft-limit note. With a watched budget (warn/observe) the note comes from
         the real limits: in warn mode the agent reads it, in observe mode only the event
@@ -180,8 +184,9 @@ class TurnRunner:
         mode = ctx.modes["budget"]
         if mode != "observe" or "steps" in warning.dimensions:
             ctx.conv.add_note(warning.message)
-        ctx.emit("budget.warning", dimensions=list(warning.dimensions),
-                 message=warning.message, mode=mode, **ctx.counter_values())
+        self._publish(ev.BudgetWarning(dimensions=list(warning.dimensions),
+                                       message=warning.message, mode=mode,
+                                       **ctx.counter_values()))
         ctx.log.info("guard.budget_warning", dimensions=list(warning.dimensions),
                      mode=mode, **ctx.counter_values())
 
