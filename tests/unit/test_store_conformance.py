@@ -240,6 +240,26 @@ async def test_dead_letters_are_the_turns_the_rule_names_and_remember_replays(
     assert got is not None and got["replayed_by"] == "t_new"
 
 
+async def test_a_replayed_dead_letter_is_queued_again_with_its_event_and_checkpoint(
+        store: Store) -> None:
+    rec = record("t_0", session="s")
+    await store.insert_turn(rec, {"conversation": ["before"]})
+    done = finished(rec, "partial", "providers.exhausted")
+    await store.save_turn(done)
+    assert [x["id"] for x in await store.dead_letters()] == ["t_0"]
+    again = {**done, "state": "queued", "result": None, "updated_at": 300.0,
+             "previous_results": [done["result"]]}
+    await store.requeue_turn(again, {"conversation": ["before"], "chain": None},
+                             events=[event(7, "t_0", "turn.replayed")])
+    assert await store.dead_letters() == []
+    got = await store.get_turn("t_0")
+    assert got is not None and got["state"] == "queued" and got["result"] is None
+    assert got["previous_results"] == [done["result"]]
+    assert await store.get_checkpoint("t_0") == {"conversation": ["before"], "chain": None}
+    assert [e["type"] for e in await store.events(turn="t_0")] == ["turn.replayed"]
+    assert [r["id"] for r, _ in await store.unfinished_turns()] == ["t_0"]
+
+
 async def test_a_write_after_close_is_refused(tmp_path: Path) -> None:
     for make in BACKENDS.values():
         backend = make(tmp_path)

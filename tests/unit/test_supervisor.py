@@ -280,12 +280,18 @@ async def test_replay_of_a_dead_letter(h: Harness) -> None:
     await h.store.save_turn({**dead, "state": "failed", "updated_at": 2.0, "result": {
         "status": "failed", "stopped_because": {"code": "providers.rejected"}}})
     replay = await h.sup.replay("t_dead")
-    assert replay.replay_of == "t_dead" and replay.session == "S"
+    # The same turn resumes: no new turn, and it leaves the dead-letter list at once.
+    assert replay.id == "t_dead" and replay.session == "S"
+    assert await h.store.dead_letters() == []
     await h.settle()
     done = await h.sup.wait_turn(replay.id, 1.0)
     assert done["state"] == "completed" and done["result"]["answer"] == "answer to try again"
-    letters = {x["id"]: x for x in await h.store.dead_letters()}
-    assert letters["t_dead"]["replayed_by"] == replay.id
+    assert [r["stopped_because"]["code"] for r in done["previous_results"]] == [
+        "providers.rejected"]
+    types = [e["type"] for e in await h.store.events(turn="t_dead")]
+    assert types.index("turn.replayed") < types.index("turn.finished")
+    with pytest.raises(Exception, match="not a dead letter"):
+        await h.sup.replay("t_dead")
 
 
 async def test_replay_refuses_a_turn_that_is_no_dead_letter(h: Harness) -> None:

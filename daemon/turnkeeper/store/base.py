@@ -101,4 +101,12 @@ class Store(Protocol):
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None: ...
 
+    async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                           events: Sequence[Event] = ()) -> None:
+        """Put a finished turn back in the queue (a dead letter replayed): its record
+        (queued, no result) and the checkpoint it resumes from, in one transaction with
+        `events` (`turn.replayed`), so a crash leaves it either finished or queued with
+        its event. It leaves the dead-letter list, which reads the record's result."""
+        ...
+
     async def flush(self) -> None: ...

@@ -160,6 +160,16 @@ class MemoryStore:
         if entry is not None:
             entry["outcome"] = _copy(outcome)
 
+    async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                           events: Sequence[Event] = ()) -> None:
+        self._check_open()
+        row = self._turns.get(record["id"])
+        if row is not None:
+            row.state, row.updated_at = record["state"], record["updated_at"]
+            row.record, row.checkpoint = _copy(record), _copy(checkpoint)
+            row.replayed_by = None
+        self._add_events(events)
+
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         self._check_open()
         row = self._turns.get(turn_id)

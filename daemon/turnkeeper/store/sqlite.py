@@ -335,6 +335,14 @@ class SQLiteStore:
         else:
             await self._write(statements)
 
+    async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                           events: Sequence[Event] = ()) -> None:
+        await self._write([(
+            "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
+            " replayed_by = NULL WHERE id = ?",
+            (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
+             record["id"])), *map(_event_statement, events)])
+
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         await self._write([("UPDATE turns SET replayed_by = ? WHERE id = ?",
                             (new_turn_id, turn_id))])

@@ -9,6 +9,7 @@ import structlog
 
 from turnkeeper import event_types as ev
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult, goes_to_dead_letters
+from turnkeeper.policy.replay import resume_state
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor.core import (
     IntakeRefused,
@@ -114,17 +115,43 @@ class Intake:
         return {"turn": turn_id, "state": "cancelling" if live.running else "cancelled"}
 
     async def replay(self, turn_id: str) -> TurnRecord:
+        """Resume a dead letter from its last checkpoint: the same turn, its journal and
+        its history, under the policy in force now, with a fresh start for the guard that
+        stopped it (see `policy/replay.py`). It leaves the dead-letter list at once."""
         core = self.core
+        if core.state in ("starting", "stopping"):
+            raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
+        if turn_id in core.live:
+            raise TurnFinished(f"turn {turn_id} is not a dead letter: it is live")
         data = await core.store.get_turn(turn_id)
         if data is None:
             raise UnknownTurn(turn_id)
         if not goes_to_dead_letters(data.get("result")):
             raise TurnFinished(f"turn {turn_id} is not a dead letter")
-        profile = data.get("profile")
-        record = await self.submit(message=data["message"], session=data["session"],
-                                   budget=data.get("budget") or {},
-                                   deadline=None, replay_of=turn_id,
-                                   profile=profile if profile in core.config.budget.profiles
-                                   else None)
-        await core.store.mark_replayed(turn_id, record.id)
+        code = StopCode(data["result"]["stopped_because"]["code"])
+        TurnState(data["state"]).to(TurnState.QUEUED)  # the table allows it, or raises
+        checkpoint = await core.store.get_checkpoint(turn_id) or {}
+        if turn_id in core.live:  # replayed by another request while we read
+            raise TurnFinished(f"turn {turn_id} is not a dead letter: it is live")
+        rec_json, checkpoint = resume_state(code, data, checkpoint, now=core.clock.time())
+        rec_json.pop("replayed_by", None)
+        rec_json["replay_of"] = turn_id  # a replay of itself: the marker clients know
+        record = TurnRecord.from_json(rec_json)
+        if record.profile is not None and record.profile not in core.config.budget.profiles:
+            record.profile = None
+        live = LiveTurn(record=record, checkpoint=checkpoint)
+        core.live[turn_id] = live
+        replayed = core.bus.prepare(ev.TurnReplayed(previous=data["result"],
+                                                    policy_version=core.policy.version),
+                                    turn=turn_id)
+        try:
+            await core.store.requeue_turn(record.to_json(), checkpoint, events=[replayed])
+        except BaseException:
+            core.live.pop(turn_id, None)
+            raise
+        if turn_id in core.live:  # not cancelled while the write ran
+            core.scheduler.enqueue(turn_id, record.session)
+        core.bus.deliver(replayed)
+        log.info("turn.replayed", **log_context(record), code=code.value)
+        core.scheduling.dispatch()
         return record

@@ -47,6 +47,8 @@ class TurnRecord:
     result: dict[str, Any] | None = None
     last_error: str | None = None
     replay_of: str | None = None
+    # The results a replayed dead letter had before each replay, oldest first.
+    previous_results: list[dict[str, Any]] = field(default_factory=list)
     inbox: list[dict[str, Any]] = field(default_factory=list)
     profile: str | None = None
     would_have_stopped: list[dict[str, Any]] = field(default_factory=list)
@@ -81,6 +83,8 @@ class TurnRecord:
             out["last_error"] = self.last_error
         if self.replay_of is not None:
             out["replay_of"] = self.replay_of
+        if self.previous_results:
+            out["previous_results"] = list(self.previous_results)
         if self.inbox:
             out["inbox"] = list(self.inbox)
         out["profile"] = self.profile
@@ -99,6 +103,7 @@ class TurnRecord:
             next_attempt_at=d.get("next_attempt_at"), question=d.get("question"),
             result=d.get("result"), last_error=d.get("last_error"),
             replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])),
+            previous_results=list(d.get("previous_results") or []),
             profile=d.get("profile"),
             would_have_stopped=list(d.get("would_have_stopped", [])),
             limits=dict(d.get("limits") or {}))
