@@ -278,8 +278,21 @@ def test_a_success_forgets_the_providers_already_left() -> None:
     fail(chain, D)
     chain.begin_call()
     chain.on_success()
-    assert chain.fallback_hops == 0
+    # Until the next call, the counters describe the call that succeeded...
+    assert (chain.current_provider, chain.fallback_hops) == ("fallback", 1)
+    # ...which starts a new pass at the primary.
     assert chain.begin_call() == Attempt(provider="primary", attempt=1)
+    assert chain.fallback_hops == 0
+
+
+def test_a_success_restored_from_a_checkpoint_still_starts_the_next_pass_anew() -> None:
+    chain = make()
+    chain.begin_call()
+    fail(chain, D)
+    chain.begin_call()
+    chain.on_success()
+    restored = ProviderChain.restore(json.loads(json.dumps(chain.snapshot())), **SETTINGS)
+    assert restored.begin_call() == Attempt(provider="primary", attempt=1)
 
 
 def test_a_success_forgets_the_retry_after_of_its_pass() -> None:
@@ -647,7 +660,7 @@ def test_snapshot_is_json_and_restore_keeps_the_counters() -> None:
                     "current_provider": "b", "provider_attempts": 0, "fallback_hops": 1,
                     "recovery_cycles": 0, "pass_exits": ["deterministic"],
                     "pass_retry_after_s": 7.0, "pass_reopen_s": None,
-                    "previous_delay_s": None}
+                    "previous_delay_s": None, "pass_done": False}
     again = ProviderChain.restore(snap, **SETTINGS)
     assert again.snapshot() == snap
     assert again.begin_call() == Attempt(provider="b", attempt=1)

@@ -12,8 +12,8 @@ Counters, each with one meaning:
 - ``fallback_hops``: moves to the next provider in this pass, an open breaker included
   (a hop with no attempt). The move off the end of the chain counts too, so a pass that
   spent every provider reads ``len(providers)`` of ``len(providers)``. Reset when a new
-  pass starts at the primary: the start of the turn (a new chain), a successful call or
-  a recovery cycle.
+  pass starts at the primary: the start of the turn (a new chain), the call after a
+  successful one, or a recovery cycle.
 - ``recovery_cycles``: completed waits after the whole chain was exhausted by retryable
   or unknown failures, limited by ``auto_recovery_cycles``. Reset by a successful call,
   and nothing else: a reload that changes the provider list keeps it (`carry_over`).
@@ -25,7 +25,9 @@ the list; the reason each provider was left is recorded (`pass_exits`) and
 providers already left, the largest Retry-After, the soonest breaker reopening) described
 an outage that is over, so the next call starts a new pass at the primary (whose breaker
 turns it away at once if it is still down) and its first recovery wait is the
-schedule's, unless a new Retry-After raises it.
+schedule's, unless a new Retry-After raises it. Until that next call begins, the
+position and `fallback_hops` still describe the call that succeeded (which provider
+answered, after how many hops).
 
 The flow, one model call::
 
@@ -238,6 +240,7 @@ class ProviderChain:
         self._pass_retry_after_s: float | None = None
         self._pass_reopen_s: float | None = None  # soonest breaker reopening in the pass
         self._previous_delay_s: float | None = None  # for decorrelated jitter
+        self._pass_done = False  # a success ended the pass: the next call starts anew
 
     def __repr__(self) -> str:
         return (f"ProviderChain(phase={self._phase.value}, current={self.current_provider!r}, "
@@ -279,6 +282,8 @@ class ProviderChain:
         """A new model call (a step, or the step again after a failover) on the current
         provider, with fresh provider_attempts."""
         self._expect(_Event.BEGIN_CALL)
+        if self._pass_done:
+            self._start_pass()
         self._provider_attempts = 0
         self._previous_delay_s = None
         return self._enter(self._attempt())
@@ -289,7 +294,11 @@ class ProviderChain:
         breaker reopening and no providers left behind."""
         self._expect(_Event.SUCCESS)
         self._recovery_cycles = 0
-        self._start_pass()
+        self._provider_attempts = 0
+        self._previous_delay_s = None
+        self._pass_retry_after_s = None
+        self._pass_reopen_s = None
+        self._pass_done = True  # the next begin_call() starts a new pass
         self._enter(None)
 
     def on_failure(self, failure_class: FailureClass, *, retry_after_s: float | None = None,
@@ -427,6 +436,7 @@ class ProviderChain:
                     value=self._recovery_cycles, limit=self.auto_recovery_cycles)
 
     def _start_pass(self) -> None:
+        self._pass_done = False
         self._pass_exits = []
         self._pass_retry_after_s = None
         self._pass_reopen_s = None
@@ -460,7 +470,8 @@ class ProviderChain:
                 "pass_exits": list(self._pass_exits),
                 "pass_retry_after_s": self._pass_retry_after_s,
                 "pass_reopen_s": self._pass_reopen_s,
-                "previous_delay_s": self._previous_delay_s}
+                "previous_delay_s": self._previous_delay_s,
+                "pass_done": self._pass_done}
 
     @classmethod
     def carry_over(cls, snapshot: dict[str, Any], providers: Sequence[str],
@@ -524,4 +535,5 @@ class ProviderChain:
         chain._pass_reopen_s = None if reopen is None else float(reopen)
         prev = snapshot.get("previous_delay_s")
         chain._previous_delay_s = None if prev is None else float(prev)
+        chain._pass_done = bool(snapshot.get("pass_done", False))  # absent from older ones
         return chain
