@@ -1,4 +1,4 @@
-"""Resilience end to end (issues 3 and 4): the real daemon against real model servers.
+"""Resilience end to end: the real daemon against real model servers.
 
 Every test starts `turnkeeper serve` as a subprocess and points its providers at a real
 HTTP server on 127.0.0.1: our own `FaultServer` where a test needs exact control (what

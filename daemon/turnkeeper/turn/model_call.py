@@ -317,7 +317,10 @@ class ModelCall:
             f"step {ctx.record.counters['steps']}: the model call was attempted on "
             f"{len(ctx.chain.providers)} provider(s) over {ctx.chain.recovery_cycles} "
             f"recovery cycle(s) and none answered; last errors: {tried}")
-        return replace(stop, last_error=dict(self._last_errors))
+        # The message is what `turnkeeper show` prints: it names the causes too.
+        causes = "; ".join(f"{p}: {e}" for p, e in self._last_errors.items())
+        message = f"{stop.message}; last error: {causes}" if causes else stop.message
+        return replace(stop, message=message, last_error=dict(self._last_errors))
 
     async def _sleep_active(self, seconds: float) -> None:
         """A backoff wait: active time (it counts toward max_seconds), cut short by a
