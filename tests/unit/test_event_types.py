@@ -18,6 +18,8 @@ DAEMON = Path(__file__).resolve().parents[2] / "daemon" / "turnkeeper"
 # A type name published as a string literal: emit("x.y", ...), publish("x.y", ...),
 # prepare("x.y", ...).
 _PUBLISHED = re.compile(r"""\b(?:emit|publish|prepare)\(\s*["']([a-z_]+\.[a-z_]+)["']""")
+# A catalogue class built by a publisher: ev.TurnQueued(...).
+_BUILT = re.compile(r"\bev\.([A-Z][A-Za-z]+)\(")
 
 
 
@@ -44,9 +46,12 @@ def _sample(cls: type[ev.EventBody]) -> ev.EventBody:
 
 
 def test_every_type_the_daemon_publishes_is_in_the_catalogue() -> None:
-    published = set()
+    published: set[str] = set()
     for path in DAEMON.rglob("*.py"):
-        published.update(_PUBLISHED.findall(path.read_text()))
+        text = path.read_text()
+        published.update(_PUBLISHED.findall(text))
+        published.update(getattr(ev, name).TYPE for name in _BUILT.findall(text)
+                         if isinstance(getattr(ev, name, None), type))
     assert published, "the pattern found no publisher: update it"
     assert published <= set(ev.EVENT_TYPES), sorted(published - set(ev.EVENT_TYPES))
 
