@@ -17,6 +17,7 @@ import pytest
 from tests.integration.fault_server import FaultServer, fail, ok
 from tests.integration.test_resilience import chain, config, stop_of
 from tests.integration.tool_server import ToolServer
+from turnkeeper.policy.effects import effect_key
 
 
 @pytest.fixture
@@ -39,8 +40,7 @@ timeout = 5.0
 
 
 def _stored_events(d: Any, turn_id: str) -> list[dict[str, Any]]:
-    """The turn's events as stored (all of them: the follow stream of a turn ends at its
-    first `turn.finished`)."""
+    """The turn's events as the store holds them."""
     with sqlite3.connect(d.state_dir / "turnkeeper.sqlite3") as db:
         rows = db.execute("SELECT data FROM events WHERE turn = ? ORDER BY seq",
                           (turn_id,)).fetchall()
@@ -75,13 +75,15 @@ def test_a_replayed_dead_letter_continues_from_its_checkpoint(
     assert done["state"] == "completed" and done["result"]["answer"] == "done"
     # The step that sent ran once: its key was seen once, and the model saw its result.
     keys = [c.idempotency_key for c in tool_server.calls("/send")]
-    assert keys == [f"{turn['id']}.1.0"]
+    assert keys == [effect_key(turn["id"], "send", {"text": "hello"}, 1)]
     last = faults.requests("primary")[-1].body["messages"]
     assert any(m["role"] == "tool" for m in last)
     assert [r["stopped_because"]["code"] for r in done["previous_results"]] == [
         "providers.rejected"]
     types = [e["type"] for e in _stored_events(d, turn["id"])]
     assert types.count("turn.finished") == 2
+    # The follow stream of a replayed turn runs to its last finish, not its first.
+    assert [e["type"] for e in d.events(turn["id"])] == types
     assert types.index("turn.replayed") > types.index("turn.finished")
     assert d.get("/v1/dead-letters")[1]["dead_letters"] == []
 

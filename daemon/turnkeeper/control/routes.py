@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from turnkeeper.config import DaemonConfig
 from turnkeeper.control.bodies import Body, CancelBody, MessageBody, SubmitBody
+from turnkeeper.event_types import TurnReplayed
 from turnkeeper.events import TERMINAL_EVENT, Event
 from turnkeeper.policy.admission import ControlLimits, default_max_connections
 from turnkeeper.supervisor import (
@@ -272,8 +273,12 @@ async def _turn_events(request: web.Request, sup: Supervisor, turn_id: str
             # this flush is durable every such event is too.
             await sup.store.flush()
             stored = await sup.store.events(turn=turn_id)
+            # A replayed dead letter finished once already: only a finish after its last
+            # replay ends the stream.
+            replayed_at = max((i for i, ev in enumerate(stored)
+                               if ev["type"] == TurnReplayed.TYPE), default=-1)
             for i, ev in enumerate(stored):
-                if ev["type"] == TERMINAL_EVENT:
+                if ev["type"] == TERMINAL_EVENT and i > replayed_at:
                     yield stored[:i + 1]
                     return
             if stored:
