@@ -183,9 +183,9 @@ async def steps_round(kind: str, turns: int, steps: int, concurrent: int,
         await sup.stop()
         await store.close()
         tg.cancel_scope.cancel()
-    bad = [(r.counters["steps"], res.stopped_because.code.value) for r, res in finished
+    bad = [(r.counters.steps, res.stopped_because.code.value) for r, res in finished
            if res.stopped_because.code is not StopCode.COMPLETED
-           or r.counters["steps"] != steps]
+           or r.counters.steps != steps]
     if bad:
         raise RuntimeError(f"turns did not run as scripted: {bad[:3]}")
     n = turns * steps

@@ -262,7 +262,7 @@ async def _measure(turns: int, steps: int, *, runtime: Runtime, shared: Shared,
         result = await runner.run()
         assert result is not None and result.stopped_because.code is \
             StopCode.COMPLETED, result
-        assert record.counters["steps"] == steps
+        assert record.counters.steps == steps
 
     runner_mod.action_key = action_key if guards else _no_key  # type: ignore[assignment]
     gc.collect()

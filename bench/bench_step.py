@@ -205,9 +205,9 @@ def turnkeeper_round(provider: str) -> Round:
             await sup.stop()
             await store.close()
             tg.cancel_scope.cancel()
-        bad = [(r.counters["steps"], res.stopped_because.code.value) for r, res in finished
+        bad = [(r.counters.steps, res.stopped_because.code.value) for r, res in finished
                if res.stopped_because.code is not StopCode.COMPLETED
-               or r.counters["steps"] != steps]
+               or r.counters.steps != steps]
         if bad:
             raise RuntimeError(f"turnkeeper turns did not run as scripted: {bad[:3]}")
         return cpu

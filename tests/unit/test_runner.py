@@ -162,7 +162,7 @@ async def test_a_15_s_recovery_wait_passes_in_fake_time_and_counts_a_recovery_cy
                 agent={"api_max_retries": 0, "recovery_schedule": [15.0],
                        "recovery_jitter": 0.0})
     cycles: list[int] = []
-    h.provider.on_request = lambda: cycles.append(h.record.counters["recovery_cycles"])
+    h.provider.on_request = lambda: cycles.append(h.record.counters.recovery_cycles)
     result = await h.run()
     assert result is not None
     assert result.stopped_because.code is StopCode.COMPLETED
@@ -171,7 +171,7 @@ async def test_a_15_s_recovery_wait_passes_in_fake_time_and_counts_a_recovery_cy
     assert h.clock.monotonic() == pytest.approx(15.0)
     assert h.of_type("turn.recovering")[0]["wait"] == 15.0
     # A recovery wait is parked time, not active time.
-    assert h.record.usage["seconds"] == pytest.approx(0.0)
+    assert h.record.usage.seconds == pytest.approx(0.0)
 
 
 async def test_retry_after_is_honoured_in_fake_time() -> None:
@@ -200,7 +200,7 @@ async def test_a_steer_cuts_a_recovery_wait_short_without_charging_a_cycle() -> 
     result = await h.run(on_blocked=steer)
     assert result is not None and result.answer == "read it"
     assert h.clock.monotonic() == pytest.approx(0.0)
-    assert h.record.counters["recovery_cycles"] == 0
+    assert h.record.counters.recovery_cycles == 0
     assert h.provider.requests[-1].messages[-1].content == "try again now"
 
 
@@ -216,7 +216,7 @@ async def test_restart_beyond_max_restarts_stops_the_turn_with_restarts_exhauste
     stop = result.stopped_because
     assert stop.code is StopCode.RESTARTS_EXHAUSTED
     assert (stop.value, stop.limit) == (2, 1)
-    assert h.record.counters["restarts"] == 2
+    assert h.record.counters.restarts == 2
     assert len(h.provider.requests) == 2
 
 
@@ -280,4 +280,4 @@ async def test_the_echo_tool_runs_and_its_call_is_journalled() -> None:
     assert [r["ok"] for r in h.of_type("tool.result")] == [True]
     (entry,) = h.store.journal.values()
     assert entry["tool"] == "echo" and entry["outcome"] is not None
-    assert h.record.counters["steps"] == 2
+    assert h.record.counters.steps == 2

@@ -99,7 +99,7 @@ class Scheduling:
                 live.checkpoint = runner.checkpoint_data()
                 live.control = TurnControl()
                 log.info("turn.suspended", turn=record.id, session=record.session,
-                         policy_version=record.policy_version, **record.counters)
+                         policy_version=record.policy_version, **record.counters.to_json())
                 if core.state != "stopping":
                     core.suspended_turns.append(record.id)
                 return
@@ -133,9 +133,10 @@ class Scheduling:
         log.info("turn.finished", turn=record.id, session=record.session,
                  policy_version=record.policy_version, provider=record.provider,
                  status=record.state, code=stop.code.value, counter=stop.counter,
-                 value=stop.value, limit=stop.limit, message=stop.message, **record.counters,
-                 tokens=record.usage["total_tokens"], seconds=record.usage["seconds"],
-                 cost_usd=record.usage["cost_usd"])
+                 value=stop.value, limit=stop.limit, message=stop.message,
+                 **record.counters.to_json(),
+                 tokens=record.usage.total_tokens, seconds=record.usage.seconds,
+                 cost_usd=record.usage.cost_usd)
         # An internal error was logged with its traceback where it happened.
         if goes_to_dead_letters(stop) and stop.code is not StopCode.INTERNAL:
             log.warning("turn.dead_letter", turn=record.id, code=stop.code.value,

@@ -80,7 +80,7 @@ class Builtins:
                                  value=round(waited, 3), limit=timeout))
         ctx.conv.add_tool_result(call, answer)
         ctx.user_message_arrived()
-        ctx.partial.append(f"step {ctx.record.counters['steps']}: asked the user: "
+        ctx.partial.append(f"step {ctx.record.counters.steps}: asked the user: "
                            f"{question[:200]}")
         await ctx.checkpoint()
         return None

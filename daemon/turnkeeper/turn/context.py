@@ -68,7 +68,7 @@ class TurnContext:
         self.modes = guards.modes
         self.mode_gate = ModeGate(guards.modes)
         self.restarts = RestartCounter(self.settings.max_restarts,
-                                       count=record.counters["restarts"])
+                                       count=record.counters.restarts)
         limits = BudgetLimits.from_config(guards.budget, overrides=record.budget,
                                           deadline=record.deadline)
         self.limits = limits
@@ -135,18 +135,18 @@ class TurnContext:
 
     def stop_active(self) -> None:
         if self._active_since is not None:
-            self.record.usage["seconds"] = round(
-                self.record.usage["seconds"] + self.clock.monotonic() - self._active_since, 6)
+            self.record.usage.seconds = round(
+                self.record.usage.seconds + self.clock.monotonic() - self._active_since, 6)
             self._active_since = None
             self.record.active_since = None
 
     def usage(self) -> BudgetUsage:
-        seconds = self.record.usage["seconds"]
+        seconds = self.record.usage.seconds
         if self._active_since is not None:
             seconds += self.clock.monotonic() - self._active_since
-        return BudgetUsage(tokens=self.record.usage["total_tokens"], seconds=seconds,
-                           steps=self.record.counters["steps"],
-                           cost_usd=self.record.usage["cost_usd"])
+        return BudgetUsage(tokens=self.record.usage.total_tokens, seconds=seconds,
+                           steps=self.record.counters.steps,
+                           cost_usd=self.record.usage.cost_usd)
 
     def remaining_s(self) -> float:
         return self.guard.remaining_seconds(self.usage(), now=self.clock.time())
@@ -164,18 +164,18 @@ class TurnContext:
 
     def sync_counters(self) -> None:
         c = self.record.counters
-        c["provider_attempts"] = self.chain.provider_attempts
-        c["fallback_hops"] = self.chain.fallback_hops
-        c["recovery_cycles"] = self.chain.recovery_cycles
-        c["restarts"] = self.restarts.count
+        c.provider_attempts = self.chain.provider_attempts
+        c.fallback_hops = self.chain.fallback_hops
+        c.recovery_cycles = self.chain.recovery_cycles
+        c.restarts = self.restarts.count
         self.record.provider = self.chain.current_provider
 
     def counter_values(self) -> dict[str, Any]:
         """The counters and meters, for a log line."""
         self.sync_counters()
         u = self.usage()
-        return {**self.record.counters, "tokens": u.tokens, "seconds": round(u.seconds, 3),
-                "cost_usd": round(u.cost_usd, 6)}
+        return {**self.record.counters.to_json(), "tokens": u.tokens,
+                "seconds": round(u.seconds, 3), "cost_usd": round(u.cost_usd, 6)}
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {
@@ -235,7 +235,7 @@ class TurnContext:
             self.move(TurnState.SUSPENDED)
         else:
             await self.checkpoint(TurnState.SUSPENDED)
-        self.emit(TurnSuspended(step=self.record.counters["steps"]))
+        self.emit(TurnSuspended(step=self.record.counters.steps))
         raise Suspended
 
     async def park(self, state: TurnState, *, until: float,
@@ -275,7 +275,7 @@ class TurnContext:
             return decision
         entry: dict[str, Any] = {
             "code": stop.code.value, "counter": stop.counter, "value": stop.value,
-            "limit": stop.limit, "step": self.record.counters["steps"],
+            "limit": stop.limit, "step": self.record.counters.steps,
             "mode": decision.mode, "message": stop.message}
         self.record.would_have_stopped.append(entry)
         self.emit(GuardWouldStop(**entry))
@@ -304,4 +304,4 @@ class TurnContext:
         """A steer or an answer: the person changed the situation, so the rebuilds
         before it say nothing about what comes next."""
         self.restarts.reset()
-        self.record.counters["restarts"] = 0
+        self.record.counters.restarts = 0

@@ -183,7 +183,7 @@ class ModelCall:
             max_output_tokens=ctx.guard.max_output_tokens(ctx.usage(),
                                                           provider.max_output_tokens),
             timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
-            turn_id=ctx.record.id, step=ctx.record.counters["steps"],
+            turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message})
 
     async def _attempt(self, attempt: Attempt, claims: _Claims) -> ModelReply | Any | None:
@@ -269,14 +269,13 @@ class ModelCall:
     def _charge(self, provider: str, reply: ModelReply) -> None:
         ctx = self.ctx
         u = ctx.record.usage
-        u["input_tokens"] += reply.usage.input_tokens
-        u["output_tokens"] += reply.usage.output_tokens
-        u["total_tokens"] = u["input_tokens"] + u["output_tokens"]
+        u.input_tokens += reply.usage.input_tokens
+        u.output_tokens += reply.usage.output_tokens
         prices = ctx.settings.providers[provider]
         cost = cost_usd(reply.usage.input_tokens, reply.usage.output_tokens,
                         price_input_per_mtok=prices.price_input_per_mtok,
                         price_output_per_mtok=prices.price_output_per_mtok)
-        u["cost_usd"] = round(u["cost_usd"] + cost, 9)
+        u.cost_usd = round(u.cost_usd + cost, 9)
         self._publish(ev.ModelResponse(
             provider=provider, usage={"input_tokens": reply.usage.input_tokens,
                                       "output_tokens": reply.usage.output_tokens},
@@ -314,7 +313,7 @@ class ModelCall:
         ctx = self.ctx
         tried = ", ".join(f"{p} ({e})" for p, e in self._last_errors.items()) or "none"
         ctx.partial.append(
-            f"step {ctx.record.counters['steps']}: the model call was attempted on "
+            f"step {ctx.record.counters.steps}: the model call was attempted on "
             f"{len(ctx.chain.providers)} provider(s) over {ctx.chain.recovery_cycles} "
             f"recovery cycle(s) and none answered; last errors: {tried}")
         # The message is what `turnkeeper show` prints: it names the causes too.

@@ -18,13 +18,56 @@ TERMINAL_STATES: frozenset[str] = frozenset(s.value for s in turn_state.TERMINAL
 LIVE_STATES: tuple[str, ...] = tuple(s.value for s in turn_state.LIVE_STATES)
 
 
-def _zero_counters() -> dict[str, int]:
-    return dict.fromkeys(COUNTER_NAMES, 0)
+@dataclass(slots=True)
+class Counters:
+    """The turn's named counters, one per concern (a provider attempt is not a restart,
+    a restart not a recovery cycle). `tool_attempts` counts the attempts of the latest
+    tool call; the others are the turn's."""
+
+    provider_attempts: int = 0
+    fallback_hops: int = 0
+    restarts: int = 0
+    recovery_cycles: int = 0
+    steps: int = 0
+    tool_attempts: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"provider_attempts": self.provider_attempts,
+                "fallback_hops": self.fallback_hops, "restarts": self.restarts,
+                "recovery_cycles": self.recovery_cycles, "steps": self.steps,
+                "tool_attempts": self.tool_attempts}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> Counters:
+        """Missing names are 0: a record written before a counter existed still loads."""
+        d = d or {}
+        return cls(**{name: int(d.get(name, 0)) for name in COUNTER_NAMES})
 
 
-def _zero_usage() -> dict[str, Any]:
-    return {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "seconds": 0.0,
-            "cost_usd": 0.0}
+@dataclass(slots=True)
+class TurnUsage:
+    """What the turn has spent: tokens, active seconds (parked time excluded) and cost."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    cost_usd: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "total_tokens": self.total_tokens, "seconds": self.seconds,
+                "cost_usd": self.cost_usd}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> TurnUsage:
+        d = d or {}
+        return cls(input_tokens=int(d.get("input_tokens", 0)),
+                   output_tokens=int(d.get("output_tokens", 0)),
+                   seconds=float(d.get("seconds", 0.0)), cost_usd=float(d.get("cost_usd", 0.0)))
 
 
 @dataclass(slots=True)
@@ -40,8 +83,8 @@ class TurnRecord:
     budget: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None
     provider: str | None = None
-    counters: dict[str, int] = field(default_factory=_zero_counters)
-    usage: dict[str, Any] = field(default_factory=_zero_usage)
+    counters: Counters = field(default_factory=Counters)
+    usage: TurnUsage = field(default_factory=TurnUsage)
     next_attempt_at: float | None = None
     question: str | None = None
     result: dict[str, Any] | None = None
@@ -67,7 +110,7 @@ class TurnRecord:
             "id": self.id, "session": self.session, "state": self.state,
             "policy_version": self.policy_version, "created_at": self.created_at,
             "updated_at": self.updated_at, "provider": self.provider,
-            "counters": dict(self.counters), "usage": dict(self.usage),
+            "counters": self.counters.to_json(), "usage": self.usage.to_json(),
             "message": self.message, "budget": dict(self.budget), "deadline": self.deadline,
             "result": self.result, "seq": self.seq,
         }
@@ -98,8 +141,8 @@ class TurnRecord:
             created_at=d["created_at"], updated_at=d["updated_at"], state=d["state"],
             policy_version=d.get("policy_version", 0), seq=d.get("seq", 0),
             budget=d.get("budget") or {}, deadline=d.get("deadline"),
-            provider=d.get("provider"), counters={**_zero_counters(), **d.get("counters", {})},
-            usage={**_zero_usage(), **d.get("usage", {})},
+            provider=d.get("provider"), counters=Counters.from_json(d.get("counters")),
+            usage=TurnUsage.from_json(d.get("usage")),
             next_attempt_at=d.get("next_attempt_at"), question=d.get("question"),
             result=d.get("result"), last_error=d.get("last_error"),
             replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])),

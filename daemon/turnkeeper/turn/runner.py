@@ -91,10 +91,10 @@ class TurnRunner:
             raise RuntimeError(ctx.restore_error)
         if ctx.resumed:
             self._publish(ev.TurnResumed(state=ctx.record.state,
-                                         step=ctx.record.counters["steps"],
+                                         step=ctx.record.counters.steps,
                                          policy_version=ctx.record.policy_version))
             ctx.log.info("turn.resumed", state=ctx.record.state,
-                         **ctx.record.counters)
+                         **ctx.record.counters.to_json())
         else:
             self._publish(ev.TurnStarted(policy_version=ctx.record.policy_version,
                                          provider=ctx.chain.current_provider))
@@ -138,18 +138,18 @@ class TurnRunner:
             if reenter_step:  # resumed in a recovery wait: that step goes on
                 reenter_step = False
             else:
-                ctx.record.counters["steps"] += 1
-            step = ctx.record.counters["steps"]
+                ctx.record.counters.steps += 1
+            step = ctx.record.counters.steps
             self._publish(ev.StepStarted(step=step, provider=ctx.chain.current_provider))
             try:
                 reply = await self.model.call()
             except Redirected:
-                ctx.record.counters["steps"] -= 1
+                ctx.record.counters.steps -= 1
                 continue
             if isinstance(reply, Stop):
                 return ctx.stop(reply)
             if reply is None:  # context overflow rebuilt: run the step again
-                ctx.record.counters["steps"] -= 1
+                ctx.record.counters.steps -= 1
                 continue
             ctx.conv.add_assistant(reply.text, reply.tool_calls)
             if not reply.tool_calls:

@@ -41,7 +41,7 @@ class ToolStep:
     async def run(self, calls: tuple[ToolCall, ...], *, resuming: bool
                   ) -> TurnResult | None:
         ctx = self.ctx
-        step = ctx.record.counters["steps"]
+        step = ctx.record.counters.steps
         observations: list[str] = []
         states: list[str] = []
         all_polling = True
@@ -145,7 +145,7 @@ class ToolStep:
             plan = ctx.effects.plan(call.name, args,
                                     dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
             if isinstance(plan, Refuse):  # nothing is sent: the effect may have happened
-                ctx.record.counters["tool_attempts"] = 0
+                ctx.record.counters.tool_attempts = 0
                 ctx.loops.after_action(action, classify(plan.failure))
                 return self._tool_failed(call, args, plan.failure)
             key = plan.key
@@ -171,7 +171,7 @@ class ToolStep:
             return self._tool_failed(call, args, outcome.failure, key=key)
         ctx.failures.record_success(call.name, args)
         ctx.conv.add_tool_result(call, outcome.content)
-        ctx.partial.append(f"step {ctx.record.counters['steps']}: {call.name} "
+        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} "
                            f"{_short(call.arguments)} -> ok")
         ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=True,
                                content=outcome.content[:2000], state=outcome.state))
@@ -226,7 +226,7 @@ class ToolStep:
             f"OUTCOME UNKNOWN: {call.name} may have done its effect ({reason}), and no "
             "answer says whether. It was not repeated. Check whether it happened before "
             f"doing it again (Idempotency-Key {key})."))
-        ctx.partial.append(f"step {ctx.record.counters['steps']}: {call.name} "
+        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} "
                            f"{_short(call.arguments)} -> outcome unknown")
         ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=None,
                                outcome=str(EffectOutcome.UNKNOWN)))
@@ -245,7 +245,7 @@ class ToolStep:
         cls = classify(failure)
         text = f"ERROR ({cls.value}): {failure.describe()}"
         ctx.conv.add_tool_result(call, text)
-        ctx.partial.append(f"step {ctx.record.counters['steps']}: {call.name} "
+        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} "
                            f"{_short(call.arguments)} -> failed ({cls.value})")
         stop = ctx.failures.record_failure(call.name, args if args is not None
                                            else call.arguments, cls)
@@ -276,7 +276,7 @@ class ToolStep:
         attempt = 0
         while True:
             attempt += 1
-            ctx.record.counters["tool_attempts"] = attempt
+            ctx.record.counters.tool_attempts = attempt
             if breaker is not None and not breaker.try_acquire(ctx.clock.monotonic()):
                 return ToolOutcome(content="", failure=CallFailure(
                     exception=("CircuitOpen", "ConnectionError"),
