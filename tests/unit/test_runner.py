@@ -18,6 +18,7 @@ from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.outcome import StopCode, TurnResult
 from turnkeeper.providers.base import DeltaSink, ModelReply, ModelRequest, ProviderError, Usage
 from turnkeeper.runtime import Runtime, Shared
+from turnkeeper.store.memory import MemoryStore
 from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl, TurnRunner
 
@@ -75,30 +76,6 @@ class ListProvider:
         return None
 
 
-class InMemoryTestStore:
-    """The few store calls a runner makes, kept in dicts (a test helper, not the
-    daemon's store)."""
-
-    def __init__(self) -> None:
-        self.turns: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
-        self.journal: dict[str, dict[str, Any]] = {}
-
-    async def save_turn(self, record: dict[str, Any], checkpoint: dict[str, Any] | None
-                        = None, *, events: Sequence[Event] = ()) -> None:
-        self.turns[record["id"]] = (record, checkpoint)
-
-    async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
-                             idempotent: bool) -> None:
-        self.journal[key] = {"turn": turn, "tool": tool, "arguments": arguments,
-                             "idempotent": idempotent, "outcome": None}
-
-    async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
-        self.journal[key]["outcome"] = outcome
-
-    async def journal_get(self, key: str) -> dict[str, Any] | None:
-        return self.journal.get(key)
-
-
 class Harness:
     def __init__(self, script: Sequence[Script], *,
                  history: Sequence[dict[str, Any]] = (), **config: Any) -> None:
@@ -114,7 +91,7 @@ class Harness:
         self.clock = FakeClock()
         self.events: list[Event] = []
         self.bus = EventBus(clock=self.clock, persist=self.events.append)
-        self.store = InMemoryTestStore()
+        self.store = MemoryStore()
         now = self.clock.time()
         self.record = TurnRecord(id="t1", session="s1", message="do it", created_at=now,
                                  updated_at=now, policy_version=1)
@@ -135,6 +112,9 @@ class Harness:
 
         async def go() -> None:
             results.append(await self.runner.run())
+
+        await self.store.open()
+        await self.store.insert_turn(self.record.to_json(), {})
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(go)
@@ -278,6 +258,8 @@ async def test_the_echo_tool_runs_and_its_call_is_journalled() -> None:
     result = await h.run()
     assert result is not None and result.stopped_because.code is StopCode.COMPLETED
     assert [r["ok"] for r in h.of_type("tool.result")] == [True]
-    (entry,) = h.store.journal.values()
+    (call,) = h.of_type("tool.call")
+    entry = await h.store.journal_get(call["key"])
+    assert entry is not None
     assert entry["tool"] == "echo" and entry["outcome"] is not None
     assert h.record.counters.steps == 2
