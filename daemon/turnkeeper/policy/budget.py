@@ -40,13 +40,29 @@ TIME_RESERVE_S = 0.01
 
 
 def cost_usd(input_tokens: int, output_tokens: int, *, price_input_per_mtok: float,
-             price_output_per_mtok: float) -> float:
-    """Price of one model usage: `(input * price_in + output * price_out) / 1e6`.
+             price_output_per_mtok: float, cache_read_tokens: int = 0,
+             cache_write_tokens: int = 0, price_cache_read_per_mtok: float | None = None,
+             price_cache_write_per_mtok: float | None = None) -> float:
+    """Price of one model usage, prices per million tokens as providers publish them:
 
-    Prices are per million tokens, as providers publish them. Unpriced providers (both
-    prices 0) cost nothing, which is why `max_cost_usd` needs provider prices to mean
-    anything."""
-    return (input_tokens * price_input_per_mtok + output_tokens * price_output_per_mtok) / 1e6
+        (plain * price_in + cache_read * price_cache_read + cache_write * price_cache_write
+         + output * price_out) / 1e6,   plain = input - cache_read - cache_write (>= 0)
+
+    `input_tokens` counts every input token, cached or not; the cache counts are the
+    parts of it read from or written to the provider's prompt cache, which providers
+    bill at other rates (a read is much cheaper, an Anthropic write dearer). A cache price
+    left None is the input price, so a provider without cache prices is charged as if
+    nothing were cached. Unpriced providers (all prices 0) cost nothing, which is why
+    `max_cost_usd` needs prices (configured or from the shipped table) to mean anything."""
+    read = max(0, min(cache_read_tokens, input_tokens))
+    write = max(0, min(cache_write_tokens, input_tokens - read))
+    plain = input_tokens - read - write
+    read_price = price_input_per_mtok if price_cache_read_per_mtok is None \
+        else price_cache_read_per_mtok
+    write_price = price_input_per_mtok if price_cache_write_per_mtok is None \
+        else price_cache_write_per_mtok
+    return (plain * price_input_per_mtok + read * read_price + write * write_price
+            + output_tokens * price_output_per_mtok) / 1e6
 
 
 def _num(value: float) -> str:

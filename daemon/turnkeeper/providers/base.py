@@ -18,8 +18,16 @@ from turnkeeper.policy.classify import CallFailure
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Tokens of one reply, the same for every wire format. `input_tokens` counts all of
+    the input, cached or not (it is what the token budget is charged); the cache counts
+    are the parts of it read from or written to the provider's prompt cache, kept apart
+    only because they are priced apart (OpenAI's `cached_tokens` is a read; Anthropic
+    reports reads and writes)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
