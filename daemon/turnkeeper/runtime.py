@@ -6,23 +6,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from turnkeeper.config import Config, Policy, ProviderConfig, ToolConfig
+from turnkeeper.config import Config, Policy, ProviderConfig, ProviderSecrets, ToolConfig
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.providers.base import Provider
+from turnkeeper.providers.prices import priced
 from turnkeeper.settings import TurnSettings
 from turnkeeper.tools.registry import ToolBox
 
 
-def make_provider(cfg: ProviderConfig) -> Provider:
+def make_provider(cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> Provider:
+    """The adapter for `cfg`, sending `secrets` (None: read them now)."""
     if cfg.kind == "scripted":
         from turnkeeper.providers.scripted import ScriptedProvider
         return ScriptedProvider(cfg)
     if cfg.kind == "openai":
         from turnkeeper.providers.openai import OpenAIProvider
-        return OpenAIProvider(cfg)
+        return OpenAIProvider(cfg, secrets)
     from turnkeeper.providers.anthropic import AnthropicProvider
-    return AnthropicProvider(cfg)
+    return AnthropicProvider(cfg, secrets)
 
 
 @dataclass(slots=True)
@@ -30,11 +32,15 @@ class Runtime:
     policy: Policy
     providers: dict[str, Provider]
     toolbox: ToolBox
-    # What turns read from the policy, resolved once here rather than on every step.
+    # Per provider, a digest of the secrets it was built with: a reload that reads other
+    # ones (a rotated key) builds the provider anew. Digests, so no key is kept twice.
+    secret_digests: dict[str, str] = field(default_factory=dict, repr=False)
+    # What turns read from the policy, resolved once here rather than on every step; the
+    # prices are those in force (configured, else the shipped table).
     settings: TurnSettings = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.settings = TurnSettings.from_config(self.policy.config)
+        self.settings = TurnSettings.from_config(priced(self.policy.config))
 
     @property
     def config(self) -> Config:
@@ -42,19 +48,27 @@ class Runtime:
 
     @classmethod
     def build(cls, policy: Policy, previous: Runtime | None = None) -> Runtime:
-        """Providers whose config did not change keep their instance (and its connection
-        pool); the rest are built new. Raises ConfigError (e.g. an unreadable script)."""
+        """Providers whose config and secrets did not change keep their instance (and its
+        connection pool); the rest are built new. Secrets (keys, `env:` header and query
+        values) are read again on every build, so a rotated key takes effect on reload
+        even when the config text is the same. Raises ConfigError (e.g. an unreadable
+        script or key file)."""
         old = {p.name: p for p in previous.config.providers} if previous else {}
         providers: dict[str, Provider] = {}
+        digests: dict[str, str] = {}
         for p in policy.config.providers:
-            if previous is not None and old.get(p.name) == p:
+            secrets = p.secrets() if p.kind != "scripted" else ProviderSecrets()
+            digests[p.name] = digest = secrets.digest()
+            if (previous is not None and old.get(p.name) == p
+                    and previous.secret_digests.get(p.name) == digest):
                 providers[p.name] = previous.providers[p.name]
             else:
-                providers[p.name] = make_provider(p)
+                providers[p.name] = make_provider(p, secrets)
         # MCP servers whose config did not change keep running, as providers do.
         toolbox = ToolBox(policy.config.tools,
                           previous=previous.toolbox if previous is not None else None)
-        return cls(policy=policy, providers=providers, toolbox=toolbox)
+        return cls(policy=policy, providers=providers, toolbox=toolbox,
+                   secret_digests=digests)
 
     def retired_by(self, new: Runtime) -> list[Provider]:
         """Providers of this runtime that `new` does not use any more."""

@@ -5,6 +5,8 @@
   ".../anthropic" (the adapter appends /v1/messages).
 - `web_server`: a tiny aiohttp.web server of our own, for exact bytes and headers.
 - `make_provider`: builds an adapter from a ProviderConfig and closes it after the test.
+  Its providers have `cache = "off"` unless a test passes `cache="auto"`, so the tests of
+  the wire encoding pin the plain shapes and the cache tests pin the marks.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ async def make_provider(api_key: str) -> AsyncIterator[MakeProvider]:
 
     def make(kind: str, base_url: str, *, stream: bool = True, with_key: bool = True,
              **extra: Any) -> Provider:
+        extra.setdefault("cache", "off")
         cfg = ProviderConfig(name=f"test-{kind}", kind=kind,  # type: ignore[arg-type]
                              base_url=base_url, model="test-model", stream=stream,
                              api_key_env=KEY_ENV if with_key else "", **extra)

@@ -28,6 +28,7 @@ from turnkeeper.config.peers import (
     DEFAULT_TOOLS,
     MCP_INSTALL_HINT,
     ProviderConfig,
+    ProviderSecrets,
     RestartBackoffConfig,
     ToolConfig,
     ToolOverride,
@@ -91,6 +92,7 @@ __all__ = [
     "PositiveInt",
     "ProfileName",
     "ProviderConfig",
+    "ProviderSecrets",
     "RestartBackoffConfig",
     "RetryBudgetConfig",
     "RetryConfig",
@@ -167,9 +169,14 @@ class Config(BaseSettings):
             self.failure_loop.model_copy(update=_overrides(p.failure_loop)))
 
     def redacted(self) -> dict[str, Any]:
-        """The effective config as JSON, secrets replaced: literal header and MCP server
-        env values (an `env:NAME` reference is shown, never its value)."""
+        """The effective config as JSON, secrets replaced: literal header (and provider
+        query) values and MCP server env values (an `env:NAME` reference is shown, never
+        its value)."""
         data = self.model_dump(mode="json")
+        for provider in data["providers"]:
+            for key in ("headers", "query"):
+                provider[key] = {k: (v if v.startswith("env:") else "<redacted>")
+                                 for k, v in provider[key].items()}
         for tool in data["tools"]:
             for key in ("headers", "env"):
                 tool[key] = {k: (v if v.startswith("env:") else "<redacted>")
@@ -260,13 +267,20 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
 
 
 def check_provider_keys(config: Config, source: str) -> None:
-    """A provider whose api_key_env names an unset or empty variable would fail every call
-    with a 401 at run time; refuse it now, naming the variable (never a value). Done on
-    loading a file (config check, start-up, reload), not in the model, so a config can
-    still be built and inspected where the secrets are not present."""
-    missing = [f"  providers.{p.name}.api_key_env: the variable {p.api_key_env} is not "
-               "set or is empty" for p in config.providers
-               if p.api_key_env and not os.environ.get(p.api_key_env)]
+    """A provider whose key cannot be read (an unset or empty variable, a missing key file
+    or credential, an `env:NAME` header or query value whose variable is unset) would fail
+    every call with a 401 at run time; refuse it now, naming where the key was to come
+    from (never a value). Done on loading a file (config check, start-up, reload), not in
+    the model, so a config can still be built and inspected where the secrets are not
+    present; a reload reads every key again."""
+    missing: list[str] = []
+    for p in config.providers:
+        if p.kind == "scripted":
+            continue
+        try:
+            p.secrets()
+        except ConfigError as exc:
+            missing.append(f"  {exc}")
     if missing:
         raise ConfigError("\n".join([f"invalid configuration ({source}):", *missing]))
 

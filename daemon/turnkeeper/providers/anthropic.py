@@ -3,6 +3,14 @@
 One attempt per `complete()`; every failure is a `ProviderError(CallFailure)` (see http.py).
 A stream counts as complete only when `message_stop` arrived: anything shorter is an
 `IncompleteStream`, never a shortened answer.
+
+Prompt caching (`cache = "auto"`): an agent sends its whole, growing history every step,
+so the stable prefix is marked for Anthropic's cache: the system prompt, the tools and the
+latest message (three of the four breakpoints a request may carry). The next step's
+request finds the previous prefix by looking back from its own last breakpoint, so one
+mark on the history is enough while it grows. Reads and writes of the cache come back in
+the usage and are priced apart. The provider's `options` go into the body as given, its
+`headers` and `query` onto every request.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from turnkeeper.config import ProviderConfig
+from turnkeeper.config import ProviderConfig, ProviderSecrets
 from turnkeeper.providers.base import (
     DeltaSink,
     Message,
@@ -33,6 +41,7 @@ from turnkeeper.providers.http import (
     dumps,
     exchange,
     loads,
+    request_headers,
 )
 
 API_VERSION = "2023-06-01"
@@ -100,26 +109,54 @@ def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
             for t in tools]
 
 
-def _input_tokens(u: dict[str, Any]) -> int:
-    """Cache reads and writes are input too (Anthropic reports them apart)."""
-    return (int(u.get("input_tokens") or 0) + int(u.get("cache_creation_input_tokens") or 0)
-            + int(u.get("cache_read_input_tokens") or 0))
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def mark_cache(messages: list[dict[str, Any]]) -> None:
+    """Put a cache breakpoint on the last block of the latest message (in place: the
+    message dicts are fresh on every encode). An empty text cannot carry one."""
+    if not messages:
+        return
+    last = messages[-1]
+    content = last["content"]
+    if isinstance(content, str):
+        if content:
+            last["content"] = [{"type": "text", "text": content, "cache_control": EPHEMERAL}]
+    elif content:
+        content[-1] = {**content[-1], "cache_control": EPHEMERAL}
+
+
+def usage_of(u: dict[str, Any], output_tokens: int | None = None) -> Usage:
+    """Anthropic reports uncached input, cache writes and cache reads apart; all three are
+    input (what the token budget is charged), the last two priced apart."""
+    write = int(u.get("cache_creation_input_tokens") or 0)
+    read = int(u.get("cache_read_input_tokens") or 0)
+    out = int(u.get("output_tokens") or 0) if output_tokens is None else output_tokens
+    return Usage(int(u.get("input_tokens") or 0) + write + read, out,
+                 cache_read_tokens=read, cache_write_tokens=write)
 
 
 class AnthropicProvider:
     """Anthropic Messages over one shared aiohttp session."""
 
-    def __init__(self, cfg: ProviderConfig) -> None:
+    def __init__(self, cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> None:
+        """`secrets` as read by the caller (the runtime reads them once to compare across
+        a reload); None reads them now."""
         self._cfg = cfg
         self._model = cfg.model
         self._stream = cfg.stream
-        key = cfg.api_key()
+        self._cache = cfg.cache == "auto"
+        self._options = dict(cfg.options)
+        secrets = secrets if secrets is not None else cfg.secrets()
+        key = secrets.api_key
         headers = {"content-type": "application/json", "accept": "application/json",
                    "anthropic-version": API_VERSION}
         if key:
             headers["x-api-key"] = key
-        self._client = HttpClient(cfg.base_url.rstrip("/") + "/v1/messages", headers,
-                                  max_connections=cfg.max_connections, secret=key)
+        self._client = HttpClient(cfg.base_url.rstrip("/") + "/v1/messages",
+                                  request_headers(headers, secrets.headers),
+                                  max_connections=cfg.max_connections,
+                                  secret=key, secrets=secrets.values(), query=secrets.query)
         self._tools_src: Sequence[ToolSpec] | None = None
         self._tools_json: list[dict[str, Any]] = []
 
@@ -133,12 +170,20 @@ class AnthropicProvider:
                                 "max_tokens": request.max_output_tokens,
                                 "stream": self._stream}
         if system:
-            body["system"] = system
+            body["system"] = ([{"type": "text", "text": system, "cache_control": EPHEMERAL}]
+                              if self._cache else system)
         if request.tools:
             if request.tools is not self._tools_src:
-                self._tools_json = encode_tools(request.tools)
+                tools = encode_tools(request.tools)
+                if self._cache:
+                    tools[-1]["cache_control"] = EPHEMERAL
+                self._tools_json = tools
                 self._tools_src = request.tools
             body["tools"] = self._tools_json
+        if self._cache:
+            mark_cache(messages)
+        if self._options:
+            body.update(self._options)
         return dumps(body)
 
     async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
@@ -169,7 +214,7 @@ class AnthropicProvider:
         u = obj.get("usage") or {}
         return ModelReply(
             text="".join(text) if text else None, tool_calls=tuple(calls),
-            usage=Usage(_input_tokens(u), int(u.get("output_tokens") or 0)),
+            usage=usage_of(u),
             finish_reason=finish_reason(obj.get("stop_reason"), bool(calls)),
             model=str(obj.get("model") or self._model))
 
@@ -181,7 +226,8 @@ class AnthropicProvider:
         text: list[str] = []
         blocks: dict[int, list[Any]] = {}  # tool_use index -> [id, name, [json fragments]]
         stop: str | None = None
-        input_tokens = output_tokens = 0
+        input_usage: dict[str, Any] = {}
+        output_tokens = 0
         model = ""
         eof = False
         while not eof:
@@ -230,12 +276,12 @@ class AnthropicProvider:
                     u = obj.get("usage") or {}
                     if u.get("output_tokens") is not None:
                         output_tokens = int(u["output_tokens"])
-                    if u.get("input_tokens"):
-                        input_tokens = _input_tokens(u)
+                    if u.get("input_tokens"):  # newer servers repeat the input counts
+                        input_usage = u
                 elif kind == "message_start":
                     message = obj.get("message") or {}
                     u = message.get("usage") or {}
-                    input_tokens = _input_tokens(u)
+                    input_usage = u
                     output_tokens = int(u.get("output_tokens") or 0)
                     model = str(message.get("model") or "")
                 elif kind == "message_stop":
@@ -244,7 +290,7 @@ class AnthropicProvider:
                         for _, slot in sorted(blocks.items()))
                     return ModelReply(
                         text="".join(text) if text else None, tool_calls=calls,
-                        usage=Usage(input_tokens, output_tokens),
+                        usage=usage_of(input_usage, output_tokens),
                         finish_reason=finish_reason(stop, bool(calls)),
                         model=model or self._model)
                 elif kind == "error":

@@ -6,8 +6,8 @@ Rules kept here so both adapters obey them alike:
 - one attempt per call: no library-level retries, no sleeping;
 - every failure leaves as `ProviderError(CallFailure)`, never a bare exception and never a
   shortened answer; `CancelledError` is never caught;
-- the API key never appears in a failure message (it is redacted from anything a server or
-  an exception says);
+- the API key (and any secret header or query value) never appears in a failure message:
+  it is redacted from anything a server or an exception says;
 - low CPU per call: the URL, headers and timeouts are built once and reused, JSON is
   parsed once, and SSE is split on bytes without a per-line coroutine.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -54,14 +54,19 @@ class HttpClient:
     The `ClientTimeout` is cached per distinct `t` value: most calls reuse the last one.
     """
 
-    __slots__ = ("_headers", "_limit", "_secret", "_session", "_timeout", "_timeout_s", "url")
+    __slots__ = ("_headers", "_limit", "_secret", "_secrets", "_session", "_timeout",
+                 "_timeout_s", "url")
 
     def __init__(self, url: str, headers: Mapping[str, str], *, max_connections: int,
-                 secret: str | None) -> None:
-        self.url = URL(url)
+                 secret: str | None = None, secrets: Sequence[str] = (),
+                 query: Mapping[str, str] | None = None) -> None:
+        self.url = URL(url).update_query(dict(query)) if query else URL(url)
         self._headers = dict(headers)
         self._limit = max_connections
-        self._secret = secret or None
+        self._secret = secret or None  # the API key
+        # Longest first, so a secret that contains another is replaced whole.
+        self._secrets = tuple(sorted({v for v in (secret, *secrets) if v}, key=len,
+                                     reverse=True))
         self._session: aiohttp.ClientSession | None = None
         self._timeout_s = -1.0
         self._timeout = aiohttp.ClientTimeout(total=None)
@@ -99,8 +104,9 @@ class HttpClient:
     # -- failures ------------------------------------------------------------------------
 
     def redact(self, text: str) -> str:
-        if self._secret and self._secret in text:
-            text = text.replace(self._secret, "[redacted]")
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "[redacted]")
         return redact_secrets(text)[:MESSAGE_LIMIT]
 
     def transport_failure(self, exc: BaseException) -> CallFailure:
@@ -273,3 +279,11 @@ def _parse_body(raw: bytes, parse: Callable[[Any], ModelReply]) -> ModelReply:
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         raise ProviderError(shape_failure(
             f"unexpected response shape: {type(exc).__name__}")) from exc
+
+
+def request_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The adapter's headers with the provider's own `headers` on top (case-insensitive:
+    a configured `Authorization` or `Accept` replaces the adapter's)."""
+    out = {k: v for k, v in base.items() if k.lower() not in {e.lower() for e in extra}}
+    out.update(extra)
+    return out

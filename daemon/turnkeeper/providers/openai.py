@@ -1,5 +1,10 @@
 """Any OpenAI-compatible Chat Completions endpoint (`POST {base_url}/chat/completions`).
 
+The provider's `options` go into the body as given, its `headers` and `query` onto every
+request (Azure OpenAI: an `api-key` header and an `api-version` query). OpenAI caches
+long prompt prefixes by itself, so `cache` marks nothing here; the cached part of the
+input is read from `usage.prompt_tokens_details.cached_tokens` and priced apart.
+
 One attempt per `complete()`; every failure is a `ProviderError(CallFailure)` (see http.py).
 A stream counts as complete only when it carried a finish reason and the `[DONE]`
 terminator: anything shorter is an `IncompleteStream`, never a shortened answer.
@@ -8,12 +13,13 @@ terminator: anything shorter is an `IncompleteStream`, never a shortened answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
-from turnkeeper.config import ProviderConfig
+from turnkeeper.config import ProviderConfig, ProviderSecrets
 from turnkeeper.providers.base import (
     DeltaSink,
     Message,
@@ -33,6 +39,7 @@ from turnkeeper.providers.http import (
     dumps,
     exchange,
     loads,
+    request_headers,
 )
 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -44,6 +51,27 @@ def finish_reason(raw: object, has_tool_calls: bool) -> str:
     if not raw:
         return "tool_calls" if has_tool_calls else "stop"
     return _FINISH.get(str(raw), str(raw))
+
+
+# Reasoning models (o1, o3, o4-mini, gpt-5...) reject `max_tokens`: they take
+# `max_completion_tokens`. Matched on the model's last path segment ("openai/o3-mini").
+_COMPLETION_TOKENS_MODELS = re.compile(r"^(o\d|gpt-5)")
+
+
+def max_tokens_field(cfg: ProviderConfig) -> str:
+    """The body field that carries the output limit: the configured one, else the one the
+    model family takes."""
+    if cfg.max_tokens_field != "auto":
+        return cfg.max_tokens_field
+    model = cfg.model.rsplit("/", 1)[-1].lower()
+    return "max_completion_tokens" if _COMPLETION_TOKENS_MODELS.match(model) else "max_tokens"
+
+
+def usage_of(u: Mapping[str, Any]) -> Usage:
+    """`prompt_tokens` includes the cached part, reported in `prompt_tokens_details`."""
+    details = u.get("prompt_tokens_details") or {}
+    return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
+                 cache_read_tokens=int(details.get("cached_tokens") or 0))
 
 
 def _arguments(raw: object) -> str:
@@ -88,16 +116,23 @@ def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 class OpenAIProvider:
     """OpenAI Chat Completions over one shared aiohttp session."""
 
-    def __init__(self, cfg: ProviderConfig) -> None:
+    def __init__(self, cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> None:
+        """`secrets` as read by the caller (the runtime reads them once to compare across
+        a reload); None reads them now."""
         self._cfg = cfg
         self._model = cfg.model
         self._stream = cfg.stream
-        key = cfg.api_key()
+        self._max_tokens_field = max_tokens_field(cfg)
+        self._options = dict(cfg.options)
+        secrets = secrets if secrets is not None else cfg.secrets()
+        key = secrets.api_key
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._client = HttpClient(cfg.base_url.rstrip("/") + "/chat/completions", headers,
-                                  max_connections=cfg.max_connections, secret=key)
+        self._client = HttpClient(cfg.base_url.rstrip("/") + "/chat/completions",
+                                  request_headers(headers, secrets.headers),
+                                  max_connections=cfg.max_connections,
+                                  secret=key, secrets=secrets.values(), query=secrets.query)
         # The tool list is usually the same object from one step to the next.
         self._tools_src: Sequence[ToolSpec] | None = None
         self._tools_json: list[dict[str, Any]] = []
@@ -110,7 +145,7 @@ class OpenAIProvider:
         body: dict[str, Any] = {
             "model": self._model,
             "messages": encode_messages(request.system, request.messages),
-            "max_tokens": request.max_output_tokens,
+            self._max_tokens_field: request.max_output_tokens,
             "stream": self._stream,
         }
         if request.tools:
@@ -120,6 +155,8 @@ class OpenAIProvider:
             body["tools"] = self._tools_json
         if self._stream:
             body["stream_options"] = {"include_usage": True}
+        if self._options:
+            body.update(self._options)
         return dumps(body)
 
     async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
@@ -143,7 +180,7 @@ class OpenAIProvider:
         u = obj.get("usage") or {}
         return ModelReply(
             text=msg.get("content"), tool_calls=calls,
-            usage=Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)),
+            usage=usage_of(u),
             finish_reason=finish_reason(choice.get("finish_reason"), bool(calls)),
             model=str(obj.get("model") or self._model))
 
@@ -223,6 +260,6 @@ class OpenAIProvider:
         u = usage or {}
         return ModelReply(
             text="".join(text) if text else None, tool_calls=tool_calls,
-            usage=Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)),
+            usage=usage_of(u),
             finish_reason=finish_reason(finish, bool(tool_calls)),
             model=model or self._model)
