@@ -253,3 +253,52 @@ async def test_a_secret_header_value_never_appears_in_a_failure(
         await ask(p, make_request)
     assert "azure-secret-key-0123" not in info.value.failure.describe()
     assert "[redacted]" in info.value.failure.message
+
+
+def test_loading_a_file_whose_key_file_is_missing_exits_78_naming_the_key(
+        tmp_path: Path) -> None:
+    from turnkeeper.config import load_config
+    f = tmp_path / "c.toml"
+    f.write_text('[[providers]]\nname = "p"\nkind = "openai"\nmodel = "m"\n'
+                 f'api_key_file = "{tmp_path / "nope.key"}"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert err.value.exit_code == 78
+    assert "providers.p.api_key_file" in str(err.value)
+
+
+def test_config_show_redacts_literal_provider_headers_and_query() -> None:
+    from turnkeeper.config import Config
+    config = Config(providers=(ProviderConfig(
+        name="p", kind="openai", base_url="http://127.0.0.1:1/v1", api_key_env="",
+        headers={"api-key": "literal-secret", "X-Ref": "env:SOME_KEY"},
+        query={"code": "literal-code"}),))
+    shown = config.redacted()["providers"][0]
+    assert shown["headers"] == {"api-key": "<redacted>", "X-Ref": "env:SOME_KEY"}
+    assert shown["query"] == {"code": "<redacted>"}
+
+
+async def test_a_reload_keeps_a_provider_whose_secrets_did_not_change_and_rebuilds_the_rest(
+        tmp_path: Path) -> None:
+    from turnkeeper.config import Config, Policy
+    from turnkeeper.runtime import Runtime
+    key = tmp_path / "k"
+    key.write_text("sk-one")
+    config = Config(providers=(
+        ProviderConfig(name="filed", kind="openai", base_url="http://127.0.0.1:1/v1",
+                       api_key_file=str(key)),
+        ProviderConfig(name="local", kind="openai", base_url="http://127.0.0.1:1/v1",
+                       api_key_env="")))
+
+    def policy(version: int) -> Policy:
+        return Policy(version=version, config=config, source_path=None, content_hash="")
+
+    first = Runtime.build(policy(1))
+    same = Runtime.build(policy(2), first)
+    assert same.providers == first.providers
+    key.write_text("sk-two")
+    rotated = Runtime.build(policy(3), same)
+    assert rotated.providers["filed"] is not same.providers["filed"]
+    assert rotated.providers["local"] is same.providers["local"]
+    assert same.retired_by(rotated) == [same.providers["filed"]]
+    assert "sk-one" not in repr(rotated) and "sk-two" not in repr(rotated)

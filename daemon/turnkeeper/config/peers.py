@@ -86,8 +86,8 @@ class ProviderConfig(_Section):
     headers: dict[str, str] = Field(default_factory=dict)
     query: dict[str, str] = Field(default_factory=dict)
     cache: Literal["auto", "off"] = "auto"
-    # Unset prices come from the shipped price table for the model (else 0: unpriced);
-    # unset cache prices from the table, else the input price.
+    # As configured; the prices in force (unset ones from the shipped price table, else 0;
+    # unset cache prices from the table, else the input price) are providers/prices.py's.
     price_input_per_mtok: NonNegFloat = 0.0
     price_output_per_mtok: NonNegFloat = 0.0
     price_cache_read_per_mtok: NonNegFloat | None = None
