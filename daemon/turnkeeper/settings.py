@@ -27,6 +27,9 @@ class ProviderRequestSettings:
     max_output_tokens: int
     price_input_per_mtok: float
     price_output_per_mtok: float
+    # None: the provider bills cache reads and writes at its input price.
+    price_cache_read_per_mtok: float | None = None
+    price_cache_write_per_mtok: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,10 @@ class TurnSettings:
             providers={p.name: ProviderRequestSettings(
                 timeout_s=p.timeout, max_output_tokens=p.max_output_tokens,
                 price_input_per_mtok=p.price_input_per_mtok,
-                price_output_per_mtok=p.price_output_per_mtok) for p in cfg.providers},
+                price_output_per_mtok=p.price_output_per_mtok,
+                price_cache_read_per_mtok=p.price_cache_read_per_mtok,
+                price_cache_write_per_mtok=p.price_cache_write_per_mtok)
+                for p in cfg.providers},
             chain=ChainSettings(
                 providers=tuple(p.name for p in cfg.providers),
                 max_attempts=cfg.agent.api_max_retries + 1, backoff=backoff,

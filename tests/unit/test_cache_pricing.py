@@ -1,36 +1,30 @@
-"""Cache reads and writes are input priced apart: a read costs the cache-read price, a
-write the cache-write price, the rest of the input the input price."""
+"""A turn is charged prompt-cache reads and writes at the provider's cache prices."""
 
 from __future__ import annotations
 
 import pytest
+from tests.unit.test_runner import Harness
 
-from turnkeeper.policy.budget import cost_usd
-from turnkeeper.providers.base import Usage
+from turnkeeper.policy.outcome import StopCode
+from turnkeeper.providers.base import ModelReply, Usage
 
-
-def test_cache_reads_and_writes_are_priced_at_their_own_prices() -> None:
-    # Anthropic Sonnet prices: 3 in, 15 out, 0.30 cache read, 3.75 cache write.
-    cost = cost_usd(1_000_000, 100_000, price_input_per_mtok=3.0, price_output_per_mtok=15.0,
-                    cache_read_tokens=800_000, cache_write_tokens=150_000,
-                    price_cache_read_per_mtok=0.3, price_cache_write_per_mtok=3.75)
-    assert cost == pytest.approx((50_000 * 3.0 + 800_000 * 0.3 + 150_000 * 3.75
-                                  + 100_000 * 15.0) / 1e6)
+pytestmark = pytest.mark.anyio
 
 
-def test_cache_prices_left_unset_are_the_input_price() -> None:
-    plain = cost_usd(10_000, 500, price_input_per_mtok=2.0, price_output_per_mtok=8.0)
-    cached = cost_usd(10_000, 500, price_input_per_mtok=2.0, price_output_per_mtok=8.0,
-                      cache_read_tokens=9_000, cache_write_tokens=500)
-    assert cached == pytest.approx(plain)
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
-def test_cache_counts_larger_than_the_input_are_clamped_to_it() -> None:
-    cost = cost_usd(100, 0, price_input_per_mtok=1.0, price_output_per_mtok=0.0,
-                    cache_read_tokens=150, price_cache_read_per_mtok=0.5)
-    assert cost == pytest.approx(100 * 0.5 / 1e6)
-
-
-def test_usage_cache_counts_default_to_zero_and_are_part_of_the_input() -> None:
-    assert Usage(10, 5) == Usage(10, 5, cache_read_tokens=0, cache_write_tokens=0)
-    assert Usage(10, 5, cache_read_tokens=8).total_tokens == 15
+async def test_a_turn_charges_cache_reads_and_writes_at_their_own_prices() -> None:
+    reply = ModelReply(text="done", tool_calls=(), finish_reason="stop",
+                       usage=Usage(input_tokens=1_000_000, output_tokens=0,
+                                   cache_read_tokens=600_000, cache_write_tokens=100_000))
+    h = Harness([reply], providers=[{
+        "name": "main", "kind": "scripted", "price_input_per_mtok": 3.0,
+        "price_output_per_mtok": 15.0, "price_cache_read_per_mtok": 0.3,
+        "price_cache_write_per_mtok": 3.75}])
+    result = await h.run()
+    assert result is not None and result.stopped_because.code is StopCode.COMPLETED
+    # 300,000 plain input at $3, 600,000 cache reads at $0.30, 100,000 writes at $3.75
+    assert h.record.usage.cost_usd == pytest.approx(0.9 + 0.18 + 0.375)

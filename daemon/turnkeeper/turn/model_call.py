@@ -274,7 +274,11 @@ class ModelCall:
         prices = ctx.settings.providers[provider]
         cost = cost_usd(reply.usage.input_tokens, reply.usage.output_tokens,
                         price_input_per_mtok=prices.price_input_per_mtok,
-                        price_output_per_mtok=prices.price_output_per_mtok)
+                        price_output_per_mtok=prices.price_output_per_mtok,
+                        cache_read_tokens=reply.usage.cache_read_tokens,
+                        cache_write_tokens=reply.usage.cache_write_tokens,
+                        price_cache_read_per_mtok=prices.price_cache_read_per_mtok,
+                        price_cache_write_per_mtok=prices.price_cache_write_per_mtok)
         u.cost_usd = round(u.cost_usd + cost, 9)
         self._publish(ev.ModelResponse(
             provider=provider, usage={"input_tokens": reply.usage.input_tokens,
