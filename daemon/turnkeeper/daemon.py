@@ -47,7 +47,7 @@ class BootError(TurnkeeperError):
         self.exit_code = exit_code
 
 
-async def _serve(policy: Policy, config_path: str | None) -> None:
+async def _serve(policy: Policy, config_path: str | None, control: Path) -> None:
     config = policy.config
     clock = SystemClock()
     notifier = systemd.Notifier.from_env()
@@ -66,7 +66,7 @@ async def _serve(policy: Policy, config_path: str | None) -> None:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = Metrics(sup, clock=clock)
     sup.bus.listeners.append(metrics.on_event)
-    server = ControlServer(sup, path=socket_path(config), mode=config.daemon.socket_mode_int,
+    server = ControlServer(sup, path=control, mode=config.daemon.socket_mode_int,
                            inherited=systemd.take_unix_listener())
     try:
         await server.start(metrics.install)
@@ -129,7 +129,7 @@ async def _watch(sup: Supervisor, path: Path) -> None:
     await watch_config(path, on_change, initial_hash=sup.policy.content_hash or None)
 
 
-def serve(config_option: str | None) -> int:
+def serve(config_option: str | None, socket_option: str | None = None) -> int:
     config_path = config_path_from_env(config_option)
     try:
         config, digest = load_config(config_path)
@@ -141,7 +141,8 @@ def serve(config_option: str | None) -> int:
     tk_logging.configure(log_format=config.daemon.log_format, log_level=config.daemon.log_level)
     policy = Policy(version=1, config=config, source_path=config_path, content_hash=digest)
     try:
-        anyio.run(_serve, policy, config_path, backend="asyncio",
+        anyio.run(_serve, policy, config_path, socket_path(config, socket_option),
+                  backend="asyncio",
                   backend_options={"use_uvloop": True})
     except BootError as exc:
         log.error("daemon.boot_failed", error=str(exc), exit_code=exc.exit_code)

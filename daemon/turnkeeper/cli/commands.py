@@ -64,7 +64,7 @@ def _turn_id(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> Non
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from turnkeeper.daemon import serve
-    return serve(args.config)
+    return serve(args.config, args.socket)
 
 
 def _config_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -78,7 +78,14 @@ def _config_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from turnkeeper.config import ConfigError, Policy, config_path_from_env, load_config
+    from turnkeeper.config import (
+        ConfigError,
+        Policy,
+        config_path_from_env,
+        load_config,
+        socket_path,
+        state_dir,
+    )
     from turnkeeper.runtime import Runtime
 
     path = getattr(args, "path", None) or config_path_from_env(args.config)
@@ -94,7 +101,11 @@ def cmd_config(args: argparse.Namespace) -> int:
         else:
             print(f"{path or 'embedded defaults'}: ok")
         return exits.OK
-    render.print_json(config.redacted())
+    shown = config.redacted()
+    # The paths in use, not the "" that means "the default": what an operator looks for.
+    shown["daemon"]["socket"] = str(socket_path(config, args.socket))
+    shown["daemon"]["state_dir"] = str(state_dir(config))
+    render.print_json(shown)
     return exits.OK
 
 

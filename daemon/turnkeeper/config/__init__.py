@@ -301,8 +301,14 @@ def config_path_from_env(cli_value: str | None) -> str | None:
     return cli_value or os.environ.get("TURNKEEPER_CONFIG") or None
 
 
-def socket_path(config: Config) -> Path:
-    return Path(config.daemon.socket) if config.daemon.socket else default_socket_path()
+def socket_path(config: Config, option: str | None = None) -> Path:
+    """Where the daemon listens: `option` (serve --socket), then TURNKEEPER_SOCKET, then
+    daemon.socket (the file or TURNKEEPER_DAEMON__SOCKET), then the per-user default: the
+    order the CLI searches in, so a client given the same option or variable finds it.
+    The option and the variable stay out of the config, so a reload of the file does not
+    report the socket as changed."""
+    chosen = option or os.environ.get("TURNKEEPER_SOCKET") or config.daemon.socket
+    return Path(chosen) if chosen else default_socket_path()
 
 
 def state_dir(config: Config) -> Path:
