@@ -31,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from turnkeeper import event_types as ev
+from turnkeeper.cli.render import fmt_measure
 from turnkeeper.control.client import Client, ClientError, HTTPStatusError
 from turnkeeper.event_types import parse
 from turnkeeper.policy.turn_state import TurnState
@@ -288,7 +289,9 @@ def render_result(result: dict[str, Any]) -> RenderableType:
     lines.append(f"{status}: ", style=style)
     lines.append(sb["code"], style=style)
     if sb.get("counter"):
-        lines.append(f"   {sb['counter']} = {sb['value']} of limit {sb['limit']}", style="bold")
+        c = sb["counter"]
+        lines.append(f"   {c} = {fmt_measure(c, sb['value'])} of limit "
+                     f"{fmt_measure(c, sb['limit'])}", style="bold")
     lines.append(f"\n{sb['message']}")
     if result.get("answer"):
         lines.append("\n\nanswer  ", style="bold")

@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from tests.integration.harness import Daemon
+from tests.integration.harness import Daemon, script_file, scripted_provider
 from turnkeeper.control.client import Client
 
 
@@ -80,3 +81,62 @@ def test_config_show_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
 
 
+
+
+def test_turns_lists_with_a_header_and_says_when_there_are_none(start: Any) -> None:
+    d = start()
+    out = cli("turns", socket=d.socket)
+    assert out.returncode == 0 and out.stdout.strip() == "no turns"
+    assert cli("dead-letters", socket=d.socket).stdout.strip() == "no dead letters"
+    turn = d.run("hello")
+    out = cli("turns", socket=d.socket)
+    header, row = out.stdout.splitlines()[:2]
+    assert header.split()[:2] == ["ID", "STATE"]
+    assert row.startswith(turn["id"]) and "completed" in row
+
+
+def test_turns_refuses_an_unknown_state_naming_the_valid_ones(start: Any) -> None:
+    d = start()
+    out = cli("turns", "--state", "bogus", socket=d.socket)
+    assert out.returncode == 2
+    assert "bogus" in out.stderr and "queued" in out.stderr and "completed" in out.stderr
+    status, data = d.get("/v1/turns?state=bogus")
+    assert status == 400 and data["field"] == "state" and "queued" in data["error"]
+
+
+def test_turns_refuses_a_zero_or_negative_limit_alike(start: Any) -> None:
+    d = start()
+    for value in ("0", "-1"):
+        out = cli("turns", "--limit", value, socket=d.socket)
+        assert out.returncode == 2, out
+        assert "at least 1" in out.stderr
+
+
+def test_submit_takes_a_relative_deadline_and_refuses_a_past_one(start: Any) -> None:
+    d = start()
+    out = cli("submit", "x", "--deadline", "30m", "--json", socket=d.socket)
+    assert out.returncode == 0, out.stderr
+    out = cli("submit", "x", "--deadline", "2020-01-01T00:00:00Z", socket=d.socket)
+    assert out.returncode == 2 and "already passed" in out.stderr
+
+
+SLOW = """
+[[scenarios]]
+[[scenarios.steps]]
+delay = 2.0
+reply = "done: $message"
+"""
+
+
+def slow_config(tmp_path: Path) -> str:
+    return scripted_provider(script_file(tmp_path / "slow.toml", SLOW))
+
+
+def test_steer_and_answer_say_what_they_did(start: Any, tmp_path: Path) -> None:
+    d = start(slow_config(tmp_path))
+    turn = d.submit("hello")
+    out = cli("steer", turn["id"], "also this", socket=d.socket)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"{turn['id']}: steer queued")
+    out = cli("answer", turn["id"], "yes", socket=d.socket)
+    assert out.returncode == 1 and "asked no question" in out.stderr, out.stderr

@@ -56,6 +56,40 @@ def _no_args(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> Non
     pass
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 and negatives mean nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parse_deadline(text: str, now: float) -> float:
+    """`--deadline`: a span from now (`90s`, `30m`, `2h`, `1d`), epoch seconds, or an ISO
+    8601 time (local time when it names no zone), as epoch seconds. A deadline already
+    passed is refused here: a turn that could never run is a mistake on the line."""
+    from datetime import datetime  # here: only this option needs it
+
+    text = text.strip()
+    if text[-1:].lower() in "smhd" and text[:-1].replace(".", "", 1).isdigit():
+        when = now + render.parse_duration(text)
+    else:
+        try:
+            when = float(text)
+        except ValueError:
+            try:
+                when = datetime.fromisoformat(text).timestamp()
+            except ValueError:
+                raise UsageError(f"--deadline: not a time: {text!r} (e.g. 30m, 2h, "
+                                 "2026-12-01T10:00:00Z or epoch seconds)") from None
+    if when <= now:
+        raise UsageError(f"--deadline: {render.fmt_time(when)} has already passed")
+    return when
+
+
 def _turn_id(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
     p.add_argument("id", help="the turn's id (t_...)")
 
@@ -118,7 +152,8 @@ def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     p.add_argument("--max-seconds", type=float, help="active-seconds budget of this turn")
     p.add_argument("--max-steps", type=int, help="step budget of this turn")
     p.add_argument("--max-cost-usd", type=float, help="cost budget of this turn, in USD")
-    p.add_argument("--deadline", help="absolute deadline: epoch seconds or ISO 8601 time")
+    p.add_argument("--deadline", help="when the turn must end: a span from now (30m, 2h), "
+                   "an ISO 8601 time (local unless it names a zone) or epoch seconds")
     p.add_argument("--profile", help="a budget profile of the policy ([budget.profiles.NAME])")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--wait", action="store_true", help="wait for the result")
@@ -136,10 +171,9 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
     if budget:
         body["budget"] = budget
     if args.deadline:
-        try:
-            body["deadline"] = float(args.deadline)
-        except ValueError:
-            body["deadline"] = args.deadline
+        import time  # here: only this option needs it
+
+        body["deadline"] = parse_deadline(args.deadline, time.time())
     if args.profile:
         body["profile"] = args.profile
     return body
@@ -175,10 +209,11 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
 
 
 def _turns_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    p.add_argument("--state", help="only turns in this state: "
-                   + ", ".join(s.value for s in TurnState))
+    p.add_argument("--state", choices=[s.value for s in TurnState], metavar="STATE",
+                   help="only turns in this state: " + ", ".join(s.value for s in TurnState))
     p.add_argument("--session", help="only turns of this session")
-    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--limit", type=positive_int, default=50,
+                   help="at most this many (default 50)")
 
 
 def cmd_turns(client: Client, args: argparse.Namespace) -> int:
@@ -190,10 +225,12 @@ def cmd_turns(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         render.print_json(data)
         return exits.OK
+    if not data["turns"]:
+        print("no turns" + (" matching" if args.state or args.session else ""))
+        return exits.OK
+    print(render.TURNS_HEADER)
     for t in data["turns"]:
-        code = (t.get("result") or {}).get("stopped_because", {}).get("code", "")
-        print(f"{t['id']}  {t['state']:<10} {code:<22} steps {t['counters']['steps']:<3}"
-              f" {t['message'][:50]!r}")
+        print(render.turn_row(t))
     return exits.OK
 
 
@@ -229,6 +266,12 @@ def _message(client: Client, args: argparse.Namespace, kind: str) -> int:
         return _fail(status, data)
     if args.json:
         render.print_json(data)
+    elif kind == "steer":
+        print(f"{args.id}: steer queued" + (", the model call in flight is cut and the step "
+              "restarts with it" if args.redirect else "; the turn reads it before its next "
+              "step"))
+    else:
+        print(f"{args.id}: answered; the turn resumes with it")
     return exits.OK
 
 
@@ -341,6 +384,8 @@ def cmd_dead_letters(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         render.print_json(data)
         return exits.OK
+    if not data["dead_letters"]:
+        print("no dead letters")
     for d in data["dead_letters"]:
         sb = d.get("stopped_because") or {}
         print(f"{d['id']}  {sb.get('code', '-'):<20} {d.get('last_error') or '-'}"

@@ -33,6 +33,38 @@ def fmt_time(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
+def fmt_seconds(seconds: float) -> str:
+    """Active or waiting seconds for people: `2.5 ms`, `1.25 s`, `3 min 05 s`."""
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    return duration(seconds)
+
+
+def fmt_measure(counter: str, value: Any) -> str:
+    """A counter's value or limit as the unit it is in: an instant for the deadline, a
+    span for a clock, dollars for a cost, a short number for anything else."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return str(value)
+    if counter == "deadline":
+        return fmt_time(value)
+    if counter.endswith("seconds"):
+        return fmt_seconds(value)
+    if counter == "cost_usd":
+        return f"${value:.4g}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def fmt_field(key: str, value: Any) -> str:
+    """An event's field in a line: instants (`*_at`) as times, floats shortened."""
+    if key.endswith("_at") and isinstance(value, (int, float)) and value:
+        return fmt_time(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return json.dumps(value, ensure_ascii=False)
+
+
 def summary(turn: dict[str, Any]) -> str:
     c, u = turn["counters"], turn["usage"]
     lines = [
@@ -44,7 +76,8 @@ def summary(turn: dict[str, Any]) -> str:
         f"fallback_hops {c['fallback_hops']}  restarts {c['restarts']}  "
         f"recovery_cycles {c['recovery_cycles']}",
         f"usage     tokens {u['total_tokens']} (in {u['input_tokens']}, out "
-        f"{u['output_tokens']})  active {u['seconds']:.2f} s  cost ${u['cost_usd']:.4f}",
+        f"{u['output_tokens']})  active {fmt_seconds(u['seconds'])}  cost "
+        f"${u['cost_usd']:.4f}",
     ]
     if turn.get("next_attempt_at"):
         lines.append(f"next try  {fmt_time(turn['next_attempt_at'])}")
@@ -58,10 +91,17 @@ def summary(turn: dict[str, Any]) -> str:
 
 def result_lines(result: dict[str, Any]) -> list[str]:
     sb = result["stopped_because"]
-    lines = [f"result    {result['status']}: {sb['code']}"
-             + (f"  ({sb['counter']} = {sb['value']} of limit {sb['limit']})"
-                if sb.get("counter") else "")
-             + f"  {sb['message']}"]
+    # `completed: completed` says nothing twice: the code is shown when it adds to the
+    # status, and the message when it adds to the code.
+    head = result["status"] + (f": {sb['code']}" if sb["code"] != result["status"] else "")
+    if sb.get("counter"):
+        c = sb["counter"]
+        head += (f"  ({c} = {fmt_measure(c, sb['value'])} of limit "
+                 f"{fmt_measure(c, sb['limit'])})")
+    message = sb.get("message") or ""
+    if message and message not in (sb["code"], result["status"]):
+        head += f"  {message}"
+    lines = [f"result    {head}"]
     if result.get("answer"):
         lines.append("answer    " + str(result["answer"]).replace("\n", "\n          "))
     for item in result.get("partial") or []:
@@ -129,8 +169,18 @@ def event_line(ev: dict[str, Any]) -> str | None:
     if isinstance(body, TurnFinished):
         return "finished  " + "\n          ".join(result_lines(body.result))
     data = {k: v for k, v in ev.items() if k not in ENVELOPE}
-    detail = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in data.items())
+    detail = " ".join(f"{k}={fmt_field(k, v)}" for k, v in data.items())
     return f"{time.strftime('%H:%M:%S', time.localtime(ev['ts']))} {ev['type']:<22} {detail}"
+
+
+TURNS_HEADER = f"{'ID':<18}  {'STATE':<10} {'STOPPED BECAUSE':<22} {'STEPS':<5} MESSAGE"
+
+
+def turn_row(t: dict[str, Any]) -> str:
+    """One line of `turnkeeper turns`, under TURNS_HEADER."""
+    code = (t.get("result") or {}).get("stopped_because", {}).get("code", "-")
+    return (f"{t['id']:<18}  {t['state']:<10} {code:<22} {t['counters']['steps']:<5} "
+            f"{t['message'][:50]!r}")
 
 
 def limits_lines(data: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from turnkeeper.control.bodies import Body, CancelBody, MessageBody, SubmitBody
 from turnkeeper.event_types import TurnReplayed
 from turnkeeper.events import TERMINAL_EVENT, Event
 from turnkeeper.policy.admission import ControlLimits, default_max_connections
+from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor import (
     IntakeRefused,
     NotWaiting,
@@ -46,6 +47,7 @@ FOLLOWERS: web.AppKey[dict[int, int]] = web.AppKey("followers", dict)
 PEER_UID = "turnkeeper.peer_uid"  # request key: the uid the access check saw
 MAX_WAIT_S = 3600.0
 MAX_BATCH_EVENTS = 500  # events per write of an NDJSON stream
+STATE_NAMES = tuple(s.value for s in TurnState)
 
 
 def error(status: int, message: str, *, field: str | None = None,
@@ -198,8 +200,11 @@ async def list_turns(request: web.Request) -> web.Response:
     if isinstance(limit, web.Response):
         return limit
     assert limit is not None
+    state = request.query.get("state") or None
+    if state is not None and state not in STATE_NAMES:
+        return error(400, f"state must be one of {', '.join(STATE_NAMES)}", field="state")
     turns = await request.app[SUPERVISOR].list_turns(
-        state=request.query.get("state") or None, session=request.query.get("session") or None,
+        state=state, session=request.query.get("session") or None,
         limit=int(limit))
     return web.json_response({"turns": turns})
 

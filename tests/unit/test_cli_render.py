@@ -1,0 +1,59 @@
+"""What the CLI prints for people: units, times and no word said twice."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from turnkeeper.cli.commands import UsageError, parse_deadline
+from turnkeeper.cli.render import event_line, fmt_measure, result_lines
+
+NOW = 1_800_000_000.0  # early 2027
+
+
+def test_a_seconds_stop_shows_milliseconds_not_a_raw_float() -> None:
+    line = result_lines({"status": "partial", "stopped_because": {
+        "code": "budget.seconds", "counter": "seconds", "value": 0.002497868000040762,
+        "limit": 0.0001, "message": "time budget spent"}})[0]
+    assert "0.002497868" not in line
+    assert "seconds = 2.5 ms of limit 0.1 ms" in line
+
+
+def test_a_deadline_stop_shows_times_not_epoch_seconds() -> None:
+    assert fmt_measure("deadline", 1796059278.73) == time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(1796059278.73))
+
+
+def test_a_completed_result_does_not_say_completed_twice() -> None:
+    line = result_lines({"status": "completed", "stopped_because": {
+        "code": "completed", "counter": None, "value": None, "limit": None,
+        "message": "completed"}})[0]
+    assert "completed: completed" not in line
+    assert line.split() == ["result", "completed"]
+
+
+def test_an_event_s_instants_are_times_for_people() -> None:
+    line = event_line({"seq": 1, "ts": 1796059000.0, "turn": "t_1", "type": "clarify.asked",
+                       "question": "which?", "timeout_at": 1796059278.73})
+    assert line is not None
+    assert "1796059278" not in line
+    assert "timeout_at=" + time.strftime("%Y-%m-%d %H:%M:%S",
+                                         time.localtime(1796059278.73)) in line
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("30m", 1800.0), ("2h", 7200.0), ("1d", 86400.0), ("90s", 90.0)])
+def test_a_deadline_may_be_a_span_from_now(text: str, expected: float) -> None:
+    assert parse_deadline(text, NOW) == NOW + expected
+
+
+def test_a_deadline_may_be_an_iso_time_or_epoch_seconds() -> None:
+    assert parse_deadline("2030-01-01T00:00:00Z", NOW) == 1893456000.0
+    assert parse_deadline("1893456000", NOW) == 1893456000.0
+
+
+@pytest.mark.parametrize("text", ["2020-01-01T00:00:00Z", "999", "0s", "soon", ""])
+def test_a_past_or_unreadable_deadline_is_a_usage_error(text: str) -> None:
+    with pytest.raises(UsageError, match="--deadline"):
+        parse_deadline(text, NOW)
