@@ -178,3 +178,37 @@ def test_error_field_must_be_a_json_pointer() -> None:
     with pytest.raises(ConfigError, match="error_field"):
         build_config({"tools": [{"name": "t", "url": "http://x/", "error_field": "error"}]})
     build_config({"tools": [{"name": "t", "url": "http://x/", "error_field": "/result/error"}]})
+
+
+def test_an_unknown_key_in_an_override_is_blamed_on_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_BUDGET__MAX_STEPZ", "3")
+    with pytest.raises(ConfigError) as err:
+        load_config(None)
+    assert "TURNKEEPER_BUDGET__MAX_STEPZ" in str(err.value)
+    assert "did you mean TURNKEEPER_BUDGET__MAX_STEPS?" in str(err.value)
+
+
+def test_a_typo_in_the_section_of_an_override_is_an_error_not_ignored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_BUDGT__MAX_STEPS", "3")
+    with pytest.raises(ConfigError) as err:
+        load_config(None)
+    assert "TURNKEEPER_BUDGT__MAX_STEPS: there is no section 'budgt'" in str(err.value)
+    assert "did you mean TURNKEEPER_BUDGET__MAX_STEPS?" in str(err.value)
+
+
+def test_a_bad_value_from_the_environment_names_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_BUDGET__MAX_STEPS", "-3")
+    with pytest.raises(ConfigError, match="from the environment variable "
+                       "TURNKEEPER_BUDGET__MAX_STEPS"):
+        load_config(None)
+
+
+def test_the_socket_and_config_variables_are_not_overrides(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_SOCKET", "/x.sock")
+    monkeypatch.setenv("TURNKEEPER_DAEMON__SOCKET", "/y.sock")
+    config, _ = load_config(None)
+    assert config.daemon.socket == "/y.sock"
