@@ -1,0 +1,156 @@
+"""What every control route shares: the app's keys, JSON errors, strict bodies read
+within a time limit, query numbers in range, and the per-client caps.
+
+Every error is JSON: `{"error": "...", "field": "..."}` where a field is to blame. Input
+is strict: a number is a JSON number, finite, never a string or a boolean (a
+`"deadline": Infinity` once queued a turn that never ran); a body is read within
+`daemon.body_read_timeout` or the connection is closed (a client trickling a body would
+hold a descriptor for ever).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+from collections.abc import Iterator
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from pydantic import ValidationError
+
+from turnkeeper.config import DaemonConfig
+from turnkeeper.control.bodies import Body
+from turnkeeper.policy.admission import ControlLimits, default_max_connections
+from turnkeeper.supervisor import (
+    Supervisor,
+)
+
+log = structlog.get_logger("turnkeeper.control")
+
+SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
+# Event followers open per peer uid (-1: a peer without credentials), for the cap.
+FOLLOWERS: web.AppKey[dict[int, int]] = web.AppKey("followers", dict)
+PEER_UID = "turnkeeper.peer_uid"  # request key: the uid the access check saw
+
+
+def error(status: int, message: str, *, field: str | None = None,
+          headers: dict[str, str] | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def _read(request: web.Request) -> bytes | web.Response:
+    """The body, read within `daemon.body_read_timeout`. A client too slow, or gone, has
+    its connection closed; leaving mid-body is one log line, not a traceback."""
+    sup = request.app[SUPERVISOR]
+    raw: bytes | None = None
+    try:
+        with sup.clock.move_on_after(sup.config.daemon.body_read_timeout):
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    except (ConnectionError, web.HTTPException, HttpProcessingError) as exc:
+        # Gone mid-body, or a malformed body framing: one line, no traceback.
+        log.info("control.client_left", path=request.path, error=type(exc).__name__)
+        return error(400, "the body could not be read", field="(body)")
+    if raw is None:
+        log.info("control.body_timeout", path=request.path)
+        late = error(408, "the body was not sent in time", field="(body)")
+        late.force_close()  # answered, then the connection is closed: not waited for again
+        return late
+    return raw
+
+
+async def read_body(request: web.Request, model: type[Body]) -> Body | web.Response:
+    raw = await _read(request)
+    if isinstance(raw, web.Response):
+        return raw
+    if not raw:
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error(400, f"body is not valid JSON: {exc}", field="(body)")
+        except RecursionError:
+            return error(400, "body is nested too deeply", field="(body)")
+    if not isinstance(data, dict):
+        return error(400, "body must be a JSON object", field="(body)")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(body)"
+        msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+        return error(400, f"{field}: {msg}", field=field)
+    except RecursionError:
+        return error(400, "body is nested too deeply", field="(body)")
+
+
+def control_limits(daemon: DaemonConfig) -> ControlLimits:
+    """The control plane's limits from the `[daemon]` section; `max_connections = 0`
+    means a share of this process's descriptor limit."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    max_connections = daemon.max_connections or default_max_connections(
+        None if soft == resource.RLIM_INFINITY else soft)
+    return ControlLimits(max_connections=max_connections,
+                         max_followers_per_client=daemon.max_followers_per_client,
+                         max_message_bytes=daemon.max_message_bytes)
+
+
+def limits_of(request: web.Request) -> ControlLimits:
+    return control_limits(request.app[SUPERVISOR].config.daemon)
+
+
+def too_large(request: web.Request, field: str, text: str) -> web.Response | None:
+    """413 naming `field` when `text` is over `daemon.max_message_bytes` (UTF-8)."""
+    limit = request.app[SUPERVISOR].config.daemon.max_message_bytes
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if limits_of(request).message_too_large(size):
+        return error(413, f"{field} is {size} bytes, more than the {limit} allowed "
+                          f"(daemon.max_message_bytes)", field=field)
+    return None
+
+
+@contextlib.contextmanager
+def follower(request: web.Request) -> Iterator[bool]:
+    """Counts an event follower against its peer's cap; yields False when over it."""
+    uid = request.get(PEER_UID, -1)
+    followers = request.app[FOLLOWERS]
+    if not limits_of(request).admits_follower(followers.get(uid, 0)):
+        yield False
+        return
+    followers[uid] = followers.get(uid, 0) + 1
+    try:
+        yield True
+    finally:
+        followers[uid] -= 1
+        if not followers[uid]:
+            del followers[uid]
+
+
+def too_many_followers(request: web.Request) -> web.Response:
+    limit = request.app[SUPERVISOR].config.daemon.max_followers_per_client
+    return error(429, f"more than {limit} event streams open for this client "
+                      f"(daemon.max_followers_per_client)", headers={"Retry-After": "1"})
+
+
+def query_float(request: web.Request, name: str, default: float | None,
+                 *, lo: float, hi: float) -> float | web.Response | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        return error(400, f"{name} must be a number", field=name)
+    if not lo <= value <= hi:
+        return error(400, f"{name} must be between {lo:g} and {hi:g}", field=name)
+    return value
+
+
