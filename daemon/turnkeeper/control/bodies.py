@@ -78,3 +78,9 @@ class CancelBody(Body):
     """Optional: an empty body is a plain cancel (a side effect in flight finishes)."""
 
     now: StrictBool = False
+
+
+class IntakeBody(Body):
+    """`{"open": false}` pauses the start of queued turns, `{"open": true}` resumes it."""
+
+    open: StrictBool

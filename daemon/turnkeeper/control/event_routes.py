@@ -8,7 +8,7 @@ the two.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -24,6 +24,7 @@ from turnkeeper.supervisor import (
 )
 
 MAX_BATCH_EVENTS = 500  # events per write of an NDJSON stream
+REPLAY_PAGE = 1000  # stored events read at a time when a stream replays
 
 
 async def _ndjson(request: web.Request, batches: AsyncIterator[list[dict[str, Any]]]
@@ -107,17 +108,58 @@ async def _turn_events(request: web.Request, sup: Supervisor, turn_id: str
     return await _ndjson(request, stream())
 
 
+def type_filter(spec: str) -> Callable[[str], bool]:
+    """`type=tool.call,turn.`: each an exact event type, or a prefix ending in a dot;
+    empty: every type."""
+    exact = {t for t in spec.split(",") if t and not t.endswith(".")}
+    prefixes = tuple(t for t in spec.split(",") if t.endswith("."))
+    if not exact and not prefixes:
+        return lambda _type: True
+    return lambda t: t in exact or t.startswith(prefixes)
+
+
 async def all_events(request: web.Request) -> web.StreamResponse:
+    """Every event, or one turn's (`turn=`), of some types (`type=`), live; with
+    `after=SEQ` the stored events after that `seq` first (model text is live only)."""
     sup = request.app[SUPERVISOR]
+    raw_after = request.query.get("after")
+    after: int | None = None
+    if raw_after not in (None, ""):
+        try:
+            after = int(str(raw_after))
+        except ValueError:
+            return error(400, "after must be a whole number (an event's seq)", field="after")
+        if after < 0:
+            return error(400, "after must be 0 or more", field="after")
+    turn = request.query.get("turn") or None
+    keep = type_filter(request.query.get("type") or "")
 
     async def stream() -> AsyncIterator[list[dict[str, Any]]]:
-        with sup.bus.subscribe() as live:
+        with sup.bus.subscribe(turn=turn) as live:
+            last = -1
+            if after is not None:
+                last = after
+                # As for one turn's stream: what was published before we subscribed is
+                # durable once this flush is, so history and live leave no gap.
+                await sup.store.flush()
+                while True:
+                    page = await sup.store.events(turn=turn, after_seq=last,
+                                                  limit=REPLAY_PAGE)
+                    if not page:
+                        break
+                    last = page[-1]["seq"]
+                    batch = [e for e in page if keep(e["type"])]
+                    if batch:
+                        yield batch
+                    if len(page) < REPLAY_PAGE:
+                        break
             async for first in live:
-                yield [event.to_json() for event in _ready(live, first)]
+                batch = [event.to_json() for event in _ready(live, first)
+                         if event.seq > last and keep(event.type)]
+                if batch:
+                    yield batch
 
     with follower(request) as admitted:
         if not admitted:
             return too_many_followers(request)
         return await _ndjson(request, stream())
-
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from turnkeeper.control import event_routes
-from turnkeeper.control.bodies import CancelBody, MessageBody, SubmitBody
+from turnkeeper.control.bodies import CancelBody, IntakeBody, MessageBody, SubmitBody
 from turnkeeper.control.http import (
     FOLLOWERS,
     PEER_UID,
@@ -38,6 +38,24 @@ __all__ = ["PEER_UID", "SUPERVISOR", "add_routes", "control_limits", "error"]
 
 async def status(request: web.Request) -> web.Response:
     return web.json_response(request.app[SUPERVISOR].status())
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 when ready; 503 when degraded, naming every reason."""
+    out = request.app[SUPERVISOR].queries.health()
+    return web.json_response(out, status=200 if out["status"] == "ok" else 503)
+
+
+async def intake(request: web.Request) -> web.Response:
+    """Pause or resume the start of queued turns (submits are queued either way)."""
+    body = await read_body(request, IntakeBody)
+    if isinstance(body, web.Response):
+        return body
+    assert isinstance(body, IntakeBody)
+    sup = request.app[SUPERVISOR]
+    changed = sup.scheduling.set_paused(not body.open)
+    return web.json_response({"open": body.open, "changed": changed,
+                              "queued": len(sup.queue)})
 
 
 async def submit(request: web.Request) -> web.Response:
@@ -167,6 +185,8 @@ async def limits_report(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app[FOLLOWERS] = {}
     app.router.add_get("/v1/status", status)
+    app.router.add_get("/v1/health", health)
+    app.router.add_post("/v1/intake", intake)
     app.router.add_post("/v1/turns", submit)
     app.router.add_get("/v1/turns", list_turns)
     app.router.add_get("/v1/turns/{id}", get_turn)

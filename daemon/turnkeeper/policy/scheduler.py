@@ -10,6 +10,8 @@ Three rules live here and nowhere else:
   closed (a reload or a stop draining) does not hold them back.
 - At most `max_queued` turns wait in the queue: past it a submit is refused, with a
   Retry-After that grows with the queue per running turn.
+- While an operator has paused it, no queued turn starts; submits are still taken and
+  queued, running and parked turns go on (a woken one still gets its slot back).
 
 The object holds only turn ids and session names; the supervisor owns the turns, starts
 their tasks and wakes them as `dispatch` says.
@@ -49,6 +51,7 @@ class SessionScheduler:
     _tasks: dict[str, str] = field(default_factory=dict)  # turn -> session, parked too
     _slots: set[str] = field(default_factory=set)
     _waiters: deque[str] = field(default_factory=deque)
+    paused: bool = False  # an operator's hold on starting queued turns
 
     def set_limits(self, *, max_concurrent: int, max_queued: int) -> None:
         """A reload's new limits: they apply from the next decision on."""
@@ -137,7 +140,7 @@ class SessionScheduler:
             turn = self._waiters.popleft()
             self._slots.add(turn)
             woken.append(turn)
-        if not intake_open:
+        if not intake_open or self.paused:
             return Dispatch(woken=tuple(woken))
         taken = set(self._tasks.values())
         started: list[str] = []

@@ -97,6 +97,7 @@ class Queries:
         now = core.clock.monotonic()
         return {
             "state": core.state,
+            "paused": core.scheduler.paused,
             "policy_version": core.policy.version,
             "config_path": core.config_path,
             "pending_restart": list(core.pending_restart),
@@ -112,3 +113,29 @@ class Queries:
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
         }
+
+    def health(self) -> dict[str, Any]:
+        """Ready, or degraded with every reason: see `health_problems`."""
+        problems = health_problems(self.status())
+        return {"status": "degraded" if problems else "ok", "problems": problems}
+
+
+def health_problems(status: dict[str, Any]) -> list[str]:
+    """What keeps the daemon from being fully ready, read from its status: not ready
+    (starting, reloading, stopping), paused by an operator, a breaker not closed, an MCP
+    server not up, or the last reload refused (the daemon runs an older policy than the
+    file). Empty when all is well. A check for `status --check` and a load balancer."""
+    out = []
+    if status["state"] != "ready":
+        out.append(f"state {status['state']}")
+    if status.get("paused"):
+        out.append("paused: queued turns do not start (turnkeeper resume)")
+    for name, state in (status.get("breakers") or {}).items():
+        if state != "closed":
+            out.append(f"breaker {name} {state}")
+    for name, srv in (status.get("mcp_servers") or {}).items():
+        if srv.get("state") != "up":
+            out.append(f"mcp server {name} {srv.get('state')}")
+    if status.get("last_reload_error"):
+        out.append("last reload failed: " + str(status["last_reload_error"]).splitlines()[0])
+    return out

@@ -47,6 +47,20 @@ class Scheduling:
             live.running = True
             core.tg.start_soon(self.run_turn, live, name=f"turn {turn_id}")
 
+    def set_paused(self, paused: bool) -> bool:
+        """Hold (or let go) the start of queued turns; True when that changed. Submits are
+        still queued and running or parked turns go on: an operator pauses to take the
+        load off a provider or a tool, not to lose work. Kept in memory only: a restart
+        starts open."""
+        core = self.core
+        if core.scheduler.paused == paused:
+            return False
+        core.scheduler.paused = paused
+        log.info("intake.paused" if paused else "intake.resumed", queued=len(core.queue))
+        if not paused:
+            self.dispatch()
+        return True
+
     def release_slot(self, live: LiveTurn) -> None:
         """A turn parks: its slot goes to the next turn (its session stays taken). A turn
         that parks while a reload or a stop drains is suspended at once, as parked turns
