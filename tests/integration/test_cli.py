@@ -140,3 +140,149 @@ def test_steer_and_answer_say_what_they_did(start: Any, tmp_path: Path) -> None:
     assert out.stdout.startswith(f"{turn['id']}: steer queued")
     out = cli("answer", turn["id"], "yes", socket=d.socket)
     assert out.returncode == 1 and "asked no question" in out.stderr, out.stderr
+
+
+def test_pause_holds_queued_turns_and_resume_starts_them(start: Any, tmp_path: Path) -> None:
+    d = start(slow_config(tmp_path))
+    running = d.submit("first")
+    out = cli("pause", socket=d.socket)
+    assert out.returncode == 0 and out.stdout.startswith("paused"), out
+    assert cli("pause", socket=d.socket).stdout.startswith("already paused")
+    queued = cli("submit", "second", socket=d.socket)
+    assert queued.returncode == 0, queued.stderr  # still accepted, and queued
+    second = queued.stdout.strip()
+    assert d.wait(running["id"])["state"] == "completed"  # the running one went on
+    assert d.get(f"/v1/turns/{second}")[1]["turn"]["state"] == "queued"
+    status = cli("status", socket=d.socket)
+    assert "PAUSED" in status.stdout
+    check = cli("status", "--check", socket=d.socket)
+    assert check.returncode == 1 and "paused" in check.stdout
+    code, health = d.get("/v1/health")
+    assert code == 503 and health["status"] == "degraded"
+    out = cli("resume", socket=d.socket)
+    assert out.returncode == 0 and out.stdout.startswith("resumed"), out
+    assert d.wait(second)["state"] == "completed"
+    check = cli("status", "--check", socket=d.socket)
+    assert check.returncode == 0 and check.stdout.strip() == "ok"
+    assert d.get("/v1/health") == (200, {"status": "ok", "problems": []})
+
+
+def test_intake_route_takes_only_a_boolean(start: Any) -> None:
+    d = start()
+    status, data = d.post("/v1/intake", {"open": "no"})
+    assert status == 400 and data["field"] == "open"
+
+
+def test_status_check_without_a_daemon_is_69(tmp_path: Path) -> None:
+    out = cli("status", "--check", socket=tmp_path / "none.sock")
+    assert out.returncode == 69
+
+
+FAIL_SCRIPT = """
+[[scenarios]]
+match = "block"
+[[scenarios.steps]]
+tool_calls = [{ name = "report_blocked", arguments = { reason = "no access" } }]
+
+[[scenarios]]
+[[scenarios.steps]]
+reply = "done: $message"
+"""
+
+
+def test_wait_exits_with_the_turn_s_status(start: Any, tmp_path: Path) -> None:
+    d = start(scripted_provider(script_file(tmp_path / "s.toml", FAIL_SCRIPT)))
+    ok = d.submit("fine")
+    out = cli("wait", ok["id"], socket=d.socket)
+    assert out.returncode == 0 and "completed" in out.stdout, out
+    blocked = d.submit("block me")
+    out = cli("wait", blocked["id"], socket=d.socket)
+    assert out.returncode == 3, out  # blocked
+    assert cli("wait", "t_unknown", socket=d.socket).returncode == 1
+
+
+def test_retry_submits_a_finished_turn_s_input_again(start: Any) -> None:
+    d = start()
+    first = d.run("again please", budget={"max_steps": 7})
+    out = cli("retry", first["id"], "--wait", "--json", socket=d.socket)
+    assert out.returncode == 0, out.stderr
+    again = json.loads(out.stdout)
+    assert again["id"] != first["id"] and again["message"] == "again please"
+    assert again["budget"]["max_steps"] == 7
+    assert again["session"] != first["session"]  # its own session, as the first was
+    assert cli("retry", "t_unknown", socket=d.socket).returncode == 1
+
+
+def test_retry_of_an_unfinished_turn_is_refused(start: Any, tmp_path: Path) -> None:
+    d = start(slow_config(tmp_path))
+    turn = d.submit("slow")
+    out = cli("retry", turn["id"], socket=d.socket)
+    assert out.returncode == 1 and "not finished" in out.stderr
+
+
+def test_submit_dash_reads_the_message_from_stdin(start: Any) -> None:
+    d = start()
+    out = cli("submit", "-", "--wait", "--json", socket=d.socket, stdin="line one\nline two\n")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["message"] == "line one\nline two"
+    out = cli("submit", "-", socket=d.socket, stdin="")
+    assert out.returncode == 2 and "empty" in out.stderr
+
+
+def test_events_after_replays_the_store_then_filters(start: Any) -> None:
+    d = start()
+    first = d.run("one")
+    second = d.run("two")
+    seqs = [e["seq"] for e in d.events(first["id"])]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnkeeper", "--socket", str(d.socket), "events", "--json",
+         "--after", str(seqs[0]), "--type", "turn.finished"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        got = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [e["turn"] for e in got] == [first["id"], second["id"]]
+    assert all(e["type"] == "turn.finished" and e["seq"] > seqs[0] for e in got)
+    status, _ = d.get("/v1/events?after=-1")
+    assert status == 400
+    out = cli("events", "--after", "-1", socket=d.socket)
+    assert out.returncode == 2
+
+
+def test_events_for_one_turn_replay_only_its_events(start: Any) -> None:
+    d = start()
+    first = d.run("one")
+    d.run("two")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnkeeper", "--socket", str(d.socket), "events", "--json",
+         "--after", "0", "--turn", first["id"]], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        got = []
+        while not got or got[-1]["type"] != "turn.finished":
+            got.append(json.loads(proc.stdout.readline()))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert {e["turn"] for e in got} == {first["id"]}
+    assert [e["seq"] for e in got] == [e["seq"] for e in d.events(first["id"])]
+
+
+def test_completion_scripts_parse_and_complete_commands(tmp_path: Path) -> None:
+    out = cli("completion", "bash")
+    assert out.returncode == 0
+    script = tmp_path / "c.bash"
+    script.write_text(out.stdout)
+    probe = subprocess.run(
+        ["bash", "-c", f'source {script}; COMP_WORDS=(turnkeeper pa); COMP_CWORD=1; '
+         '_turnkeeper; echo "${COMPREPLY[@]}"; '
+         'COMP_WORDS=(turnkeeper --socket /x turns --state q); COMP_CWORD=5; '
+         '_turnkeeper; echo "${COMPREPLY[@]}"'],
+        capture_output=True, text=True, timeout=30, check=False)
+    assert probe.stdout.splitlines() == ["pause", "queued"], probe
+    zsh = cli("completion", "zsh")
+    assert zsh.returncode == 0 and "bashcompinit" in zsh.stdout
+    assert cli("completion", "fish").returncode == 2

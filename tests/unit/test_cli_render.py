@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from turnkeeper.cli.commands import UsageError, parse_deadline
+from turnkeeper.cli.base import UsageError
+from turnkeeper.cli.commands import parse_deadline
 from turnkeeper.cli.render import event_line, fmt_measure, result_lines
 
 NOW = 1_800_000_000.0  # early 2027

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnkeeper import __version__, exits
-from turnkeeper.cli.commands import COMMANDS, UsageError
+from turnkeeper.cli.base import UsageError
+from turnkeeper.cli.commands import COMMANDS
 from turnkeeper.control.client import Client, ClientError, HTTPStatusError
 from turnkeeper.paths import UnsafeSocketDir, client_socket_path
 

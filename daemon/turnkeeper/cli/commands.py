@@ -12,59 +12,38 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from turnkeeper import exits
 from turnkeeper.cli import render
-from turnkeeper.cli.streams import cmd_events, cmd_follow, follow_turn, turn_exit
+from turnkeeper.cli.base import (
+    Command,
+    UsageError,
+    fail,
+    no_args,
+    positive_int,
+    turn_id_arg,
+)
+from turnkeeper.cli.operate import (
+    cmd_completion,
+    cmd_config,
+    cmd_pause,
+    cmd_resume,
+    cmd_retry,
+    cmd_serve,
+    cmd_status,
+    cmd_wait,
+    completion_setup,
+    config_setup,
+    print_result,
+    retry_setup,
+    status_setup,
+    wait_result,
+)
+from turnkeeper.cli.streams import cmd_events, cmd_follow, events_setup, follow_turn
 from turnkeeper.control.client import Client
-from turnkeeper.errors import TurnkeeperError
 from turnkeeper.policy.turn_state import TurnState
-
-# Declares a command's arguments; the second parser holds the options every command
-# takes, for a command with actions of its own (`config check`) to pass on.
-Setup = Callable[[argparse.ArgumentParser, argparse.ArgumentParser], None]
-
-
-class UsageError(TurnkeeperError):
-    """The command line is wrong in a way argparse cannot see; exits 2 like its own."""
-
-
-class Command:
-    """One command: what `--help` shows for it, how its arguments are declared, and what
-    runs it (`run` with a client of the daemon, or `run_local` for one that needs none).
-    A plain class: a dataclass or NamedTuple costs every command start-up time."""
-
-    __slots__ = ("description", "help", "name", "run", "run_local", "setup")
-
-    def __init__(self, name: str, help: str, description: str, setup: Setup,
-                 run: Callable[[Client, argparse.Namespace], int] | None = None, *,
-                 run_local: Callable[[argparse.Namespace], int] | None = None) -> None:
-        self.name, self.help, self.description, self.setup = name, help, description, setup
-        self.run, self.run_local = run, run_local
-
-
-def _fail(status: int, data: Any) -> int:
-    msg = data.get("error") if isinstance(data, dict) else data
-    print(f"turnkeeper: HTTP {status}: {msg}", file=sys.stderr)
-    return exits.FAIL
-
-
-def _no_args(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    pass
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (0 and negatives mean nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def parse_deadline(text: str, now: float) -> float:
@@ -90,63 +69,12 @@ def parse_deadline(text: str, now: float) -> float:
     return when
 
 
-def _turn_id(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    p.add_argument("id", help="the turn's id (t_...)")
-
-
 # -- serve, config ------------------------------------------------------------------------
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from turnkeeper.daemon import serve
-    return serve(args.config, args.socket)
-
-
-def _config_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    chk = sub.add_parser("check", parents=[common], help="validate without running",
-                         description="Load and validate a config file, then exit.")
-    chk.add_argument("path", nargs="?", help="the file (default: --config, or the "
-                     "config the daemon would read)")
-    sub.add_parser("show", parents=[common], help="effective config, secrets redacted",
-                   description="Print the effective config as JSON, secrets redacted.")
-
-
-def cmd_config(args: argparse.Namespace) -> int:
-    from turnkeeper.config import (
-        ConfigError,
-        Policy,
-        config_path_from_env,
-        load_config,
-        socket_path,
-        state_dir,
-    )
-    from turnkeeper.runtime import Runtime
-
-    path = getattr(args, "path", None) or config_path_from_env(args.config)
-    try:
-        config, digest = load_config(path)
-        Runtime.build(Policy(version=0, config=config, source_path=path, content_hash=digest))
-    except ConfigError as exc:
-        print(f"turnkeeper: {exc}", file=sys.stderr)
-        return exits.CONFIG
-    if args.config_command == "check":
-        if args.json:
-            render.print_json({"ok": True, "path": path})
-        else:
-            print(f"{path or 'embedded defaults'}: ok")
-        return exits.OK
-    shown = config.redacted()
-    # The paths in use, not the "" that means "the default": what an operator looks for.
-    shown["daemon"]["socket"] = str(socket_path(config, args.socket))
-    shown["daemon"]["state_dir"] = str(state_dir(config))
-    render.print_json(shown)
-    return exits.OK
-
 
 # -- turns --------------------------------------------------------------------------------
 
 def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    p.add_argument("message", help="what the agent is asked to do")
+    p.add_argument("message", help="what the agent is asked to do; - reads it from stdin")
     p.add_argument("--session", help="a session to continue (default: a new one)")
     p.add_argument("--max-tokens", type=int, help="token budget of this turn")
     p.add_argument("--max-seconds", type=float, help="active-seconds budget of this turn")
@@ -160,8 +88,20 @@ def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     g.add_argument("--follow", action="store_true", help="show the turn live")
 
 
+def _message_text(arg: str) -> str:
+    """The message as given, or stdin's whole text for `-` (a prompt from a file or a
+    pipe keeps its lines; only the trailing newline is dropped)."""
+    if arg != "-":
+        return arg
+    text = sys.stdin.read()
+    text = text[:-1] if text.endswith("\n") else text
+    if not text.strip():
+        raise UsageError("submit -: stdin was empty")
+    return text
+
+
 def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {"message": args.message}
+    body: dict[str, Any] = {"message": _message_text(args.message)}
     if args.session:
         body["session"] = args.session
     budget = {k: v for k, v in (("max_tokens", args.max_tokens),
@@ -182,7 +122,7 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     status, data = client.request("POST", "/v1/turns", _submit_body(args))
     if status != 202:
-        return _fail(status, data)
+        return fail(status, data)
     turn = data["turn"]
     if args.follow:
         if not args.json:
@@ -194,18 +134,10 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         else:
             print(turn["id"])
         return exits.OK
-    while True:
-        status, data = client.request("GET", f"/v1/turns/{turn['id']}?wait=60", timeout=90)
-        if status != 200:
-            return _fail(status, data)
-        turn = data["turn"]
-        if turn.get("result"):
-            break
-    if args.json:
-        render.print_json(turn)
-    else:
-        print(render.summary(turn))
-    return turn_exit(turn["result"])
+    status, data = wait_result(client, turn["id"])
+    if status != 200:
+        return fail(status, data)
+    return print_result(data, args.json)
 
 
 def _turns_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -221,7 +153,7 @@ def cmd_turns(client: Client, args: argparse.Namespace) -> int:
                            ("limit", args.limit)) if v}
     status, data = client.request("GET", "/v1/turns?" + urlencode(q))
     if status != 200:
-        return _fail(status, data)
+        return fail(status, data)
     if args.json:
         render.print_json(data)
         return exits.OK
@@ -237,7 +169,7 @@ def cmd_turns(client: Client, args: argparse.Namespace) -> int:
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
     status, data = client.request("GET", f"/v1/turns/{quote(args.id)}")
     if status != 200:
-        return _fail(status, data)
+        return fail(status, data)
     if args.json:
         render.print_json(data["turn"])
     else:
@@ -246,14 +178,14 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
 
 
 def _steer_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    _turn_id(p, common)
+    turn_id_arg(p, common)
     p.add_argument("text", help="the message for the agent")
     p.add_argument("--redirect", action="store_true",
                    help="cut the in-flight model call and restart the step with it")
 
 
 def _answer_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    _turn_id(p, common)
+    turn_id_arg(p, common)
     p.add_argument("text", help="the answer to the turn's question")
 
 
@@ -263,7 +195,7 @@ def _message(client: Client, args: argparse.Namespace, kind: str) -> int:
         body["redirect"] = True
     status, data = client.request("POST", f"/v1/turns/{quote(args.id)}/messages", body)
     if status != 202:
-        return _fail(status, data)
+        return fail(status, data)
     if args.json:
         render.print_json(data)
     elif kind == "steer":
@@ -284,7 +216,7 @@ def cmd_answer(client: Client, args: argparse.Namespace) -> int:
 
 
 def _cancel_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    _turn_id(p, common)
+    turn_id_arg(p, common)
     p.add_argument("--now", action="store_true",
                    help="also cut a side effect in flight (its outcome is then unknown); "
                         "without it, such a call finishes first")
@@ -294,7 +226,7 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     status, data = client.request("POST", f"/v1/turns/{quote(args.id)}/cancel",
                                   {"now": True} if args.now else None)
     if status != 202:
-        return _fail(status, data)
+        return fail(status, data)
     if args.json:
         render.print_json(data)
     else:
@@ -303,17 +235,6 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 # -- the daemon ---------------------------------------------------------------------------
-
-def cmd_status(client: Client, args: argparse.Namespace) -> int:
-    status, data = client.request("GET", "/v1/status")
-    if status != 200:
-        return _fail(status, data)
-    if args.json:
-        render.print_json(data)
-    else:
-        print("\n".join(render.status_lines(data)))
-    return exits.OK
-
 
 def cmd_reload(client: Client, args: argparse.Namespace) -> int:
     # No timeout of our own: a reload drains turns for up to daemon.drain_timeout and
@@ -355,7 +276,7 @@ def cmd_limits(client: Client, args: argparse.Namespace) -> int:
             raise UsageError(f"--since: {exc}") from None
     status, data = client.request("GET", "/v1/limits/report?" + urlencode(query))
     if status != 200:
-        return _fail(status, data)
+        return fail(status, data)
     if args.json:
         render.print_json(data)
     else:
@@ -375,12 +296,12 @@ def cmd_dead_letters(client: Client, args: argparse.Namespace) -> int:
             raise UsageError("dead-letters replay needs an ID")
         status, data = client.request("POST", f"/v1/dead-letters/{quote(args.id)}/replay")
         if status != 202:
-            return _fail(status, data)
+            return fail(status, data)
         print(data["turn"]["id"] if not args.json else json.dumps(data))
         return exits.OK
     status, data = client.request("GET", "/v1/dead-letters")
     if status != 200:
-        return _fail(status, data)
+        return fail(status, data)
     if args.json:
         render.print_json(data)
         return exits.OK
@@ -396,19 +317,19 @@ def cmd_dead_letters(client: Client, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("serve", "run the daemon",
             "Run the daemon in the foreground until SIGTERM or SIGINT.",
-            _no_args, run_local=cmd_serve),
+            no_args, run_local=cmd_serve),
     Command("submit", "submit a turn",
             "Queue a turn; print its id, or wait for (or follow) its result.",
             _submit_setup, cmd_submit),
     Command("status", "daemon status",
             "The daemon's state, policy, reloads, turns, queue, breakers and MCP servers.",
-            _no_args, cmd_status),
+            status_setup, cmd_status),
     Command("turns", "list turns", "List turns, newest first.", _turns_setup, cmd_turns),
     Command("show", "show one turn", "A turn's state, counters, usage and result.",
-            _turn_id, cmd_show),
+            turn_id_arg, cmd_show),
     Command("follow", "follow a turn live",
             "Show a turn's events as they happen (a live view on a terminal) until it "
-            "ends; the exit status is the turn's.", _turn_id, cmd_follow),
+            "ends; the exit status is the turn's.", turn_id_arg, cmd_follow),
     Command("cancel", "cancel a turn",
             "Cancel a queued, running or parked turn. A side effect in flight finishes "
             "first unless --now.", _cancel_setup, cmd_cancel),
@@ -419,14 +340,31 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             "Answer the question a waiting turn asked; it resumes with the answer.",
             _answer_setup, cmd_answer),
     Command("events", "print every event as it happens",
-            "Every event of every turn and of the daemon, live, until interrupted.",
-            _no_args, cmd_events),
+            "Every event of every turn and of the daemon, live, until interrupted; with "
+            "--after, the stored ones after that seq first, so a consumer that "
+            "reconnects loses nothing.", events_setup, cmd_events),
     Command("reload", "reload the config (waits for the outcome; non-zero exit when "
             "invalid)", "Re-read the config and apply it; an invalid one is refused and "
-            "the running policy kept.", _no_args, cmd_reload),
+            "the running policy kept.", no_args, cmd_reload),
+    Command("pause", "stop starting queued turns",
+            "Hold the queue: no queued turn starts until `resume`. Submits are still "
+            "accepted and queued; running and parked turns go on.", no_args, cmd_pause),
+    Command("resume", "start queued turns again", "Let go of a `pause`: queued turns "
+            "start again, in order.", no_args, cmd_resume),
+    Command("wait", "wait for a turn's result",
+            "Wait until a turn ends and print its result; the exit status is the turn's.",
+            turn_id_arg, cmd_wait),
+    Command("retry", "submit a finished turn's input again",
+            "Submit a finished turn's message, budget, profile and session (when it named "
+            "one) as a new turn; print its id, or wait for its result.",
+            retry_setup, cmd_retry),
+    Command("completion", "print a shell completion script",
+            "Print a completion script for bash or zsh, generated from this command "
+            "table: eval \"$(turnkeeper completion bash)\".", completion_setup,
+            run_local=cmd_completion),
     Command("config", "check or show the config",
             "Validate the config, or print the effective one; needs no daemon.",
-            _config_setup, run_local=cmd_config),
+            config_setup, run_local=cmd_config),
     Command("dead-letters", "list or replay dead letters",
             "List the turns that failed for good, or replay one from its last checkpoint.",
             _dead_letters_setup, cmd_dead_letters),

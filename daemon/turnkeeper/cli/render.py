@@ -138,6 +138,9 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"restart for  {', '.join(data['pending_restart'])} (changed, not "
                      "applied until a restart)")
     lines.append("turns        " + "  ".join(f"{k} {v}" for k, v in t.items()))
+    if data.get("paused"):
+        lines.append("intake       PAUSED: queued turns do not start until `turnkeeper "
+                     "resume`")
     if q:
         lines.append(f"queue        {q['depth']} waiting of {q['max']} allowed; at most "
                      f"{q['max_concurrent']} run at once")

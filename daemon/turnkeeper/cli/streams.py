@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from turnkeeper import exits
 from turnkeeper.cli import render
@@ -61,8 +61,24 @@ def cmd_follow(client: Client, args: argparse.Namespace) -> int:
     return follow_turn(client, args.id, args.json)
 
 
+def events_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("--after", type=int, metavar="SEQ",
+                   help="first the stored events after this seq (0: all of them), then "
+                   "live: give the last seq seen to lose nothing across a reconnect")
+    p.add_argument("--turn", metavar="ID", help="only this turn's events")
+    p.add_argument("--type", metavar="T", action="append",
+                   help="only events of this type, or of a prefix ending in a dot "
+                   "(tool.); may be repeated")
+
+
 def cmd_events(client: Client, args: argparse.Namespace) -> int:
-    for ev in client.stream("/v1/events"):
+    if args.after is not None and args.after < 0:
+        from turnkeeper.cli.base import UsageError
+
+        raise UsageError("--after: a seq is 0 or more")
+    query = {k: v for k, v in (("after", args.after), ("turn", args.turn),
+                               ("type", ",".join(args.type or ()))) if v not in (None, "")}
+    for ev in client.stream("/v1/events" + ("?" + urlencode(query) if query else "")):
         if args.json:
             print(json.dumps(ev, ensure_ascii=False), flush=True)
         else:

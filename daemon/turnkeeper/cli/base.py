@@ -1,0 +1,60 @@
+"""What every `turnkeeper` command is built from: the `Command` row of the table, the
+usage error, and the small argument helpers the commands share."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from turnkeeper import exits
+from turnkeeper.control.client import Client
+from turnkeeper.errors import TurnkeeperError
+
+# Declares a command's arguments; the second parser holds the options every command
+# takes, for a command with actions of its own (`config check`) to pass on.
+Setup = Callable[[argparse.ArgumentParser, argparse.ArgumentParser], None]
+
+
+class UsageError(TurnkeeperError):
+    """The command line is wrong in a way argparse cannot see; exits 2 like its own."""
+
+
+class Command:
+    """One command: what `--help` shows for it, how its arguments are declared, and what
+    runs it (`run` with a client of the daemon, or `run_local` for one that needs none).
+    A plain class: a dataclass or NamedTuple costs every command start-up time."""
+
+    __slots__ = ("description", "help", "name", "run", "run_local", "setup")
+
+    def __init__(self, name: str, help: str, description: str, setup: Setup,
+                 run: Callable[[Client, argparse.Namespace], int] | None = None, *,
+                 run_local: Callable[[argparse.Namespace], int] | None = None) -> None:
+        self.name, self.help, self.description, self.setup = name, help, description, setup
+        self.run, self.run_local = run, run_local
+
+
+def fail(status: int, data: Any) -> int:
+    msg = data.get("error") if isinstance(data, dict) else data
+    print(f"turnkeeper: HTTP {status}: {msg}", file=sys.stderr)
+    return exits.FAIL
+
+
+def no_args(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    pass
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 and negatives mean nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def turn_id_arg(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("id", help="the turn's id (t_...)")

@@ -1,0 +1,212 @@
+"""The commands that run or operate the daemon rather than one turn: `serve`, `config`,
+`status` (and its `--check`), `pause` / `resume`, `wait`, `retry` and `completion`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+from urllib.parse import quote
+
+from turnkeeper import exits
+from turnkeeper.cli import render
+from turnkeeper.cli.base import fail
+from turnkeeper.cli.streams import turn_exit
+from turnkeeper.control.client import Client
+
+DEGRADED = exits.FAIL  # `status --check`: the daemon answers, but is not fully ready
+WAIT_POLL_S = 60  # one long poll of `wait`; the client allows it half a minute more
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from turnkeeper.daemon import serve
+    return serve(args.config, args.socket)
+
+
+def config_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    chk = sub.add_parser("check", parents=[common], help="validate without running",
+                         description="Load and validate a config file, then exit.")
+    chk.add_argument("path", nargs="?", help="the file (default: --config, or the "
+                     "config the daemon would read)")
+    sub.add_parser("show", parents=[common], help="effective config, secrets redacted",
+                   description="Print the effective config as JSON, secrets redacted.")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from turnkeeper.config import (
+        ConfigError,
+        Policy,
+        config_path_from_env,
+        load_config,
+        socket_path,
+        state_dir,
+    )
+    from turnkeeper.runtime import Runtime
+
+    path = getattr(args, "path", None) or config_path_from_env(args.config)
+    try:
+        config, digest = load_config(path)
+        Runtime.build(Policy(version=0, config=config, source_path=path, content_hash=digest))
+    except ConfigError as exc:
+        print(f"turnkeeper: {exc}", file=sys.stderr)
+        return exits.CONFIG
+    if args.config_command == "check":
+        if args.json:
+            render.print_json({"ok": True, "path": path})
+        else:
+            print(f"{path or 'embedded defaults'}: ok")
+        return exits.OK
+    shown = config.redacted()
+    # The paths in use, not the "" that means "the default": what an operator looks for.
+    shown["daemon"]["socket"] = str(socket_path(config, args.socket))
+    shown["daemon"]["state_dir"] = str(state_dir(config))
+    render.print_json(shown)
+    return exits.OK
+
+
+# -- the daemon's state ----------------------------------------------------------------
+
+def status_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("--check", action="store_true",
+                   help=f"say only whether the daemon is ready: exit {exits.OK} ready, "
+                   f"{DEGRADED} degraded (paused, a breaker open, an MCP server down, the "
+                   f"last reload refused), {exits.UNAVAILABLE} unreachable")
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    if args.check:
+        return _check(client, args)
+    status, data = client.request("GET", "/v1/status")
+    if status != 200:
+        return fail(status, data)
+    if args.json:
+        render.print_json(data)
+    else:
+        print("\n".join(render.status_lines(data)))
+    return exits.OK
+
+
+def _check(client: Client, args: argparse.Namespace) -> int:
+    status, data = client.request("GET", "/v1/health")
+    if status not in (200, 503) or not isinstance(data, dict) or "problems" not in data:
+        return fail(status, data)
+    if args.json:
+        render.print_json(data)
+    elif data["problems"]:
+        print("degraded: " + "; ".join(data["problems"]))
+    else:
+        print("ok")
+    return exits.OK if status == 200 else DEGRADED
+
+
+def _intake(client: Client, args: argparse.Namespace, *, open_: bool) -> int:
+    status, data = client.request("POST", "/v1/intake", {"open": open_})
+    if status != 200:
+        return fail(status, data)
+    if args.json:
+        render.print_json(data)
+        return exits.OK
+    queued = f"{data['queued']} queued"
+    if open_:
+        print(("resumed" if data["changed"] else "not paused") + f": queued turns start "
+              f"again ({queued})")
+    else:
+        print(("paused" if data["changed"] else "already paused") + ": queued turns wait "
+              f"until `turnkeeper resume`; submits are still queued, running turns go on "
+              f"({queued})")
+    return exits.OK
+
+
+def cmd_pause(client: Client, args: argparse.Namespace) -> int:
+    return _intake(client, args, open_=False)
+
+
+def cmd_resume(client: Client, args: argparse.Namespace) -> int:
+    return _intake(client, args, open_=True)
+
+
+# -- one turn's end -----------------------------------------------------------------------
+
+def wait_result(client: Client, turn_id: str) -> tuple[int, Any]:
+    """Long-poll a turn until it has a result: (200, the turn), or the error answer."""
+    while True:
+        status, data = client.request("GET", f"/v1/turns/{quote(turn_id)}?wait={WAIT_POLL_S}",
+                                      timeout=WAIT_POLL_S + 30)
+        if status != 200:
+            return status, data
+        if data["turn"].get("result"):
+            return status, data["turn"]
+
+
+def print_result(turn: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        render.print_json(turn)
+    else:
+        print(render.summary(turn))
+    return turn_exit(turn["result"])
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    status, data = wait_result(client, args.id)
+    if status != 200:
+        return fail(status, data)
+    return print_result(data, args.json)
+
+
+def retry_body(turn: dict[str, Any]) -> dict[str, Any]:
+    """A new turn with a finished one's input: its message, budget and profile, and its
+    session when it named one (a turn that was its own session gets a fresh one). Not
+    its deadline: an absolute time, most likely passed."""
+    body: dict[str, Any] = {"message": turn["message"]}
+    if turn.get("session") and turn["session"] != turn["id"]:
+        body["session"] = turn["session"]
+    if turn.get("budget"):
+        body["budget"] = turn["budget"]
+    if turn.get("profile"):
+        body["profile"] = turn["profile"]
+    return body
+
+
+def retry_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("id", help="the finished turn whose input to submit again (t_...)")
+    p.add_argument("--wait", action="store_true", help="wait for the new turn's result")
+
+
+def cmd_retry(client: Client, args: argparse.Namespace) -> int:
+    status, data = client.request("GET", f"/v1/turns/{quote(args.id)}")
+    if status != 200:
+        return fail(status, data)
+    turn = data["turn"]
+    if not turn.get("result"):
+        print(f"turnkeeper: turn {args.id} is {turn['state']}, not finished: nothing to "
+              "retry yet", file=sys.stderr)
+        return exits.FAIL
+    status, data = client.request("POST", "/v1/turns", retry_body(turn))
+    if status != 202:
+        return fail(status, data)
+    new = data["turn"]
+    if args.wait:
+        status, data = wait_result(client, new["id"])
+        if status != 200:
+            return fail(status, data)
+        return print_result(data, args.json)
+    if args.json:
+        render.print_json(new)
+    else:
+        print(new["id"])
+    return exits.OK
+
+
+# -- shell completion ---------------------------------------------------------------------
+
+def completion_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete for")
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from turnkeeper.cli import parser
+    from turnkeeper.cli.completion import script  # here only: `status` stays fast
+
+    print(script(parser(), args.shell))
+    return exits.OK
