@@ -38,9 +38,11 @@ async def _ndjson(request: web.Request, batches: AsyncIterator[list[dict[str, An
         async for batch in batches:
             await resp.write(b"".join(json.dumps(ev, separators=(",", ":")).encode() + b"\n"
                                       for ev in batch))
+        # Inside the try: a follower that left is only noticed here when the stream ends
+        # with nothing more to send (the daemon stopping), and that is no error.
+        await resp.write_eof()
     except (ConnectionResetError, ConnectionError):
         return resp
-    await resp.write_eof()
     return resp
 
 
