@@ -58,3 +58,19 @@ def test_a_deadline_may_be_an_iso_time_or_epoch_seconds() -> None:
 def test_a_past_or_unreadable_deadline_is_a_usage_error(text: str) -> None:
     with pytest.raises(UsageError, match="--deadline"):
         parse_deadline(text, NOW)
+
+
+def test_health_names_every_reason_to_be_degraded() -> None:
+    from turnkeeper.supervisor.queries import health_problems
+
+    ok = {"state": "ready", "paused": False, "breakers": {"a": "closed"},
+          "mcp_servers": {"m": {"state": "up"}}, "last_reload_error": None}
+    assert health_problems(ok) == []
+    bad = {**ok, "paused": True, "breakers": {"a": "open"},
+           "mcp_servers": {"m": {"state": "restarting"}},
+           "last_reload_error": "invalid configuration (x):\n  a.b: c"}
+    problems = health_problems(bad)
+    assert len(problems) == 4
+    assert problems[0].startswith("paused") and "breaker a open" in problems
+    assert "mcp server m restarting" in problems
+    assert problems[-1] == "last reload failed: invalid configuration (x):"

@@ -106,3 +106,18 @@ def test_new_limits_apply_from_the_next_decision() -> None:
     s.set_limits(max_concurrent=2, max_queued=5)
     assert s.refusal() is None
     assert s.dispatch(intake_open=True).started == ("a", "b")
+
+
+def test_a_pause_holds_queued_turns_not_woken_ones_and_the_queue_still_fills() -> None:
+    s = scheduler(max_concurrent=2)
+    s.enqueue("p", "P")
+    s.dispatch(intake_open=True)
+    s.release_slot("p")
+    s.paused = True
+    s.enqueue("n", "N")
+    assert s.refusal() is None  # submits are still taken
+    s.want_slot("p")
+    assert s.dispatch(intake_open=True) == Dispatch(woken=("p",))
+    assert list(s.queue) == ["n"]
+    s.paused = False
+    assert s.dispatch(intake_open=True) == Dispatch(started=("n",))
