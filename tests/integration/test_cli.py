@@ -286,3 +286,17 @@ def test_completion_scripts_parse_and_complete_commands(tmp_path: Path) -> None:
     zsh = cli("completion", "zsh")
     assert zsh.returncode == 0 and "bashcompinit" in zsh.stdout
     assert cli("completion", "fish").returncode == 2
+
+
+def test_top_shows_every_live_turn_with_its_budget_use(start: Any, tmp_path: Path) -> None:
+    d = start(slow_config(tmp_path))
+    turn = d.submit("watch me", budget={"max_steps": 9})
+    out = cli("top", "--once", socket=d.socket)
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if turn["id"] in line)
+    assert "watch me" in row and ("running" in row or "queued" in row)
+    snap = json.loads(cli("top", "--json", socket=d.socket).stdout)
+    assert [t["id"] for t in snap["turns"]] == [turn["id"]]
+    d.wait(turn["id"])
+    assert "no live turns" in cli("top", "--once", socket=d.socket).stdout
+    assert cli("top", "--interval", "0", socket=d.socket).returncode == 2

@@ -33,12 +33,14 @@ from turnkeeper.cli.operate import (
     cmd_retry,
     cmd_serve,
     cmd_status,
+    cmd_top,
     cmd_wait,
     completion_setup,
     config_setup,
     print_result,
     retry_setup,
     status_setup,
+    top_setup,
     wait_result,
 )
 from turnkeeper.cli.streams import cmd_events, cmd_follow, events_setup, follow_turn
@@ -346,6 +348,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("reload", "reload the config (waits for the outcome; non-zero exit when "
             "invalid)", "Re-read the config and apply it; an invalid one is refused and "
             "the running policy kept.", no_args, cmd_reload),
+    Command("top", "every live turn, refreshed in place",
+            "Every live turn on one screen (state, step, provider, budget use), refreshed "
+            "until Ctrl-C; one snapshot when not on a terminal.", top_setup, cmd_top),
     Command("pause", "stop starting queued turns",
             "Hold the queue: no queued turn starts until `resume`. Submits are still "
             "accepted and queued; running and parked turns go on.", no_args, cmd_pause),

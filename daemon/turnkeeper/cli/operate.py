@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from turnkeeper import exits
 from turnkeeper.cli import render
-from turnkeeper.cli.base import fail
+from turnkeeper.cli.base import UsageError, fail
 from turnkeeper.cli.streams import turn_exit
 from turnkeeper.control.client import Client
 
@@ -195,6 +195,30 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
         render.print_json(new)
     else:
         print(new["id"])
+    return exits.OK
+
+
+# -- every live turn ----------------------------------------------------------------------
+
+def top_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between refreshes (default 1)")
+    p.add_argument("--once", action="store_true",
+                   help="print one snapshot and exit (also when not on a terminal)")
+
+
+def cmd_top(client: Client, args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise UsageError("--interval: must be more than 0")
+    if args.json:
+        from turnkeeper.cli.top import snapshot  # rich: imported only here
+
+        status, turns = snapshot(client)
+        render.print_json({"status": status, "turns": turns})
+        return exits.OK
+    from turnkeeper.cli.top import run_top  # rich: imported only here
+
+    run_top(client, interval_s=args.interval, once=args.once)
     return exits.OK
 
 
