@@ -22,8 +22,8 @@ from turnkeeper.paths import UnsafeSocketDir, client_socket_path
 USAGE_ERROR = 2  # what argparse exits with on a wrong command line, and so do we
 
 EXIT_STATUSES = f"""exit statuses:
-  {exits.OK}   done (a turn: completed)
-  {exits.FAIL}   the request failed (the daemon's message is printed)
+  {exits.OK}   done (a turn: completed; status --check: ready)
+  {exits.FAIL}   the request failed (the daemon's message is printed); status --check: degraded
   {USAGE_ERROR}   wrong command line
   {exits.TURN_STATUS['blocked']}-{exits.TURN_STATUS['cancelled']} a turn ended """ + ", ".join(
     f"{status} ({code})" for status, code in exits.TURN_STATUS.items() if code) + f"""
