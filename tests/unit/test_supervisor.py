@@ -301,3 +301,9 @@ async def test_replay_refuses_a_turn_that_is_no_dead_letter(h: Harness) -> None:
     await h.settle()
     with pytest.raises(TurnFinished):
         await h.sup.replay(turn.id)
+
+
+async def test_status_says_which_prices_are_in_force_for_each_provider(h: Harness) -> None:
+    prices = h.sup.status()["prices"]
+    assert set(prices) == {"m"}
+    assert prices["m"]["source"] == "none"  # a scripted provider with no prices configured

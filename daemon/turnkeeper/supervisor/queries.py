@@ -10,6 +10,7 @@ import anyio
 from turnkeeper import __version__
 from turnkeeper.policy import limits
 from turnkeeper.policy.turn_state import LIVE_STATES
+from turnkeeper.providers.prices import prices_status
 from turnkeeper.supervisor.core import SupervisorCore, UnknownTurn
 
 
@@ -110,6 +111,7 @@ class Queries:
                          b.state(now).value for name, b in core.shared.breakers.items()},
             "reloads": {"count": core.reload_count, "failures": core.reload_failures},
             "mcp_servers": core.runtime.toolbox.server_status(),
+            "prices": prices_status(core.runtime.config),
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
         }
