@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from turnkeeper import exits
+from turnkeeper.cli import render
 from turnkeeper.control.client import Client
 from turnkeeper.errors import TurnkeeperError
 
@@ -39,6 +40,19 @@ def fail(status: int, data: Any) -> int:
     msg = data.get("error") if isinstance(data, dict) else data
     print(f"turnkeeper: HTTP {status}: {msg}", file=sys.stderr)
     return exits.FAIL
+
+
+def get_and_print(client: Client, args: argparse.Namespace, path: str,
+                  text: Callable[[Any], str]) -> int:
+    """GET `path`; print the answer as JSON with `--json`, else as `text(answer)`."""
+    status, data = client.request("GET", path)
+    if status != 200:
+        return fail(status, data)
+    if args.json:
+        render.print_json(data)
+    else:
+        print(text(data))
+    return exits.OK
 
 
 def no_args(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ from turnkeeper.cli.base import (
     Command,
     UsageError,
     fail,
+    get_and_print,
     no_args,
     positive_int,
     turn_id_arg,
@@ -276,14 +277,8 @@ def cmd_limits(client: Client, args: argparse.Namespace) -> int:
             query["since"] = render.parse_duration(args.since)
         except ValueError as exc:
             raise UsageError(f"--since: {exc}") from None
-    status, data = client.request("GET", "/v1/limits/report?" + urlencode(query))
-    if status != 200:
-        return fail(status, data)
-    if args.json:
-        render.print_json(data)
-    else:
-        print("\n".join(render.limits_lines(data)))
-    return exits.OK
+    return get_and_print(client, args, "/v1/limits/report?" + urlencode(query),
+                         lambda data: "\n".join(render.limits_lines(data)))
 
 
 def _dead_letters_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:

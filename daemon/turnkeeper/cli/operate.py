@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from turnkeeper import exits
 from turnkeeper.cli import render
-from turnkeeper.cli.base import UsageError, fail
+from turnkeeper.cli.base import UsageError, fail, get_and_print
 from turnkeeper.cli.streams import turn_exit
 from turnkeeper.control.client import Client
 
@@ -77,14 +77,8 @@ def status_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) ->
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
     if args.check:
         return _check(client, args)
-    status, data = client.request("GET", "/v1/status")
-    if status != 200:
-        return fail(status, data)
-    if args.json:
-        render.print_json(data)
-    else:
-        print("\n".join(render.status_lines(data)))
-    return exits.OK
+    return get_and_print(client, args, "/v1/status",
+                         lambda data: "\n".join(render.status_lines(data)))
 
 
 def _check(client: Client, args: argparse.Namespace) -> int:
