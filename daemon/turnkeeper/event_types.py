@@ -38,14 +38,13 @@ class EventBody:
     def to_json(self) -> dict[str, Any]:
         """The wire fields (without `type`), unknown ones kept from `from_json` last."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            if f.name == "extra":
+        for name, wire, optional, _required in _spec(type(self)):
+            value = getattr(self, name)
+            if value is None and optional:
                 continue
-            value = getattr(self, f.name)
-            if value is None and f.metadata.get(_OPTIONAL):
-                continue
-            out[_WIRE.get(f.name, f.name)] = value
-        out.update(self.extra)
+            out[wire] = value
+        if self.extra:
+            out.update(self.extra)
         return out
 
     @classmethod
@@ -54,18 +53,30 @@ class EventBody:
         version does not know go to `extra`; one it expects and the sender did not write
         (an older daemon) takes its default, or None: a reader must not crash on it."""
         known: dict[str, Any] = {}
-        wire_names = set()
-        for f in fields(cls):
-            if f.name == "extra":
-                continue
-            wire = _WIRE.get(f.name, f.name)
-            wire_names.add(wire)
+        spec = _spec(cls)
+        for name, wire, _optional, required in spec:
             if wire in data:
-                known[f.name] = data[wire]
-            elif f.default is MISSING and f.default_factory is MISSING:
-                known[f.name] = None
+                known[name] = data[wire]
+            elif required:
+                known[name] = None
+        wire_names = {wire for _name, wire, _optional, _required in spec}
         extra = {k: v for k, v in data.items() if k not in wire_names and k not in ENVELOPE}
         return cls(**known, extra=extra)
+
+
+# Per class: (attribute, wire name, written only when set, has no default), computed once;
+# `dataclasses.fields()` on every event was a measurable part of a step.
+_SPECS: dict[type[EventBody], tuple[tuple[str, str, bool, bool], ...]] = {}
+
+
+def _spec(cls: type[EventBody]) -> tuple[tuple[str, str, bool, bool], ...]:
+    spec = _SPECS.get(cls)
+    if spec is None:
+        spec = _SPECS[cls] = tuple(
+            (f.name, _WIRE.get(f.name, f.name), bool(f.metadata.get(_OPTIONAL)),
+             f.default is MISSING and f.default_factory is MISSING)
+            for f in fields(cls) if f.name != "extra")
+    return spec
 
 
 # -- turns --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -49,6 +49,9 @@ class Event:
     type: str
     turn: str | None
     data: dict[str, Any]
+    # The catalogue event it was published as, kept so a listener (metrics) reads typed
+    # fields without parsing the wire form back.
+    typed: EventBody | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seq": self.seq, "ts": round(self.ts, 6)}
@@ -62,6 +65,8 @@ class Event:
     def body(self) -> EventBody | None:
         """The typed fields, from the catalogue; None for a type it does not list (an
         event stored by another daemon version)."""
+        if self.typed is not None:
+            return self.typed
         cls = EVENT_TYPES.get(self.type)
         return None if cls is None else cls.from_json(self.data)
 
@@ -114,10 +119,11 @@ class EventBus:
         event that must commit in the same transaction as the state it reports (a turn's
         `turn.queued` with its row, `turn.finished` with its result), so a crash can
         never keep one without the other. The caller writes it, then `deliver`s it."""
+        typed: EventBody | None = None
         if isinstance(event, EventBody):
             if data:
                 raise TypeError("a catalogue event carries its own fields")
-            type, data = event.TYPE, event.to_json()
+            type, data, typed = event.TYPE, event.to_json(), event
         else:
             type = event
             if type not in EVENT_TYPES:
@@ -129,7 +135,8 @@ class EventBus:
             # renumbered after the restart, and a client deduplicating by seq misses none.
             self._reserved = self._seq + self._reserve_block
             self._reserve(self._reserved)
-        return Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data)
+        return Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data,
+                     typed=typed)
 
     def _unknown(self, type: str) -> None:
         self.unknown_types += 1
