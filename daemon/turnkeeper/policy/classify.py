@@ -8,6 +8,7 @@ whether a failure is retryable.
 from __future__ import annotations
 
 import email.utils
+import errno
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,6 +93,10 @@ class CallFailure:
     message: str = ""
     retry_after_s: float | None = None
     context_overflow: bool = False
+    # The daemon's own resources failed (out of file descriptors or memory), not the peer:
+    # retried like any transport fault, but never counted against the peer's breaker, so
+    # a daemon short of descriptors does not declare its providers down.
+    local: bool = False
 
     def describe(self) -> str:
         """The one-line cause told to people and to the model: `HTTP 429: rate_limit_error:
@@ -111,12 +116,34 @@ class CallFailure:
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "error_type": self.error_type,
                 "exception": list(self.exception), "message": self.message,
-                "retry_after_s": self.retry_after_s, "context_overflow": self.context_overflow}
+                "retry_after_s": self.retry_after_s, "context_overflow": self.context_overflow,
+                "local": self.local}
 
 
 def exception_names(exc: BaseException) -> tuple[str, ...]:
     """The exception's class name and those of its bases up to BaseException."""
     return tuple(k.__name__ for k in type(exc).__mro__ if k not in (object, BaseException))
+
+
+# Errors that say this process ran out of something, whoever it was talking to.
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def local_exhaustion(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps: aiohttp keeps the OSError of a failed connect in
+    `os_error`, and chains it as the cause) is this process running out of descriptors,
+    buffers or memory."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in LOCAL_ERRNOS:
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "os_error", None)]
+    return False
 
 
 def classify(failure: CallFailure) -> FailureClass:

@@ -27,6 +27,7 @@ from turnkeeper.policy.classify import (
     CallFailure,
     exception_names,
     is_context_overflow,
+    local_exhaustion,
     parse_retry_after,
     redact_secrets,
     retry_after_of,
@@ -112,7 +113,8 @@ class HttpClient:
     def transport_failure(self, exc: BaseException) -> CallFailure:
         """Always a message: a bare TimeoutError says nothing, so it is named instead."""
         return CallFailure(exception=exception_names(exc),
-                           message=self.redact(str(exc) or repr(exc)))
+                           message=self.redact(str(exc) or repr(exc)),
+                           local=local_exhaustion(exc))
 
     def stream_read_failure(self, exc: BaseException) -> CallFailure:
         """A fault while reading the body of a started stream: a timeout is a stall."""

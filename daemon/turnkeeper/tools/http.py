@@ -28,7 +28,12 @@ import aiohttp
 from yarl import URL
 
 from turnkeeper.config import ToolConfig
-from turnkeeper.policy.classify import CallFailure, exception_names, retry_after_of
+from turnkeeper.policy.classify import (
+    CallFailure,
+    exception_names,
+    local_exhaustion,
+    retry_after_of,
+)
 from turnkeeper.tools.outcome import ToolOutcome, truncate
 
 MAX_REDIRECTS = 10
@@ -119,7 +124,8 @@ async def call_http(session: aiohttp.ClientSession, tool: ToolConfig, args: dict
 
 
 def _failure_of(exc: BaseException) -> CallFailure:
-    return CallFailure(exception=exception_names(exc), message=str(exc) or type(exc).__name__)
+    return CallFailure(exception=exception_names(exc), message=str(exc) or type(exc).__name__,
+                       local=local_exhaustion(exc))
 
 
 async def _read_limited(resp: aiohttp.ClientResponse, tool: ToolConfig) -> str:

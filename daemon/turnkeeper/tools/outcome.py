@@ -58,7 +58,8 @@ class ToolOutcome:
             failure = CallFailure(status=f.get("status"), error_type=f.get("error_type"),
                                   exception=tuple(f.get("exception") or ()),
                                   message=f.get("message", ""),
-                                  retry_after_s=f.get("retry_after_s"))
+                                  retry_after_s=f.get("retry_after_s"),
+                                  local=bool(f.get("local", False)))
         # "kind" is absent in rows written before outcomes had one: ok or failed then.
         return cls(content=d.get("content", ""), failure=failure, state=d.get("state"),
                    unknown=d.get("kind") == EffectOutcome.UNKNOWN and failure is not None)

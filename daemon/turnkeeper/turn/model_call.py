@@ -74,10 +74,16 @@ class _Claims:
         self._breaker.record_success(self._clock.monotonic())
         self._breaker = None
 
-    def failed(self, failure_class: FailureClass, retry_after_s: float | None) -> None:
+    def failed(self, failure_class: FailureClass, retry_after_s: float | None, *,
+               local: bool = False) -> None:
+        """A failure of the peer feeds its breaker; one of our own resources (`local`)
+        only gives the slot back."""
         assert self._breaker is not None
-        self._breaker.record_failure(self._clock.monotonic(), failure_class,
-                                     retry_after_s=retry_after_s)
+        if local:
+            self._breaker.release(self._clock.monotonic())
+        else:
+            self._breaker.record_failure(self._clock.monotonic(), failure_class,
+                                         retry_after_s=retry_after_s)
         self._breaker = None
 
 
@@ -255,7 +261,7 @@ class ModelCall:
                                                 status=failure.status, error=error))
             return None
         cls = classify(failure)
-        claims.failed(cls, failure.retry_after_s)
+        claims.failed(cls, failure.retry_after_s, local=failure.local)
         self._publish(ev.ModelAttemptFailed(provider=name, attempt=attempt.attempt,
                                             class_=cls.value, status=failure.status,
                                             error=error))

@@ -295,7 +295,9 @@ class ToolStep:
                     breaker.record_success(ctx.clock.monotonic())
                 return outcome
             cls = classify(outcome.failure)
-            if breaker is not None and not outcome.attempted:  # e.g. its server is down
+            if breaker is not None and (not outcome.attempted or outcome.failure.local):
+                # nothing reached the tool (its server is down), or we ran out of
+                # descriptors or memory: the peer's breaker learns nothing from it
                 breaker.release(ctx.clock.monotonic())
             elif breaker is not None:
                 breaker.record_failure(ctx.clock.monotonic(), cls,
