@@ -681,6 +681,34 @@ def test_a_second_daemon_on_the_same_state_directory_refuses_to_start(
     assert d.run("still here")["state"] == "completed"
 
 
+def test_deleting_the_pid_file_does_not_let_a_second_daemon_share_the_store(
+        tmp_path: Path, daemons: list[Daemon]) -> None:
+    """The lock is on the database file itself: the file beside it only names the holder."""
+    d = daemon(tmp_path, daemons, config(tmp_path, SLOW_SCRIPT))
+    d.start()
+    (d.state_dir / "turnkeeper.sqlite3.lock").unlink()
+    other = daemon(tmp_path, daemons, config(tmp_path, SLOW_SCRIPT), name="other")
+    other.state_dir = d.state_dir
+    other.set_config(config(tmp_path, SLOW_SCRIPT))
+    out = subprocess.run([sys.executable, "-m", "turnkeeper", "serve", "--config",
+                          str(other.config_path)], capture_output=True, text=True,
+                         timeout=30, check=False)
+    assert out.returncode == 69, out.stderr
+    assert "in use by another turnkeeper" in out.stderr
+    assert d.run("still here")["state"] == "completed"
+
+
+def test_the_database_files_are_readable_by_their_owner_only(
+        tmp_path: Path, daemons: list[Daemon]) -> None:
+    d = daemon(tmp_path, daemons, config(tmp_path, SLOW_SCRIPT))
+    d.start()
+    assert d.run("one")["state"] == "completed"
+    files = sorted(d.state_dir.glob("turnkeeper.sqlite3*"))
+    assert {f.name for f in files} >= {"turnkeeper.sqlite3", "turnkeeper.sqlite3-wal"}
+    for f in files:
+        assert f.stat().st_mode & 0o077 == 0, f"{f.name} is {oct(f.stat().st_mode)}"
+
+
 # -- event numbers and schema migrations ------------------------------------------------
 
 # Every step streams twenty words before its tool call: events between checkpoints.

@@ -13,7 +13,7 @@ that must never be kept without their state (`turn.queued`, `turn.finished`,
 `turn.message`) are written in the same transaction as the turn's row. A transaction
 that fails takes none of its neighbours down with it: the batch is retried write by
 write and only the write that fails reports the error. One daemon at a time: an
-exclusive lock on a file beside the database refuses a second one (exit 69, like a
+exclusive lock on the database file refuses a second one (exit 69, like a
 socket another daemon listens on), which would otherwise resume the same turns and
 repeat their side effects. A database that cannot be read, fails its integrity check or
 comes from a newer schema stops start-up (StoreError, exit 74); it is never replaced by
@@ -95,7 +95,7 @@ class SQLiteStore:
         self._tg: TaskGroup | None = None
         self._writer_done = anyio.Event()
         self._closed = False
-        self._lock_fd: int | None = None
+        self._lock_fds: tuple[int, ...] = ()
         self._next_seq = 0
         self._idempotent_keys: set[str] = set()
         self.commits = 0
@@ -121,7 +121,7 @@ class SQLiteStore:
         return self.path.with_name(self.path.name + ".lock")
 
     def _lock_sync(self) -> None:
-        self._lock_fd = lock_exclusive(self.lock_path, self.path)
+        self._lock_fds = lock_exclusive(self.lock_path, self.path)
 
     def _open_sync(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -148,9 +148,9 @@ class SQLiteStore:
             raise
 
     def _unlock_sync(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
+        for fd in self._lock_fds:
+            os.close(fd)  # closing the descriptor releases the flock
+        self._lock_fds = ()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
