@@ -101,6 +101,23 @@ reply = "seen $last_user with history"
     assert request["messages"] == 3  # first user + first answer + second user
 
 
+def test_a_long_session_carries_only_the_newest_history_that_fits(start: Any,
+                                                                    tmp_path: Path) -> None:
+    """Each past turn here is about 8 + (100 + 33) / 4 = 41 estimated tokens: a bound of
+    100 keeps the newest two, however long the session grows."""
+    script = """
+[[scenarios]]
+[[scenarios.steps]]
+reply = "an answer of thirty-three chars."
+"""
+    d = start(scripted(tmp_path, script, extra="[sessions]\nmax_history_tokens = 100\n"))
+    for i in range(8):
+        last = d.run(f"{i} " + "x" * 98, session="long")
+        assert last["state"] == "completed"
+    request = next(e for e in d.events(last["id"]) if e["type"] == "model.request")
+    assert request["messages"] == 5  # two past turns (message + answer each) + its own
+
+
 def test_turns_of_one_session_run_one_at_a_time_in_order(start: Any, tmp_path: Path) -> None:
     d = start(scripted(tmp_path))
     a = d.submit("slow a", session="same")

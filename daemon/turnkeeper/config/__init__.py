@@ -58,6 +58,7 @@ from turnkeeper.config.sections import (
     ProfileName,
     RetryBudgetConfig,
     RetryConfig,
+    SessionsConfig,
     ToolsRetryConfig,
     _overrides,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "RestartBackoffConfig",
     "RetryBudgetConfig",
     "RetryConfig",
+    "SessionsConfig",
     "ToolConfig",
     "ToolOverride",
     "ToolsRetryConfig",
@@ -128,6 +130,7 @@ class Config(BaseSettings):
     budget: BudgetConfig = BudgetConfig()
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     clarify: ClarifyConfig = ClarifyConfig()
+    sessions: SessionsConfig = SessionsConfig()
     metrics: MetricsConfig = MetricsConfig()
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS

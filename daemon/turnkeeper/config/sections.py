@@ -201,6 +201,13 @@ class ClarifyConfig(_Section):
     timeout: PositiveFloat = 3600.0
 
 
+class SessionsConfig(_Section):
+    """A new turn of a session carries the session's earlier turns, newest kept, up to
+    `max_history_tokens` (estimated at four characters a token; 0 = no history)."""
+
+    max_history_tokens: NonNegInt = 32_000
+
+
 class MetricsConfig(_Section):
     """`/metrics` is always on the control socket; `listen` adds a TCP address for a
     Prometheus scrape ("" = off), e.g. "127.0.0.1:9464" or "[::1]:9464"."""

@@ -16,6 +16,7 @@ import structlog
 
 from turnkeeper import event_types as ev
 from turnkeeper import logging as tk_logging
+from turnkeeper.policy.history import bound_history
 from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
@@ -98,7 +99,9 @@ class Scheduling:
                 history = await core.store.session_history(record.session,
                                                            before_seq=record.seq)
                 # A replay repeats its dead letter's message: that turn is not history.
-                history = [h for h in history if h["id"] != record.replay_of]
+                history = bound_history(
+                    [h for h in history if h["id"] != record.replay_of],
+                    max_tokens=core.config.sessions.max_history_tokens)
             if record.state in (TurnState.QUEUED, TurnState.SUSPENDED):
                 record.policy_version = core.policy.version
             control = live.control
