@@ -22,9 +22,10 @@ def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
 def start(tmp_path: Path, daemons: list[Daemon]):  # type: ignore[no-untyped-def]
     def _start(config: str = "", *, wait: bool = True, name: str | None = None,
                env: dict[str, str] | None = None, socket: Path | None = None,
-               pid_env: tuple[str, ...] = (), listen_fd: int | None = None) -> Daemon:
+               pid_env: tuple[str, ...] = (), listen_fd: int | None = None,
+               nofile: int | None = None) -> Daemon:
         d = Daemon(tmp_path, config, env=env, name=name or f"d{len(daemons)}", socket=socket,
-                   pid_env=pid_env, listen_fd=listen_fd)
+                   pid_env=pid_env, listen_fd=listen_fd, nofile=nofile)
         daemons.append(d)
         return d.start(wait=wait)
 

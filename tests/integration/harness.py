@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket as socket_mod
 import subprocess
@@ -69,7 +70,8 @@ class Daemon:
 
     def __init__(self, tmp: Path, config: str = "", *, env: dict[str, str] | None = None,
                  name: str = "d", socket: Path | None = None,
-                 pid_env: tuple[str, ...] = (), listen_fd: int | None = None) -> None:
+                 pid_env: tuple[str, ...] = (), listen_fd: int | None = None,
+                 nofile: int | None = None) -> None:
         self.tmp = tmp
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +82,7 @@ class Daemon:
         self.env_extra = env or {}
         self.pid_env = pid_env
         self.listen_fd = listen_fd
+        self.nofile = nofile  # RLIMIT_NOFILE of the daemon process, when set
         self.proc: subprocess.Popen[bytes] | None = None
         self.set_config(config)
         self.client = Client(self.socket, timeout=30.0)
@@ -107,8 +110,15 @@ class Daemon:
             if self.listen_fd is not None:
                 env["_TK_FD"] = str(self.listen_fd)
                 pass_fds = (self.listen_fd,)
+        nofile = self.nofile
+
+        def limit() -> None:  # in the child, before exec
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     env=env, cwd=self.dir, pass_fds=pass_fds)
+                                     env=env, cwd=self.dir, pass_fds=pass_fds,
+                                     preexec_fn=limit if nofile is not None else None)
         log.close()
         if wait:
             self.wait_ready()

@@ -4,8 +4,10 @@ hold. Every test drives the real daemon over its real socket."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import shutil
 import socket
 import stat
@@ -17,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Daemon, running
+from tests.integration.fault_server import FaultServer, ok
+from tests.integration.harness import ECHO_TOOL, Daemon, running
 from turnkeeper import exits
 
 OTHER_UID = 4243
@@ -41,6 +44,18 @@ def _raw(sock_path: Path, timeout: float = 10.0) -> socket.socket:
     s.settimeout(timeout)
     s.connect(str(sock_path))
     return s
+
+
+def _connect_through_backlog(sock_path: Path) -> socket.socket:
+    """A connection in a flood: the listen backlog may be full for a moment (EAGAIN)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return _raw(sock_path)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _read_all(s: socket.socket) -> bytes:
@@ -195,6 +210,61 @@ def test_event_followers_are_capped_per_client(start: Any) -> None:
     while d.get("/v1/turns/nope/events")[0] == 429 and time.monotonic() < deadline:
         pass
     assert d.get("/v1/turns/nope/events")[0] == 404  # the slot came back
+
+
+def test_a_descriptor_limit_of_256_holds_under_a_flood_while_turns_complete(
+        start: Any) -> None:
+    """400 idle connections and 300 followers against a daemon allowed 256 descriptors:
+    the connections beyond its share are refused, and the turns still reach the model (a
+    real HTTP server) and finish, with no descriptor error anywhere."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the test needs 2048 descriptors of its own (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    faults = FaultServer().start()
+    flood: list[socket.socket] = []
+    try:
+        faults.script("p", then=ok("done", delay=0.05, tool_steps=2))
+        d = start(f"""
+[daemon]
+control_idle_timeout = 1.0
+
+[[providers]]
+name = "p"
+kind = "openai"
+base_url = "{faults.base_url("p")}"
+model = "m"
+{ECHO_TOOL}""", nofile=256)
+        limits = Path(f"/proc/{d.pid}/limits").read_text()
+        assert any(line.startswith("Max open files") and line.split()[3:5] == ["256", "256"]
+                   for line in limits.splitlines()), limits
+        turns = [d.submit(f"turn {i}")["id"] for i in range(40)]
+        for _ in range(400):
+            flood.append(_connect_through_backlog(d.socket))
+        for _ in range(300):
+            s = _connect_through_backlog(d.socket)
+            with contextlib.suppress(OSError):  # refused at once: it is closed already
+                s.sendall(b"GET /v1/events HTTP/1.1\r\nHost: x\r\n\r\n")
+            flood.append(s)
+        deadline = time.monotonic() + 60
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline and len(states) < len(turns):
+            for turn_id in turns:
+                if turn_id not in states:
+                    with contextlib.suppress(Exception):  # 503 while the flood holds slots
+                        status, data = d.get(f"/v1/turns/{turn_id}")
+                        if status == 200 and data["turn"]["state"] == "completed":
+                            states[turn_id] = "completed"
+            time.sleep(0.1)
+        assert len(states) == len(turns), f"{len(states)} of {len(turns)} completed"
+        assert faults.count("p") >= 3 * len(turns)
+    finally:
+        for s in flood:
+            s.close()
+        faults.stop()
+    assert d.proc is not None and d.proc.poll() is None
+    assert "Too many open files" not in d.log_text()
+    assert "EMFILE" not in d.log_text()
 
 
 # --- strict bodies ------------------------------------------------------------------------
