@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.integration.fault_server import FaultServer, ok
-from tests.integration.harness import ECHO_TOOL, Daemon, running
+from tests.integration.harness import ECHO_TOOL, Daemon, running, script_file, scripted_provider
 from turnkeeper import exits
 
 OTHER_UID = 4243
@@ -336,3 +336,22 @@ def test_a_message_over_max_message_bytes_is_413_naming_the_field(start: Any) ->
     assert (status, data["field"]) == (413, "text")
 
 
+
+
+def test_steers_beyond_max_pending_messages_are_429_naming_the_limit(
+        start: Any, tmp_path: Path) -> None:
+    script = script_file(tmp_path / "slow.toml", """
+[[scenarios]]
+[[scenarios.steps]]
+delay = 30.0
+reply = "slow"
+""")
+    d = start(scripted_provider(script) + "[daemon]\nmax_pending_messages = 3\n")
+    turn = d.submit("a long step")["id"]
+    accepted = [d.post(f"/v1/turns/{turn}/messages", {"kind": "steer", "text": f"s{i}"})[0]
+                for i in range(3)]
+    assert accepted == [202, 202, 202]
+    status, data = d.post(f"/v1/turns/{turn}/messages", {"kind": "steer", "text": "s3"})
+    assert (status, data["field"]) == (429, "max_pending_messages"), data
+    assert "3 messages" in data["error"]
+    assert len(d.get(f"/v1/turns/{turn}")[1]["turn"]["inbox"]) == 3

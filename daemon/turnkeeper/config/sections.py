@@ -59,6 +59,8 @@ class DaemonConfig(_Section):
     body_read_timeout: Annotated[float, Field(gt=0)] = 10.0
     max_followers_per_client: PositiveInt = 16
     max_message_bytes: PositiveInt = 256 * 1024
+    # Steers and answers a turn holds before its next step takes them: more are refused.
+    max_pending_messages: PositiveInt = 32
 
     @field_validator("socket_mode")
     @classmethod

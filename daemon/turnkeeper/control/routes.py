@@ -23,6 +23,7 @@ from turnkeeper.control.http import (
 )
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor import (
+    InboxFull,
     IntakeRefused,
     NotWaiting,
     TurnFinished,
@@ -129,6 +130,8 @@ async def post_message(request: web.Request) -> web.Response:
         return error(409, f"turn {turn_id} has finished")
     except NotWaiting as exc:
         return error(409, str(exc))
+    except InboxFull as exc:
+        return error(429, str(exc), field="max_pending_messages")
     return web.json_response(out, status=202)
 
 

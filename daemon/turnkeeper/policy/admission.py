@@ -37,3 +37,9 @@ class ControlLimits:
 
     def message_too_large(self, size_bytes: int) -> bool:
         return size_bytes > self.max_message_bytes
+
+
+def inbox_full(pending: int, *, max_pending_messages: int) -> bool:
+    """A turn's inbox holds messages its next step has not taken yet: past the limit a
+    client steering in a loop would grow the daemon's memory and every checkpoint."""
+    return pending >= max_pending_messages

@@ -19,6 +19,7 @@ from turnkeeper.config import Policy
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import Store
 from turnkeeper.supervisor.core import (
+    InboxFull,
     IntakeRefused,
     LiveTurn,
     NotWaiting,
@@ -34,8 +35,8 @@ from turnkeeper.supervisor.queries import Queries
 from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
-__all__ = ["IntakeRefused", "LiveTurn", "NotWaiting", "ReloadOutcome", "Supervisor",
-           "TurnFinished", "UnknownProfile", "UnknownTurn", "new_turn_id"]
+__all__ = ["InboxFull", "IntakeRefused", "LiveTurn", "NotWaiting", "ReloadOutcome",
+           "Supervisor", "TurnFinished", "UnknownProfile", "UnknownTurn", "new_turn_id"]
 
 
 class Supervisor(SupervisorCore):

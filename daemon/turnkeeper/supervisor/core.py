@@ -55,6 +55,10 @@ class TurnFinished(TurnkeeperError):
     """A message to a turn that has ended."""
 
 
+class InboxFull(TurnkeeperError):
+    """A message to a turn that holds `daemon.max_pending_messages` not yet taken."""
+
+
 class NotWaiting(TurnkeeperError):
     """An answer to a turn that asked no question: kept, it would answer a later one."""
 

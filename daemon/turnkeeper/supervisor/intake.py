@@ -8,10 +8,12 @@ from typing import Any
 import structlog
 
 from turnkeeper import event_types as ev
+from turnkeeper.policy.admission import inbox_full
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.replay import resume_state
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor.core import (
+    InboxFull,
     IntakeRefused,
     LiveTurn,
     NotWaiting,
@@ -84,6 +86,10 @@ class Intake:
         if kind == "answer" and record.question is None:
             raise NotWaiting(f"turn {turn_id} is {record.state} and asked no question; "
                              "send a steer instead")
+        limit = core.config.daemon.max_pending_messages
+        if inbox_full(len(record.inbox), max_pending_messages=limit):
+            raise InboxFull(f"turn {turn_id} holds {len(record.inbox)} messages its next "
+                            f"step has not taken (daemon.max_pending_messages = {limit})")
         now = core.clock.time()
         message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
         record.inbox.append(message)
