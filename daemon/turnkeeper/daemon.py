@@ -47,11 +47,31 @@ class BootError(TurnkeeperError):
         self.exit_code = exit_code
 
 
+class StoreFatal(TurnkeeperError):
+    """The store failed every write for `store.fatal_after`: the daemon stopped, exit 74."""
+
+    exit_code = exits.IOERR
+
+
+async def _watch_store(store: SQLiteStore, sup: Supervisor, clock: SystemClock,
+                       fatal: list[str]) -> None:
+    """Stop the daemon once the store has refused every write for `store.fatal_after`
+    seconds: a service manager restart may cure it (a remounted disk); an operator must
+    see it otherwise. Until then the daemon waits, degraded, and recovers by itself."""
+    while not store.outage.fatal(now=clock.monotonic()):
+        await clock.sleep(1.0)
+    fatal.append(f"state store unwritable for {store.outage.fatal_after_s:.0f} s "
+                 f"(store.fatal_after): {store.outage.last_error}")
+    log.error("store.fatal", error=fatal[0])
+    sup.request_stop()
+
+
 async def _serve(policy: Policy, config_path: str | None, control: Path) -> None:
     config = policy.config
     clock = SystemClock()
     notifier = systemd.Notifier.from_env()
-    store = SQLiteStore(state_dir(config) / DB_NAME)
+    store = SQLiteStore(state_dir(config) / DB_NAME, clock=clock,
+                        fatal_after_s=config.store.fatal_after)
     try:
         await store.open()
     except StoreError as exc:
@@ -84,9 +104,11 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
             await store.close()
             raise BootError(f"metrics.listen {config.metrics.listen}: {exc.strerror or exc}",
                             SocketError.exit_code) from None
+    fatal: list[str] = []
     async with anyio.create_task_group() as tg:
         await tg.start(store.run, name="store writer")
         tg.start_soon(metrics.watch_loop_lag, name="event-loop lag")
+        tg.start_soon(_watch_store, store, sup, clock, fatal, name="store outage watch")
         await sup.start(tg)
 
         async def on_reload_signal() -> None:
@@ -117,6 +139,8 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
         await store.close()
         log.info("daemon.stopped")
         tg.cancel_scope.cancel()
+    if fatal:
+        raise StoreFatal(fatal[0])
 
 
 async def _watch(sup: Supervisor, path: Path) -> None:
@@ -146,6 +170,9 @@ def serve(config_option: str | None, socket_option: str | None = None) -> int:
                   backend_options={"use_uvloop": True})
     except BootError as exc:
         log.error("daemon.boot_failed", error=str(exc), exit_code=exc.exit_code)
+        print(f"turnkeeper: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except StoreFatal as exc:
         print(f"turnkeeper: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -59,6 +59,7 @@ from turnkeeper.config.sections import (
     RetryBudgetConfig,
     RetryConfig,
     SessionsConfig,
+    StoreConfig,
     ToolsRetryConfig,
     _overrides,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "RetryBudgetConfig",
     "RetryConfig",
     "SessionsConfig",
+    "StoreConfig",
     "ToolConfig",
     "ToolOverride",
     "ToolsRetryConfig",
@@ -131,6 +133,7 @@ class Config(BaseSettings):
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     clarify: ClarifyConfig = ClarifyConfig()
     sessions: SessionsConfig = SessionsConfig()
+    store: StoreConfig = StoreConfig()
     metrics: MetricsConfig = MetricsConfig()
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
@@ -192,7 +195,7 @@ class Config(BaseSettings):
 RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "state_dir"),
                 ("daemon", "allowed_uids"), ("daemon", "allowed_gids"),
                 ("daemon", "max_connections"), ("daemon", "control_idle_timeout"),
-                ("metrics", "listen"))
+                ("metrics", "listen"), ("store", "fatal_after"))
 
 
 def keep_restart_keys(running: Config, new: Config) -> Config:

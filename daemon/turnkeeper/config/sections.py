@@ -203,6 +203,14 @@ class ClarifyConfig(_Section):
     timeout: PositiveFloat = 3600.0
 
 
+class StoreConfig(_Section):
+    """Where and how the daemon keeps its state. `fatal_after`: seconds of failing every
+    write (a full disk) after which the daemon exits 74 for its service manager; until
+    then it retries and reports itself degraded."""
+
+    fatal_after: PositiveFloat = 300.0
+
+
 class SessionsConfig(_Section):
     """A new turn of a session carries the session's earlier turns, newest kept, up to
     `max_history_tokens` (estimated at four characters a token; 0 = no history)."""

@@ -78,7 +78,7 @@ async def submit(request: web.Request) -> web.Response:
     except UnknownProfile as exc:
         return error(400, str(exc), field="profile")
     except IntakeRefused as exc:
-        return error(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+        return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     return web.json_response({"turn": record.to_json()}, status=202)
 
 
@@ -168,7 +168,7 @@ async def replay(request: web.Request) -> web.Response:
     except TurnFinished as exc:
         return error(409, str(exc))
     except IntakeRefused as exc:
-        return error(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+        return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     return web.json_response({"turn": record.to_json()}, status=202)
 
 

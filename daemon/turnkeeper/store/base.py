@@ -20,12 +20,19 @@ from typing import Any, Protocol
 from turnkeeper import exits
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
+from turnkeeper.policy.store_outage import StoreOutage
 
 
 class StoreError(TurnkeeperError):
     """The store cannot be used: the message says why and where."""
 
     exit_code = exits.IOERR
+
+
+class StoreUnavailable(StoreError):
+    """The store could not take a write for its own reasons (a disk full for longer than
+    `store.fatal_after`, or closing while unwritable). The turn that made the write stays
+    as the store holds it: it gets no result the store could not keep."""
 
 
 class StoreInUse(StoreError):
@@ -47,6 +54,10 @@ def dead_letter_entry(record: dict[str, Any], replayed_by: str | None) -> dict[s
 
 
 class Store(Protocol):
+    # Whether writes are going through; a backend retries the writes it cannot make for
+    # its own reasons and reports here (see policy/store_outage.py).
+    outage: StoreOutage
+
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...

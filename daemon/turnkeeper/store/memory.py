@@ -23,6 +23,7 @@ import anyio
 
 from turnkeeper.events import Event
 from turnkeeper.policy.outcome import goes_to_dead_letters
+from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import StoreError, dead_letter_entry
 
@@ -63,6 +64,7 @@ class MemoryStore:
         self._open = False
         self._closed = anyio.Event()
         self.durable_writes = 0
+        self.outage = StoreOutage()  # memory never fails a write
 
     def __repr__(self) -> str:
         return f"MemoryStore(turns={len(self._turns)}, events={len(self._events)})"

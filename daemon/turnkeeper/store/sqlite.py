@@ -12,10 +12,13 @@ committed: a write whose await returned, and every event enqueued before it. Eve
 that must never be kept without their state (`turn.queued`, `turn.finished`,
 `turn.message`) are written in the same transaction as the turn's row. A transaction
 that fails takes none of its neighbours down with it: the batch is retried write by
-write and only the write that fails reports the error. One daemon at a time: an
-exclusive lock on the database file refuses a second one (exit 69, like a
-socket another daemon listens on), which would otherwise resume the same turns and
-repeat their side effects. A database that cannot be read, fails its integrity check or
+write and only the write that fails reports the error. A write that fails for the
+store's own reason (a full disk, an I/O error, a lock held elsewhere) is not reported at
+all: it is retried with backoff, in order, until it goes through, and the store reports
+the outage (`outage`) so the daemon can say it is degraded (`policy/store_outage.py`).
+One daemon at a time: an exclusive lock on the database file refuses a second one (exit
+69, like a socket another daemon listens on), which would otherwise resume the same
+turns and repeat their side effects. A database that cannot be read, fails its integrity check or
 comes from a newer schema stops start-up (StoreError, exit 74); it is never replaced by
 a new, empty one.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,19 +36,30 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.events import Event
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
+from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError, dead_letter_entry
+from turnkeeper.store.base import StoreError, StoreUnavailable, dead_letter_entry
 from turnkeeper.store.sqlite_lock import lock_exclusive
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.sqlite_schema import prepare
 
+log = structlog.get_logger("turnkeeper.store")
+
 MAX_BATCH = 1000
+# SQLite's primary result codes that are the store's failure, not the write's: busy or
+# locked past the timeout, out of memory, read-only, I/O error, full, cannot open,
+# locking protocol. A constraint or a malformed statement is the write's own.
+_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
+# While the store is failing, one log line at most this often (and one when it recovers).
+OUTAGE_LOG_EVERY_S = 10.0
 DEAD_LETTERS_SHOWN = 1000
 # Idempotent calls between intent and outcome (a cancelled call never clears its key: the
 # bound keeps that from growing; past it, outcomes are simply awaited).
@@ -72,6 +87,16 @@ def _dumps(value: Any) -> str:
 _Statement = tuple[str, Sequence[Any]]
 
 
+def store_unavailable(exc: BaseException) -> bool:
+    """True when `exc` is the store failing (retry the write later), not the write."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is None:
+            return isinstance(exc, sqlite3.OperationalError)
+        return (int(code) & 0xFF) in _UNAVAILABLE_CODES
+    return isinstance(exc, OSError)
+
+
 def _event_statement(event: Event) -> _Statement:
     return ("INSERT OR IGNORE INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
             (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json())))
@@ -85,8 +110,12 @@ class _Write:
 
 
 class SQLiteStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, clock: Clock | None = None,
+                 fatal_after_s: float = DEFAULT_FATAL_AFTER_S) -> None:
         self.path = path
+        self._clock: Clock = clock or SystemClock()
+        self.outage = StoreOutage(fatal_after_s=fatal_after_s)
+        self._outage_logged_at: float | None = None
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._read_lock = anyio.Lock()
@@ -177,11 +206,46 @@ class SQLiteStore:
             self._writer_done.set()
 
     async def _commit(self, batch: list[_Write]) -> None:
-        try:
-            errors = await anyio.to_thread.run_sync(self._commit_sync, batch)
-        except Exception as exc:  # the thread itself failed: every waiter hears it
-            errors = [exc] * len(batch)
-        for w, error in zip(batch, errors, strict=True):
+        """Commit `batch` in order. The writes the store itself cannot take (see
+        `store_unavailable`) wait and are tried again, from the first of them on, until
+        they go through, the outage turns fatal, or the store closes."""
+        pending = batch
+        while pending:
+            try:
+                errors = await anyio.to_thread.run_sync(self._commit_sync, pending)
+            except Exception as exc:  # the thread itself failed
+                errors = [exc] * len(pending)
+            cut = next((i for i, e in enumerate(errors)
+                        if e is not None and store_unavailable(e)), len(pending))
+            self._answer(pending[:cut], errors[:cut])
+            if cut == len(pending):
+                if self.outage.recovered():
+                    log.warning("store.recovered", path=str(self.path))
+                    self._outage_logged_at = None
+                return
+            pending, error = pending[cut:], errors[cut]
+            now = self._clock.monotonic()
+            if self.outage.fatal(now=now) or self._closed:
+                why = ("unwritable for "
+                       f"{self.outage.failing_for(now=now):.0f} s" if not self._closed
+                       else "closing while unwritable")
+                self._answer(pending, [StoreUnavailable(
+                    f"state database {why}: {error}")] * len(pending))
+                return
+            delay = self.outage.failed(f"{type(error).__name__}: {error}", now=now,
+                                       rand=random.uniform)
+            if self._outage_logged_at is None or \
+                    now - self._outage_logged_at >= OUTAGE_LOG_EVERY_S:
+                self._outage_logged_at = now
+                log.error("store.unwritable", path=str(self.path), error=str(error),
+                          waiting_writes=len(pending),
+                          failing_for_s=round(self.outage.failing_for(now=now), 3),
+                          fatal_after_s=self.outage.fatal_after_s)
+            await self._clock.sleep(delay)
+
+    def _answer(self, writes: Sequence[_Write], errors: Sequence[BaseException | None]
+                ) -> None:
+        for w, error in zip(writes, errors, strict=True):
             w.error = error
             if error is not None:
                 self.failed_writes += 1
@@ -190,7 +254,9 @@ class SQLiteStore:
 
     def _commit_sync(self, batch: list[_Write]) -> list[BaseException | None]:
         """One transaction for the batch. If it fails, each write gets its own, so one
-        bad write (or a full disk that clears) fails alone, never its neighbours."""
+        bad write fails alone, never its neighbours. A write the store itself cannot take
+        ends the pass: it and the writes after it are left to retry in order (the events
+        that reach the disk stay a prefix of those published)."""
         conn = self._writer
         assert conn is not None, "store is not open"
         try:
@@ -198,8 +264,8 @@ class SQLiteStore:
             self.commits += 1
             return [None] * len(batch)
         except Exception as exc:
-            if len(batch) == 1:
-                return [exc]
+            if len(batch) == 1 or store_unavailable(exc):
+                return [exc] * len(batch)
         errors: list[BaseException | None] = []
         for w in batch:
             try:
@@ -207,6 +273,8 @@ class SQLiteStore:
                 self.commits += 1
                 errors.append(None)
             except Exception as exc:
+                if store_unavailable(exc):
+                    return errors + [exc] * (len(batch) - len(errors))
                 errors.append(exc)
         return errors
 
@@ -250,6 +318,8 @@ class SQLiteStore:
                              ) from None
         assert w.done is not None
         await w.done.wait()
+        if isinstance(w.error, StoreUnavailable):
+            raise w.error
         if w.error is not None:
             raise StoreError(f"state database write failed: {w.error}") from w.error
 

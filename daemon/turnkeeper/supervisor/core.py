@@ -36,11 +36,13 @@ if TYPE_CHECKING:
 
 
 class IntakeRefused(TurnkeeperError):
-    """Submit refused: the queue is full or the daemon is stopping."""
+    """Submit refused: the queue is full or the daemon is stopping (503), or the store
+    cannot be written (507)."""
 
-    def __init__(self, reason: str, retry_after_s: int) -> None:
+    def __init__(self, reason: str, retry_after_s: int, *, status: int = 503) -> None:
         super().__init__(reason)
         self.retry_after_s = retry_after_s
+        self.status = status
 
 
 class UnknownProfile(TurnkeeperError, ValueError):
@@ -144,7 +146,10 @@ class SupervisorCore:
     def status_line(self) -> str:
         """systemd's STATUS=: state, counts, policy version, and a failed reload's error."""
         parked = self.running - self.active
-        return (f"{self.state}; {self.active} running, "
+        outage = self.store.outage
+        return (f"{self.state}; "
+                + (f"STORE UNWRITABLE ({outage.last_error}); " if outage.degraded else "")
+                + f"{self.active} running, "
                 + (f"{parked} parked, " if parked else "")
                 + f"{len(self.queue)} queued; policy v{self.policy.version}"
                 + (f"; last reload failed: {self.last_reload_error}"

@@ -42,6 +42,7 @@ class Intake:
             raise UnknownProfile(f"profile: no budget profile {profile!r} (known: {known})")
         if core.state in ("starting", "stopping"):
             raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
+        self.refuse_while_unwritable()
         refusal = core.scheduler.refusal()
         if refusal is not None:
             raise IntakeRefused(refusal.reason, retry_after_s=refusal.retry_after_s)
@@ -71,6 +72,14 @@ class Intake:
         log.info("turn.queued", **log_context(record), queued=len(core.queue))
         core.scheduling.dispatch()
         return record
+
+    def refuse_while_unwritable(self) -> None:
+        """Nothing is accepted that could not be kept: while the store fails its writes a
+        submit or a replay is refused (507) rather than left waiting on the disk."""
+        outage = self.core.store.outage
+        if outage.degraded:
+            raise IntakeRefused(f"the state store cannot be written: {outage.last_error}",
+                                retry_after_s=outage.retry_after_s(), status=507)
 
     async def post_message(self, turn_id: str, *, kind: str, text: str,
                            redirect: bool) -> dict[str, Any]:
@@ -127,6 +136,7 @@ class Intake:
         core = self.core
         if core.state in ("starting", "stopping"):
             raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
+        self.refuse_while_unwritable()
         if turn_id in core.live:
             raise TurnFinished(f"turn {turn_id} is not a dead letter: it is live")
         data = await core.store.get_turn(turn_id)

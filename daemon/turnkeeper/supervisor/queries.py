@@ -9,6 +9,7 @@ import anyio
 
 from turnkeeper import __version__
 from turnkeeper.policy import limits
+from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import LIVE_STATES
 from turnkeeper.providers.prices import prices_status
 from turnkeeper.supervisor.core import SupervisorCore, UnknownTurn
@@ -105,6 +106,7 @@ class Queries:
                          b.state(now).value for name, b in core.shared.breakers.items()},
             "reloads": {"count": core.reload_count, "failures": core.reload_failures},
             "mcp_servers": core.runtime.toolbox.server_status(),
+            "store": store_status(core.store.outage, now=now),
             "prices": prices_status(core.runtime.config),
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
@@ -116,11 +118,18 @@ class Queries:
         return {"status": "degraded" if problems else "ok", "problems": problems}
 
 
+def store_status(outage: StoreOutage, *, now: float) -> dict[str, Any]:
+    return {"writable": not outage.degraded,
+            "failing_for_s": round(outage.failing_for(now=now), 3),
+            "last_error": outage.last_error, "fatal_after_s": outage.fatal_after_s}
+
+
 def health_problems(status: dict[str, Any]) -> list[str]:
     """What keeps the daemon from being fully ready, read from its status: not ready
     (starting, reloading, stopping), paused by an operator, a breaker not closed, an MCP
-    server not up, or the last reload refused (the daemon runs an older policy than the
-    file). Empty when all is well. A check for `status --check` and a load balancer."""
+    server not up, a store that cannot be written, or the last reload refused (the daemon
+    runs an older policy than the file). Empty when all is well. A check for
+    `status --check` and a load balancer."""
     out = []
     if status["state"] != "ready":
         out.append(f"state {status['state']}")
@@ -132,6 +141,10 @@ def health_problems(status: dict[str, Any]) -> list[str]:
     for name, srv in (status.get("mcp_servers") or {}).items():
         if srv.get("state") != "up":
             out.append(f"mcp server {name} {srv.get('state')}")
+    store = status.get("store") or {}
+    if store.get("writable") is False:
+        out.append(f"store unwritable for {store.get('failing_for_s')} s: "
+                   f"{store.get('last_error')}")
     if status.get("last_reload_error"):
         out.append("last reload failed: " + str(status["last_reload_error"]).splitlines()[0])
     return out

@@ -135,6 +135,7 @@ class Scheduling:
     async def finish(self, live: LiveTurn, result: TurnResult) -> None:
         core = self.core
         record = live.record
+        before = (record.state, record.next_attempt_at, record.question, record.updated_at)
         record.state = TurnState(record.state).to(result.status.value)
         record.result = result_json = result.to_json()
         record.next_attempt_at = None
@@ -143,8 +144,14 @@ class Scheduling:
         # The result and its `turn.finished` event commit together: after any crash a
         # turn has both or neither (and then resumes), never one finish too many.
         finished = core.bus.prepare(ev.TurnFinished(result=result_json), turn=record.id)
-        with anyio.CancelScope(shield=True):
-            await core.store.save_turn(record.to_json(), events=[finished])
+        try:
+            with anyio.CancelScope(shield=True):
+                await core.store.save_turn(record.to_json(), events=[finished])
+        except BaseException:
+            # Not kept, not shown: the turn reads as the store holds it, without a result.
+            record.result = None
+            record.state, record.next_attempt_at, record.question, record.updated_at = before
+            raise
         stop = result.stopped_because
         core.bus.deliver(finished)
         log.info("turn.finished", turn=record.id, session=record.session,
