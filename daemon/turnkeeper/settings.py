@@ -9,7 +9,7 @@ whole config. Guard limits stay per turn: they depend on the turn's budget profi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from turnkeeper.config import Config, FailureLoopConfig, LoopDetectionConfig
@@ -104,10 +104,25 @@ class TurnSettings:
     tools: ToolCallSettings
     providers: Mapping[str, ProviderRequestSettings]
     chain: ChainSettings
+    # The chains a submit may choose with `model`: each `[models.NAME]` alias and each
+    # provider alone, walked with the same attempts, backoff and recovery as `chain`.
+    model_chains: Mapping[str, ChainSettings] = field(default_factory=dict)
+
+    def chain_for(self, model: str | None) -> ChainSettings | None:
+        """The chain of a turn submitted with `model` (None: the default chain); None
+        when the policy no longer knows the name (a reload removed the alias)."""
+        return self.chain if model is None else self.model_chains.get(model)
 
     @classmethod
     def from_config(cls, cfg: Config) -> TurnSettings:
         backoff = Backoff.from_config(cfg.retry)
+        chain = ChainSettings(
+            providers=cfg.model_chain(None),
+            max_attempts=cfg.agent.api_max_retries + 1, backoff=backoff,
+            max_retry_after_s=cfg.retry.max_retry_after,
+            recovery_schedule=tuple(cfg.agent.recovery_schedule),
+            recovery_jitter=cfg.agent.recovery_jitter,
+            auto_recovery_cycles=cfg.agent.auto_recovery_cycles)
         return cls(
             system_prompt=cfg.agent.system_prompt,
             clarify_timeout_s=cfg.clarify.timeout,
@@ -120,13 +135,9 @@ class TurnSettings:
                 price_cache_read_per_mtok=p.price_cache_read_per_mtok,
                 price_cache_write_per_mtok=p.price_cache_write_per_mtok)
                 for p in cfg.providers},
-            chain=ChainSettings(
-                providers=tuple(p.name for p in cfg.providers),
-                max_attempts=cfg.agent.api_max_retries + 1, backoff=backoff,
-                max_retry_after_s=cfg.retry.max_retry_after,
-                recovery_schedule=tuple(cfg.agent.recovery_schedule),
-                recovery_jitter=cfg.agent.recovery_jitter,
-                auto_recovery_cycles=cfg.agent.auto_recovery_cycles))
+            chain=chain,
+            model_chains={name: replace(chain, providers=cfg.model_chain(name))
+                          for name in cfg.model_names()})
 
 
 def loop_detector(cfg: LoopDetectionConfig, snapshot: Mapping[str, Any] | None = None

@@ -212,3 +212,33 @@ def test_the_socket_and_config_variables_are_not_overrides(
     monkeypatch.setenv("TURNKEEPER_DAEMON__SOCKET", "/y.sock")
     config, _ = load_config(None)
     assert config.daemon.socket == "/y.sock"
+
+
+def _two_providers(**models: Any) -> dict[str, Any]:
+    return {"providers": [{"name": "a", "kind": "scripted"}, {"name": "b", "kind": "scripted"}],
+            "models": models}
+
+
+def test_a_model_alias_names_its_chain_and_a_provider_names_itself() -> None:
+    config = build_config(_two_providers(fast={"chain": ["b", "a"]}))
+    assert config.model_chain("fast") == ("b", "a")
+    assert config.model_chain("a") == ("a",)
+    assert config.model_chain(None) == ("a", "b")
+    assert config.model_names() == ["fast", "a", "b"]
+    with pytest.raises(KeyError):
+        config.model_chain("nope")
+
+
+@pytest.mark.parametrize(("models", "words"), [
+    ({"fast": {"chain": ["b", "c"]}}, "models.fast.chain: 'c' is not a configured provider"),
+    ({"fast": {"chain": []}}, "models.fast.chain"),
+    ({"fast": {"chain": ["a", "a"]}}, "appears twice in the chain"),
+    ({"a": {"chain": ["b"]}}, "models.a: the name is a provider's"),
+    ({"fast": {"chain": ["a"], "extra": 1}}, "models.fast.extra: unknown key"),
+])
+def test_a_bad_model_alias_is_a_config_error_naming_it(models: dict[str, Any],
+                                                       words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_config(_two_providers(**models))
+    assert words in str(err.value)
+    assert err.value.exit_code == 78

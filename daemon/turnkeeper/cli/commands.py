@@ -86,6 +86,8 @@ def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     p.add_argument("--deadline", help="when the turn must end: a span from now (30m, 2h), "
                    "an ISO 8601 time (local unless it names a zone) or epoch seconds")
     p.add_argument("--profile", help="a budget profile of the policy ([budget.profiles.NAME])")
+    p.add_argument("--model", help="the provider chain to run: a [models.NAME] alias or one "
+                   "provider's name (default: every provider, in order)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--wait", action="store_true", help="wait for the result")
     g.add_argument("--follow", action="store_true", help="show the turn live")
@@ -119,6 +121,8 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
         body["deadline"] = parse_deadline(args.deadline, time.time())
     if args.profile:
         body["profile"] = args.profile
+    if args.model:
+        body["model"] = args.model
     return body
 
 

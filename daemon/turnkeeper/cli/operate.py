@@ -149,7 +149,7 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
 
 
 def retry_body(turn: dict[str, Any]) -> dict[str, Any]:
-    """A new turn with a finished one's input: its message, budget and profile, and its
+    """A new turn with a finished one's input: its message, budget, profile and model, and its
     session when it named one (a turn that was its own session gets a fresh one). Not
     its deadline: an absolute time, most likely passed."""
     body: dict[str, Any] = {"message": turn["message"]}
@@ -159,6 +159,8 @@ def retry_body(turn: dict[str, Any]) -> dict[str, Any]:
         body["budget"] = turn["budget"]
     if turn.get("profile"):
         body["profile"] = turn["profile"]
+    if turn.get("model"):
+        body["model"] = turn["model"]
     return body
 
 

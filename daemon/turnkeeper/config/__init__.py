@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from turnkeeper.config.peers import (
@@ -51,6 +51,8 @@ from turnkeeper.config.sections import (
     LoopDetectionOverride,
     MetricsConfig,
     Mode,
+    ModelConfig,
+    ModelName,
     NonNegFloat,
     NonNegInt,
     PositiveFloat,
@@ -87,6 +89,8 @@ __all__ = [
     "LoopDetectionOverride",
     "MetricsConfig",
     "Mode",
+    "ModelConfig",
+    "ModelName",
     "NonNegFloat",
     "NonNegInt",
     "Policy",
@@ -137,6 +141,7 @@ class Config(BaseSettings):
     metrics: MetricsConfig = MetricsConfig()
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
+    models: dict[ModelName, ModelConfig] = Field(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
@@ -157,7 +162,33 @@ class Config(BaseSettings):
                 if item.name in seen:
                     raise ValueError(f"{kind}: name {item.name!r} appears twice")
                 seen.add(item.name)
+        providers = {p.name for p in self.providers}
+        for name, model in self.models.items():
+            if name in providers:
+                raise ValueError(f"models.{name}: the name is a provider's; a submit naming "
+                                 "it would be ambiguous, so an alias needs a name of its own")
+            unknown = [p for p in model.chain if p not in providers]
+            if unknown:
+                raise ValueError(f"models.{name}.chain: {', '.join(map(repr, unknown))} "
+                                 f"is not a configured provider (configured: "
+                                 f"{', '.join(sorted(providers))})")
         return self
+
+    def model_chain(self, model: str | None) -> tuple[str, ...]:
+        """The providers a turn of `model` walks, primary first: an alias's chain
+        (`[models.NAME]`), a single provider named by itself, or (None) the default chain,
+        every provider in order. Raises KeyError for a name the policy does not know."""
+        if model is None:
+            return tuple(p.name for p in self.providers)
+        if model in self.models:
+            return self.models[model].chain
+        if any(p.name == model for p in self.providers):
+            return (model,)
+        raise KeyError(model)
+
+    def model_names(self) -> list[str]:
+        """Every name a submit's `model` may take: the aliases, then the providers."""
+        return [*sorted(self.models), *(p.name for p in self.providers)]
 
     def tool_max_attempts(self, tool: ToolConfig) -> int:
         """The attempts one call of `tool` may take: its own setting, else the section's."""

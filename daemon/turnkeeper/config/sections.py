@@ -199,6 +199,24 @@ def _overrides(model: BaseModel) -> dict[str, Any]:
     return {k: v for k, v in model if v is not None and not isinstance(v, BaseModel)}
 
 
+ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+
+
+class ModelConfig(_Section):
+    """`[models.NAME]`: a named provider chain (primary first, then its fallbacks, each
+    a configured provider) that a submit chooses with `"model": "NAME"`."""
+
+    chain: Annotated[tuple[str, ...], Field(min_length=1)]
+
+    @field_validator("chain")
+    @classmethod
+    def _no_repeats(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if v.count(name) > 1:
+                raise ValueError(f"provider {name!r} appears twice in the chain")
+        return v
+
+
 class ClarifyConfig(_Section):
     timeout: PositiveFloat = 3600.0
 

@@ -35,6 +35,7 @@ class SubmitBody(Body):
     budget: BudgetOverride | None = None
     deadline: float | datetime | None = None
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
     @field_validator("deadline", mode="before")
     @classmethod

@@ -27,6 +27,7 @@ from turnkeeper.supervisor import (
     IntakeRefused,
     NotWaiting,
     TurnFinished,
+    UnknownModel,
     UnknownProfile,
     UnknownTurn,
 )
@@ -74,9 +75,12 @@ async def submit(request: web.Request) -> web.Response:
     budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
     try:
         record = await sup.submit(message=body.message, session=body.session, budget=budget,
-                                  deadline=deadline, profile=body.profile)
+                                  deadline=deadline, profile=body.profile,
+                                  model=body.model)
     except UnknownProfile as exc:
         return error(400, str(exc), field="profile")
+    except UnknownModel as exc:
+        return error(400, str(exc), field="model")
     except IntakeRefused as exc:
         return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     return web.json_response({"turn": record.to_json()}, status=202)

@@ -25,6 +25,7 @@ from turnkeeper.supervisor.core import (
     NotWaiting,
     SupervisorCore,
     TurnFinished,
+    UnknownModel,
     UnknownProfile,
     UnknownTurn,
     new_turn_id,
@@ -36,7 +37,8 @@ from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
 __all__ = ["InboxFull", "IntakeRefused", "LiveTurn", "NotWaiting", "ReloadOutcome",
-           "Supervisor", "TurnFinished", "UnknownProfile", "UnknownTurn", "new_turn_id"]
+           "Supervisor", "TurnFinished", "UnknownModel", "UnknownProfile", "UnknownTurn",
+           "new_turn_id"]
 
 
 class Supervisor(SupervisorCore):
@@ -73,10 +75,10 @@ class Supervisor(SupervisorCore):
 
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
                      deadline: float | None, replay_of: str | None = None,
-                     profile: str | None = None) -> TurnRecord:
+                     profile: str | None = None, model: str | None = None) -> TurnRecord:
         return await self.intake.submit(message=message, session=session, budget=budget,
                                         deadline=deadline, replay_of=replay_of,
-                                        profile=profile)
+                                        profile=profile, model=model)
 
     async def post_message(self, turn_id: str, *, kind: str, text: str,
                            redirect: bool) -> dict[str, Any]:

@@ -49,6 +49,10 @@ class UnknownProfile(TurnkeeperError, ValueError):
     """A submit named a budget profile the policy does not define."""
 
 
+class UnknownModel(TurnkeeperError, ValueError):
+    """A submit named a model that is neither a `[models.NAME]` alias nor a provider."""
+
+
 class UnknownTurn(TurnkeeperError):
     pass
 

@@ -19,6 +19,7 @@ from turnkeeper.supervisor.core import (
     NotWaiting,
     SupervisorCore,
     TurnFinished,
+    UnknownModel,
     UnknownProfile,
     UnknownTurn,
     log_context,
@@ -35,8 +36,14 @@ class Intake:
 
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
                      deadline: float | None, replay_of: str | None = None,
-                     profile: str | None = None) -> TurnRecord:
+                     profile: str | None = None, model: str | None = None) -> TurnRecord:
         core = self.core
+        try:
+            chain = core.config.model_chain(model)
+        except KeyError:
+            known = ", ".join(core.config.model_names())
+            raise UnknownModel(f"model: no model or provider {model!r} (known: {known})"
+                               ) from None
         if profile is not None and profile not in core.config.budget.profiles:
             known = ", ".join(sorted(core.config.budget.profiles)) or "none are configured"
             raise UnknownProfile(f"profile: no budget profile {profile!r} (known: {known})")
@@ -52,7 +59,7 @@ class Intake:
                             created_at=now, updated_at=now, state=TurnState.QUEUED,
                             policy_version=core.policy.version, budget=budget,
                             deadline=deadline, replay_of=replay_of, profile=profile,
-                            provider=core.config.providers[0].name)
+                            model=model, provider=chain[0])
         live = LiveTurn(record=record)
         # Registered before the write so a concurrent GET sees it; queued and answered
         # once it is on disk with its `turn.queued` event (a turn started earlier would

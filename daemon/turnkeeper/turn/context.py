@@ -77,7 +77,13 @@ class TurnContext:
         # real limits are watched by a second guard that records what would have stopped.
         enforced = limits if self.modes["budget"] == "enforce" else limits.backstop_only()
         self.watch: BudgetGuard | None = None
-        chain_settings = self.settings.chain
+        chain_settings = self.settings.chain_for(record.model)
+        if chain_settings is None:
+            # A reload removed the model this turn was submitted with: it goes on under
+            # the default chain, and says so.
+            self.log.warning("turn.model_gone", model=record.model)
+            record.model = None
+            chain_settings = self.settings.chain
         # A guard's stop decided after a step's tools (loop detection) and not yet
         # applied: checkpointed, or a crash would let the turn run one step too many.
         self.pending_stop: Stop | None = None
@@ -185,7 +191,7 @@ class TurnContext:
             "loops": self.loops.snapshot(),
             "failures": self.failures.snapshot(),
             "chain": {**self.chain.snapshot(),
-                      "providers": list(self.settings.chain.providers)},
+                      "providers": list(self.chain.providers)},
             "partial": list(self.partial),
             "open_issues": list(self.open_issues),
             "waiting_since": self.waiting_since,

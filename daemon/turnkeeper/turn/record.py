@@ -94,6 +94,9 @@ class TurnRecord:
     previous_results: list[dict[str, Any]] = field(default_factory=list)
     inbox: list[dict[str, Any]] = field(default_factory=list)
     profile: str | None = None
+    # The `model` the turn was submitted with (an alias or a provider's name); None for
+    # the default chain.
+    model: str | None = None
     would_have_stopped: list[dict[str, Any]] = field(default_factory=list)
     # The effective budget limits (policy `[budget]` with the submit's overrides), set
     # when the turn starts; `active_since` (epoch) is set while its active time runs, so
@@ -131,6 +134,7 @@ class TurnRecord:
         if self.inbox:
             out["inbox"] = list(self.inbox)
         out["profile"] = self.profile
+        out["model"] = self.model
         out["would_have_stopped"] = list(self.would_have_stopped)
         return out
 
@@ -147,6 +151,6 @@ class TurnRecord:
             result=d.get("result"), last_error=d.get("last_error"),
             replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])),
             previous_results=list(d.get("previous_results") or []),
-            profile=d.get("profile"),
+            profile=d.get("profile"), model=d.get("model"),
             would_have_stopped=list(d.get("would_have_stopped", [])),
             limits=dict(d.get("limits") or {}))
