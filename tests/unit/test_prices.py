@@ -4,6 +4,8 @@ prices, looked up by model name, and shown with its source."""
 from __future__ import annotations
 
 import datetime
+import tomllib
+from importlib import resources
 
 import pytest
 
@@ -30,7 +32,41 @@ def test_the_shipped_table_is_dated_and_covers_both_vendors() -> None:
     assert table.lookup("gpt-4.1-mini") is not None
     assert table.lookup("claude-sonnet-4-5") is not None
     for row in table.models.values():
-        assert row.input > 0 and row.output >= row.input
+        assert row.input > 0 and row.output > 0
+
+
+def test_the_shipped_file_parses_and_every_entry_has_input_and_output_prices() -> None:
+    text = resources.files("turnkeeper.providers").joinpath("prices.toml").read_text("utf-8")
+    data = tomllib.loads(text)
+    assert set(data) == {"as_of", "source", "models"}
+    datetime.date.fromisoformat(data["as_of"])
+    assert "genai-prices" in data["source"]
+    assert len(data["models"]) > 20
+    for name, row in data["models"].items():
+        assert name == name.lower(), name
+        assert {"input", "output"} <= set(row) <= {"input", "output", "cache_read",
+                                                   "cache_write"}, name
+        for key, value in row.items():
+            assert isinstance(value, int | float) and not isinstance(value, bool), (name, key)
+            assert value >= 0, (name, key)
+        assert row["input"] > 0 and row["output"] > 0, name
+    assert len(PriceTable.parse(data).models) == len(data["models"])
+
+
+@pytest.mark.parametrize("model, entry, prices", [
+    # Variants priced apart from their family take their own row, not the family's.
+    ("claude-opus-4-6", "claude-opus-4-6", (5.0, 25.0)),
+    ("claude-opus-4-20250514", "claude-opus-4", (15.0, 75.0)),
+    ("gpt-5-pro", "gpt-5-pro", (15.0, 120.0)),
+    ("gpt-5-2025-08-07", "gpt-5", (1.25, 10.0)),
+    ("o1-pro", "o1-pro", (150.0, 600.0)),
+    ("gpt-4o-2024-05-13", "gpt-4o-2024-05-13", (5.0, 15.0)),
+    ("gpt-4o-2024-08-06", "gpt-4o", (2.5, 10.0))])
+def test_a_variant_priced_apart_is_not_priced_as_its_family(
+        model: str, entry: str, prices: tuple[float, float]) -> None:
+    row = shipped_table().lookup(model)
+    assert row is not None and row.entry == entry
+    assert (row.input, row.output) == prices
 
 
 @pytest.mark.parametrize("model, entry", [
