@@ -182,23 +182,40 @@ def error_fields(body: object) -> tuple[str | None, str]:
 class SSEDecoder:
     """Server-sent events, sans I/O: feed raw bytes, get the `data` payload of each
     complete event (multi-line data joined with newlines, comments and other fields
-    skipped). Lines may end in LF or CRLF."""
+    skipped). Lines may end in LF, CRLF or a lone CR, as the SSE format allows, and a
+    UTF-8 byte order mark at the start of the stream is dropped (else the first line,
+    the first event's data, would not read as `data:`)."""
 
-    __slots__ = ("_buf", "_data")
+    __slots__ = ("_at_start", "_buf", "_data", "_skip_lf")
 
     def __init__(self) -> None:
         self._buf = b""
         self._data: list[bytes] = []
+        self._at_start = True
+        # The last chunk ended in CR: an LF opening the next one is that CRLF's second half.
+        self._skip_lf = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
         buf = self._buf + chunk if self._buf else chunk
+        if self._at_start:
+            if len(buf) < len(_BOM) and _BOM.startswith(buf):
+                self._buf = buf  # maybe a BOM cut across chunks: wait for the rest
+                return []
+            self._at_start = False
+            if buf.startswith(_BOM):
+                buf = buf[len(_BOM):]
+        if self._skip_lf:
+            self._skip_lf = False
+            if buf.startswith(b"\n"):
+                buf = buf[1:]
+        if b"\r" in buf:
+            self._skip_lf = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         self._buf = lines.pop()
         out: list[bytes] = []
         data = self._data
         for line in lines:
-            if line.endswith(b"\r"):
-                line = line[:-1]
             if not line:
                 if data:
                     out.append(data[0] if len(data) == 1 else b"\n".join(data))
@@ -213,6 +230,9 @@ class SSEDecoder:
         out = self.feed(b"\n\n") if (self._buf or self._data) else []
         self._buf = b""
         return out
+
+
+_BOM = b"\xef\xbb\xbf"
 
 
 def loads(data: bytes) -> Any:
