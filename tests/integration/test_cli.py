@@ -68,6 +68,17 @@ def test_config_show_prints_the_paths_in_use(tmp_path: Path) -> None:
     assert json.loads(out.stdout)["daemon"]["socket"] == "/x/y.sock"
 
 
+def test_config_show_masks_credentials_inside_urls(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[[providers]]\nname = "p"\nkind = "openai"\napi_key_env = ""\n'
+                   'base_url = "https://me:pa55word@llm.example/v1?api_key=k3y&v=1"\n')
+    out = cli("config", "show", "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert "pa55word" not in out.stdout and "k3y" not in out.stdout
+    assert json.loads(out.stdout)["providers"][0]["base_url"] == \
+        "https://<redacted>@llm.example/v1?api_key=<redacted>&v=1"
+
+
 def test_config_show_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     r, w = os.pipe()
     os.close(r)

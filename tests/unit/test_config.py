@@ -17,6 +17,7 @@ from turnkeeper.config import (
     build_config,
     keep_restart_keys,
     load_config,
+    redact_url,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,3 +243,41 @@ def test_a_bad_model_alias_is_a_config_error_naming_it(models: dict[str, Any],
         build_config(_two_providers(**models))
     assert words in str(err.value)
     assert err.value.exit_code == 78
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("https://user:pa55@llm.example/v1", "https://<redacted>@llm.example/v1"),
+    ("https://sk-abc@llm.example:8443/v1", "https://<redacted>@llm.example:8443/v1"),
+    ("https://h.example/v1?api-version=2024-10-21&api_key=s3",
+     "https://h.example/v1?api-version=2024-10-21&api_key=<redacted>"),
+    ("https://b.blob.example/c?sv=2022&sig=abc%2Fdef&se=2030",
+     "https://b.blob.example/c?sv=2022&sig=<redacted>&se=2030"),
+    ("http://h/x?access_token=t&Client-Secret=c&password=p&X-Amz-Credential=AK&page=2",
+     "http://h/x?access_token=<redacted>&Client-Secret=<redacted>&password=<redacted>"
+     "&X-Amz-Credential=<redacted>&page=2"),
+    ("postgresql://app:hunter2@db.internal:5432/turnkeeper?sslmode=require",
+     "postgresql://<redacted>@db.internal:5432/turnkeeper?sslmode=require"),
+    ("https://api.openai.com/v1", "https://api.openai.com/v1"),
+    ("http://h/x?token=", "http://h/x?token="),
+    ("see https://u:p@h for details", "see https://u:p@h for details"),
+    ("gpt-4.1-mini", "gpt-4.1-mini"),
+])
+def test_redact_url_masks_userinfo_and_secret_query_values(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_config_show_masks_credentials_in_every_url() -> None:
+    config = build_config({
+        "providers": [{"name": "p", "kind": "openai", "api_key_env": "",
+                       "base_url": "https://me:pa55word@llm.example/v1?api-key=k3y&v=1"}],
+        "tools": [{"name": "t", "kind": "http", "description": "d",
+                   "url": "https://tools.example/run?sig=s1gnature&x=1"}]})
+    shown = config.redacted()
+    text = str(shown)
+    for secret in ("pa55word", "me:", "k3y", "s1gnature"):
+        assert secret not in text
+    assert shown["providers"][0]["base_url"] == \
+        "https://<redacted>@llm.example/v1?api-key=<redacted>&v=1"
+    assert shown["tools"][0]["url"] == "https://tools.example/run?sig=<redacted>&x=1"
+    # The config itself keeps the real values: only what is shown is masked.
+    assert config.providers[0].base_url.startswith("https://me:pa55word@")

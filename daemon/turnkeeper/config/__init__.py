@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -115,6 +117,7 @@ __all__ = [
     "load_config",
     "mcp_available",
     "read_config_file",
+    "redact_url",
     "socket_path",
     "state_dir",
 ]
@@ -209,7 +212,7 @@ class Config(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The effective config as JSON, secrets replaced: literal header (and provider
         query) values and MCP server env values (an `env:NAME` reference is shown, never
-        its value)."""
+        its value), and the credentials inside any URL (`redact_url`)."""
         data = self.model_dump(mode="json")
         for provider in data["providers"]:
             for key in ("headers", "query"):
@@ -219,7 +222,48 @@ class Config(BaseSettings):
             for key in ("headers", "env"):
                 tool[key] = {k: (v if v.startswith("env:") else "<redacted>")
                              for k, v in tool[key].items()}
-        return data
+        shown: dict[str, Any] = _redact_urls(data)
+        return shown
+
+
+REDACTED = "<redacted>"
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
+# Query parameters whose value is a credential: api_key, access_token, client_secret,
+# password, sig / signature (a SAS or presigned URL), X-Amz-Credential, auth...
+_SECRET_PARAM = re.compile(r"key|token|secret|passw|pwd|sig|auth|credential", re.IGNORECASE)
+
+
+def redact_url(value: str) -> str:
+    """`value` with the credentials a URL may carry masked: its userinfo (`user:password@`)
+    and the values of query parameters named like a key, token, secret, password or
+    signature. A string that is not a whole URL is returned as it is."""
+    if not _URL.fullmatch(value):
+        return value
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
+    query = "&".join(
+        f"{name}={REDACTED}" if val and _SECRET_PARAM.search(unquote_plus(name)) else pair
+        for pair in parts.query.split("&")
+        for name, _, val in (pair.partition("="),))
+    if (netloc, query) == (parts.netloc, parts.query):
+        return value
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _redact_urls(data: Any) -> Any:
+    """Every URL-valued string inside `data` (config show's JSON) through `redact_url`."""
+    if isinstance(data, str):
+        return redact_url(data)
+    if isinstance(data, dict):
+        return {k: _redact_urls(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_redact_urls(v) for v in data]
+    return data
 
 
 # Keys whose change cannot be applied without a restart.
