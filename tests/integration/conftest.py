@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import Daemon
-from tests.integration.tool_server import tool_server  # noqa: F401 - a shared fixture
+from tests.integration.tool_server import (  # noqa: F401 - shared fixtures
+    module_tool_server,
+    tool_server,
+)
 
 
 @pytest.fixture

@@ -350,12 +350,8 @@ timeout = {clarify_timeout}
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ToolServer]:
-    s = ToolServer().start()
-    try:
-        yield s
-    finally:
-        s.stop()
+def server(module_tool_server: ToolServer) -> ToolServer:
+    return module_tool_server
 
 
 @pytest.fixture(scope="module")

@@ -187,10 +187,15 @@ class ToolServer:
         self._sock.close()
 
 
-@pytest.fixture
-def tool_server() -> Iterator[ToolServer]:
+def _serve() -> Iterator[ToolServer]:
     server = ToolServer().start()
     try:
         yield server
     finally:
         server.stop()
+
+
+tool_server = pytest.fixture(_serve, name="tool_server")
+# One server for a module whose tests share one daemon (they tell their calls apart by
+# the key or the path each uses).
+module_tool_server = pytest.fixture(_serve, scope="module", name="module_tool_server")
