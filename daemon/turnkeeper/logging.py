@@ -4,14 +4,19 @@ prefix so journald keeps the level.
 
 Lines from libraries that log through the standard library (aiohttp, asyncio, the MCP
 SDK) go through the same processors (`structlog.stdlib.ProcessorFormatter` on the root
-logger): a plain-text line among the JSON ones made `jq` abort on the whole stream."""
+logger): a plain-text line among the JSON ones made `jq` abort on the whole stream.
+
+The daemon also keeps its last `RECENT_LINES` lines in memory (`recent`), so
+`turnkeeper logs ID` can show a turn's lines without access to the journal; a restart
+starts the window afresh, and the journal keeps the rest."""
 
 from __future__ import annotations
 
 import logging as std_logging
 import os
 import sys
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TextIO
 
@@ -49,6 +54,40 @@ def _merge_turn_context(_: WrappedLogger, __: str, event_dict: EventDict) -> Eve
     return event_dict
 
 
+RECENT_LINES = 10_000
+
+
+class RecentLines:
+    """The daemon's last log lines, as the dicts they were rendered from (a reference
+    each, no copy: a line is never changed once written). Meta keys (`_record`, from the
+    standard library's lines) are left out when read."""
+
+    def __init__(self, maxlen: int = RECENT_LINES) -> None:
+        self._lines: deque[EventDict] = deque(maxlen=maxlen)
+
+    def __repr__(self) -> str:
+        return f"RecentLines({len(self._lines)} of {self._lines.maxlen})"
+
+    def keep(self, _: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        self._lines.append(event_dict)
+        return event_dict
+
+    def lines(self, *, turn: str | None = None, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` lines (of `turn`, when given), oldest first."""
+        picked: list[dict[str, Any]] = []
+        found: Iterator[EventDict] = reversed(self._lines)
+        for line in found:
+            if turn is None or line.get("turn") == turn:
+                picked.append({k: v for k, v in line.items() if not k.startswith("_")})
+                if len(picked) >= limit:
+                    break
+        picked.reverse()
+        return picked
+
+
+recent = RecentLines()
+
+
 def _to_level(_: WrappedLogger, method: str, event_dict: EventDict) -> EventDict:
     event_dict.setdefault("level", method if method != "exception" else "error")
     return event_dict
@@ -65,6 +104,7 @@ def configure(*, log_format: str = "auto", log_level: str = "info",
         _merge_turn_context,
         _to_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        recent.keep,
     ]
     renderers: list[Any] = [structlog.processors.format_exc_info]
     if fmt == "json":

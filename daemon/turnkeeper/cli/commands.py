@@ -44,7 +44,14 @@ from turnkeeper.cli.operate import (
     top_setup,
     wait_result,
 )
-from turnkeeper.cli.streams import cmd_events, cmd_follow, events_setup, follow_turn
+from turnkeeper.cli.streams import (
+    cmd_events,
+    cmd_follow,
+    cmd_logs,
+    events_setup,
+    follow_turn,
+    logs_setup,
+)
 from turnkeeper.control.client import Client
 from turnkeeper.policy.turn_state import TurnState
 
@@ -344,6 +351,10 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             "Every event of every turn and of the daemon, live, until interrupted; with "
             "--after, the stored ones after that seq first, so a consumer that "
             "reconnects loses nothing.", events_setup, cmd_events),
+    Command("logs", "the daemon's recent log lines",
+            "The daemon's recent log lines (the last 10,000 it keeps in memory), or one "
+            "turn's; a turn older than that window is looked up in systemd's journal.",
+            logs_setup, cmd_logs),
     Command("reload", "reload the config (waits for the outcome; non-zero exit when "
             "invalid)", "Re-read the config and apply it; an invalid one is refused and "
             "the running policy kept.", no_args, cmd_reload),

@@ -176,6 +176,16 @@ def event_line(ev: dict[str, Any]) -> str | None:
     return f"{time.strftime('%H:%M:%S', time.localtime(ev['ts']))} {ev['type']:<22} {detail}"
 
 
+LOG_HEAD = ("timestamp", "level", "event")
+
+
+def log_line(line: dict[str, Any]) -> str:
+    """One daemon log line for a terminal: time, level, event, then its fields."""
+    ts = str(line.get("timestamp", ""))[11:23]  # HH:MM:SS.mmm of the ISO time
+    rest = " ".join(f"{k}={fmt_field(k, v)}" for k, v in line.items() if k not in LOG_HEAD)
+    return f"{ts} {line.get('level', '')!s:<7} {line.get('event', '')} {rest}".rstrip()
+
+
 TURNS_HEADER = f"{'ID':<18}  {'STATE':<10} {'STOPPED BECAUSE':<22} {'STEPS':<5} MESSAGE"
 
 

@@ -1,5 +1,6 @@
-"""The commands that read an event stream: `follow` (and `submit --follow`) and `events`.
-A turn's stream ends with its `turn.finished`; the exit status is then the turn's."""
+"""The commands that read what the daemon records as it goes: `follow` (and `submit
+--follow`) and `events` read event streams (a turn's ends with its `turn.finished`; the
+exit status is then the turn's); `logs` reads the daemon's recent log lines."""
 
 from __future__ import annotations
 
@@ -85,4 +86,55 @@ def cmd_events(client: Client, args: argparse.Namespace) -> int:
             line = render.event_line(ev)
             if line:
                 print((ev.get("turn") or "daemon") + " " + line, flush=True)
+    return exits.OK
+
+
+LOG_UNIT = "turnkeeper.service"
+
+
+def logs_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("id", nargs="?", metavar="ID", help="only this turn's lines")
+    p.add_argument("-n", "--lines", type=int, default=200, metavar="N",
+                   help="at most this many, the newest (default 200, at most 10000)")
+
+
+def _journal_lines(turn_id: str, limit: int) -> list[str]:
+    """A turn's lines from systemd's journal, for a turn older than the daemon's window
+    (or than its last restart): [] when there is no journal to read."""
+    import shutil
+    import subprocess
+
+    if shutil.which("journalctl") is None:
+        return []
+    out = subprocess.run(["journalctl", "--unit", LOG_UNIT, "--output", "cat",
+                          "--no-pager", "--grep", turn_id], capture_output=True,
+                         text=True, timeout=30, check=False)
+    if out.returncode != 0:
+        return []
+    return [line for line in out.stdout.splitlines() if turn_id in line][-limit:]
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    from turnkeeper.cli.base import UsageError, fail
+
+    if not 1 <= args.lines <= 10_000:
+        raise UsageError("--lines: from 1 to 10000")
+    query = {"limit": args.lines, **({"turn": args.id} if args.id else {})}
+    status, data = client.request("GET", "/v1/logs?" + urlencode(query))
+    if status != 200:
+        return fail(status, data)
+    lines = data["lines"]
+    if not lines and args.id:
+        journal = _journal_lines(args.id, args.lines)
+        if journal:
+            print("\n".join(journal))
+            return exits.OK
+        print(f"no log lines of {args.id} in the daemon's last {data['window']} lines"
+              " (nor in the journal)", file=sys.stderr)
+        return exits.OK
+    for line in lines:
+        if args.json or not sys.stdout.isatty():
+            print(json.dumps(line, ensure_ascii=False, default=str))
+        else:
+            print(render.log_line(line))
     return exits.OK

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from turnkeeper.control import event_routes
+from turnkeeper.control import event_routes, log_routes
 from turnkeeper.control.bodies import CancelBody, IntakeBody, MessageBody, SubmitBody
 from turnkeeper.control.http import (
     FOLLOWERS,
@@ -201,6 +201,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/turns/{id}/messages", post_message)
     app.router.add_post("/v1/turns/{id}/cancel", cancel)
     app.router.add_get("/v1/events", event_routes.all_events)
+    app.router.add_get("/v1/logs", log_routes.recent_logs)
     app.router.add_post("/v1/reload", reload)
     app.router.add_get("/v1/dead-letters", dead_letters)
     app.router.add_get("/v1/limits/report", limits_report)
