@@ -82,7 +82,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 # these (and each other); anything heavier (the daemon for `serve`, the config for
 # `config check`, rich for `follow`) is imported inside the function that needs it.
 LIGHT_FOR_CLI = frozenset({"", "errors", "exits", "paths", "control.client", "follow",
-                           "policy.turn_state", "event_types"})
+                           "policy.turn_state", "policy.retention", "event_types"})
 CLI_MODULES = frozenset({"cli", "follow"})
 
 

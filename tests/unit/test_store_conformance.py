@@ -260,6 +260,37 @@ async def test_a_replayed_dead_letter_is_queued_again_with_its_event_and_checkpo
     assert [r["id"] for r, _ in await store.unfinished_turns()] == ["t_0"]
 
 
+async def test_prune_deletes_finished_turns_past_their_keep_with_all_they_hold(
+        store: Store) -> None:
+    for i, (state, code, at) in enumerate([
+            ("completed", "completed", 100.0), ("failed", "providers.rejected", 110.0),
+            ("completed", "completed", 120.0), ("completed", "completed", 500.0)]):
+        rec = record(f"t_{i}", at=at)
+        await store.insert_turn(rec, {"n": i}, events=[event(10 * i + 1, f"t_{i}")])
+        await store.journal_intent(f"k{i}", turn=f"t_{i}", tool="send", arguments="{}",
+                                   idempotent=False)
+        await store.save_turn(finished(rec, state, code, at=at))
+    live = record("t_live", at=50.0)
+    await store.insert_turn(live, {}, events=[event(60, "t_live")])
+    store.append_event(Event(seq=70, ts=100.0, type="daemon.reloaded", turn=None, data={}))
+    store.append_event(Event(seq=71, ts=400.0, type="daemon.reloaded", turn=None, data={}))
+    await store.flush()
+    assert await store.prune(finished_before=300.0, limit=1) == 1  # oldest first
+    assert await store.get_turn("t_0") is None
+    assert await store.prune(finished_before=300.0, limit=10) == 1  # t_2: not the letter
+    assert await store.prune(finished_before=300.0, limit=10) == 0
+    assert [r["id"] for r in await store.list_turns()] == ["t_live", "t_3", "t_1"]
+    assert await store.events(turn="t_2") == []
+    assert await store.journal_get("k2") is None
+    assert await store.get_checkpoint("t_2") is None
+    assert await store.journal_get("k3") is not None  # not due yet
+    assert [e["seq"] for e in await store.events() if e.get("turn") is None] == [71]
+    assert [x["id"] for x in await store.dead_letters()] == ["t_1"]
+    assert await store.prune(finished_before=300.0, dead_letters=True, limit=10) == 1
+    assert await store.dead_letters() == []
+    assert [r["id"] for r, _ in await store.unfinished_turns()] == ["t_live"]
+
+
 async def test_a_write_after_close_is_refused(tmp_path: Path) -> None:
     for make in BACKENDS.values():
         backend = make(tmp_path)

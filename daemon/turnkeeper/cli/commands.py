@@ -30,6 +30,7 @@ from turnkeeper.cli.operate import (
     cmd_completion,
     cmd_config,
     cmd_pause,
+    cmd_prune,
     cmd_resume,
     cmd_retry,
     cmd_serve,
@@ -39,6 +40,7 @@ from turnkeeper.cli.operate import (
     completion_setup,
     config_setup,
     print_result,
+    prune_setup,
     retry_setup,
     status_setup,
     top_setup,
@@ -53,6 +55,7 @@ from turnkeeper.cli.streams import (
     logs_setup,
 )
 from turnkeeper.control.client import Client
+from turnkeeper.policy.retention import parse_duration
 from turnkeeper.policy.turn_state import TurnState
 
 
@@ -64,7 +67,7 @@ def parse_deadline(text: str, now: float) -> float:
 
     text = text.strip()
     if text[-1:].lower() in "smhd" and text[:-1].replace(".", "", 1).isdigit():
-        when = now + render.parse_duration(text)
+        when = now + parse_duration(text)
     else:
         try:
             when = float(text)
@@ -285,7 +288,7 @@ def cmd_limits(client: Client, args: argparse.Namespace) -> int:
         query["profile"] = args.profile
     if args.since:
         try:
-            query["since"] = render.parse_duration(args.since)
+            query["since"] = parse_duration(args.since)
         except ValueError as exc:
             raise UsageError(f"--since: {exc}") from None
     return get_and_print(client, args, "/v1/limits/report?" + urlencode(query),
@@ -383,6 +386,10 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("dead-letters", "list or replay dead letters",
             "List the turns that failed for good, or replay one from its last checkpoint.",
             _dead_letters_setup, cmd_dead_letters),
+    Command("prune", "delete old finished turns now",
+            "Delete the turns that finished more than --older-than ago, with their "
+            "events and journal (the daemon does it by itself at store.keep_finished); "
+            "dead letters only with --dead-letters.", prune_setup, cmd_prune),
     Command("limits", "limits measured from finished turns",
             "What the finished turns used, against the limits.", _limits_setup, cmd_limits),
 )}

@@ -120,6 +120,33 @@ def cmd_resume(client: Client, args: argparse.Namespace) -> int:
     return _intake(client, args, open_=True)
 
 
+def prune_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    p.add_argument("--older-than", required=True, metavar="D",
+                   help="delete the turns that finished more than D ago (90s, 30m, 24h, "
+                   "7d, 2w) with their events and journal")
+    p.add_argument("--dead-letters", action="store_true",
+                   help="dead letters among them too (kept otherwise, until replayed)")
+
+
+def cmd_prune(client: Client, args: argparse.Namespace) -> int:
+    from turnkeeper.policy.retention import parse_duration
+
+    try:
+        parse_duration(args.older_than)
+    except ValueError as exc:
+        raise UsageError(f"--older-than: {exc}") from None
+    status, data = client.request("POST", "/v1/prune", {
+        "older_than": args.older_than, "dead_letters": args.dead_letters})
+    if status != 200:
+        return fail(status, data)
+    if args.json:
+        render.print_json(data)
+    else:
+        print(f"pruned {data['pruned']} finished turns older than {args.older_than}"
+              + (" (dead letters included)" if args.dead_letters else ""))
+    return exits.OK
+
+
 # -- one turn's end -----------------------------------------------------------------------
 
 def wait_result(client: Client, turn_id: str) -> tuple[int, Any]:

@@ -12,21 +12,6 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `24h`, `7d` -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip().lower()
-    scale = units.get(text[-1:], 0)
-    number = text[:-1] if scale else text
-    try:
-        value = float(number) * (scale or 1)
-    except ValueError:
-        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 24h, 7d)") from None
-    if value < 0:
-        raise ValueError("a duration cannot be negative")
-    return value
-
-
 def fmt_time(epoch: float | None) -> str:
     if epoch is None:
         return "-"

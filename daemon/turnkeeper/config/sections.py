@@ -15,6 +15,7 @@ from pydantic import (
 
 from turnkeeper import exits
 from turnkeeper.errors import TurnkeeperError
+from turnkeeper.policy.retention import parse_duration
 
 BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify"})
 DEFAULT_SYSTEM_PROMPT = (
@@ -222,11 +223,24 @@ class ClarifyConfig(_Section):
 
 
 class StoreConfig(_Section):
-    """Where and how the daemon keeps its state. `fatal_after`: seconds of failing every
-    write (a full disk) after which the daemon exits 74 for its service manager; until
-    then it retries and reports itself degraded."""
+    """Where and how the daemon keeps its state. `keep_finished`: how long a finished
+    turn is kept (a duration: "30d", "12h"; "0" keeps everything; dead letters are kept
+    until replayed or pruned). `fatal_after`: seconds of failing every write (a full
+    disk) after which the daemon exits 74 for its service manager; until then it retries
+    and reports itself degraded."""
 
+    keep_finished: str = "30d"
     fatal_after: PositiveFloat = 300.0
+
+    @field_validator("keep_finished")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        parse_duration(v)
+        return v
+
+    @property
+    def keep_finished_s(self) -> float:
+        return parse_duration(self.keep_finished)
 
 
 class SessionsConfig(_Section):

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from turnkeeper.policy.retention import parse_duration
+
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -85,3 +87,17 @@ class IntakeBody(Body):
     """`{"open": false}` pauses the start of queued turns, `{"open": true}` resumes it."""
 
     open: StrictBool
+
+
+class PruneBody(Body):
+    """`{"older_than": "7d"}` deletes the turns that finished more than that ago;
+    `"dead_letters": true` takes the dead letters among them too."""
+
+    older_than: Annotated[str, Field(min_length=1, max_length=32)]
+    dead_letters: StrictBool = False
+
+    @field_validator("older_than")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        parse_duration(v)
+        return v

@@ -10,7 +10,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from turnkeeper.control import event_routes, log_routes
-from turnkeeper.control.bodies import CancelBody, IntakeBody, MessageBody, SubmitBody
+from turnkeeper.control.bodies import (
+    CancelBody,
+    IntakeBody,
+    MessageBody,
+    PruneBody,
+    SubmitBody,
+)
 from turnkeeper.control.http import (
     FOLLOWERS,
     PEER_UID,
@@ -21,6 +27,7 @@ from turnkeeper.control.http import (
     read_body,
     too_large,
 )
+from turnkeeper.policy.retention import parse_duration
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor import (
     InboxFull,
@@ -58,6 +65,19 @@ async def intake(request: web.Request) -> web.Response:
     changed = sup.scheduling.set_paused(not body.open)
     return web.json_response({"open": body.open, "changed": changed,
                               "queued": len(sup.queue)})
+
+
+async def prune(request: web.Request) -> web.Response:
+    """Delete the finished turns older than a duration, now (the background retention
+    does the same at `store.keep_finished`)."""
+    body = await read_body(request, PruneBody)
+    if isinstance(body, web.Response):
+        return body
+    assert isinstance(body, PruneBody)
+    pruned = await request.app[SUPERVISOR].prune(
+        older_than_s=parse_duration(body.older_than), dead_letters=body.dead_letters)
+    return web.json_response({"pruned": pruned, "older_than": body.older_than,
+                              "dead_letters": body.dead_letters})
 
 
 async def submit(request: web.Request) -> web.Response:
@@ -194,6 +214,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/health", health)
     app.router.add_post("/v1/intake", intake)
+    app.router.add_post("/v1/prune", prune)
     app.router.add_post("/v1/turns", submit)
     app.router.add_get("/v1/turns", list_turns)
     app.router.add_get("/v1/turns/{id}", get_turn)

@@ -120,4 +120,13 @@ class Store(Protocol):
         its event. It leaves the dead-letter list, which reads the record's result."""
         ...
 
+    async def prune(self, *, finished_before: float, dead_letters: bool = False,
+                    limit: int) -> int:
+        """Delete up to `limit` turns that finished before `finished_before` (oldest
+        first) with everything kept for them (checkpoint, events, journal), in one
+        transaction, and the daemon's own events older than that; dead letters only when
+        `dead_letters`. Returns how many turns went: fewer than `limit` when no more are
+        due."""
+        ...
+
     async def flush(self) -> None: ...

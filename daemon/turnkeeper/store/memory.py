@@ -178,6 +178,26 @@ class MemoryStore:
         if row is not None:
             row.replayed_by = new_turn_id
 
+    async def prune(self, *, finished_before: float, dead_letters: bool = False,
+                    limit: int) -> int:
+        self._check_open()
+        due = [turn_id for turn_id, row in sorted(self._turns.items(),
+                                                  key=lambda kv: kv[1].seq)
+               if row.state in TERMINAL_STATES and row.updated_at < finished_before
+               and (dead_letters or not goes_to_dead_letters(row.record.get("result")))
+               ][:limit]
+        gone = set(due)
+        for turn_id in due:
+            del self._turns[turn_id]
+        for key in [k for k, e in self._journal.items() if e["turn"] in gone]:
+            del self._journal[key]
+        for seq in [s for s, t in self._event_turn.items()
+                    if t in gone or (t is None and self._events[s]["ts"] < finished_before)]:
+            del self._events[seq]
+            del self._event_turn[seq]
+        self.durable_writes += 1
+        return len(due)
+
     # -- reading ------------------------------------------------------------------
 
     async def max_event_seq(self) -> int:

@@ -417,6 +417,29 @@ class SQLiteStore:
         await self._write([("UPDATE turns SET replayed_by = ? WHERE id = ?",
                             (new_turn_id, turn_id))])
 
+    async def prune(self, *, finished_before: float, dead_letters: bool = False,
+                    limit: int) -> int:
+        keep_dead = "" if dead_letters else (
+            " AND COALESCE(json_extract(record, '$.result.stopped_because.code'), '')"
+            f" NOT IN {_DEAD_LETTER_SQL}")
+        rows = await self._read(
+            f"SELECT id FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at < ?"
+            f"{keep_dead} ORDER BY seq LIMIT ?", (finished_before, limit))
+        ids = [r[0] for r in rows]
+        # Checked again inside the transaction: a dead letter replayed since the read is
+        # queued again, and keeps everything.
+        marks = ",".join("?" * len(ids))
+        due = f"SELECT id FROM turns WHERE id IN ({marks}) AND state IN {_TERMINAL_SQL}"
+        statements: list[_Statement] = [
+            (f"DELETE FROM events WHERE turn IN ({due})", ids),
+            (f"DELETE FROM journal WHERE turn IN ({due})", ids),
+            (f"DELETE FROM turns WHERE id IN ({due})", ids),
+        ] if ids else []
+        statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
+                           (finished_before,)))
+        await self._write(statements)
+        return len(ids)
+
     # -- reading ------------------------------------------------------------------
 
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from turnkeeper.store.base import StoreError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Migrations: index i brings the schema from version i to i + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -55,6 +55,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             key TEXT PRIMARY KEY,
             value INTEGER NOT NULL
         )""",
+    ),
+    (
+        # Retention deletes a finished turn's journal entries with it.
+        "CREATE INDEX journal_turn ON journal(turn)",
     ),
 )
 

@@ -33,6 +33,7 @@ from turnkeeper.supervisor.core import (
 from turnkeeper.supervisor.intake import Intake
 from turnkeeper.supervisor.lifecycle import Lifecycle, ReloadOutcome
 from turnkeeper.supervisor.queries import Queries
+from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
@@ -50,6 +51,7 @@ class Supervisor(SupervisorCore):
         self.intake = Intake(self)
         self.queries = Queries(self)
         self.lifecycle = Lifecycle(self)
+        self.retention = Retention(self)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -90,6 +92,10 @@ class Supervisor(SupervisorCore):
 
     async def replay(self, turn_id: str) -> TurnRecord:
         return await self.intake.replay(turn_id)
+
+    async def prune(self, *, older_than_s: float, dead_letters: bool = False) -> int:
+        return await self.retention.prune(older_than_s=older_than_s,
+                                          dead_letters=dead_letters)
 
     # -- queries ----------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl
 
 if TYPE_CHECKING:
+    from turnkeeper.supervisor.retention import Retention
     from turnkeeper.supervisor.scheduling import Scheduling
 
 
@@ -92,6 +93,7 @@ class SupervisorCore:
     """The shared state. `Supervisor` is this plus its rooms."""
 
     scheduling: Scheduling
+    retention: Retention
 
     def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
                  config_path: str | None) -> None:

@@ -74,6 +74,7 @@ class Lifecycle:
             resumed += 1
         if resumed:
             log.info("daemon.resuming", turns=resumed)
+        tg.start_soon(core.retention.run, name="retention")
         core.state = "ready"
         core.intake_open = True
         core.started_event.set()
