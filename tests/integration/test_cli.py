@@ -311,3 +311,20 @@ def test_top_shows_every_live_turn_with_its_budget_use(start: Any, tmp_path: Pat
     d.wait(turn["id"])
     assert "no live turns" in cli("top", "--once", socket=d.socket).stdout
     assert cli("top", "--interval", "0", socket=d.socket).returncode == 2
+
+
+def test_the_installed_example_config_starts_and_runs_a_turn_offline(
+        tmp_path: Path, daemons: list[Daemon]) -> None:
+    # The file as installed, with the socket and the state directory from the environment
+    # the unit gives the daemon.
+    example = Path(__file__).resolve().parents[2] / "config" / "turnkeeper.example.toml"
+    d = Daemon(tmp_path, name="installed")
+    d.config_path = example
+    d.env_extra = {"TURNKEEPER_SOCKET": str(d.socket), "STATE_DIRECTORY": str(d.state_dir)}
+    daemons.append(d)
+    d.start()
+    out = cli("submit", "hello", "--wait", "--json", socket=d.socket)
+    assert out.returncode == 0, out.stderr
+    turn = json.loads(out.stdout)
+    assert turn["state"] == "completed" and turn["provider"] == "offline"
+    assert cli("config", "check", str(example)).returncode == 0

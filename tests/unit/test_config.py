@@ -281,3 +281,31 @@ def test_config_show_masks_credentials_in_every_url() -> None:
     assert shown["tools"][0]["url"] == "https://tools.example/run?sig=<redacted>&x=1"
     # The config itself keeps the real values: only what is shown is masked.
     assert config.providers[0].base_url.startswith("https://me:pa55word@")
+
+
+INSTALLED = ROOT / "config" / "turnkeeper.example.toml"
+
+
+def test_the_installed_example_loads_offline_and_leaves_the_paths_to_the_unit() -> None:
+    config, digest = load_config(INSTALLED)
+    assert digest
+    assert [(p.name, p.kind) for p in config.providers] == [("offline", "scripted")]
+    assert (config.daemon.socket, config.daemon.state_dir) == ("", "")
+    # Its commented real providers are valid too, once uncommented.
+    text = INSTALLED.read_text()
+    blocks = [b.partition("\n\n")[0] for b in text.split("\n#\n")
+              if b.startswith("# [[providers]]")]
+    assert len(blocks) == 2
+    for block in blocks:
+        data = tomllib.loads("\n".join(line[2:] for line in block.splitlines()))
+        build_config(data, "the commented provider")
+
+
+def test_the_install_and_the_unit_name_the_installed_example() -> None:
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    assert ("install -m 640 -g turnkeeper config/turnkeeper.example.toml "
+            "/etc/turnkeeper/turnkeeper.toml") in operations
+    unit = (ROOT / "systemd" / "turnkeeper.service").read_text()
+    assert "--config /etc/turnkeeper/turnkeeper.toml" in unit
+    assert "\nMemoryDenyWriteExecute=yes\n" in unit
+    assert "#   MemoryDenyWriteExecute=no" in unit
