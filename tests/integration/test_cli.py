@@ -328,3 +328,48 @@ def test_the_installed_example_config_starts_and_runs_a_turn_offline(
     turn = json.loads(out.stdout)
     assert turn["state"] == "completed" and turn["provider"] == "offline"
     assert cli("config", "check", str(example)).returncode == 0
+
+
+def test_listings_print_the_api_json_with_output_json_and_columns_with_table(
+        start: Any) -> None:
+    from tests.integration.fault_server import FaultServer, fail, ok
+
+    faults = FaultServer().start()
+    try:
+        faults.script("good", then=ok("fine"))
+        faults.script("bad", then=fail(401, error_type="authentication_error"))
+        providers = "\n".join(
+            f'[[providers]]\nname = "{n}"\nkind = "openai"\nbase_url = "{faults.base_url(n)}"\n'
+            f'model = "m"\nstream = false\n' for n in ("good", "bad"))
+        d = start(providers + '\n[models.broken]\nchain = ["bad"]\n')
+        done = d.run("hello")
+        dead = d.run("hello", model="broken")
+        assert dead["result"]["stopped_because"]["code"] == "providers.rejected"
+
+        for args, path in ((("turns",), "/v1/turns?limit=50"),
+                           (("dead-letters",), "/v1/dead-letters"),
+                           (("limits", "report"), "/v1/limits/report?factor=2.5")):
+            out = cli(*args, "--output", "json", socket=d.socket)
+            assert out.returncode == 0, out.stderr
+            status, api = d.get(path)
+            assert status == 200
+            assert json.loads(out.stdout) == api, args
+            assert cli(*args, "-o", "json", socket=d.socket).stdout == out.stdout
+            assert cli(*args, "--json", socket=d.socket).stdout == out.stdout
+            table = cli(*args, "--output", "table", socket=d.socket)
+            assert table.returncode == 0 and table.stdout == cli(*args, socket=d.socket).stdout
+            assert not table.stdout.lstrip().startswith(("{", "["))
+            both = cli(*args, "--json", "--output", "table", socket=d.socket)
+            assert both.returncode == 2 and "two formats" in both.stderr
+
+        listed = json.loads(cli("turns", "-o", "json", socket=d.socket).stdout)["turns"]
+        assert {t["id"] for t in listed} == {done["id"], dead["id"]}
+        rows = cli("turns", "-o", "table", socket=d.socket).stdout.splitlines()
+        assert rows[0].split()[:2] == ["ID", "STATE"] and len(rows) == 3
+        letters = cli("dead-letters", "-o", "table", socket=d.socket).stdout.splitlines()
+        assert len(letters) == 1 and letters[0].startswith(dead["id"])
+        assert "providers.rejected" in letters[0]
+        bad = cli("turns", "--output", "yaml", socket=d.socket)
+        assert bad.returncode == 2 and "json" in bad.stderr and "table" in bad.stderr
+    finally:
+        faults.stop()

@@ -42,13 +42,29 @@ def fail(status: int, data: Any) -> int:
     return exits.FAIL
 
 
+def output_arg(p: argparse.ArgumentParser) -> None:
+    """`--output json|table` for a command that lists things."""
+    p.add_argument("-o", "--output", choices=("json", "table"),
+                   help="json: the daemon's answer as it is (as --json), for a script; "
+                   "table: columns for people (the default)")
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    """Whether to print the API's JSON: `--json` or `--output json`."""
+    output = getattr(args, "output", None)
+    if args.json and output == "table":
+        raise UsageError("--json and --output table ask for two formats: give one")
+    return bool(args.json) or output == "json"
+
+
 def get_and_print(client: Client, args: argparse.Namespace, path: str,
                   text: Callable[[Any], str]) -> int:
-    """GET `path`; print the answer as JSON with `--json`, else as `text(answer)`."""
+    """GET `path`; print the answer as JSON with `--json` (or `--output json`), else as
+    `text(answer)`."""
     status, data = client.request("GET", path)
     if status != 200:
         return fail(status, data)
-    if args.json:
+    if wants_json(args):
         render.print_json(data)
     else:
         print(text(data))

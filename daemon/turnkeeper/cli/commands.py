@@ -23,8 +23,10 @@ from turnkeeper.cli.base import (
     fail,
     get_and_print,
     no_args,
+    output_arg,
     positive_int,
     turn_id_arg,
+    wants_json,
 )
 from turnkeeper.cli.operate import (
     cmd_completion,
@@ -163,15 +165,17 @@ def _turns_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) ->
     p.add_argument("--session", help="only turns of this session")
     p.add_argument("--limit", type=positive_int, default=50,
                    help="at most this many (default 50)")
+    output_arg(p)
 
 
 def cmd_turns(client: Client, args: argparse.Namespace) -> int:
     q = {k: v for k, v in (("state", args.state), ("session", args.session),
                            ("limit", args.limit)) if v}
+    as_json = wants_json(args)
     status, data = client.request("GET", "/v1/turns?" + urlencode(q))
     if status != 200:
         return fail(status, data)
-    if args.json:
+    if as_json:
         render.print_json(data)
         return exits.OK
     if not data["turns"]:
@@ -280,6 +284,7 @@ def _limits_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     rep.add_argument("--since", help="only turns finished in this window: 90s, 30m, 24h, 7d")
     rep.add_argument("--factor", type=float, default=2.5,
                      help="suggested limit = factor x p95 (default 2.5)")
+    output_arg(rep)
 
 
 def cmd_limits(client: Client, args: argparse.Namespace) -> int:
@@ -299,21 +304,23 @@ def _dead_letters_setup(p: argparse.ArgumentParser, common: argparse.ArgumentPar
     p.add_argument("action", nargs="?", choices=["replay"],
                    help="replay: resume the dead letter's turn from its last checkpoint")
     p.add_argument("id", nargs="?", help="the dead letter to replay")
+    output_arg(p)
 
 
 def cmd_dead_letters(client: Client, args: argparse.Namespace) -> int:
+    as_json = wants_json(args)
     if args.action == "replay":
         if not args.id:
             raise UsageError("dead-letters replay needs an ID")
         status, data = client.request("POST", f"/v1/dead-letters/{quote(args.id)}/replay")
         if status != 202:
             return fail(status, data)
-        print(data["turn"]["id"] if not args.json else json.dumps(data))
+        print(data["turn"]["id"] if not as_json else json.dumps(data))
         return exits.OK
     status, data = client.request("GET", "/v1/dead-letters")
     if status != 200:
         return fail(status, data)
-    if args.json:
+    if as_json:
         render.print_json(data)
         return exits.OK
     if not data["dead_letters"]:
