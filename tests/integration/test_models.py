@@ -5,6 +5,7 @@ path, so each request is counted where it arrived."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,6 +105,41 @@ def test_a_queued_turn_whose_alias_a_reload_removed_runs_the_default_chain(
     # The name is unknown to the new policy.
     status, data = d.post("/v1/turns", {"message": "hello", "model": "cheap"})
     assert status == 400 and data["field"] == "model"
+
+
+def test_a_turn_parked_on_its_alias_resumes_on_it_after_a_reload(
+        start: Any, faults: FaultServer) -> None:
+    # The alias's only provider fails once; the turn waits out a recovery cycle, parked,
+    # and a reload suspends it there. It resumes from its checkpoint on the alias's chain,
+    # and its next model call (after a tool step) starts over at the alias's primary: the
+    # default chain's primary is never called.
+    faults.script("c", fail(503), then=ok("from c", tool_steps=1))
+    faults.script("a", then=ok("from a"))
+    body = _config(faults, {"cheap": ["c"]}).replace(
+        "[retry]", "[agent]\napi_max_retries = 0\nrecovery_schedule = [1.0]\n\n[retry]")
+    d: Daemon = start(body)
+    turn = d.submit("hello", model="cheap")
+    _wait_for_state(d, turn["id"], "recovering")
+    status, data = d.post("/v1/reload")
+    assert status == 200, data
+    done = d.wait(turn["id"])
+    assert done["result"]["answer"] == "from c"
+    assert (done["model"], done["provider"]) == ("cheap", "c")
+    assert _counts(faults) == (0, 0, 3)
+    assert done["counters"]["steps"] == 2
+    events = [e["type"] for e in d.events(turn["id"])]
+    assert "turn.recovering" in events and "turn.suspended" in events
+
+
+def _wait_for_state(d: Daemon, turn_id: str, state: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, data = d.get(f"/v1/turns/{turn_id}")
+        assert status == 200, data
+        if data["turn"]["state"] == state:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"turn {turn_id} never reached {state}")
 
 
 def test_a_config_whose_alias_names_no_provider_does_not_start(
