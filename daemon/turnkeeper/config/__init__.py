@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -36,6 +34,7 @@ from turnkeeper.config.peers import (
     ToolOverride,
     mcp_available,
 )
+from turnkeeper.config.redact import REDACTED, redact_url, redact_urls
 from turnkeeper.config.sections import (
     BUILTIN_TOOL_NAMES,
     DEFAULT_SYSTEM_PROMPT,
@@ -216,54 +215,16 @@ class Config(BaseSettings):
         data = self.model_dump(mode="json")
         for provider in data["providers"]:
             for key in ("headers", "query"):
-                provider[key] = {k: (v if v.startswith("env:") else "<redacted>")
+                provider[key] = {k: (v if v.startswith("env:") else REDACTED)
                                  for k, v in provider[key].items()}
         for tool in data["tools"]:
             for key in ("headers", "env"):
-                tool[key] = {k: (v if v.startswith("env:") else "<redacted>")
+                tool[key] = {k: (v if v.startswith("env:") else REDACTED)
                              for k, v in tool[key].items()}
-        shown: dict[str, Any] = _redact_urls(data)
+        shown: dict[str, Any] = redact_urls(data)
         return shown
 
 
-REDACTED = "<redacted>"
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
-# Query parameters whose value is a credential: api_key, access_token, client_secret,
-# password, sig / signature (a SAS or presigned URL), X-Amz-Credential, auth...
-_SECRET_PARAM = re.compile(r"key|token|secret|passw|pwd|sig|auth|credential", re.IGNORECASE)
-
-
-def redact_url(value: str) -> str:
-    """`value` with the credentials a URL may carry masked: its userinfo (`user:password@`)
-    and the values of query parameters named like a key, token, secret, password or
-    signature. A string that is not a whole URL is returned as it is."""
-    if not _URL.fullmatch(value):
-        return value
-    try:
-        parts = urlsplit(value)
-    except ValueError:
-        return value
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
-    query = "&".join(
-        f"{name}={REDACTED}" if val and _SECRET_PARAM.search(unquote_plus(name)) else pair
-        for pair in parts.query.split("&")
-        for name, _, val in (pair.partition("="),))
-    if (netloc, query) == (parts.netloc, parts.query):
-        return value
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def _redact_urls(data: Any) -> Any:
-    """Every URL-valued string inside `data` (config show's JSON) through `redact_url`."""
-    if isinstance(data, str):
-        return redact_url(data)
-    if isinstance(data, dict):
-        return {k: _redact_urls(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_redact_urls(v) for v in data]
-    return data
 
 
 # Keys whose change cannot be applied without a restart.

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from turnkeeper.config.redact import redact_url
 from turnkeeper.config.sections import (
     BUILTIN_TOOL_NAMES,
     ConfigError,
@@ -168,9 +169,9 @@ class ProviderConfig(_Section):
         if self.api_key_env is None:
             if not self.official_endpoint():
                 return None
-            raise ConfigError(f"{where}: {self.base_url} needs a key and the variable {env} "
-                              "is not set or is empty (or set api_key_env, api_key_file or "
-                              "api_key_credential)")
+            raise ConfigError(f"{where}: {redact_url(self.base_url)} needs a key and the "
+                              f"variable {env} is not set or is empty (or set api_key_env, "
+                              "api_key_file or api_key_credential)")
         raise ConfigError(f"{where}.api_key_env: the variable {env} is not set or is empty")
 
     def secrets(self) -> ProviderSecrets:
