@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import prometheus_client
 import structlog
+from anyio.abc import TaskGroup
 
 from turnkeeper import exits
 from turnkeeper import logging as tk_logging
@@ -105,12 +106,9 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
             raise BootError(f"metrics.listen {config.metrics.listen}: {exc.strerror or exc}",
                             SocketError.exit_code) from None
     fatal: list[str] = []
-    async with anyio.create_task_group() as tg:
-        await tg.start(store.run, name="store writer")
-        tg.start_soon(metrics.watch_loop_lag, name="event-loop lag")
-        tg.start_soon(_watch_store, store, sup, clock, fatal, name="store outage watch")
-        await sup.start(tg)
+    resume_error: StoreError | None = None
 
+    async def run_until_stopped(tg: TaskGroup) -> None:
         async def on_reload_signal() -> None:
             tg.start_soon(sup.reload, "SIGHUP", name="reload (SIGHUP)")
 
@@ -133,12 +131,25 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
                  resumed=len(sup.live))
         await sup.wait_stop_requested()
         await sup.stop()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run, name="store writer")
+        tg.start_soon(metrics.watch_loop_lag, name="event-loop lag")
+        tg.start_soon(_watch_store, store, sup, clock, fatal, name="store outage watch")
+        try:
+            await sup.start(tg)
+        except StoreError as exc:  # a damaged row met while resuming: exit 74, no traceback
+            resume_error = exc
+        else:
+            await run_until_stopped(tg)
         await server.stop()
         if metrics_tcp is not None:
             await metrics_tcp.cleanup()
         await store.close()
         log.info("daemon.stopped")
         tg.cancel_scope.cancel()
+    if resume_error is not None:
+        raise BootError(str(resume_error), resume_error.exit_code)
     if fatal:
         raise StoreFatal(fatal[0])
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,31 @@ def test_turns_lists_with_a_header_and_says_when_there_are_none(start: Any) -> N
     header, row = out.stdout.splitlines()[:2]
     assert header.split()[:2] == ["ID", "STATE"]
     assert row.startswith(turn["id"]) and "completed" in row
+
+
+def test_turns_pages_with_a_cursor_and_filters_by_since(start: Any) -> None:
+    d = start()
+    ids = [d.run(f"turn {i}")["id"] for i in range(5)]
+    out = cli("turns", "--limit", "2", socket=d.socket)
+    rows = out.stdout.splitlines()
+    assert [r.split()[0] for r in rows[1:3]] == [ids[4], ids[3]]
+    assert rows[-1].startswith("more: turnkeeper turns --before ")
+    cursor = rows[-1].split("--before ")[1].split()[0]
+    out = cli("turns", "--limit", "2", "--before", cursor, "--output", "json",
+              socket=d.socket)
+    page = json.loads(out.stdout)
+    assert [t["id"] for t in page["turns"]] == [ids[2], ids[1]]
+    last = json.loads(cli("turns", "--limit", "2", "--before", str(page["next"]),
+                          "--output", "json", socket=d.socket).stdout)
+    assert ([t["id"] for t in last["turns"]], last["next"]) == ([ids[0]], None)
+    assert json.loads(cli("turns", "--since", "1h", "--output", "json",
+                          socket=d.socket).stdout)["next"] is None
+    time.sleep(1.1)
+    recent = json.loads(cli("turns", "--since", "1s", "--output", "json",
+                            socket=d.socket).stdout)
+    assert recent["turns"] == []
+    assert cli("turns", "--since", "7x", socket=d.socket).returncode == 2
+    assert d.get("/v1/turns?before=0")[1]["field"] == "before"
 
 
 def test_turns_refuses_an_unknown_state_naming_the_valid_ones(start: Any) -> None:

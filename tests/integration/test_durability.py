@@ -801,3 +801,22 @@ def test_a_store_from_the_previous_schema_is_migrated_and_its_turns_resume(
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
+
+
+def test_a_row_that_is_not_json_stops_start_up_with_74_not_a_traceback(
+        tmp_path: Path, daemons: list[Daemon]) -> None:
+    """A damaged row can pass SQLite's quick_check: the store names it and start-up ends
+    with 74 (a crash loop under Restart=on-failure would follow a traceback's exit 1)."""
+    d = daemon(tmp_path, daemons, config(tmp_path, SLOW_SCRIPT))
+    d.start()
+    turn = d.submit("to be damaged")["id"]
+    d.kill()
+    conn = sqlite3.connect(d.state_dir / DB_NAME)
+    conn.execute("UPDATE turns SET record = '{\"id\": broken' WHERE id = ?", (turn,))
+    conn.commit()
+    conn.close()
+    d.start(wait=False)
+    assert d.proc is not None
+    assert d.proc.wait(20) == EX_IOERR
+    assert "damaged row" in d.log_text()
+    assert "Traceback" not in d.log_text()

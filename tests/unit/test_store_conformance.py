@@ -161,6 +161,17 @@ async def test_list_turns_newest_first_with_filters_and_limit(store: Store) -> N
     assert [r["id"] for r in await store.list_turns(limit=2)] == ["t_3", "t_2"]
 
 
+async def test_list_turns_pages_by_seq_and_filters_by_submission_time(store: Store) -> None:
+    for i in range(5):
+        await store.insert_turn(record(f"t_{i}", at=100.0 + i), {})
+    first = await store.list_turns(limit=2)
+    assert [r["id"] for r in first] == ["t_4", "t_3"]
+    second = await store.list_turns(limit=2, before_seq=first[-1]["seq"])
+    assert [r["id"] for r in second] == ["t_2", "t_1"]
+    assert [r["id"] for r in await store.list_turns(since=102.0)] == ["t_4", "t_3", "t_2"]
+    assert [r["id"] for r in await store.list_turns(since=102.0, before_seq=4)] == ["t_2"]
+
+
 async def test_unfinished_turns_in_submission_order_with_their_checkpoints(store: Store
                                                                           ) -> None:
     states = ["running", "completed", "suspended", "failed", "waiting", "queued"]

@@ -165,12 +165,23 @@ def _turns_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) ->
     p.add_argument("--session", help="only turns of this session")
     p.add_argument("--limit", type=positive_int, default=50,
                    help="at most this many (default 50)")
+    p.add_argument("--since", metavar="D",
+                   help="only turns submitted in the last D (90s, 30m, 24h, 7d, 2w)")
+    p.add_argument("--before", type=positive_int, metavar="SEQ",
+                   help="the next page: turns numbered below SEQ (printed after a full page)")
     output_arg(p)
 
 
 def cmd_turns(client: Client, args: argparse.Namespace) -> int:
+    since = None
+    if args.since is not None:
+        try:
+            since = parse_duration(args.since)
+        except ValueError as exc:
+            raise UsageError(f"--since: {exc}") from None
     q = {k: v for k, v in (("state", args.state), ("session", args.session),
-                           ("limit", args.limit)) if v}
+                           ("limit", args.limit), ("since", since),
+                           ("before", args.before)) if v is not None and v != ""}
     as_json = wants_json(args)
     status, data = client.request("GET", "/v1/turns?" + urlencode(q))
     if status != 200:
@@ -184,6 +195,8 @@ def cmd_turns(client: Client, args: argparse.Namespace) -> int:
     print(render.TURNS_HEADER)
     for t in data["turns"]:
         print(render.turn_row(t))
+    if data.get("next") is not None:
+        print(f"more: turnkeeper turns --before {data['next']} (with the same filters)")
     return exits.OK
 
 

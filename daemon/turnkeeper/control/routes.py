@@ -40,6 +40,7 @@ from turnkeeper.supervisor import (
 )
 
 MAX_WAIT_S = 3600.0
+TEN_YEARS_S = 10 * 365 * 86400  # how far back `since` may reach
 STATE_NAMES = tuple(s.value for s in TurnState)
 
 __all__ = ["PEER_UID", "SUPERVISOR", "add_routes", "control_limits", "error"]
@@ -111,13 +112,21 @@ async def list_turns(request: web.Request) -> web.Response:
     if isinstance(limit, web.Response):
         return limit
     assert limit is not None
+    since = query_float(request, "since", None, lo=0, hi=TEN_YEARS_S)
+    if isinstance(since, web.Response):
+        return since
+    before = query_float(request, "before", None, lo=1, hi=2**53)
+    if isinstance(before, web.Response):
+        return before
     state = request.query.get("state") or None
     if state is not None and state not in STATE_NAMES:
         return error(400, f"state must be one of {', '.join(STATE_NAMES)}", field="state")
     turns = await request.app[SUPERVISOR].list_turns(
         state=state, session=request.query.get("session") or None,
-        limit=int(limit))
-    return web.json_response({"turns": turns})
+        limit=int(limit), since_s=since, before_seq=None if before is None else int(before))
+    # The cursor of the next page: the oldest `seq` of this one, while pages are full.
+    after_page = turns[-1]["seq"] if len(turns) == int(limit) else None
+    return web.json_response({"turns": turns, "next": after_page})
 
 
 async def get_turn(request: web.Request) -> web.Response:
@@ -197,7 +206,7 @@ async def replay(request: web.Request) -> web.Response:
 
 
 async def limits_report(request: web.Request) -> web.Response:
-    since = query_float(request, "since", None, lo=0, hi=10 * 365 * 86400)
+    since = query_float(request, "since", None, lo=0, hi=TEN_YEARS_S)
     if isinstance(since, web.Response):
         return since
     factor = query_float(request, "factor", 2.5, lo=0.01, hi=1000)

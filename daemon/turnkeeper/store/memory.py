@@ -217,9 +217,12 @@ class MemoryStore:
         return None if row is None else _copy(row.checkpoint)
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
-                         limit: int = 100) -> list[dict[str, Any]]:
+                         limit: int = 100, since: float | None = None,
+                         before_seq: int | None = None) -> list[dict[str, Any]]:
         rows = [r for r in reversed(self._rows())
-                if (not state or r.state == state) and (not session or r.session == session)]
+                if (not state or r.state == state) and (not session or r.session == session)
+                and (since is None or r.record["created_at"] >= since)
+                and (before_seq is None or r.seq < before_seq)]
         return [_copy(r.record) for r in _head(rows, limit)]
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -30,10 +30,10 @@ import json
 import os
 import random
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import structlog
@@ -85,6 +85,7 @@ def _dumps(value: Any) -> str:
 
 
 _Statement = tuple[str, Sequence[Any]]
+_T = TypeVar("_T")
 
 
 def store_unavailable(exc: BaseException) -> bool:
@@ -442,16 +443,31 @@ class SQLiteStore:
 
     # -- reading ------------------------------------------------------------------
 
-    async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        def run() -> list[tuple[Any, ...]]:
+    async def _in_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """`work(reader)` in a worker thread, one read at a time. A row that is not the
+        JSON this store wrote (a damaged database that passed its quick check) is a
+        StoreError naming it, never a traceback."""
+        def run() -> _T:
             assert self._reader is not None, "store is not open"
-            return self._reader.execute(sql, params).fetchall()
+            return work(self._reader)
 
         async with self._read_lock:
             try:
                 return await anyio.to_thread.run_sync(run)
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"state database read failed: {exc}") from exc
+            except ValueError as exc:  # json.JSONDecodeError
+                raise StoreError(f"state database {self.path} holds a damaged row ({exc}); "
+                                 "restore it from a backup") from exc
+
+    async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return await self._in_reader(lambda c: c.execute(sql, params).fetchall())
+
+    async def _read_json(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """The first column of each row, decoded in the worker thread: 10,000 records
+        decoded on the event loop held every turn up for half a second."""
+        return await self._in_reader(
+            lambda c: [json.loads(r[0]) for r in c.execute(sql, params)])
 
     async def max_event_seq(self) -> int:
         rows = await self._read(
@@ -474,42 +490,38 @@ class SQLiteStore:
         return json.loads(rows[0][0]) if rows else None
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
-                         limit: int = 100) -> list[dict[str, Any]]:
-        where, params = [], []
-        if state:
-            where.append("state = ?")
-            params.append(state)
-        if session:
-            where.append("session = ?")
-            params.append(session)
+                         limit: int = 100, since: float | None = None,
+                         before_seq: int | None = None) -> list[dict[str, Any]]:
+        where: list[str] = []
+        params: list[Any] = []
+        for clause, value in (("state = ?", state), ("session = ?", session),
+                              ("created_at >= ?", since), ("seq < ?", before_seq)):
+            if value is not None and value != "":
+                where.append(clause)
+                params.append(value)
         sql = "SELECT record FROM turns"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq DESC LIMIT ?"
-        rows = await self._read(sql, (*params, limit))
-        return [json.loads(r[0]) for r in rows]
+        return await self._read_json(sql, (*params, limit))
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        rows = await self._read(
-            f"SELECT record, checkpoint FROM turns WHERE state NOT IN {_TERMINAL_SQL}"
-            " ORDER BY seq")
-        return [(json.loads(r[0]), json.loads(r[1])) for r in rows]
+        return await self._in_reader(lambda c: [(json.loads(r[0]), json.loads(r[1])) for r in
+            c.execute(f"SELECT record, checkpoint FROM turns WHERE state NOT IN"
+                      f" {_TERMINAL_SQL} ORDER BY seq")])
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
-        rows = await self._read(
+        return await self._read_json(
             f"SELECT record FROM turns WHERE session = ? AND seq < ? AND state IN"
             f" {_TERMINAL_SQL} ORDER BY seq", (session, before_seq))
-        return [json.loads(r[0]) for r in rows]
 
     async def events(self, *, turn: str | None = None, after_seq: int = 0,
                      limit: int = 10_000) -> list[dict[str, Any]]:
         if turn is None:
-            rows = await self._read("SELECT data FROM events WHERE seq > ? ORDER BY seq"
-                                    " LIMIT ?", (after_seq, limit))
-        else:
-            rows = await self._read("SELECT data FROM events WHERE turn = ? AND seq > ?"
-                                    " ORDER BY seq LIMIT ?", (turn, after_seq, limit))
-        return [json.loads(r[0]) for r in rows]
+            return await self._read_json("SELECT data FROM events WHERE seq > ? ORDER BY"
+                                         " seq LIMIT ?", (after_seq, limit))
+        return await self._read_json("SELECT data FROM events WHERE turn = ? AND seq > ?"
+                                     " ORDER BY seq LIMIT ?", (turn, after_seq, limit))
 
     async def journal_get(self, key: str) -> dict[str, Any] | None:
         rows = await self._read(
@@ -523,15 +535,14 @@ class SQLiteStore:
 
     async def finished_turns(self, *, since: float | None = None,
                              limit: int = 100_000) -> list[dict[str, Any]]:
-        rows = await self._read(
+        return await self._read_json(
             f"SELECT record FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at >= ?"
             " ORDER BY seq DESC LIMIT ?", (since if since is not None else 0.0, limit))
-        return [json.loads(r[0]) for r in rows]
 
     async def dead_letters(self) -> list[dict[str, Any]]:
-        rows = await self._read(
-            "SELECT record, replayed_by FROM turns WHERE"
-            f" json_extract(record, '$.result.stopped_because.code') IN {_DEAD_LETTER_SQL}"
-            f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
-        return [dead_letter_entry(json.loads(record_json), replayed_by)
-                for record_json, replayed_by in rows]
+        return await self._in_reader(lambda c: [
+            dead_letter_entry(json.loads(record_json), replayed_by)
+            for record_json, replayed_by in c.execute(
+                "SELECT record, replayed_by FROM turns WHERE json_extract(record,"
+                f" '$.result.stopped_because.code') IN {_DEAD_LETTER_SQL}"
+                f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")])

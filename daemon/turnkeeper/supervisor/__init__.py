@@ -105,9 +105,11 @@ class Supervisor(SupervisorCore):
     async def wait_turn(self, turn_id: str, timeout_s: float) -> dict[str, Any]:
         return await self.queries.wait_turn(turn_id, timeout_s)
 
-    async def list_turns(self, *, state: str | None, session: str | None,
-                         limit: int) -> list[dict[str, Any]]:
-        return await self.queries.list_turns(state=state, session=session, limit=limit)
+    async def list_turns(self, *, state: str | None, session: str | None, limit: int,
+                         since_s: float | None = None, before_seq: int | None = None
+                         ) -> list[dict[str, Any]]:
+        return await self.queries.list_turns(state=state, session=session, limit=limit,
+                                             since_s=since_s, before_seq=before_seq)
 
     async def limits_report(self, *, profile: str | None, since_s: float | None,
                             factor: float) -> dict[str, Any]:

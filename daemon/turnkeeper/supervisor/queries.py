@@ -45,19 +45,26 @@ class Queries:
                     tg.start_soon(until, core.stopping_event)
         return await self.get_turn(turn_id)
 
-    async def list_turns(self, *, state: str | None, session: str | None,
-                         limit: int) -> list[dict[str, Any]]:
-        """Newest first. Every unfinished turn is in memory (resumed at start), so a
-        filter on a live state reads no store; otherwise the store's rows, each replaced by
-        the live record while the turn runs (fresher than its last checkpoint)."""
+    async def list_turns(self, *, state: str | None, session: str | None, limit: int,
+                         since_s: float | None = None, before_seq: int | None = None
+                         ) -> list[dict[str, Any]]:
+        """Newest first, submitted in the last `since_s` seconds, numbered below
+        `before_seq` (a page's cursor). Every unfinished turn is in memory (resumed at
+        start), so a filter on a live state reads no store; otherwise the store's rows,
+        each replaced by the live record while the turn runs (fresher than its last
+        checkpoint)."""
         core = self.core
+        since = None if since_s is None else core.clock.time() - since_s
         if state in LIVE_STATES:
             records = sorted((t.record for t in core.live.values()
                               if t.record.state == state
-                              and (session is None or t.record.session == session)),
+                              and (session is None or t.record.session == session)
+                              and (since is None or t.record.created_at >= since)
+                              and (before_seq is None or t.record.seq < before_seq)),
                              key=lambda r: r.seq, reverse=True)
             return [r.to_json() for r in records[:limit]]
-        rows = await core.store.list_turns(state=state, session=session, limit=limit)
+        rows = await core.store.list_turns(state=state, session=session, limit=limit,
+                                           since=since, before_seq=before_seq)
         return [core.live[r["id"]].record.to_json() if r["id"] in core.live else r
                 for r in rows]
 
