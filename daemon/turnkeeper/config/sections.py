@@ -62,6 +62,12 @@ class DaemonConfig(_Section):
     max_message_bytes: PositiveInt = 256 * 1024
     # Steers and answers a turn holds before its next step takes them: more are refused.
     max_pending_messages: PositiveInt = 32
+    # Overload: new submits get 503 while the event loop's lag stays at or over
+    # overload_lag seconds (overload_samples samples in a row); intake reopens once the
+    # lag has stayed under half of it for overload_clear_after seconds. 0 = off.
+    overload_lag: NonNegFloat = 0.5
+    overload_samples: PositiveInt = 2
+    overload_clear_after: NonNegFloat = 2.0
 
     @field_validator("socket_mode")
     @classmethod

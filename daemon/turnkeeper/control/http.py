@@ -37,10 +37,13 @@ PEER_UID = "turnkeeper.peer_uid"  # request key: the uid the access check saw
 
 
 def error(status: int, message: str, *, field: str | None = None,
-          headers: dict[str, str] | None = None) -> web.Response:
+          headers: dict[str, str] | None = None, index: int | None = None) -> web.Response:
+    """`index`: the item of a batch at fault."""
     body: dict[str, Any] = {"error": message}
     if field is not None:
         body["field"] = field
+    if index is not None:
+        body["index"] = index
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -66,30 +69,49 @@ async def _read(request: web.Request) -> bytes | web.Response:
     return raw
 
 
-async def read_body(request: web.Request, model: type[Body]) -> Body | web.Response:
+async def read_json(request: web.Request) -> Any:
+    """The body parsed as JSON (`{}` when empty), or a 400 / 408 `web.Response`."""
     raw = await _read(request)
     if isinstance(raw, web.Response):
         return raw
     if not raw:
-        data: Any = {}
-    else:
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(400, f"body is not valid JSON: {exc}", field="(body)")
-        except RecursionError:
-            return error(400, "body is nested too deeply", field="(body)")
+        return {}
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return error(400, f"body is not valid JSON: {exc}", field="(body)")
+    except RecursionError:
+        return error(400, "body is nested too deeply", field="(body)")
+
+
+def validate(model: type[Body], data: Any, *, prefix: str = "",
+             index: int | None = None) -> Body | web.Response:
+    """`data` as a `model`, or a 400 naming the first field at fault (after `prefix`,
+    e.g. `[3].` for the item at `index` 3 of a batch)."""
+    where = prefix.rstrip(".") or "(body)"
     if not isinstance(data, dict):
-        return error(400, "body must be a JSON object", field="(body)")
+        return error(400, f"{where}: must be a JSON object", field=where, index=index)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(body)"
+        field = prefix + ".".join(str(p) for p in first["loc"]) if first["loc"] else where
         msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
-        return error(400, f"{field}: {msg}", field=field)
+        return error(400, f"{field}: {msg}", field=field, index=index)
     except RecursionError:
-        return error(400, "body is nested too deeply", field="(body)")
+        return error(400, f"{where}: nested too deeply", field=where, index=index)
+
+
+async def read_body(request: web.Request, model: type[Body]) -> Body | web.Response:
+    data = await read_json(request)
+    if isinstance(data, web.Response):
+        return data
+    if not isinstance(data, dict):
+        return error(400, "body must be a JSON object", field="(body)")
+    return validate(model, data)
+
+
+_limits_cache: tuple[DaemonConfig, ControlLimits] | None = None
 
 
 def control_limits(daemon: DaemonConfig) -> ControlLimits:
@@ -104,14 +126,25 @@ def control_limits(daemon: DaemonConfig) -> ControlLimits:
 
 
 def limits_of(request: web.Request) -> ControlLimits:
-    return control_limits(request.app[SUPERVISOR].config.daemon)
+    """The limits of the config in force, worked out once per config (not per request:
+    the descriptor limit is a system call)."""
+    global _limits_cache
+    daemon = request.app[SUPERVISOR].config.daemon
+    cached = _limits_cache
+    if cached is None or cached[0] is not daemon:
+        cached = _limits_cache = (daemon, control_limits(daemon))
+    return cached[1]
 
 
 def too_large(request: web.Request, field: str, text: str) -> web.Response | None:
     """413 naming `field` when `text` is over `daemon.max_message_bytes` (UTF-8)."""
+    limits = limits_of(request)
+    # A str of n characters is at most 4n bytes in UTF-8: most never need encoding.
+    if not limits.message_too_large(4 * len(text)):
+        return None
     limit = request.app[SUPERVISOR].config.daemon.max_message_bytes
     size = len(text.encode("utf-8", "surrogatepass"))
-    if limits_of(request).message_too_large(size):
+    if limits.message_too_large(size):
         return error(413, f"{field} is {size} bytes, more than the {limit} allowed "
                           f"(daemon.max_message_bytes)", field=field)
     return None

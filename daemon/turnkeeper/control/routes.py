@@ -7,6 +7,8 @@ streams in `event_routes.py`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from turnkeeper.control import event_routes, log_routes
@@ -25,10 +27,13 @@ from turnkeeper.control.http import (
     error,
     query_float,
     read_body,
+    read_json,
     too_large,
+    validate,
 )
 from turnkeeper.policy.retention import parse_duration
 from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.store.base import StoreError
 from turnkeeper.supervisor import (
     InboxFull,
     IntakeRefused,
@@ -38,6 +43,7 @@ from turnkeeper.supervisor import (
     UnknownProfile,
     UnknownTurn,
 )
+from turnkeeper.supervisor.intake import BatchItemInvalid, SubmitRequest
 
 MAX_WAIT_S = 3600.0
 TEN_YEARS_S = 10 * 365 * 86400  # how far back `since` may reach
@@ -47,7 +53,10 @@ __all__ = ["PEER_UID", "SUPERVISOR", "add_routes", "control_limits", "error"]
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SUPERVISOR].status())
+    sup = request.app[SUPERVISOR]
+    out = sup.status()
+    out["overload"] = sup.intake.overload.snapshot()
+    return web.json_response(out)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -81,30 +90,107 @@ async def prune(request: web.Request) -> web.Response:
                               "dead_letters": body.dead_letters})
 
 
+# The most submits one `POST /v1/turns` may carry as a JSON list.
+MAX_BATCH = 1000
+
+
+def _submit_request(request: web.Request, body: SubmitBody, *, prefix: str = "",
+                    index: int | None = None) -> SubmitRequest | web.Response:
+    """What the intake takes from a validated body, or the 400 / 413 naming the field."""
+    oversized = too_large(request, "message", body.message)
+    if oversized is not None:
+        if index is None:
+            return oversized
+        limit = request.app[SUPERVISOR].config.daemon.max_message_bytes
+        return error(413, f"{prefix}message: more than the {limit} bytes allowed "
+                          "(daemon.max_message_bytes)", field=f"{prefix}message", index=index)
+    deadline = body.deadline_epoch()
+    if deadline is not None and deadline <= request.app[SUPERVISOR].clock.time():
+        return error(400, f"{prefix}deadline: is in the past", field=f"{prefix}deadline",
+                     index=index)
+    budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
+    # Every other field of the body as it is: a field added to the body and not to the
+    # request is a TypeError here, at once, never a field dropped without a word.
+    rest = {name: getattr(body, name) for name in type(body).model_fields
+            if name not in ("budget", "deadline")}
+    return SubmitRequest(**rest, budget=budget, deadline=deadline)
+
+
+def _refused(exc: IntakeRefused) -> web.Response:
+    return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+
+
 async def submit(request: web.Request) -> web.Response:
-    body = await read_body(request, SubmitBody)
+    """One submit (a JSON object) or a batch (a JSON list of them)."""
+    data = await read_json(request)
+    if isinstance(data, web.Response):
+        return data
+    if isinstance(data, list):
+        return await submit_batch(request, data)
+    body = validate(SubmitBody, data)
     if isinstance(body, web.Response):
         return body
     assert isinstance(body, SubmitBody)
-    sup = request.app[SUPERVISOR]
-    oversized = too_large(request, "message", body.message)
-    if oversized is not None:
-        return oversized
-    deadline = body.deadline_epoch()
-    if deadline is not None and deadline <= sup.clock.time():
-        return error(400, "deadline: is in the past", field="deadline")
-    budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
+    req = _submit_request(request, body)
+    if isinstance(req, web.Response):
+        return req
     try:
-        record = await sup.submit(message=body.message, session=body.session, budget=budget,
-                                  deadline=deadline, profile=body.profile,
-                                  model=body.model)
+        record = await request.app[SUPERVISOR].submit(
+            message=req.message, session=req.session, budget=req.budget or {},
+            deadline=req.deadline, profile=req.profile, model=req.model)
     except UnknownProfile as exc:
         return error(400, str(exc), field="profile")
     except UnknownModel as exc:
         return error(400, str(exc), field="model")
     except IntakeRefused as exc:
-        return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+        return _refused(exc)
     return web.json_response({"turn": record.to_json()}, status=202)
+
+
+async def submit_batch(request: web.Request, items: list[Any]) -> web.Response:
+    """Every item is checked before any is taken: one bad item is a 400 (or 413) naming
+    its index and field, and nothing is queued. A batch the queue cannot hold whole is
+    refused whole (503). Otherwise 202 with `{"results": [...]}` in the order sent: each
+    `{"status": 202, "turn": {...}}`, or `{"status": 507, "error": ...}` for an item
+    whose write failed (the others are taken); 507 for the request when none was."""
+    if not items:
+        return error(400, "a batch needs at least one submit", field="(body)")
+    if len(items) > MAX_BATCH:
+        return error(400, f"a batch holds at most {MAX_BATCH} submits, not {len(items)}",
+                     field="(body)")
+    reqs: list[SubmitRequest] = []
+    for i, item in enumerate(items):
+        prefix = f"[{i}]."
+        body = validate(SubmitBody, item, prefix=prefix, index=i)
+        if isinstance(body, web.Response):
+            return body
+        assert isinstance(body, SubmitBody)
+        req = _submit_request(request, body, prefix=prefix, index=i)
+        if isinstance(req, web.Response):
+            return req
+        reqs.append(req)
+    try:
+        results = await request.app[SUPERVISOR].intake.submit_batch(reqs)
+    except BatchItemInvalid as exc:
+        return error(400, str(exc), field=exc.field, index=exc.index)
+    except IntakeRefused as exc:
+        return _refused(exc)
+    failed = [r for r in results if isinstance(r, Exception)]
+    if len(failed) == len(results):  # nothing was taken: the request failed
+        return error(_write_failed_status(failed[0]), f"no turn was queued: {failed[0]}")
+    out: list[dict[str, Any]] = []
+    for result in results:
+        if isinstance(result, Exception):
+            out.append({"status": _write_failed_status(result), "error": str(result)})
+        else:
+            out.append({"status": 202, "turn": result})
+    return web.json_response({"results": out}, status=202)
+
+
+def _write_failed_status(exc: Exception) -> int:
+    """507 when the store could not be written (the daemon cannot keep the turn), 500
+    for anything else."""
+    return 507 if isinstance(exc, StoreError) else 500
 
 
 async def list_turns(request: web.Request) -> web.Response:
@@ -201,7 +287,7 @@ async def replay(request: web.Request) -> web.Response:
     except TurnFinished as exc:
         return error(409, str(exc))
     except IntakeRefused as exc:
-        return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+        return _refused(exc)
     return web.json_response({"turn": record.to_json()}, status=202)
 
 

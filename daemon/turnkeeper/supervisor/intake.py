@@ -1,16 +1,39 @@
 """Intake room: what comes in from clients (a new turn, a message to a running one, a
-cancel, a replay of a dead letter), checked and made durable before it is acknowledged."""
+cancel, a replay of a dead letter), checked and made durable before it is acknowledged.
+
+Submits are cheap on purpose: a submit is checked, written with its `turn.queued` event
+and answered; the turn runs later, in the scheduler's order. Submits that arrive together
+(or come as one batch) share the store's group commit, so N of them cost one
+transaction. While the event loop is behind (`policy/overload.py`, fed with loop-lag
+samples) new submits are refused, so a daemon short of CPU keeps answering its control
+socket instead of taking work it cannot run.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import structlog
 
 from turnkeeper import event_types as ev
+from turnkeeper.config import DaemonConfig
+from turnkeeper.errors import TurnkeeperError
+from turnkeeper.events import Event
 from turnkeeper.policy.admission import inbox_full
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult, goes_to_dead_letters
+from turnkeeper.policy.overload import (
+    Cleared,
+    OverloadGuard,
+    OverloadRefusal,
+    OverloadSettings,
+    Shed,
+    batch_refusal,
+)
 from turnkeeper.policy.replay import resume_state
+from turnkeeper.policy.scheduler import Refusal
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.supervisor.core import (
     InboxFull,
@@ -30,55 +53,75 @@ from turnkeeper.turn.record import TurnRecord
 log = structlog.get_logger("turnkeeper.supervisor")
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One submit, validated by the control API."""
+
+    message: str
+    session: str | None = None
+    budget: dict[str, Any] | None = None
+    deadline: float | None = None
+    profile: str | None = None
+    model: str | None = None
+
+
+class BatchItemInvalid(TurnkeeperError, ValueError):
+    """One item of a batch cannot be taken; nothing of the batch was."""
+
+    def __init__(self, index: int, field: str, message: str) -> None:
+        super().__init__(f"[{index}].{field}: {message}")
+        self.index = index
+        self.field = f"[{index}].{field}"
+
+
+def overload_settings(daemon: DaemonConfig) -> OverloadSettings:
+    return OverloadSettings(lag_threshold_s=daemon.overload_lag,
+                            enter_samples=daemon.overload_samples,
+                            clear_after_s=daemon.overload_clear_after)
+
+
 class Intake:
     def __init__(self, core: SupervisorCore) -> None:
         self.core = core
+        self._overload_of: DaemonConfig = core.config.daemon
+        self.overload = OverloadGuard(overload_settings(self._overload_of))
 
-    async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
-                     deadline: float | None, replay_of: str | None = None,
-                     profile: str | None = None, model: str | None = None) -> TurnRecord:
+    # -- overload -----------------------------------------------------------------
+
+    def observe_loop_lag(self, lag_s: float) -> None:
+        """One event-loop lag sample; intake closes or reopens as the guard decides."""
+        daemon = self.core.config.daemon
+        if daemon is not self._overload_of:  # a reload: the guard takes the new settings
+            self._overload_of = daemon
+            self._log_decision(self.overload.configure(overload_settings(daemon)))
+        self._log_decision(self.overload.observe(lag_s, now=self.core.clock.monotonic()))
+
+    def _log_decision(self, decision: Shed | Cleared | None) -> None:
+        if isinstance(decision, Shed):
+            log.warning("daemon.overloaded", lag_s=round(decision.lag_s, 4),
+                        overload_lag=decision.threshold_s, samples=decision.samples,
+                        queued=len(self.core.queue), running=self.core.running)
+        elif isinstance(decision, Cleared):
+            log.warning("daemon.overload_cleared", lag_s=round(decision.lag_s, 4),
+                        shed_for_s=round(decision.shed_for_s, 3), refused=decision.refused)
+
+    def _check_open(self, batch: int | None = None) -> None:
+        """Raise `IntakeRefused` unless a submit (or a batch of `batch`) can be taken."""
         core = self.core
-        try:
-            chain = core.config.model_chain(model)
-        except KeyError:
-            known = ", ".join(core.config.model_names())
-            raise UnknownModel(f"model: no model or provider {model!r} (known: {known})"
-                               ) from None
-        if profile is not None and profile not in core.config.budget.profiles:
-            known = ", ".join(sorted(core.config.budget.profiles)) or "none are configured"
-            raise UnknownProfile(f"profile: no budget profile {profile!r} (known: {known})")
         if core.state in ("starting", "stopping"):
             raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
         self.refuse_while_unwritable()
-        refusal = core.scheduler.refusal()
+        refusal: Refusal | OverloadRefusal | None
+        if batch is None:
+            refusal = core.scheduler.refusal()
+        else:
+            refusal = batch_refusal(batch=batch, queued=len(core.queue),
+                                    max_queued=core.scheduler.max_queued,
+                                    running=core.running)
+        if refusal is None:
+            refusal = self.overload.refusal()
         if refusal is not None:
             raise IntakeRefused(refusal.reason, retry_after_s=refusal.retry_after_s)
-        now = core.clock.time()
-        turn_id = new_turn_id()
-        record = TurnRecord(id=turn_id, session=session or turn_id, message=message,
-                            created_at=now, updated_at=now, state=TurnState.QUEUED,
-                            policy_version=core.policy.version, budget=budget,
-                            deadline=deadline, replay_of=replay_of, profile=profile,
-                            model=model, provider=chain[0])
-        live = LiveTurn(record=record)
-        # Registered before the write so a concurrent GET sees it; queued and answered
-        # once it is on disk with its `turn.queued` event (a turn started earlier would
-        # not know its seq, which orders its session's history).
-        core.live[turn_id] = live
-        queued = core.bus.prepare(ev.TurnQueued(session=record.session, message=message[:2000],
-                                                policy_version=record.policy_version),
-                                  turn=turn_id)
-        try:
-            record.seq = await core.store.insert_turn(record.to_json(), {}, events=[queued])
-        except BaseException:
-            core.live.pop(turn_id, None)
-            raise
-        if turn_id in core.live:  # not cancelled while the write ran
-            core.scheduler.enqueue(turn_id, record.session)
-        core.bus.deliver(queued)
-        log.info("turn.queued", **log_context(record), queued=len(core.queue))
-        core.scheduling.dispatch()
-        return record
 
     def refuse_while_unwritable(self) -> None:
         """Nothing is accepted that could not be kept: while the store fails its writes a
@@ -87,6 +130,124 @@ class Intake:
         if outage.degraded:
             raise IntakeRefused(f"the state store cannot be written: {outage.last_error}",
                                 retry_after_s=outage.retry_after_s(), status=507)
+
+    # -- submits ------------------------------------------------------------------
+
+    def _check_profile(self, profile: str | None) -> str | None:
+        """None when the profile is known (or none is named), else why not."""
+        profiles = self.core.config.budget.profiles
+        if profile is None or profile in profiles:
+            return None
+        known = ", ".join(sorted(profiles)) or "none are configured"
+        return f"no budget profile {profile!r} (known: {known})"
+
+    def _check_model(self, model: str | None) -> str | None:
+        """None when the model (an alias or a provider's name) is known, else why not."""
+        try:
+            self.core.config.model_chain(model)
+        except KeyError:
+            return f"no model or provider {model!r} (known: " \
+                f"{', '.join(self.core.config.model_names())})"
+        return None
+
+    def _prepare(self, req: SubmitRequest, *, replay_of: str | None = None
+                 ) -> tuple[LiveTurn, Event]:
+        """A new turn's record, registered as live (so a concurrent GET sees it), and its
+        `turn.queued` event, not yet published."""
+        core = self.core
+        now = core.clock.time()
+        turn_id = new_turn_id()
+        record = TurnRecord(id=turn_id, session=req.session or turn_id, message=req.message,
+                            created_at=now, updated_at=now, state=TurnState.QUEUED,
+                            policy_version=core.policy.version, budget=req.budget or {},
+                            deadline=req.deadline, replay_of=replay_of, profile=req.profile,
+                            model=req.model, provider=core.config.model_chain(req.model)[0])
+        live = LiveTurn(record=record)
+        core.live[turn_id] = live
+        queued = core.bus.prepare(ev.TurnQueued(session=record.session,
+                                                message=req.message[:2000],
+                                                policy_version=record.policy_version),
+                                  turn=turn_id)
+        return live, queued
+
+    async def _write(self, live: LiveTurn, queued: Event) -> dict[str, Any]:
+        """The turn on disk with its `turn.queued` event, then queued and published (a
+        turn started earlier would not know its seq, which orders its session's
+        history). A failed write forgets the turn. Returns the record as written."""
+        core = self.core
+        record = live.record
+        data = record.to_json()
+        try:
+            record.seq = await core.store.insert_turn(data, {}, events=[queued])
+        except BaseException:
+            core.live.pop(record.id, None)
+            raise
+        if record.id in core.live:  # not cancelled while the write ran
+            core.scheduler.enqueue(record.id, record.session)
+        core.bus.deliver(queued)
+        data["seq"] = record.seq
+        return data
+
+    async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
+                     deadline: float | None, replay_of: str | None = None,
+                     profile: str | None = None, model: str | None = None) -> TurnRecord:
+        core = self.core
+        unknown = self._check_model(model)
+        if unknown is not None:
+            raise UnknownModel(f"model: {unknown}")
+        unknown = self._check_profile(profile)
+        if unknown is not None:
+            raise UnknownProfile(f"profile: {unknown}")
+        self._check_open()
+        live, queued = self._prepare(SubmitRequest(message=message, session=session,
+                                                   budget=budget, deadline=deadline,
+                                                   profile=profile, model=model),
+                                     replay_of=replay_of)
+        await self._write(live, queued)
+        log.info("turn.queued", **log_context(live.record), queued=len(core.queue))
+        core.scheduling.dispatch()
+        return live.record
+
+    async def submit_batch(self, requests: Sequence[SubmitRequest]
+                           ) -> list[dict[str, Any] | Exception]:
+        """Several submits taken together: all checked first (an unknown profile raises
+        `BatchItemInvalid` naming its index; no room in the queue for all of them, or
+        an overload, raises `IntakeRefused`: nothing is taken), then written at once so
+        they share one store transaction. The answer is in the order of `requests`: each
+        turn as written, or the error its write met (the others are taken all the same).
+        """
+        core = self.core
+        for i, req in enumerate(requests):
+            for field, unknown in (("model", self._check_model(req.model)),
+                                   ("profile", self._check_profile(req.profile))):
+                if unknown is not None:
+                    raise BatchItemInvalid(i, field, unknown)
+        self._check_open(batch=len(requests))
+        prepared = [self._prepare(req) for req in requests]
+        results: list[dict[str, Any] | Exception] = [{} for _ in prepared]
+
+        async def write(i: int, live: LiveTurn, queued: Event) -> None:
+            try:
+                results[i] = await self._write(live, queued)
+            except Exception as exc:  # this one fails alone; its neighbours are taken
+                results[i] = exc
+
+        try:
+            # Started together, the writes reach the store's writer in one batch: one
+            # transaction for the lot.
+            async with anyio.create_task_group() as tg:
+                for i, (live, queued) in enumerate(prepared):
+                    tg.start_soon(write, i, live, queued, name=f"submit {live.record.id}")
+        except BaseException:
+            for live, _ in prepared:
+                if not live.record.seq:
+                    core.live.pop(live.record.id, None)
+            raise
+        taken = [live.record.id for live, _ in prepared if live.record.seq]
+        log.info("turns.queued", turns=taken, refused=len(results) - len(taken),
+                 queued=len(core.queue), policy_version=core.policy.version)
+        core.scheduling.dispatch()
+        return results
 
     async def post_message(self, turn_id: str, *, kind: str, text: str,
                            redirect: bool) -> dict[str, Any]:
