@@ -2,11 +2,18 @@
 loopback model server with fixed latency, compared with a bare aiohttp loop making the
 same N x S calls in the same run.
 
-Figures: wall time of each and their ratio, control-socket latency under load (a
-`GET /v1/status` every 50 ms: p50/p99), the daemon's event-loop lag (p50/p99 from its
-/metrics when exported), peak RSS per turn (VmHWM over the idle RSS).
+Figures: wall time of each and their ratio, the time the submits took, the daemon's CPU
+per step against the bare loop's per call, control-socket latency under load (a
+`GET /v1/status` every 50 ms: p50/p99), the daemon's event-loop lag during the run
+(p50/p99 from its /metrics histogram, read before and after), peak RSS per turn (VmHWM
+over the idle RSS).
+
+Submits go one per request (`--submit single`, 100 at a time) or as JSON lists of
+`--batch` turns (`--submit batch`, 10 requests at a time). A submit refused while the
+daemon is overloaded (503) is sent again after its Retry-After; the refusals are counted.
 
     python bench/bench_concurrency.py [--turns 5000] [--steps 3] [--latency 0.2]
+                                      [--submit single|batch] [--batch 100]
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ def rss_kb(pid: int, key: str) -> int:
     return 0
 
 
-async def through_daemon(d: Daemon, turns: int) -> dict[str, Any]:
+async def through_daemon(d: Daemon, turns: int, batch: int) -> dict[str, Any]:
     conn = aiohttp.UnixConnector(path=str(d.socket), limit=200)
     async with aiohttp.ClientSession(connector=conn) as session:
         finished = 0
@@ -103,50 +110,68 @@ async def through_daemon(d: Daemon, turns: int) -> dict[str, Any]:
 
         watcher = asyncio.create_task(watch())
         await subscribed.wait()
-        sem = asyncio.Semaphore(100)
+        sem = asyncio.Semaphore(100 if batch == 1 else 10)
+        refused = 0
 
-        async def submit(i: int) -> None:
-            async with sem, session.post("http://turnkeeper/v1/turns",
-                                         json={"message": f"turn {i}"}) as resp:
-                assert resp.status == 202, await resp.text()
+        async def submit(first: int) -> None:
+            nonlocal refused
+            n = min(batch, turns - first)
+            body: Any = ({"message": f"turn {first}"} if batch == 1 else
+                         [{"message": f"turn {first + k}"} for k in range(n)])
+            while True:
+                async with sem, session.post("http://turnkeeper/v1/turns", json=body) as resp:
+                    if resp.status == 503:  # overloaded: come back when it says
+                        refused += n
+                        retry_after = float(resp.headers.get("Retry-After", "1"))
+                    else:
+                        assert resp.status == 202, await resp.text()
+                        return
+                await asyncio.sleep(retry_after)
 
+        lag_before = await lag_buckets(session)
         prober = asyncio.create_task(probe())
         t0 = time.perf_counter()
-        await asyncio.gather(*(submit(i) for i in range(turns)))
+        await asyncio.gather(*(submit(i) for i in range(0, turns, batch)))
         submitted = time.perf_counter() - t0
         await asyncio.wait_for(all_done.wait(), timeout=600)
         wall = time.perf_counter() - t0
         await prober
         watcher.cancel()
-        lag = await loop_lag(session)
+        lag = lag_quantiles(lag_before, await lag_buckets(session))
         q = statistics.quantiles(status_lat, n=100) if len(status_lat) > 2 else [0.0] * 99
         return {"wall": wall, "submitted": submitted, "completed": statuses.count("completed"),
-                "status_p50_ms": q[49] * 1000, "status_p99_ms": q[98] * 1000, "lag": lag}
+                "status_p50_ms": q[49] * 1000, "status_p99_ms": q[98] * 1000, "lag": lag,
+                "refused": refused}
 
 
-async def loop_lag(session: aiohttp.ClientSession) -> str:
-    """p50 and p99 of the daemon's event-loop lag, from its /metrics histogram (each
-    quantile is the upper bound of the bucket it falls in)."""
+async def lag_buckets(session: aiohttp.ClientSession) -> dict[float, float]:
+    """The daemon's event-loop lag histogram now: cumulative count by upper bound."""
     async with session.get("http://turnkeeper/metrics") as resp:
         if resp.status != 200:
-            return "not exported"
+            return {}
         text = await resp.text()
-    buckets: list[tuple[float, float]] = []
+    buckets: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith("turnkeeper_event_loop_lag_observed_seconds_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le),
-                            float(line.rsplit(" ", 1)[1])))
+            buckets[float("inf") if le == "+Inf" else float(le)] = float(
+                line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
+    """p50 and p99 of the lag samples taken between the two reads (each quantile is the
+    upper bound of the bucket it falls in)."""
+    buckets = sorted((le, n - before.get(le, 0.0)) for le, n in after.items())
     if not buckets or buckets[-1][1] == 0:
         return "not exported"
-    buckets.sort()
     total = buckets[-1][1]
 
     def q(p: float) -> str:
         bound = next(le for le, n in buckets if n >= p * total)
         return "over the last bucket" if bound == float("inf") else f"<= {bound * 1e3:g} ms"
 
-    return f"p50 {q(0.5)}, p99 {q(0.99)} ({total:.0f} samples, one every 250 ms)"
+    return f"p50 {q(0.5)}, p99 {q(0.99)} ({total:.0f} samples during the run)"
 
 
 def main() -> None:
@@ -154,7 +179,10 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=5000)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--latency", type=float, default=0.2)
+    ap.add_argument("--submit", choices=("single", "batch"), default="single")
+    ap.add_argument("--batch", type=int, default=100)
     args = ap.parse_args()
+    batch = 1 if args.submit == "single" else max(1, args.batch)
     try:
         import uvloop
         uvloop.install()
@@ -193,7 +221,8 @@ idempotent = true
         assert d.proc is not None
         idle_kb = rss_kb(d.proc.pid, "VmRSS")
         cpu0 = cpu_s(d.proc.pid)
-        res = asyncio.run(through_daemon(d, args.turns))
+        res = asyncio.run(through_daemon(d, args.turns, batch))
+        overload = d.get("/v1/status")[1].get("overload", {})
         daemon_cpu = cpu_s(d.proc.pid) - cpu0
         peak_kb = rss_kb(d.proc.pid, "VmHWM")
         d.stop()
@@ -203,8 +232,13 @@ idempotent = true
               f"{args.latency * 1000:.0f} ms latency (floor {floor:.1f} s), {os.cpu_count()} "
               f"cores")
         print(f"  bare aiohttp loop        {bare_s:8.2f} s")
+        how = "one per request" if batch == 1 else f"in batches of {batch}"
         print(f"  turnkeeper (socket)      {res['wall']:8.2f} s   ratio {res['wall'] / bare_s:.2f}x"
-              f"   (submits took {res['submitted']:.2f} s; {res['completed']} completed)")
+              f"   (submits {how} took {res['submitted']:.2f} s; {res['completed']} "
+              f"completed)")
+        print(f"  overload: {res['refused']} submits refused 503 and sent again; guard "
+              f"{overload.get('state', 'absent')}, {overload.get('spells', 0)} spells, worst "
+              f"lag sample {overload.get('max_lag_s', 0.0):.3f} s")
         print(f"  CPU: bare loop {bare_cpu:.2f} s ({bare_cpu / calls * 1e3:.3f} ms/call), daemon "
               f"{daemon_cpu:.2f} s ({daemon_cpu / calls * 1e3:.3f} ms/step), ratio "
               f"{daemon_cpu / bare_cpu:.2f}x (the daemon's includes the control socket: "
