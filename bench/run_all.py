@@ -12,6 +12,7 @@ time is reported and the suite goes on.
 Sizes (the suite's; `--full` runs each script's own defaults instead, which takes longer):
   bench_step         200 turns x 5 steps, 3 rounds (the script's defaults)
   bench_concurrency  5,000 turns x 3 steps, 200 ms model latency (the issue's size)
+  bench_submit       5,000 submits, one per request and in batches of 100 (its defaults)
   bench_providers    1,000 calls at 10 and 2,000 at 1,000 concurrent, 3 rounds
                      (half its default calls)
   bench_cli          40 runs of each command (default 60)
@@ -48,6 +49,8 @@ BENCHES = (
           "peers", ("--turns", "200", "--steps", "5", "--rounds", "3"), 200.0),
     Bench("concurrency", "bench_concurrency.py", "5,000 turns x 3 steps through the socket "
           "vs a bare aiohttp loop", ("--turns", "5000", "--steps", "3"), 240.0),
+    Bench("submit", "bench_submit.py", "submits accepted per second, single and in "
+          "batches, vs a bare aiohttp server on a Unix socket", ("--turns", "5000"), 120.0),
     Bench("providers", "bench_providers.py", "provider CPU per model call vs bare aiohttp",
           ("--rounds", "3", "--calls-10", "1000", "--calls-1000", "2000"), 150.0),
     Bench("cli", "bench_cli.py", "`turnkeeper status` vs `python -c pass`",
