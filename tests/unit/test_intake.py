@@ -114,3 +114,13 @@ async def test_lag_samples_close_intake_and_calm_ones_reopen_it(h: H) -> None:
     assert intake.overload.snapshot()["refused"] == 2
     await h.sup.submit(message="on time", session=None, budget={}, deadline=None)
     assert len(h.sup.queue) == 1
+
+
+async def test_a_batch_the_store_cannot_write_is_forgotten_and_answered_with_the_errors(
+        h: H) -> None:
+    await h.store.close()  # every write now fails: "state database is closed"
+    results = await h.sup.intake.submit_batch([SubmitRequest(message=f"m{i}")
+                                               for i in range(3)])
+    assert [type(r).__name__ for r in results] == ["StoreError"] * 3
+    assert "closed" in str(results[0])
+    assert h.sup.live == {} and len(h.sup.queue) == 0  # nothing half-taken
