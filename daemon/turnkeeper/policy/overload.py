@@ -16,6 +16,9 @@ that it does not flap around the threshold:
 
 `lag_threshold_s = 0` turns the guard off. Time comes in with each sample (monotonic
 seconds), so the guard is tested without a clock.
+
+A batch of submits is the other way new work can arrive faster than it can be taken:
+`batch_refusal` says whether the queue has room for all of one.
 """
 
 from __future__ import annotations
