@@ -90,7 +90,8 @@ def validate(model: type[Body], data: Any, *, prefix: str = "",
     e.g. `[3].` for the item at `index` 3 of a batch)."""
     where = prefix.rstrip(".") or "(body)"
     if not isinstance(data, dict):
-        return error(400, f"{where}: must be a JSON object", field=where, index=index)
+        return error(400, f"{where}: must be a JSON object" if prefix
+                     else "body must be a JSON object", field=where, index=index)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
