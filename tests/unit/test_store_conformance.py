@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from turnkeeper.events import Event
+from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.store.base import Store, StoreError
 from turnkeeper.store.memory import MemoryStore
 from turnkeeper.store.sqlite import SQLiteStore
@@ -218,15 +219,30 @@ async def test_journal_keeps_the_first_intent_and_its_outcome(store: Store) -> N
     assert await store.journal_get("k_missing") is None
 
 
-async def test_finished_turns_newest_first_since_a_time(store: Store) -> None:
+async def test_finished_usage_newest_first_since_a_time_with_only_what_it_used(
+        store: Store) -> None:
     for i, (state, at) in enumerate([("completed", 100.0), ("running", 300.0),
                                      ("partial", 300.0), ("cancelled", 400.0)]):
-        rec = record(f"t_{i}")
+        rec = record(f"t_{i}", profile="deep" if i == 2 else None,
+                     usage={"total_tokens": 10 * i, "seconds": 1.5 * i, "cost_usd": 0.01},
+                     counters={"steps": i},
+                     would_have_stopped=[{"code": "budget.steps"}] if i == 3 else [])
         await store.insert_turn(rec, {})
-        await store.save_turn({**rec, "state": state, "updated_at": at})
-    assert [r["id"] for r in await store.finished_turns()] == ["t_3", "t_2", "t_0"]
-    assert [r["id"] for r in await store.finished_turns(since=300.0)] == ["t_3", "t_2"]
-    assert [r["id"] for r in await store.finished_turns(limit=1)] == ["t_3"]
+        done = finished(rec, state, "completed" if state == "completed" else "cancelled",
+                        at=at) if state != "running" else {**rec, "state": state,
+                                                             "updated_at": at}
+        await store.save_turn(done)
+    usage = await store.finished_usage()
+    assert usage == [
+        TurnUsage(profile="default", status="cancelled", code="cancelled", tokens=30,
+                  seconds=4.5, steps=3, cost_usd=0.01, would_have_stopped=("budget.steps",)),
+        TurnUsage(profile="deep", status="partial", code="cancelled", tokens=20,
+                  seconds=3.0, steps=2, cost_usd=0.01),
+        TurnUsage(profile="default", status="completed", code="completed", tokens=0,
+                  seconds=0.0, steps=0, cost_usd=0.01)]
+    assert [u.status for u in await store.finished_usage(since=300.0)] == [
+        "cancelled", "partial"]
+    assert len(await store.finished_usage(limit=1)) == 1
 
 
 async def test_dead_letters_are_the_turns_the_rule_names_and_remember_replays(

@@ -25,6 +25,7 @@ from turnkeeper.control.http import (
     SUPERVISOR,
     control_limits,
     error,
+    large_json_response,
     query_float,
     read_body,
     read_json,
@@ -212,7 +213,7 @@ async def list_turns(request: web.Request) -> web.Response:
         limit=int(limit), since_s=since, before_seq=None if before is None else int(before))
     # The cursor of the next page: the oldest `seq` of this one, while pages are full.
     after_page = turns[-1]["seq"] if len(turns) == int(limit) else None
-    return web.json_response({"turns": turns, "next": after_page})
+    return await large_json_response({"turns": turns, "next": after_page})
 
 
 async def get_turn(request: web.Request) -> web.Response:

@@ -14,12 +14,13 @@ else, so the stored inbox always holds every message the stored checkpoint has n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from turnkeeper import exits
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
+from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.store_outage import StoreOutage
 
 
@@ -51,6 +52,16 @@ def dead_letter_entry(record: dict[str, Any], replayed_by: str | None) -> dict[s
             "stopped_because": result.get("stopped_because"),
             "last_error": record.get("last_error"), "finished_at": record["updated_at"],
             "replayed_by": replayed_by}
+
+
+def usage_of(profile: str, state: str, code: str, tokens: Any, seconds: Any, steps: Any,
+             cost: Any, would_have_stopped: Iterable[Mapping[str, Any]]) -> TurnUsage:
+    """One finished turn's line of the limits report, from the fields of its record, the
+    same from every store."""
+    return TurnUsage(profile=profile, status=state, code=code, tokens=int(tokens or 0),
+                     seconds=float(seconds or 0.0), steps=int(steps or 0),
+                     cost_usd=float(cost or 0.0),
+                     would_have_stopped=tuple(str(w["code"]) for w in would_have_stopped))
 
 
 class Store(Protocol):
@@ -109,8 +120,12 @@ class Store(Protocol):
 
     async def journal_get(self, key: str) -> dict[str, Any] | None: ...
 
-    async def finished_turns(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[dict[str, Any]]: ...
+    async def finished_usage(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[TurnUsage]:
+        """What each finished turn used and how it ended (newest first, finished at or
+        after `since`), for the limits report: only those fields, never whole records,
+        so a report over 50,000 turns builds 50,000 small objects, not millions."""
+        ...
 
     async def dead_letters(self) -> list[dict[str, Any]]: ...
 

@@ -22,10 +22,11 @@ from typing import Any
 import anyio
 
 from turnkeeper.events import Event
+from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import goes_to_dead_letters
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError, dead_letter_entry
+from turnkeeper.store.base import StoreError, dead_letter_entry, usage_of
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -247,12 +248,18 @@ class MemoryStore:
                 "idempotent": bool(entry["idempotent"]),
                 "outcome": _copy(entry["outcome"]) if entry["outcome"] else None}
 
-    async def finished_turns(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[dict[str, Any]]:
+    async def finished_usage(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[TurnUsage]:
         floor = since if since is not None else 0.0
         rows = [r for r in reversed(self._rows())
-                if r.state in TERMINAL_STATES and r.updated_at >= floor]
-        return [_copy(r.record) for r in _head(rows, limit)]
+                if r.state in TERMINAL_STATES and r.updated_at >= floor
+                and r.record.get("result")]
+        return [usage_of(r.record.get("profile") or "default", r.state,
+                         r.record["result"]["stopped_because"]["code"],
+                         r.record["usage"]["total_tokens"], r.record["usage"]["seconds"],
+                         r.record["counters"]["steps"], r.record["usage"]["cost_usd"],
+                         r.record.get("would_have_stopped") or ())
+                for r in _head(rows, limit)]
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         out = []

@@ -42,10 +42,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.events import Event
+from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError, StoreUnavailable, dead_letter_entry
+from turnkeeper.store.base import StoreError, StoreUnavailable, dead_letter_entry, usage_of
 from turnkeeper.store.sqlite_lock import lock_exclusive
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -86,6 +87,7 @@ def _dumps(value: Any) -> str:
 
 _Statement = tuple[str, Sequence[Any]]
 _T = TypeVar("_T")
+
 
 
 def store_unavailable(exc: BaseException) -> bool:
@@ -533,11 +535,22 @@ class SQLiteStore:
                 "idempotent": bool(idempotent),
                 "outcome": json.loads(outcome) if outcome else None}
 
-    async def finished_turns(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[dict[str, Any]]:
-        return await self._read_json(
-            f"SELECT record FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at >= ?"
-            " ORDER BY seq DESC LIMIT ?", (since if since is not None else 0.0, limit))
+    async def finished_usage(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[TurnUsage]:
+        sql = ("SELECT COALESCE(json_extract(record, '$.profile'), 'default'), state,"
+               " json_extract(record, '$.result.stopped_because.code'),"
+               " json_extract(record, '$.usage.total_tokens'),"
+               " json_extract(record, '$.usage.seconds'),"
+               " json_extract(record, '$.counters.steps'),"
+               " json_extract(record, '$.usage.cost_usd'),"
+               " json_extract(record, '$.would_have_stopped')"
+               f" FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at >= ?"
+               " AND json_extract(record, '$.result') IS NOT NULL ORDER BY seq DESC LIMIT ?")
+        return await self._in_reader(lambda c: [
+            usage_of(profile, state, code, tokens, seconds, steps, cost,
+                     json.loads(would) if would not in (None, "[]") else ())
+            for profile, state, code, tokens, seconds, steps, cost, would
+            in c.execute(sql, (since if since is not None else 0.0, limit))])
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         return await self._in_reader(lambda c: [

@@ -73,14 +73,14 @@ class Queries:
         """What finished turns used, per profile, against the current limits."""
         core = self.core
         since = None if since_s is None else core.clock.time() - since_s
-        rows = await core.store.finished_turns(since=since)
+        usage = await core.store.finished_usage(since=since)
         current: dict[str, dict[str, float]] = {}
         for name in ("default", *core.config.budget.profiles):
             b = core.config.guards(None if name == "default" else name).budget
             current[name] = {"max_tokens": b.max_tokens, "max_seconds": b.max_seconds,
                              "max_steps": b.max_steps, "max_cost_usd": b.max_cost_usd}
         # Tens of thousands of turns take the loop a second or more: off it, in a thread.
-        reports = await anyio.to_thread.run_sync(_report, rows, profile, current, factor)
+        reports = await anyio.to_thread.run_sync(_report, usage, profile, current, factor)
         return {"factor": factor, "since": since, "turns": sum(r.finished for r in reports),
                 "profiles": [r.to_json() for r in reports],
                 "toml": "\n\n".join(r.toml() for r in reports if r.completed),
@@ -157,16 +157,9 @@ def health_problems(status: dict[str, Any]) -> list[str]:
     return out
 
 
-def _report(rows: list[dict[str, Any]], profile: str | None,
+def _report(usage: list[limits.TurnUsage], profile: str | None,
             current: dict[str, dict[str, float]], factor: float
             ) -> list[limits.ProfileReport]:
-    turns = [limits.TurnUsage(
-        profile=r.get("profile") or "default", status=r["state"],
-        code=r["result"]["stopped_because"]["code"],
-        tokens=int(r["usage"]["total_tokens"]), seconds=float(r["usage"]["seconds"]),
-        steps=int(r["counters"]["steps"]), cost_usd=float(r["usage"]["cost_usd"]),
-        would_have_stopped=tuple(w["code"] for w in r.get("would_have_stopped") or ()))
-        for r in rows if r.get("result")]
     if profile is not None:
-        turns = [t for t in turns if t.profile == profile]
-    return limits.report(turns, limits=current, factor=factor)
+        usage = [t for t in usage if t.profile == profile]
+    return limits.report(usage, limits=current, factor=factor)
