@@ -31,16 +31,22 @@ over the round divided by K x S. Rounds alternate the systems; each figure is th
 of the rounds. A peer that cannot be imported is reported as not run, with the reason.
 
     python bench/bench_step.py [--turns 200] [--steps 5] [--rounds 3] [--only turnkeeper]
+
+`--profile N` runs one round of the zero-CPU-model turnkeeper under cProfile instead
+(after the warm-up round, no baseline, no peers) and prints the N functions with the most
+own time, then the N with the most cumulative time: where a step's CPU goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import importlib.metadata
 import json
 import os
+import pstats
 import shutil
 import statistics
 import subprocess
@@ -388,6 +394,30 @@ async def bench(args: argparse.Namespace, port: int | None) -> None:
         + ("; raw " + ",".join(f"{v * 1e3:.3f}" for v in raw) if raw else ""))
 
 
+async def profile(args: argparse.Namespace) -> None:
+    run = turnkeeper_round("zero")
+    for measured in (False, True):
+        tmp = Path(tempfile.mkdtemp(prefix="tk-bench-step-profile-"))
+        try:
+            if not measured:
+                await run(min(20, args.turns), args.steps, tmp)
+                continue
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                await run(args.turns, args.steps, tmp)
+            finally:
+                prof.disable()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    stats = pstats.Stats(prof, stream=sys.stdout)
+    stats.strip_dirs()
+    print(f"cProfile of one round: {args.turns} turns x {args.steps} steps "
+          "(zero-CPU model); times are inflated by the profiler, compare shares")
+    stats.sort_stats("tottime").print_stats(args.profile)
+    stats.sort_stats("cumulative").print_stats(args.profile)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--turns", type=int, default=200)
@@ -398,12 +428,18 @@ def main() -> None:
                     help="comma-separated: turnkeeper,scripted,langgraph,pydantic-ai "
                          "(the raw-call baseline always runs unless --no-baseline)")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile one turnkeeper round and print the top N functions")
     args = ap.parse_args()
     with open(os.devnull, "w") as devnull:  # the daemon's default level, output discarded
         tk_logging.configure(log_format="json", log_level="info", stream=devnull)
         model: subprocess.Popen[str] | None = None
         port: int | None = None
         try:
+            if args.profile:
+                anyio.run(profile, args, backend="asyncio",
+                          backend_options={"use_uvloop": True})
+                return
             if not args.no_baseline:
                 model, port = start_model(latency=0.0, steps=args.steps)
                 asyncio.run(wait_port(port))
