@@ -28,6 +28,7 @@ import anyio
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from turnkeeper import jsonwire
 from turnkeeper.clock import Clock
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.event_types import EVENT_TYPES, EventBody, ModelDelta, TurnFinished
@@ -52,6 +53,21 @@ class Event:
     # The catalogue event it was published as, kept so a listener (metrics) reads typed
     # fields without parsing the wire form back.
     typed: EventBody | None = field(default=None, compare=False, repr=False)
+    # The wire form, encoded once on first use: the store's row and every stream that
+    # carries the event write these same bytes.
+    _wire: bytes | None = field(default=None, init=False, compare=False, repr=False)
+
+    def encoded_bytes(self) -> bytes:
+        """`to_json()` as compact JSON in UTF-8, encoded once."""
+        wire = self._wire
+        if wire is None:
+            wire = jsonwire.dumps(self.to_json())
+            object.__setattr__(self, "_wire", wire)
+        return wire
+
+    def encoded(self) -> str:
+        """`to_json()` as compact JSON text: the same JSON as `encoded_bytes()`."""
+        return self.encoded_bytes().decode()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seq": self.seq, "ts": round(self.ts, 6)}

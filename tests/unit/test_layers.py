@@ -31,7 +31,7 @@ PACKAGE_DIR = Path(turnkeeper.__file__).parent
 ROOM_OF: dict[str, str] = {
     "": "kit",  # the package itself: __version__
     "errors": "base", "exits": "base",
-    "clock": "kit", "paths": "kit", "logging": "kit",
+    "clock": "kit", "paths": "kit", "logging": "kit", "jsonwire": "kit",
     "messages": "messages", "event_types": "messages",
     "policy": "policy",
     "config": "config", "settings": "config",

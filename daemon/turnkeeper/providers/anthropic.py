@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
 from turnkeeper.providers.base import (
     DeltaSink,
@@ -157,8 +158,9 @@ class AnthropicProvider:
                                   request_headers(headers, secrets.headers),
                                   max_connections=cfg.max_connections,
                                   secret=key, secrets=secrets.values(), query=secrets.query)
+        # Encoded once per tool offer (the same object from one step to the next).
         self._tools_src: Sequence[ToolSpec] | None = None
-        self._tools_json: list[dict[str, Any]] = []
+        self._tools_json = jsonwire.Encoded([])
 
     @property
     def name(self) -> str:
@@ -177,7 +179,7 @@ class AnthropicProvider:
                 tools = encode_tools(request.tools)
                 if self._cache:
                     tools[-1]["cache_control"] = EPHEMERAL
-                self._tools_json = tools
+                self._tools_json = jsonwire.Encoded(tools)
                 self._tools_src = request.tools
             body["tools"] = self._tools_json
         if self._cache:

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from turnkeeper import jsonwire
 from turnkeeper.policy.classify import (
     CallFailure,
     exception_names,
@@ -244,7 +245,8 @@ def loads(data: bytes) -> Any:
 
 
 def dumps(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    """A request body: compact JSON in UTF-8 (orjson; a `Fragment` goes in as it is)."""
+    return jsonwire.dumps(body)
 
 
 def shape_failure(what: str) -> CallFailure:

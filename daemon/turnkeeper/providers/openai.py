@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
 from turnkeeper.providers.base import (
     DeltaSink,
@@ -133,9 +134,10 @@ class OpenAIProvider:
                                   request_headers(headers, secrets.headers),
                                   max_connections=cfg.max_connections,
                                   secret=key, secrets=secrets.values(), query=secrets.query)
-        # The tool list is usually the same object from one step to the next.
+        # The tool list is the same object from one step to the next until the offer
+        # changes (a policy's tools; MCP servers going and coming): encoded once for it.
         self._tools_src: Sequence[ToolSpec] | None = None
-        self._tools_json: list[dict[str, Any]] = []
+        self._tools_json = jsonwire.Encoded([])
 
     @property
     def name(self) -> str:
@@ -150,7 +152,7 @@ class OpenAIProvider:
         }
         if request.tools:
             if request.tools is not self._tools_src:
-                self._tools_json = encode_tools(request.tools)
+                self._tools_json = jsonwire.Encoded(encode_tools(request.tools))
                 self._tools_src = request.tools
             body["tools"] = self._tools_json
         if self._stream:

@@ -1,0 +1,76 @@
+"""Compact JSON for what the daemon encodes many times a second: events (their store row
+and the NDJSON streams) and model requests.
+
+orjson does the work (several times faster than the standard library's encoder); what it
+refuses, the standard library encodes instead, so a value `json.dumps` accepts is never
+an error here: an integer beyond 64 bits, a key that is not a string, a string with a
+lone surrogate, nesting deeper than orjson's limit. The output has no spaces and keeps
+non-ASCII text as UTF-8. Two differences from `json.dumps`, both still the same values
+to any JSON reader: a NaN or an infinity is written `null` (`json.dumps` writes `NaN`,
+which is not JSON), and a float may be spelled differently (`1e-7`, not `1e-07`).
+
+`Encoded` holds a value encoded once (a provider's tool list, once per tool offer): put
+in a larger value, its bytes are spliced in as they are.
+
+Only the daemon imports this module: the CLI keeps its fast start without orjson.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+__all__ = ["Encoded", "dumps", "dumps_str"]
+
+
+class Encoded:
+    """`value`, encoded once; `dumps` of a larger value containing it copies its bytes."""
+
+    __slots__ = ("fragment", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.fragment = orjson.Fragment(dumps(value))
+
+    def __repr__(self) -> str:
+        return f"Encoded({self.value!r})"
+
+
+def _fragment(value: Any) -> Any:
+    """orjson's hook for a type it does not know: an `Encoded` is its fragment."""
+    if isinstance(value, Encoded):
+        return value.fragment
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _value(value: Any) -> Any:
+    """The standard library's hook: an `Encoded` is encoded again from its value."""
+    if isinstance(value, Encoded):
+        return value.value
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The fallbacks. The bytes form escapes non-ASCII text: a lone surrogate (the reason
+# orjson refused) has no UTF-8 encoding, and \u escapes are valid JSON for any string.
+_STD_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True,
+                              default=_value)
+_STD_TEXT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False,
+                             default=_value)
+
+
+def dumps(value: Any) -> bytes:
+    """`value` as compact JSON in UTF-8."""
+    try:
+        return orjson.dumps(value, default=_fragment)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return _STD_ASCII.encode(value).encode("ascii")
+
+
+def dumps_str(value: Any) -> str:
+    """`value` as compact JSON text (non-ASCII kept as it is)."""
+    try:
+        return orjson.dumps(value, default=_fragment).decode()
+    except TypeError:
+        return _STD_TEXT.encode(value)
