@@ -139,6 +139,10 @@ class Metrics:
             self.turns_finished.labels(status_of(code).value, code.value)
         for result in ("ok", "failed"):
             self.reloads.labels(result)
+        # The child of each (metric, label values) a handler has counted, looked up once:
+        # `.labels()` validates and converts its values under a lock, a measurable part
+        # of each event. Bounded as the metrics' own series are.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._label_providers()
         self._steps: dict[str, tuple[int, float]] = {}  # turn -> (step, monotonic start)
         self._errors_logged = 0
@@ -151,6 +155,14 @@ class Metrics:
             self.provider_requests.labels(p.name)
             for cls in ATTEMPT_CLASSES:
                 self.provider_attempts.labels(p.name, cls)
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, cached."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     # -- events in -----------------------------------------------------------------
 
@@ -173,28 +185,28 @@ class Metrics:
             handler(self, body, event.turn)
 
     def _model_request(self, e: ev.ModelRequest, turn: str | None) -> None:
-        self.provider_requests.labels(e.provider).inc()
+        self._child(self.provider_requests, e.provider).inc()
 
     def _model_response(self, e: ev.ModelResponse, turn: str | None) -> None:
-        self.provider_attempts.labels(e.provider, "success").inc()
+        self._child(self.provider_attempts, e.provider, "success").inc()
         usage = e.usage or {}
-        self.tokens.labels(e.provider, "input").inc(usage.get("input_tokens", 0))
-        self.tokens.labels(e.provider, "output").inc(usage.get("output_tokens", 0))
+        self._child(self.tokens, e.provider, "input").inc(usage.get("input_tokens", 0))
+        self._child(self.tokens, e.provider, "output").inc(usage.get("output_tokens", 0))
         cost = e.cost_usd or 0.0
         if cost > 0:
-            self.cost.labels(e.provider).inc(cost)
+            self._child(self.cost, e.provider).inc(cost)
 
     def _attempt_failed(self, e: ev.ModelAttemptFailed, turn: str | None) -> None:
-        self.provider_attempts.labels(e.provider, e.class_).inc()
+        self._child(self.provider_attempts, e.provider, e.class_).inc()
 
     def _redirected(self, e: ev.ModelRedirected, turn: str | None) -> None:
-        self.provider_attempts.labels(e.provider, "redirected").inc()
+        self._child(self.provider_attempts, e.provider, "redirected").inc()
 
     def _retry_scheduled(self, e: ev.ModelRetryScheduled, turn: str | None) -> None:
-        self.retries_scheduled.labels(e.provider, e.class_).inc()
+        self._child(self.retries_scheduled, e.provider, e.class_).inc()
 
     def _failover(self, e: ev.ModelFailover, turn: str | None) -> None:
-        self.failovers.labels(e.from_, e.to, e.reason).inc()
+        self._child(self.failovers, e.from_, e.to, e.reason).inc()
 
     def _recovering(self, e: ev.TurnRecovering, turn: str | None) -> None:
         self.recovery_cycles.inc()
@@ -202,19 +214,19 @@ class Metrics:
     def _tool_result(self, e: ev.ToolResult, turn: str | None) -> None:
         outcome = "ok" if e.ok else ("outcome_unknown" if e.ok is None
                                      else str(e.class_ or "unknown"))
-        self.tool_calls.labels(self._tool_label(e.tool), outcome).inc()
+        self._child(self.tool_calls, self._tool_label(e.tool), outcome).inc()
 
     def _outcome_unknown(self, e: ev.ToolOutcomeUnknown, turn: str | None) -> None:
-        self.tool_outcomes_unknown.labels(self._tool_label(e.tool)).inc()
+        self._child(self.tool_outcomes_unknown, self._tool_label(e.tool)).inc()
 
     def _tool_retry(self, e: ev.ToolRetryScheduled, turn: str | None) -> None:
-        self.tool_retries.labels(self._tool_label(e.tool), e.class_).inc()
+        self._child(self.tool_retries, self._tool_label(e.tool), e.class_).inc()
 
     def _budget_warning(self, e: ev.BudgetWarning, turn: str | None) -> None:
-        self.guard_warnings.labels("budget").inc()
+        self._child(self.guard_warnings, "budget").inc()
 
     def _loop_warning(self, e: ev.LoopWarning, turn: str | None) -> None:
-        self.guard_warnings.labels("loop").inc()
+        self._child(self.guard_warnings, "loop").inc()
 
     def _step(self, e: ev.StepStarted, turn: str | None) -> None:
         if turn is not None:
@@ -228,7 +240,7 @@ class Metrics:
         if turn is not None:
             self._step_ended(turn)
             stop = e.result["stopped_because"]
-            self.turns_finished.labels(e.result["status"], stop["code"]).inc()
+            self._child(self.turns_finished, e.result["status"], stop["code"]).inc()
 
     def _resumed(self, e: ev.TurnResumed, turn: str | None) -> None:
         # Its last step was cut by a suspend or a restart: wall time that includes the
@@ -240,12 +252,12 @@ class Metrics:
         self.turns_submitted.inc()
 
     def _reloaded(self, e: ev.DaemonReloaded, turn: str | None) -> None:
-        self.reloads.labels("ok").inc()
+        self._child(self.reloads, "ok").inc()
         self.reload_duration.observe(float(e.duration_s or 0.0))
         self._label_providers()
 
     def _reload_failed(self, e: ev.DaemonReloadFailed, turn: str | None) -> None:
-        self.reloads.labels("failed").inc()
+        self._child(self.reloads, "failed").inc()
 
     def _tool_label(self, name: str) -> str:
         return name if self.supervisor.runtime.toolbox.get(name) is not None else UNKNOWN_TOOL
