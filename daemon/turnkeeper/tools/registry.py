@@ -13,7 +13,7 @@ reload reuses the servers whose config did not change.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,11 @@ class ToolBox:
         static = tuple(t for t in tools if t.kind != "mcp")
         self._tools = {t.name: t for t in static}
         self._validators: dict[str, Draft202012Validator] = {}
+        # The tools whose schema is plain enough to check without jsonschema (most are):
+        # arguments that pass it are valid; any others go to the full validator, which
+        # also words the error.
+        self._plain: dict[str, Callable[[Any], bool]] = {}
+        self._mcp_plain: dict[str, tuple[Draft202012Validator, Callable[[Any], bool]]] = {}
         for t in static:
             try:
                 Draft202012Validator.check_schema(t.parameters)
@@ -55,6 +60,9 @@ class ToolBox:
                 raise ConfigError(f"tools.{t.name}.parameters: not a valid JSON schema: "
                                   f"{exc.message}") from None
             self._validators[t.name] = Draft202012Validator(t.parameters)
+            check = plain_check(t.parameters)
+            if check is not None:
+                self._plain[t.name] = check
         self._servers: dict[str, McpServer] = {}
         old = previous._servers if previous is not None else {}
         for t in tools:
@@ -77,6 +85,8 @@ class ToolBox:
         """What is offered now: built-ins, configured tools, and the tools of every MCP
         server that is up. The same tuple until an offer changes (providers cache the
         encoded tools by identity)."""
+        if not self._servers:
+            return self._static_specs
         key = tuple(s.generation for s in self._servers.values())
         if key != self._specs_key:
             self._specs = self._static_specs + tuple(
@@ -105,10 +115,15 @@ class ToolBox:
             return None, ArgumentProblem(CallFailure(
                 exception=("MalformedArguments",),
                 message=f"arguments of {name} must be a JSON object"))
+        plain = self._plain.get(name)
+        if plain is not None and plain(args):
+            return args, None
         validator = self._validators.get(name)
         if validator is None:
             tool = self.get(name)
             validator = tool.validator if isinstance(tool, McpTool) else None
+            if validator is not None and self._mcp_check(name, validator)(args):
+                return args, None
         if validator is not None:
             errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
             if errors:
@@ -119,6 +134,15 @@ class ToolBox:
                     message=f"arguments of {name} violate its schema at {where}: "
                             f"{e.message}"))
         return args, None
+
+    def _mcp_check(self, name: str, validator: Draft202012Validator
+                   ) -> Callable[[Any], bool]:
+        """The plain check of an MCP tool's schema, made once per schema it announces."""
+        known = self._mcp_plain.get(name)
+        if known is None or known[0] is not validator:
+            known = self._mcp_plain[name] = (validator,
+                                             plain_check(validator.schema) or _NEVER)
+        return known[1]
 
     async def call(self, name: str, args: dict[str, Any], *, idempotency_key: str,
                    timeout_s: float) -> ToolOutcome:
@@ -206,6 +230,156 @@ class ToolBox:
                 connector=aiohttp.TCPConnector(limit=200), auto_decompress=True)
         return await call_http(self._session, tool, args, idempotency_key=idempotency_key,
                                timeout_s=timeout_s)
+
+
+# -- a plain schema, checked without jsonschema ----------------------------------------
+
+# Keywords that never reject an instance (annotations; `format` is not asserted: the
+# validators are built without a format checker).
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment",
+                          "$schema", "format", "deprecated", "readOnly", "writeOnly"})
+_PLAIN_KEYWORDS = _ANNOTATIONS | {"type", "properties", "required",
+                                  "additionalProperties", "items", "enum", "minLength",
+                                  "maxLength", "minimum", "maximum"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# JSON Schema type -> a test that is True only for what the type certainly allows
+# (`integer` also allows 2.0: such an instance goes to jsonschema instead).
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: type(v) is int,
+    "number": _is_number,
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "null": lambda v: v is None,
+}
+
+
+def plain_check(schema: Any) -> Callable[[Any], bool] | None:
+    """For a schema of the plain keywords only (types, properties, required,
+    additionalProperties true or false, items, string enums, length and range bounds),
+    a test that answers True only for an instance the schema accepts; False means "ask
+    jsonschema", never "invalid". None for any other schema: jsonschema checks it all."""
+    if schema is True or schema == {}:
+        return lambda _v: True
+    if not isinstance(schema, dict) or not set(schema) <= _PLAIN_KEYWORDS:
+        return None
+    tests: list[Callable[[Any], bool]] = []
+    kind = schema.get("type")
+    if kind is not None:
+        kinds = [kind] if isinstance(kind, str) else kind
+        if not isinstance(kinds, list) or not kinds or any(k not in _TYPES for k in kinds):
+            return None
+        if len(kinds) == 1:
+            tests.append(_TYPES[kinds[0]])
+        else:
+            of = tuple(_TYPES[k] for k in kinds)
+            tests.append(lambda v: any(t(v) for t in of))
+    if "enum" in schema:
+        enum = schema["enum"]
+        if not isinstance(enum, list) or not all(isinstance(e, str) for e in enum):
+            return None
+        allowed = frozenset(enum)
+        tests.append(lambda v: isinstance(v, str) and v in allowed)
+    for word, bound_test in _BOUNDS.items():
+        if word in schema:
+            made = bound_test(schema[word])
+            if made is None:
+                return None
+            tests.append(made)
+    if "items" in schema:
+        item = plain_check(schema["items"])
+        if item is None:
+            return None
+        tests.append(lambda v: not isinstance(v, list) or all(item(x) for x in v))
+    object_test = _plain_object(schema)
+    if object_test is None:
+        return None
+    if object_test is not _ANY:
+        tests.append(object_test)
+    if len(tests) == 1:
+        return tests[0]
+    return lambda v: all(t(v) for t in tests)
+
+
+def _ANY(_value: Any) -> bool:
+    return True
+
+
+def _NEVER(_value: Any) -> bool:
+    return False
+
+
+def _min_length(n: Any) -> Callable[[Any], bool] | None:
+    if type(n) is not int:
+        return None
+    return lambda v: not isinstance(v, str) or len(v) >= n
+
+
+def _max_length(n: Any) -> Callable[[Any], bool] | None:
+    if type(n) is not int:
+        return None
+    return lambda v: not isinstance(v, str) or len(v) <= n
+
+
+def _minimum(n: Any) -> Callable[[Any], bool] | None:
+    if not _is_number(n):
+        return None
+    return lambda v: not _is_number(v) or v >= n
+
+
+def _maximum(n: Any) -> Callable[[Any], bool] | None:
+    if not _is_number(n):
+        return None
+    return lambda v: not _is_number(v) or v <= n
+
+
+# The bound keywords: each applies to one kind of instance and passes any other.
+_BOUNDS: dict[str, Callable[[Any], Callable[[Any], bool] | None]] = {
+    "minLength": _min_length, "maxLength": _max_length,
+    "minimum": _minimum, "maximum": _maximum}
+
+
+def _plain_object(schema: dict[str, Any]) -> Callable[[Any], bool] | None:
+    """The object keywords of a plain schema (they apply only to an object)."""
+    properties = schema.get("properties", {})
+    required = schema.get("required", [])
+    extra = schema.get("additionalProperties", True)
+    if (not isinstance(properties, dict) or not isinstance(required, list)
+            or not all(isinstance(r, str) for r in required) or not isinstance(extra, bool)):
+        return None
+    checks: dict[str, Callable[[Any], bool]] = {}
+    for key, sub in properties.items():
+        check = plain_check(sub)
+        if check is None:
+            return None
+        checks[key] = check
+    if not checks and not required and extra is True:
+        return _ANY
+    needed = tuple(required)
+    closed = extra is False
+
+    def test(value: Any) -> bool:
+        if not isinstance(value, dict):
+            return True
+        for key in needed:
+            if key not in value:
+                return False
+        for key, item in value.items():
+            check = checks.get(key)
+            if check is None:
+                if closed:
+                    return False
+            elif not check(item):
+                return False
+        return True
+
+    return test
 
 
 def _names(names: Iterable[str], *, most: int = 20) -> str:

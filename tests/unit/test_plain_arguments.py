@@ -1,0 +1,149 @@
+"""Tool arguments against a plain schema are checked without jsonschema: that check may
+only ever accept what jsonschema accepts (anything else goes to jsonschema, which also
+words the error), and it must accept the ordinary valid call, or it saves nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from turnkeeper.config import build_config
+from turnkeeper.tools.registry import ToolBox, plain_check
+
+ECHO = {"type": "object", "properties": {"text": {"type": "string"}}}
+
+# -- schemas of the plain keywords, and of some others --------------------------------
+
+_types = st.sampled_from(["string", "integer", "number", "boolean", "object", "array",
+                          "null"])
+
+
+def _extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.fixed_dictionaries({"type": st.just("array")}, optional={"items": inner}),
+        st.fixed_dictionaries(
+            {"type": st.just("object")},
+            optional={"properties": st.dictionaries(st.sampled_from("abcd"), inner,
+                                                    max_size=3),
+                      "required": st.lists(st.sampled_from("abcd"), unique=True,
+                                           max_size=3),
+                      "additionalProperties": st.booleans(),
+                      "description": st.text(max_size=5)}),
+    )
+
+
+_leaf_schema = st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "type": st.one_of(_types, st.lists(_types, min_size=1, max_size=3, unique=True)),
+        "minLength": st.integers(0, 3), "maxLength": st.integers(0, 3),
+        "minimum": st.one_of(st.integers(-3, 3), st.floats(-3, 3)),
+        "maximum": st.one_of(st.integers(-3, 3), st.floats(-3, 3)),
+        "title": st.text(max_size=3), "format": st.just("uri")}),
+    st.fixed_dictionaries({"enum": st.lists(st.sampled_from(["x", "y", "1"]), min_size=1,
+                                            unique=True)}),
+    st.just({"enum": [1, True]}),  # not plain: 1 == True in Python, not in JSON Schema
+    st.just({"pattern": "^a"}),  # not plain
+    st.just({"anyOf": [{"type": "string"}, {"type": "integer"}]}),  # not plain
+    st.booleans(),
+)
+schemas = st.recursive(_leaf_schema, _extend, max_leaves=6)
+
+values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-5, 5),
+              st.sampled_from([2.0, 1.0, 0.0, float("nan")]), st.text(max_size=4),
+              st.sampled_from(["x", "y", "1"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from("abcde"), inner, max_size=4)),
+    max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(schema=schemas, value=values)
+def test_the_plain_check_accepts_only_what_jsonschema_accepts(schema: Any,
+                                                              value: Any) -> None:
+    check = plain_check(schema)
+    if check is not None and check(value):
+        assert Draft202012Validator(schema).is_valid(value), (schema, value)
+
+
+LEAF_VALUES: list[Any] = [None, True, False, 0, 1, -1, 3, 2.0, 2.5, -0.5, float("nan"), "",
+                         "x", "abcd", "1", [], [1], ["x"], {}, {"a": 1}]
+LEAF_SCHEMAS: list[Any] = [
+    *({"type": t} for t in ("string", "integer", "number", "boolean", "object", "array",
+                            "null")),
+    {"type": ["integer", "string"]}, {"type": ["number", "null"]},
+    {"minLength": 1}, {"maxLength": 2}, {"type": "string", "minLength": 2, "maxLength": 3},
+    {"minimum": 0}, {"maximum": 2}, {"minimum": 0.5, "maximum": 2.5},
+    {"type": "integer", "minimum": 1}, {"enum": ["x", "1"]}, {"type": "string", "enum": ["x"]},
+    {"items": {"type": "integer"}}, {"type": "array", "items": {"type": "string"}},
+    {"type": "object", "required": ["a"]}, {"properties": {"a": {"type": "string"}}},
+    {"type": "object", "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "integer"}},
+     "additionalProperties": False},
+]
+
+
+@pytest.mark.parametrize("schema", LEAF_SCHEMAS)
+def test_each_plain_keyword_agrees_with_jsonschema(schema: Any) -> None:
+    check = plain_check(schema)
+    assert check is not None
+    validator = Draft202012Validator(schema)
+    wrong = [v for v in LEAF_VALUES if check(v) and not validator.is_valid(v)]
+    assert wrong == []
+    # And it is of use: it accepts most of what is valid (2.0 as an integer, NaN against
+    # a bound go to jsonschema).
+    valid = [v for v in LEAF_VALUES if validator.is_valid(v)]
+    missed = [v for v in valid if not check(v)]
+    assert len(missed) <= 2, missed
+
+
+@pytest.mark.parametrize(("schema", "value"), [
+    (ECHO, {"text": "step 1"}),
+    ({"type": "object", "properties": {"q": {"type": "string", "minLength": 1},
+                                       "n": {"type": "integer", "minimum": 1,
+                                             "maximum": 50},
+                                       "tags": {"type": "array",
+                                                "items": {"type": "string"}},
+                                       "mode": {"enum": ["fast", "full"]}},
+      "required": ["q"], "additionalProperties": False},
+     {"q": "weather", "n": 5, "tags": ["a"], "mode": "fast"}),
+    ({"type": "object"}, {"anything": [1, {"x": None}]}),
+])
+def test_the_ordinary_valid_call_is_accepted_without_jsonschema(schema: dict[str, Any],
+                                                                value: Any) -> None:
+    check = plain_check(schema)
+    assert check is not None and check(value)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {}}},
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}},
+    {"type": "object", "additionalProperties": {"type": "string"}},
+    {"type": "object", "properties": {"a": {"enum": [1, 2]}}},
+])
+def test_any_other_schema_is_left_to_jsonschema(schema: dict[str, Any]) -> None:
+    assert plain_check(schema) is None
+
+
+def _toolbox(parameters: dict[str, Any]) -> ToolBox:
+    config = build_config({
+        "providers": [{"name": "p", "kind": "scripted", "script": "/dev/null"}],
+        "tools": [{"name": "t", "kind": "echo", "parameters": parameters}]})
+    return ToolBox(config.tools)
+
+
+def test_a_call_the_plain_check_does_not_accept_gets_the_jsonschema_error() -> None:
+    box = _toolbox({"type": "object", "properties": {"n": {"type": "integer"}},
+                    "required": ["n"], "additionalProperties": False})
+    assert box.check_arguments("t", '{"n": 3}') == ({"n": 3}, None)
+    assert box.check_arguments("t", '{"n": 3.0}') == ({"n": 3.0}, None)  # via jsonschema
+    args, problem = box.check_arguments("t", '{"n": "3"}')
+    assert args is None and problem is not None
+    assert problem.failure.message == ("arguments of t violate its schema at n: "
+                                       "'3' is not of type 'integer'")
+    args, problem = box.check_arguments("t", '{"n": 1, "m": 2}')
+    assert problem is not None and "Additional properties" in problem.failure.message
