@@ -37,6 +37,11 @@ __all__ = ["MAX_RESULT_CHARS", "ArgumentProblem", "ToolBox", "ToolOutcome"]
 _truncate = truncate
 
 
+# The echo tool's answer: json.dumps(args, ensure_ascii=False, sort_keys=True), with the
+# encoder built once (json.dumps with options builds one per call).
+_ECHO = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+
+
 @dataclass(frozen=True, slots=True)
 class ArgumentProblem:
     failure: CallFailure
@@ -154,7 +159,7 @@ class ToolBox:
             return ToolOutcome(content="", failure=CallFailure(
                 exception=("UnknownTool",), message=f"there is no tool named {name!r}"))
         if tool.kind == "echo":
-            return ToolOutcome(content=json.dumps(args, ensure_ascii=False, sort_keys=True))
+            return ToolOutcome(content=_ECHO.encode(args))
         return await self._http(tool, args, idempotency_key=idempotency_key,
                                 timeout_s=timeout_s)
 
