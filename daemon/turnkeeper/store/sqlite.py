@@ -40,6 +40,7 @@ import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
@@ -76,13 +77,8 @@ _TERMINAL_SQL = _sql_set(TERMINAL_STATES)
 _DEAD_LETTER_SQL = _sql_set(DEAD_LETTER_CODES)
 
 
-# One encoder for every write (json.dumps with options builds a new one per call), with no
-# cycle check (what is stored is plain JSON data built for it): ~30% less per small event.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
-
-
 def _dumps(value: Any) -> str:
-    return _ENCODER.encode(value)
+    return jsonwire.dumps_str(value)
 
 
 _Statement = tuple[str, Sequence[Any]]
@@ -102,7 +98,7 @@ def store_unavailable(exc: BaseException) -> bool:
 
 def _event_statement(event: Event) -> _Statement:
     return ("INSERT OR IGNORE INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
-            (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json())))
+            (event.seq, event.turn, event.ts, event.type, event.encoded()))
 
 
 @dataclass(slots=True)
