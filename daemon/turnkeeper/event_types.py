@@ -193,6 +193,23 @@ class GuardWouldStop(EventBody):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetExtended(EventBody):
+    """A turn reached its step or time limit while still making progress and was given
+    more: `number` of `of` extensions, the limits now in force."""
+
+    TYPE = "budget.extended"
+    number: int
+    of: int
+    reason: str
+    added_steps: int
+    added_seconds: float
+    max_steps: int
+    max_seconds: float
+    step: int
+    last_progress_step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LoopWarning(EventBody):
     TYPE = "loop.warning"
     code: str
@@ -362,7 +379,8 @@ class DaemonStopping(EventBody):
 
 EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
     TurnQueued, TurnStarted, TurnResumed, TurnSuspended, TurnRecovering, TurnWaiting,
-    TurnMessage, TurnFinished, TurnReplayed, StepStarted, BudgetWarning, GuardWouldStop,
+    TurnMessage, TurnFinished, TurnReplayed, StepStarted, BudgetWarning, BudgetExtended,
+    GuardWouldStop,
     LoopWarning,
     ModelRequest, ModelDelta, ModelResponse, ModelAttemptFailed, ModelRetryScheduled,
     ModelFailover, ModelRedirected, ToolCalled, ToolResult, ToolRetryScheduled,

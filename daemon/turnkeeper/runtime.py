@@ -1,11 +1,13 @@
 """What a policy version runs with: its providers and tools (`Runtime`), and the
 daemon-wide protection shared by every turn and every policy version (`Shared`: circuit
-breakers and retry budgets, which survive a reload for unchanged providers)."""
+breakers, retry budgets and in-flight gates, which survive a reload for unchanged
+providers)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from turnkeeper.concurrency import ProviderGates
 from turnkeeper.config import Config, Policy, ProviderConfig, ProviderSecrets, ToolConfig
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.retry_budget import RetryBudget
@@ -80,6 +82,8 @@ class Runtime:
 class Shared:
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
     retry_budgets: dict[str, RetryBudget] = field(default_factory=dict)
+    # Per provider, the limit on model calls in flight (fixed, or adaptive) and its queue.
+    gates: ProviderGates = field(default_factory=ProviderGates)
     # The config each breaker was made for: a provider or tool whose config changed is a
     # new peer (another URL, model or key), and starts with a closed breaker.
     _made_for: dict[str, ProviderConfig | ToolConfig] = field(default_factory=dict)
@@ -119,3 +123,4 @@ class Shared:
             self._made_for.pop(gone, None)
         for gone in set(self.retry_budgets) - {p.name for p in config.providers}:
             del self.retry_budgets[gone]
+        self.gates.apply(config)

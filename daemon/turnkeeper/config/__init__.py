@@ -38,8 +38,11 @@ from turnkeeper.config.redact import REDACTED, redact_url, redact_urls
 from turnkeeper.config.sections import (
     BUILTIN_TOOL_NAMES,
     DEFAULT_SYSTEM_PROMPT,
+    AdaptiveConcurrencyConfig,
     AgentConfig,
     BudgetConfig,
+    BudgetExtensionConfig,
+    BudgetExtensionOverride,
     BudgetProfile,
     CircuitBreakerConfig,
     ClarifyConfig,
@@ -75,8 +78,11 @@ __all__ = [
     "DEFAULT_TOOLS",
     "MCP_INSTALL_HINT",
     "RESTART_KEYS",
+    "AdaptiveConcurrencyConfig",
     "AgentConfig",
     "BudgetConfig",
+    "BudgetExtensionConfig",
+    "BudgetExtensionOverride",
     "BudgetProfile",
     "CircuitBreakerConfig",
     "ClarifyConfig",
@@ -132,6 +138,7 @@ class Config(BaseSettings):
     agent: AgentConfig = AgentConfig()
     retry: RetryConfig = RetryConfig()
     retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    adaptive_concurrency: AdaptiveConcurrencyConfig = AdaptiveConcurrencyConfig()
     tools_retry: ToolsRetryConfig = ToolsRetryConfig()
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
     failure_loop: FailureLoopConfig = FailureLoopConfig()
@@ -204,7 +211,9 @@ class Config(BaseSettings):
         p = self.budget.profiles[profile]
         return GuardConfig(
             profile,
-            self.budget.model_copy(update=_overrides(p)),
+            self.budget.model_copy(update={
+                **_overrides(p),
+                "extension": self.budget.extension.model_copy(update=_overrides(p.extension))}),
             self.loop_detection.model_copy(update=_overrides(p.loop_detection)),
             self.failure_loop.model_copy(update=_overrides(p.failure_loop)))
 

@@ -94,6 +94,9 @@ class ProviderConfig(_Section):
     price_cache_read_per_mtok: NonNegFloat | None = None
     price_cache_write_per_mtok: NonNegFloat | None = None
     max_connections: PositiveInt = 100
+    # Model calls in flight against this provider at once, across every turn (None: no
+    # fixed cap; with [adaptive_concurrency] on, max_connections is the top).
+    max_in_flight: PositiveInt | None = None
     script: str = ""  # scripted only: path of a script file; empty = the built-in demo
 
     @model_validator(mode="before")

@@ -17,7 +17,7 @@ from turnkeeper import exits
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.policy.retention import parse_duration
 
-BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify"})
+BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify", "update_plan"})
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent run by turnkeeper. Use the tools offered to do the user's task. "
     "When you are done, answer in plain text. If you cannot finish, call report_blocked "
@@ -163,6 +163,38 @@ class FailureLoopOverride(_Section):
     mode: Mode | None = None
 
 
+class BudgetExtensionConfig(_Section):
+    """`[budget.extension]`: a turn that reaches its step or time limit while it is still
+    making progress (something new seen, a new state, a plan item done, within the last
+    `window` steps) gets `steps` more steps and `seconds` more active seconds, at most
+    `max_extensions` times."""
+
+    enabled: bool = False
+    window: PositiveInt = 3
+    steps: NonNegInt = 10
+    seconds: NonNegFloat = 60.0
+    max_extensions: NonNegInt = 2
+
+
+class BudgetExtensionOverride(_Section):
+    enabled: bool | None = None
+    window: PositiveInt | None = None
+    steps: NonNegInt | None = None
+    seconds: NonNegFloat | None = None
+    max_extensions: NonNegInt | None = None
+
+
+class AdaptiveConcurrencyConfig(_Section):
+    """`[adaptive_concurrency]`: an additive-increase, multiplicative-decrease limit on
+    the model calls in flight per provider, cut on 429/529 or a Retry-After, bounded by
+    each provider's `max_in_flight` (else its `max_connections`)."""
+
+    enabled: bool = False
+    min: PositiveInt = 1
+    increase: PositiveFloat = 1.0
+    decrease: Annotated[float, Field(gt=0, lt=1)] = 0.5
+
+
 class BudgetProfile(_Section):
     """`[budget.profiles.NAME]`: overrides of any `[budget]` key, and of
     `[loop_detection]` / `[failure_loop]` keys in sub-tables of the same names."""
@@ -175,6 +207,7 @@ class BudgetProfile(_Section):
     mode: Mode | None = None
     loop_detection: LoopDetectionOverride = LoopDetectionOverride()
     failure_loop: FailureLoopOverride = FailureLoopOverride()
+    extension: BudgetExtensionOverride = BudgetExtensionOverride()
 
 
 class BudgetConfig(_Section):
@@ -184,6 +217,7 @@ class BudgetConfig(_Section):
     max_cost_usd: NonNegFloat = 0.0
     soft_limit: Annotated[float, Field(gt=0, le=1)] = 0.8
     mode: Mode = "enforce"
+    extension: BudgetExtensionConfig = BudgetExtensionConfig()
     profiles: dict[ProfileName, BudgetProfile] = Field(default_factory=dict)
 
 

@@ -189,6 +189,17 @@ class LoopDetector:
         """The current streak of steps without a new observation."""
         return self._no_progress
 
+    @property
+    def observations_seen(self) -> int:
+        """Distinct observations this turn has seen: grows with every step that finds
+        something new (progress, as a budget extension reads it)."""
+        return len(self._seen)
+
+    @property
+    def states_seen(self) -> int:
+        """Distinct states this turn has been in."""
+        return len(self._state_visits)
+
     def state_revisits(self, key: str) -> int:
         return max(0, self._state_visits.get(_kept(key), 0) - 1)
 

@@ -109,13 +109,15 @@ def status_of(code: StopCode) -> Status:
 class Stop:
     """A decision to end the turn: which code, which counter, its value and its limit.
     `last_error` (for the provider stops) is each provider's last failure, one line, so
-    the result says why without a look at the daemon's log."""
+    the result says why without a look at the daemon's log. `base_limit` is set when the
+    limit reached was extended for progress: the limit the turn started with."""
 
     code: StopCode
     message: str
     value: float | int | None = None
     limit: float | int | None = None
     last_error: dict[str, str] | None = field(default=None, compare=False)
+    base_limit: float | int | None = None
 
     @property
     def counter(self) -> str | None:
@@ -127,6 +129,8 @@ class Stop:
                                "message": self.message}
         if self.last_error is not None:
             out["last_error"] = dict(self.last_error)
+        if self.base_limit is not None:
+            out["base_limit"] = self.base_limit
         return out
 
     @classmethod
@@ -134,7 +138,8 @@ class Stop:
         last = data.get("last_error")
         return cls(code=StopCode(data["code"]), message=data.get("message", ""),
                    value=data.get("value"), limit=data.get("limit"),
-                   last_error=dict(last) if isinstance(last, dict) else None)
+                   last_error=dict(last) if isinstance(last, dict) else None,
+                   base_limit=data.get("base_limit"))
 
 
 @dataclass(frozen=True, slots=True)

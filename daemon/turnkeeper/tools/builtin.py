@@ -1,5 +1,6 @@
 """The built-in tools every turn offers: the legitimate ways to stop without succeeding
-(`report_blocked`) and to ask the user (`clarify`). The runner handles their effects."""
+(`report_blocked`) and to ask the user (`clarify`), and a checklist the agent may keep
+(`update_plan`). The runner handles their effects."""
 
 from __future__ import annotations
 
@@ -27,4 +28,21 @@ CLARIFY = ToolSpec(
                 "required": ["question"]},
 )
 
-BUILTIN_SPECS = (REPORT_BLOCKED, CLARIFY)
+UPDATE_PLAN = ToolSpec(
+    name="update_plan",
+    description=("Keep a checklist of your plan for this task: send the whole list each "
+                 "time, marking the items you have finished as done. Finished items count "
+                 "as progress and are reported in the result."),
+    parameters={
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {
+                "type": "object",
+                "properties": {"text": {"type": "string"}, "done": {"type": "boolean"}},
+                "required": ["text", "done"]}},
+        },
+        "required": ["items"],
+    },
+)
+
+BUILTIN_SPECS = (REPORT_BLOCKED, CLARIFY, UPDATE_PLAN)

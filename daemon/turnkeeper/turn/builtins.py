@@ -1,5 +1,6 @@
 """The tools the daemon answers itself: `report_blocked` (the agent gives up and says
-why) and `clarify` (the agent asks the user and waits for the answer, parked)."""
+why), `clarify` (the agent asks the user and waits for the answer, parked) and
+`update_plan` (the agent's checklist, whose finished items count as progress)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from typing import Any
 
 from turnkeeper.event_types import TurnWaiting
+from turnkeeper.policy.extension import Plan
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import ToolCall
@@ -34,6 +36,29 @@ class Builtins:
         return ctx.finish(Stop(StopCode.BLOCKED, reason), answer=None,
                           extra={"blocked": {"reason": reason, "tried": tried,
                                              "found": found}})
+
+    def update_plan(self, call: ToolCall) -> None:
+        """Replace the agent's plan; a malformed list is told to the agent, the plan
+        left as it was."""
+        ctx = self.ctx
+        try:
+            args: Any = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            args = None
+            problem: str | None = f"the arguments are not JSON: {exc.msg}"
+        else:
+            problem = None
+        items = Plan.parse(args) if problem is None else problem
+        if isinstance(items, str):
+            ctx.conv.add_tool_result(call, f"ERROR (deterministic): {items}; plan unchanged")
+            return
+        newly = ctx.extension.update_plan(items)
+        plan = ctx.extension.plan
+        ctx.conv.add_tool_result(call, plan.summary())
+        if newly:
+            ctx.partial.append(f"step {ctx.record.counters.steps}: plan: {newly} more item(s)"
+                               f" done ({len(plan.done)} of {len(plan.items)})")
+        ctx.log.info("turn.plan_updated", items=len(plan.items), done=len(plan.done))
 
     def pending_clarify_call(self) -> ToolCall | None:
         """The clarify call a resumed turn was waiting on, if any."""

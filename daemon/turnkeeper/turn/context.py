@@ -20,6 +20,7 @@ from turnkeeper.event_types import EventBody, GuardWouldStop, TurnSuspended
 from turnkeeper.events import EventBus
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
 from turnkeeper.policy.effects import EffectLedger
+from turnkeeper.policy.extension import Extension
 from turnkeeper.policy.gate import ModeGate, WouldStop
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.restarts import RestartCounter
@@ -130,6 +131,9 @@ class TurnContext:
             self.resumed = False
             if self.restore_error is not None:
                 self.partial = [str(x) for x in checkpoint.get("partial") or ()]
+        # Extensions earned by progress, and the agent's plan (applied by the runner).
+        self.extension = Extension.from_config(guards.budget.extension).restore_state(
+            checkpoint.get("extension") if self.resumed else None)
         self._active_since: float | None = None
 
     # -- time -----------------------------------------------------------------------
@@ -198,6 +202,7 @@ class TurnContext:
             "recover_until": self.recover_until,
             "pending_stop": self.pending_stop.to_json() if self.pending_stop else None,
             "effects": self.effects.snapshot(),
+            "extension": self.extension.snapshot(),
         }
 
     def move(self, new: TurnState) -> None:

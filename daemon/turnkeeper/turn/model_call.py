@@ -231,7 +231,9 @@ class ModelCall:
         try:
             with call_scope:
                 try:
-                    reply = await provider.complete(request, on_delta)
+                    reply = await ctx.shared.gates.run(
+                        name, lambda: provider.complete(request, on_delta),
+                        clock=ctx.clock, wait_s=ctx.remaining_s())
                 except ProviderError as exc:
                     failure = exc.failure
         finally:

@@ -30,6 +30,7 @@ from turnkeeper.store.base import Store, StoreUnavailable
 from turnkeeper.turn.builtins import Builtins
 from turnkeeper.turn.context import Redirected, Suspended, TurnContext
 from turnkeeper.turn.control import TurnControl
+from turnkeeper.turn.extension import ProgressRoom
 from turnkeeper.turn.model_call import ModelCall
 from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.tool_step import ToolStep
@@ -46,6 +47,7 @@ class TurnRunner:
                                bus=bus, clock=clock, checkpoint=checkpoint, history=history,
                                rand=rand)
         self.model = ModelCall(self.ctx)
+        self.progress = ProgressRoom(self.ctx)
         self.builtins = Builtins(self.ctx)
         self.tools = ToolStep(self.ctx, self.builtins)
         self._offered: frozenset[str] | None = None  # tool names of the last offer
@@ -87,7 +89,7 @@ class TurnRunner:
             ctx.control.scope = None
             ctx.stop_active()
         assert result is not None
-        return result
+        return self.progress.finish(result)
 
     async def _run(self) -> TurnResult:
         ctx = self.ctx
@@ -124,10 +126,15 @@ class TurnRunner:
                 return outcome
         while True:
             ctx.absorb_messages()
-            # A decided stop wins over a suspend: a turn that is over stays over.
+            self.progress.step_boundary()
+            # A decided stop wins over a suspend: a turn that is over stays over. A step
+            # or time limit reached while the turn makes progress may be extended.
             stop = ctx.pending_stop or ctx.guard.check(ctx.usage(), now=ctx.clock.time())
-            if stop is not None:
-                return ctx.stop(stop)
+            while stop is not None:  # each grant is counted: this ends
+                kept = self.progress.extend(stop)
+                if kept is not None:
+                    return ctx.stop(kept)
+                stop = ctx.guard.check(ctx.usage(), now=ctx.clock.time())
             if ctx.watch is not None:
                 for reached in ctx.watch.violations(ctx.usage(), now=ctx.clock.time()):
                     ctx.gate(reached)
@@ -151,6 +158,16 @@ class TurnRunner:
                 ctx.record.counters.steps -= 1
                 continue
             if isinstance(reply, Stop):
+                if (reply.code is StopCode.BUDGET_SECONDS
+                        and ctx.chain.phase is not Phase.RECOVERING):
+                    # The time ran out inside the call: an extension runs the step again.
+                    extended = self.progress.extend(reply)
+                    if extended is None:
+                        if ctx.chain.phase is not Phase.READY:
+                            ctx.chain.abandon()
+                        ctx.record.counters.steps -= 1
+                        continue
+                    reply = extended
                 return ctx.stop(reply)
             if reply is None:  # context overflow rebuilt: run the step again
                 ctx.record.counters.steps -= 1

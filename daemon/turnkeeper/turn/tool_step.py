@@ -1,7 +1,7 @@
 """The tools of one step: each call's guards (loop detection, time left), its journal
 entry (so a resumed turn never runs a side effect twice), its attempts (retries only for
 idempotent tools) and its outcome, told to the agent and to the failure loop.
-`report_blocked` and `clarify` go to the builtins.
+`report_blocked`, `clarify` and `update_plan` go to the builtins.
 
 A non-idempotent call is planned by the turn's effect ledger (its key, or a refusal when
 the same action's last outcome is unknown) and recorded in it afterwards. An unknown
@@ -57,6 +57,10 @@ class ToolStep:
                 # first (a turn never ends with an unread steer).
                 ctx.conv.add_tool_result(call, "not ended: the user sent a message; read "
                                                "it, then answer or call report_blocked")
+                all_polling = False
+                continue
+            if call.name == "update_plan":
+                self.builtins.update_plan(call)
                 all_polling = False
                 continue
             if call.name == "clarify":

@@ -1,0 +1,125 @@
+"""The in-flight gate of each provider: model calls over the provider's current limit
+wait their turn, first come first served, and each call's ending feeds the limit
+(`policy/aimd.py` decides; this module only parks and wakes).
+
+`ProviderGates.run(provider, call, wait_s)` is the whole interface the model call uses:
+it waits for a slot (at most `wait_s`, the time the turn's budget still allows), runs
+`call()`, and tells the limit how it ended. A wait that runs out raises `ProviderError`
+with a local failure, so the breaker learns nothing and the step's time check stops the
+turn with its budget's own code.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+
+from turnkeeper.clock import Clock
+from turnkeeper.config import Config
+from turnkeeper.policy.aimd import InFlightLimit, is_overload
+from turnkeeper.policy.classify import CallFailure
+from turnkeeper.providers.base import ProviderError
+
+T = TypeVar("T")
+
+
+class _Waiter:
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+
+class ProviderGate:
+    def __init__(self, name: str, limit: InFlightLimit) -> None:
+        self.name = name
+        self.limit = limit
+        self._waiters: deque[_Waiter] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def wake(self) -> None:
+        """Wake the first waiters, as many as there are free slots."""
+        free = self.limit.limit - self.limit.in_flight
+        for waiter in itertools.islice(self._waiters, max(0, free)):
+            waiter.event.set()
+
+    async def _acquire(self, clock: Clock, wait_s: float) -> int:
+        if not self._waiters:  # nobody ahead: no queue to join if a slot is free
+            epoch = self.limit.try_acquire()
+            if epoch is not None:
+                return epoch
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        try:
+            with clock.move_on_after(max(0.0, wait_s)):
+                while True:
+                    await waiter.event.wait()
+                    epoch = self.limit.try_acquire()
+                    if epoch is not None:
+                        return epoch
+                    waiter.event = anyio.Event()  # taken meanwhile: wait again, in place
+        finally:
+            self._waiters.remove(waiter)
+            self.wake()  # a wake this waiter did not use goes to the next
+        raise ProviderError(CallFailure(
+            exception=("InFlightWait", "TimeoutError"), local=True,
+            message=(f"no in-flight slot for provider {self.name} (limit "
+                     f"{self.limit.limit}) within the time the budget allows")))
+
+    async def run(self, call: Callable[[], Awaitable[T]], *, clock: Clock,
+                  wait_s: float) -> T:
+        epoch = await self._acquire(clock, wait_s)
+        success = overload = False
+        try:
+            result = await call()
+            success = True
+            return result
+        except ProviderError as exc:
+            overload = is_overload(exc.failure.status, exc.failure.retry_after_s)
+            raise
+        finally:
+            self.limit.release(epoch, success=success, overload=overload)
+            self.wake()
+
+
+class ProviderGates:
+    """One gate per provider, kept across reloads (the limit learnt stays learnt)."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, ProviderGate] = {}
+
+    def apply(self, config: Config) -> None:
+        ac = config.adaptive_concurrency
+        for p in config.providers:
+            ceiling = p.max_in_flight
+            if ceiling is None and ac.enabled:
+                ceiling = p.max_connections  # the pool's size is the natural top
+            gate = self.gates.get(p.name)
+            if gate is None:
+                self.gates[p.name] = ProviderGate(p.name, InFlightLimit(
+                    ceiling=ceiling, adaptive=ac.enabled, minimum=ac.min,
+                    increase=ac.increase, decrease=ac.decrease))
+            else:
+                gate.limit.reconfigure(ceiling=ceiling, adaptive=ac.enabled, minimum=ac.min,
+                                       increase=ac.increase, decrease=ac.decrease)
+                gate.wake()
+        for gone in set(self.gates) - {p.name for p in config.providers}:
+            del self.gates[gone]
+
+    async def run(self, provider: str, call: Callable[[], Awaitable[T]], *, clock: Clock,
+                  wait_s: float) -> T:
+        gate = self.gates.get(provider)
+        if gate is None:
+            return await call()
+        return await gate.run(call, clock=clock, wait_s=wait_s)
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        return {name: {**gate.limit.snapshot(), "waiting": gate.waiting}
+                for name, gate in self.gates.items()}
