@@ -372,6 +372,7 @@ class _StateCollector(Collector):
                                 "daemon.max_concurrent_turns",
                                 value=sup.config.daemon.max_concurrent_turns)
         yield from self._breakers()
+        yield from self._in_flight()
         yield from self._mcp_servers()
         yield CounterMetricFamily("turnkeeper_event_subscribers_dropped",
                                   "Event stream subscribers dropped for falling behind",
@@ -398,6 +399,32 @@ class _StateCollector(Collector):
         yield up
         yield tools
         yield restarts
+
+    def _in_flight(self) -> Iterator[Metric]:
+        limit = GaugeMetricFamily("turnkeeper_provider_in_flight_limit",
+                                  "Model calls each provider may have in flight now (its "
+                                  "max_in_flight, or the adaptive limit)",
+                                  labels=["provider"])
+        in_flight = GaugeMetricFamily("turnkeeper_provider_in_flight",
+                                      "Model calls in flight against each provider",
+                                      labels=["provider"])
+        waiting = GaugeMetricFamily("turnkeeper_provider_in_flight_waiting",
+                                    "Model calls waiting for an in-flight slot",
+                                    labels=["provider"])
+        cuts = CounterMetricFamily("turnkeeper_provider_in_flight_decreases",
+                                   "Times the adaptive limit was cut after a 429, 529 or "
+                                   "Retry-After", labels=["provider"])
+        for name, gate in sorted(self.supervisor.shared.gates.gates.items()):
+            snap = gate.limit.snapshot()
+            if snap["limit"] is not None:
+                limit.add_metric([name], snap["limit"])
+            in_flight.add_metric([name], snap["in_flight"])
+            waiting.add_metric([name], gate.waiting)
+            cuts.add_metric([name], snap["decreases"])
+        yield limit
+        yield in_flight
+        yield waiting
+        yield cuts
 
     def _breakers(self) -> Iterator[Metric]:
         now = self.clock.monotonic()

@@ -133,6 +133,13 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     lines.append("breakers     " + ("  ".join(
         f"{name} {state.upper() if state != 'closed' else state}"
         for name, state in breakers.items()) or "-"))
+    for name, gate in (data.get("in_flight") or {}).items():
+        if gate.get("limit") is None:
+            continue
+        mode = "adaptive" if gate.get("adaptive") else "fixed"
+        lines.append(f"in flight    {name} {gate['in_flight']} of {gate['limit']} ({mode}"
+                     f", max {gate.get('max_in_flight')}), {gate.get('waiting', 0)} waiting,"
+                     f" {gate.get('decreases', 0)} cuts")
     for name, srv in (data.get("mcp_servers") or {}).items():
         restarts = f"{srv['restarts']} restart{'s' if srv['restarts'] != 1 else ''}"
         if srv["state"] == "up":
@@ -205,6 +212,10 @@ def limits_lines(data: dict[str, Any]) -> list[str]:
             would = ", ".join(f"{k} {v}" for k, v in counts["would_have_stopped"].items())
             lines.append(f"  rule {code:<24} stopped {stops}; would have stopped "
                          f"{would or '0'}")
+        extended = prof.get("extended_turns") or {}
+        if extended:
+            lines.append("  extended by progress: " + ", ".join(
+                f"{k} {v}" for k, v in extended.items()))
     if data.get("toml"):
         lines.append("\n# paste into the config:\n" + data["toml"])
     return lines

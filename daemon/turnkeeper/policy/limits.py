@@ -39,6 +39,7 @@ class TurnUsage:
     steps: int
     cost_usd: float
     would_have_stopped: tuple[str, ...] = ()
+    extensions: int = 0  # budget extensions the turn earned by progress
 
     def value(self, dimension: str) -> float:
         return float(getattr(self, dimension))
@@ -94,10 +95,13 @@ class ProfileReport:
     # Every stop code seen (loop and failure rules included): how many turns it stopped
     # and how many it would have stopped, by how they ended.
     rules: Mapping[str, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)
+    # Turns that earned at least one budget extension, by how they ended.
+    extended: Mapping[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "completed_turns": self.completed,
                 "finished_turns": self.finished,
+                "extended_turns": dict(self.extended),
                 "dimensions": {d.dimension: d.to_json() for d in self.dimensions},
                 "rules": {code: {k: dict(v) for k, v in counts.items()}
                           for code, counts in self.rules.items()}}
@@ -153,7 +157,8 @@ def profile_report(profile: str, turns: Sequence[TurnUsage], *,
                         t for t in turns if code in t.would_have_stopped)}
              for code in codes}
     return ProfileReport(profile=profile, completed=len(completed), finished=len(turns),
-                         dimensions=tuple(dims), rules=rules)
+                         dimensions=tuple(dims), rules=rules,
+                         extended=_count_by_status(t for t in turns if t.extensions))
 
 
 def report(turns: Sequence[TurnUsage], *, limits: Mapping[str, Mapping[str, float]],
