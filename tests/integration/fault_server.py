@@ -109,6 +109,10 @@ class FaultServer:
         self._arrived: dict[str, int] = {}
         self._in_flight = 0
         self.max_in_flight = 0
+        # A provider with a capacity admits that many requests at once and answers 429
+        # (with Retry-After) to any request above it, as a provider's concurrency limit.
+        self._capacity: dict[str, tuple[int, str]] = {}
+        self._busy: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
@@ -123,6 +127,17 @@ class FaultServer:
         with self._lock:
             self._providers[provider] = _Provider(queue=deque(answers),
                                                   then=then if then is not None else ok())
+        return self
+
+    def capacity(self, provider: str, n: int | None, *, retry_after: str = "1"
+                 ) -> FaultServer:
+        """`provider` admits `n` requests at once; one more is answered 429 with this
+        Retry-After, at once. None: no limit."""
+        with self._lock:
+            if n is None:
+                self._capacity.pop(provider, None)
+            else:
+                self._capacity[provider] = (n, retry_after)
         return self
 
     def base_url(self, provider: str) -> str:
@@ -183,6 +198,13 @@ class FaultServer:
             self._arrived[provider] = self._arrived.get(provider, 0) + 1
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            cap = self._capacity.get(provider)
+            admitted = cap is None or self._busy.get(provider, 0) < cap[0]
+            if admitted:
+                self._busy[provider] = self._busy.get(provider, 0) + 1
+            else:
+                assert cap is not None
+                answer = fail(429, retry_after=cap[1])
         status = answer.status
         try:
             if answer.delay:
@@ -200,6 +222,8 @@ class FaultServer:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                if admitted:
+                    self._busy[provider] -= 1
                 self._seen.append(Seen(provider, started, time.monotonic(), status, body))
 
     async def _stream(self, request: web.Request, body: dict[str, Any], answer: Answer
