@@ -129,7 +129,8 @@ class InFlightLimit:
         return {"limit": self.limit if self.bounded else None,
                 "in_flight": self._in_flight, "max_in_flight": self.ceiling,
                 "adaptive": self.adaptive, "decreases": self.decreases,
-                "overloads": self.overloads}
+                "overloads": self.overloads,
+                "lowest": math.floor(self.lowest) if self.bounded else None}
 
 
 def is_overload(status: int | None, retry_after_s: float | None) -> bool:
