@@ -6,7 +6,10 @@ wait their turn, first come first served, and each call's ending feeds the limit
 it waits for a slot (at most `wait_s`, the time the turn's budget still allows), runs
 `call()`, and tells the limit how it ended. A wait that runs out raises `ProviderError`
 with a local failure, so the breaker learns nothing and the step's time check stops the
-turn with its budget's own code.
+turn with its budget's own code. With adaptation on, a throttling answer (429, 529,
+Retry-After) cuts the limit and is passed on marked local too: retried as before, but not
+counted against the provider's breaker, which would otherwise take a provider that is up
+out of service for its whole cooldown.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 
 import anyio
@@ -83,6 +87,12 @@ class ProviderGate:
             return result
         except ProviderError as exc:
             overload = is_overload(exc.failure.status, exc.failure.retry_after_s)
+            if overload and self.limit.adaptive:
+                # Throttling is this limit's to answer: the provider is up and asks for
+                # fewer calls, so its breaker is not told (it would take the provider
+                # out of service for its cooldown over what the limit already slows).
+                # The call is retried as any other retryable failure.
+                raise ProviderError(replace(exc.failure, local=True)) from exc
             raise
         finally:
             self.limit.release(epoch, success=success, overload=overload)

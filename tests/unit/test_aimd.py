@@ -30,7 +30,7 @@ def test_no_ceiling_and_no_adaptation_never_makes_a_call_wait() -> None:
 
 
 def test_an_overload_halves_the_limit_once_per_window() -> None:
-    lim = InFlightLimit(ceiling=16, adaptive=True, minimum=2, decrease=0.5)
+    lim = InFlightLimit(ceiling=16, adaptive=True, minimum=2, decrease=0.5, start=16.0)
     epochs = [lim.try_acquire() for _ in range(16)]
     assert None not in epochs
     # Sixteen 429s from calls sent under the same limit: one cut, not sixteen.
@@ -47,18 +47,35 @@ def test_an_overload_halves_the_limit_once_per_window() -> None:
         assert lim.limit == expected
 
 
-def test_successes_grow_the_limit_by_increase_per_window_up_to_the_ceiling() -> None:
-    lim = InFlightLimit(ceiling=10, adaptive=True, increase=1.0, start=4.0)
+def _finish(lim: InFlightLimit, n: int, **how: bool) -> None:
+    for _ in range(n):
+        e = lim.try_acquire()
+        assert e is not None
+        lim.release(e, **how)
+
+
+def test_slow_start_doubles_each_window_until_the_first_overload() -> None:
+    lim = InFlightLimit(ceiling=100, adaptive=True, minimum=1)
+    assert lim.limit == 1  # adaptation starts low and finds the capacity
+    _finish(lim, 1, success=True)
+    assert lim.limit == 2
+    _finish(lim, 2, success=True)
     assert lim.limit == 4
-    for _ in range(5):  # about one window at limit 4: +1
-        e = lim.try_acquire()
-        assert e is not None
-        lim.release(e, success=True)
+    _finish(lim, 4, success=True)
+    assert lim.limit == 8
+    _finish(lim, 1, overload=True)
+    assert lim.limit == 4 and lim.snapshot()["lowest"] == 4
+    _finish(lim, 4, success=True)  # no more doubling: about +1 a window
+    assert lim.limit == 4 and lim.snapshot()["highest"] == 8
+
+
+def test_successes_grow_the_limit_by_increase_per_window_up_to_the_ceiling() -> None:
+    lim = InFlightLimit(ceiling=10, adaptive=True, increase=1.0, start=8.0)
+    _finish(lim, 1, overload=True)  # out of slow start, at 4
+    assert lim.limit == 4
+    _finish(lim, 5, success=True)  # about one window at limit 4: +1
     assert lim.limit == 5
-    for _ in range(200):
-        e = lim.try_acquire()
-        assert e is not None
-        lim.release(e, success=True)
+    _finish(lim, 200, success=True)
     assert lim.limit == 10  # never above max_in_flight
 
 
@@ -87,7 +104,9 @@ def test_reconfigure_keeps_the_calls_in_flight_counted() -> None:
     lim = InFlightLimit(ceiling=4, adaptive=False)
     assert lim.try_acquire() is not None
     lim.reconfigure(ceiling=8, adaptive=True, minimum=1, increase=1.0, decrease=0.5)
-    assert (lim.limit, lim.in_flight, lim.adaptive) == (8, 1, True)
+    # Adaptation turned on starts in slow start; the call in flight is still counted.
+    assert (lim.limit, lim.in_flight, lim.adaptive) == (1, 1, True)
+    assert lim.try_acquire() is None
 
 
 @pytest.mark.anyio
@@ -155,11 +174,17 @@ async def test_a_wait_longer_than_the_budget_allows_fails_locally() -> None:
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_429_through_the_gate_cuts_the_adaptive_limit() -> None:
     clock = FakeClock()
-    gate = ProviderGate("main", InFlightLimit(ceiling=8, adaptive=True))
+    gate = ProviderGate("main", InFlightLimit(ceiling=8, adaptive=True, start=8.0))
 
     async def throttled() -> None:
         raise ProviderError(CallFailure(status=429, retry_after_s=1.0))
 
-    with pytest.raises(ProviderError):
+    with pytest.raises(ProviderError) as raised:
         await gate.run(throttled, clock=clock, wait_s=1.0)
     assert gate.limit.limit == 4
+    # Throttling is the limit's to answer: the provider's breaker is not told.
+    assert raised.value.failure.local and raised.value.failure.status == 429
+    fixed = ProviderGate("main", InFlightLimit(ceiling=8, adaptive=False))
+    with pytest.raises(ProviderError) as raised:
+        await fixed.run(throttled, clock=clock, wait_s=1.0)
+    assert not raised.value.failure.local

@@ -6,8 +6,11 @@ the daemon starting as many new calls as ever, so the storm goes on. `InFlightLi
 the daemon-wide answer, one per provider: an additive-increase, multiplicative-decrease
 limit on calls in flight.
 
-- a call that succeeds adds `increase / limit`, so the limit grows by about `increase`
-  for each full window of successful calls (one round trip at the current limit);
+- it starts low, at `min`, in slow start: until the first overload each success adds
+  `increase`, so the limit doubles with each window of calls and finds the provider's
+  capacity in a few round trips instead of sending a thousand calls at once to learn it;
+- after that, a call that succeeds adds `increase / limit`, so the limit grows by about
+  `increase` for each full window of successful calls (one round trip at the limit);
 - an overload signal multiplies the limit by `decrease` (never below `min`), once per
   window: the calls already in flight when the limit was cut were sent under the old
   limit, and their 429s say nothing new. Each admitted call carries the epoch it was
@@ -47,20 +50,28 @@ class InFlightLimit:
         self.minimum = minimum if ceiling is None else min(minimum, ceiling)
         self.increase = increase
         self.decrease = decrease
-        first = start if start is not None else (
-            float(ceiling) if ceiling is not None else UNCAPPED_START)
+        self._slow_start = adaptive
+        first = start if start is not None else self._first()
         self._limit = self._bounded(first)
         self._in_flight = 0
         self._epoch = 0
         # Figures for status and metrics.
         self.decreases = 0
         self.overloads = 0
-        self.lowest = self._limit
+        self.lowest: float | None = None  # the lowest limit after a cut
+        self.highest = self._limit
 
     def __repr__(self) -> str:
         return (f"InFlightLimit(limit={self._limit:.2f}, in_flight={self._in_flight}, "
                 f"ceiling={self.ceiling}, adaptive={self.adaptive}, min={self.minimum}, "
                 f"increase={self.increase}, decrease={self.decrease})")
+
+    def _first(self) -> float:
+        """Where the limit starts: the minimum in slow start when adaptive, else the
+        ceiling (a fixed max_in_flight)."""
+        if self.adaptive:
+            return float(self.minimum)
+        return float(self.ceiling) if self.ceiling is not None else UNCAPPED_START
 
     def _bounded(self, value: float) -> float:
         top = math.inf if self.ceiling is None else float(self.ceiling)
@@ -101,13 +112,16 @@ class InFlightLimit:
             self.overloads += 1
             if epoch < self._epoch:  # sent before the last cut: nothing new
                 return True
+            self._slow_start = False
             self._limit = self._bounded(self._limit * self.decrease)
             self._epoch += 1
             self.decreases += 1
-            self.lowest = min(self.lowest, self._limit)
+            self.lowest = self._limit if self.lowest is None else min(self.lowest, self._limit)
             return True
         if success:
-            self._limit = self._bounded(self._limit + self.increase / max(1.0, self._limit))
+            step = self.increase if self._slow_start else self.increase / max(1.0, self._limit)
+            self._limit = self._bounded(self._limit + step)
+            self.highest = max(self.highest, self._limit)
         return True
 
     def reconfigure(self, *, ceiling: int | None, adaptive: bool, minimum: int,
@@ -119,8 +133,8 @@ class InFlightLimit:
         self.minimum = minimum if ceiling is None else min(minimum, ceiling)
         self.increase, self.decrease = increase, decrease
         if restart:
-            self._limit = self._bounded(
-                float(ceiling) if ceiling is not None else UNCAPPED_START)
+            self._slow_start = adaptive
+            self._limit = self._bounded(self._first())
         else:
             self._limit = self._bounded(self._limit)
 
@@ -130,7 +144,8 @@ class InFlightLimit:
                 "in_flight": self._in_flight, "max_in_flight": self.ceiling,
                 "adaptive": self.adaptive, "decreases": self.decreases,
                 "overloads": self.overloads,
-                "lowest": math.floor(self.lowest) if self.bounded else None}
+                "lowest": None if self.lowest is None else math.floor(self.lowest),
+                "highest": math.floor(self.highest) if self.bounded else None}
 
 
 def is_overload(status: int | None, retry_after_s: float | None) -> bool:
