@@ -87,13 +87,22 @@ async def run_turns(d: Daemon, n: int) -> tuple[list[dict[str, Any]], float]:
 
         ids = await asyncio.gather(*(submit(i) for i in range(n)))
 
+        # Long polls, at most 200 at once (the control socket's connections are
+        # limited too); a connection closed under us is asked again.
+        polls = asyncio.Semaphore(200)
+
         async def wait(turn_id: str) -> dict[str, Any]:
-            while True:
-                async with session.get(
-                        f"http://turnkeeper/v1/turns/{turn_id}?wait=60") as resp:
-                    turn: dict[str, Any] = (await resp.json())["turn"]
-                if turn.get("result") is not None:
-                    return turn
+            async with polls:
+                while True:
+                    try:
+                        async with session.get(
+                                f"http://turnkeeper/v1/turns/{turn_id}?wait=60") as resp:
+                            turn: dict[str, Any] = (await resp.json())["turn"]
+                    except (aiohttp.ClientError, KeyError):
+                        await asyncio.sleep(0.1)
+                        continue
+                    if turn.get("result") is not None:
+                        return turn
 
         turns = await asyncio.gather(*(wait(i) for i in ids))
         return list(turns), time.monotonic() - t0

@@ -29,6 +29,7 @@ from turnkeeper.policy.classify import CallFailure
 from turnkeeper.providers.base import ProviderError
 
 T = TypeVar("T")
+OnWait = Callable[[int, int, int], None]
 
 
 class _Waiter:
@@ -54,13 +55,15 @@ class ProviderGate:
         for waiter in itertools.islice(self._waiters, max(0, free)):
             waiter.event.set()
 
-    async def _acquire(self, clock: Clock, wait_s: float) -> int:
+    async def _acquire(self, clock: Clock, wait_s: float, on_wait: OnWait | None) -> int:
         if not self._waiters:  # nobody ahead: no queue to join if a slot is free
             epoch = self.limit.try_acquire()
             if epoch is not None:
                 return epoch
         waiter = _Waiter()
         self._waiters.append(waiter)
+        if on_wait is not None:
+            on_wait(self.limit.limit, self.limit.in_flight, len(self._waiters))
         try:
             with clock.move_on_after(max(0.0, wait_s)):
                 while True:
@@ -78,8 +81,8 @@ class ProviderGate:
                      f"{self.limit.limit}) within the time the budget allows")))
 
     async def run(self, call: Callable[[], Awaitable[T]], *, clock: Clock,
-                  wait_s: float) -> T:
-        epoch = await self._acquire(clock, wait_s)
+                  wait_s: float, on_wait: OnWait | None = None) -> T:
+        epoch = await self._acquire(clock, wait_s, on_wait)
         success = overload = False
         try:
             result = await call()
@@ -124,11 +127,13 @@ class ProviderGates:
             del self.gates[gone]
 
     async def run(self, provider: str, call: Callable[[], Awaitable[T]], *, clock: Clock,
-                  wait_s: float) -> T:
+                  wait_s: float, on_wait: OnWait | None = None) -> T:
+        """`call()` within the provider's limit; `on_wait(limit, in_flight, waiting)`
+        is told once when the call has to wait for a slot."""
         gate = self.gates.get(provider)
         if gate is None:
             return await call()
-        return await gate.run(call, clock=clock, wait_s=wait_s)
+        return await gate.run(call, clock=clock, wait_s=wait_s, on_wait=on_wait)
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         return {name: {**gate.limit.snapshot(), "waiting": gate.waiting}

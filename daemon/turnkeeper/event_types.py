@@ -221,6 +221,18 @@ class LoopWarning(EventBody):
 # -- the model ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ModelQueued(EventBody):
+    """A model call waits for an in-flight slot of its provider: `limit` calls are in
+    flight (the provider's max_in_flight, or its adaptive limit now), `waiting` wait."""
+
+    TYPE = "model.queued"
+    provider: str
+    limit: int
+    in_flight: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest(EventBody):
     TYPE = "model.request"
     provider: str
@@ -382,7 +394,8 @@ EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
     TurnMessage, TurnFinished, TurnReplayed, StepStarted, BudgetWarning, BudgetExtended,
     GuardWouldStop,
     LoopWarning,
-    ModelRequest, ModelDelta, ModelResponse, ModelAttemptFailed, ModelRetryScheduled,
+    ModelQueued, ModelRequest, ModelDelta, ModelResponse, ModelAttemptFailed,
+    ModelRetryScheduled,
     ModelFailover, ModelRedirected, ToolCalled, ToolResult, ToolRetryScheduled,
     ToolOutcomeUnknown,
     DaemonReloading, DaemonReloadFailed, DaemonReloaded, DaemonStopping)}

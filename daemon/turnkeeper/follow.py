@@ -106,6 +106,10 @@ class FollowState:
         self.answer = ""
         self.activity = f"waiting for {self.provider} (attempt {self.attempt})"
 
+    def _queued(self, e: ev.ModelQueued, ts: float) -> None:
+        self.activity = (f"waiting for an in-flight slot on {e.provider}: limit {e.limit}, "
+                         f"{e.in_flight} in flight, {e.waiting} waiting")
+
     def _delta(self, e: ev.ModelDelta, ts: float) -> None:
         self.answer += str(e.text or "")
         self.activity = f"{self.provider} is answering"
@@ -374,6 +378,7 @@ _APPLY: dict[type[ev.EventBody], Callable[[FollowState, Any, float], None]] = {
     ev.TurnResumed: FollowState._resumed,
     ev.TurnSuspended: FollowState._suspended,
     ev.StepStarted: FollowState._step,
+    ev.ModelQueued: FollowState._queued,
     ev.ModelRequest: FollowState._request,
     ev.ModelDelta: FollowState._delta,
     ev.ModelResponse: FollowState._response,

@@ -8,6 +8,7 @@ import pytest
 
 from turnkeeper.clock import FakeClock
 from turnkeeper.concurrency import ProviderGate
+from turnkeeper.follow import FollowState
 from turnkeeper.policy.aimd import InFlightLimit, is_overload
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.providers.base import ProviderError
@@ -123,8 +124,11 @@ async def test_calls_over_the_limit_wait_their_turn_in_order() -> None:
             await release.wait()
         return name
 
+    told: list[tuple[int, int, int]] = []
+
     async def run(name: str) -> None:
-        await gate.run(lambda: call(name), clock=clock, wait_s=60.0)
+        await gate.run(lambda: call(name), clock=clock, wait_s=60.0,
+                       on_wait=lambda *seen: told.append(seen))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run, "first")
@@ -137,6 +141,15 @@ async def test_calls_over_the_limit_wait_their_turn_in_order() -> None:
         release.set()
     assert order == ["first", "second", "third"]
     assert gate.limit.in_flight == 0 and gate.waiting == 0
+    assert told == [(1, 1, 1), (1, 1, 2)]  # (limit, in flight, waiting), once each
+
+
+def test_the_follow_view_shows_a_call_waiting_for_a_slot() -> None:
+    st = FollowState("t1")
+    st.apply({"type": "model.queued", "ts": 1.0, "turn": "t1", "provider": "primary",
+              "limit": 4, "in_flight": 4, "waiting": 12}, None)
+    assert st.activity == ("waiting for an in-flight slot on primary: limit 4, 4 in "
+                           "flight, 12 waiting")
 
 
 @pytest.mark.anyio

@@ -233,7 +233,9 @@ class ModelCall:
                 try:
                     reply = await ctx.shared.gates.run(
                         name, lambda: provider.complete(request, on_delta),
-                        clock=ctx.clock, wait_s=ctx.remaining_s())
+                        clock=ctx.clock, wait_s=ctx.remaining_s(),
+                        on_wait=lambda limit, busy, queued: self._publish(ev.ModelQueued(
+                            provider=name, limit=limit, in_flight=busy, waiting=queued)))
                 except ProviderError as exc:
                     failure = exc.failure
         finally:
