@@ -185,3 +185,18 @@ async def test_a_profile_may_turn_extensions_on() -> None:
     result = await h.run()
     assert result is not None and result.stopped_because.code is StopCode.COMPLETED
     assert len(h.of_type("budget.extended")) == 1
+
+
+async def test_a_resumed_turn_keeps_the_extensions_it_earned() -> None:
+    script = [calls("echo", json.dumps({"text": f"page {i}"})) for i in range(4)]
+    h = Harness([*script, answer()], budget=_budget(), loop_detection=LOOSE_LOOPS)
+    result = await h.run()
+    assert result is not None and len(h.of_type("budget.extended")) == 1
+    assert h.record.limits["max_steps"] == 5 and h.record.limits["base_max_steps"] == 3
+    checkpoint = json.loads(json.dumps(h.runner.checkpoint_data()))
+    again = type(h.runner)(h.record, h.control, runtime=h.runtime, shared=h.shared,
+                           store=h.store, bus=h.bus, clock=h.clock, checkpoint=checkpoint,
+                           history=[], rand=lambda a, b: b)
+    assert again.ctx.guard.limits.max_steps == 5
+    assert again.ctx.limits.max_steps == 3
+    assert again.ctx.extension.granted == 1

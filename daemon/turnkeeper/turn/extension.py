@@ -30,6 +30,11 @@ class ProgressRoom:
         ctx.guard.limits = ext.extended(self._base_guard)
         if ctx.watch is not None and self._base_watch is not None:
             ctx.watch.limits = ext.extended(self._base_watch)
+        if ext.granted:  # the turn's record shows the limits in force
+            ctx.record.limits = {**ctx.record.limits,
+                                 **ext.extended(ctx.limits).snapshot(),
+                                 "base_max_steps": ctx.limits.max_steps,
+                                 "base_max_seconds": ctx.limits.max_seconds}
 
     def step_boundary(self) -> None:
         """Record the progress of the step that just ended (if any)."""
