@@ -16,7 +16,8 @@ Sizes (the suite's; `--full` runs each script's own defaults instead, which take
   bench_providers    1,000 calls at 10 and 2,000 at 1,000 concurrent, 3 rounds
                      (half its default calls)
   bench_cli          40 runs of each command (default 60)
-  bench_guards, bench_outage, bench_reload, bench_durability: their own defaults
+  bench_guards, bench_outage, bench_adaptive, bench_reload, bench_durability: their own
+                     defaults
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ BENCHES = (
           ("--runs", "40"), 120.0),
     Bench("guards", "bench_guards.py", "guards CPU per step, on vs off", (), 150.0),
     Bench("outage", "bench_outage.py", "attempts on a dead primary vs naive retries"),
+    Bench("adaptive", "bench_adaptive.py", "1,000 turns against a concurrency quota, "
+          "adaptive concurrency off vs on"),
     Bench("reload", "bench_reload.py", "reload with parked turns; resume after kill -9"),
     Bench("durability", "bench_durability.py", "durability under crashes"),
 )

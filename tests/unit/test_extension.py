@@ -200,3 +200,16 @@ async def test_a_resumed_turn_keeps_the_extensions_it_earned() -> None:
     assert again.ctx.guard.limits.max_steps == 5
     assert again.ctx.limits.max_steps == 3
     assert again.ctx.extension.granted == 1
+
+
+def test_the_limits_report_counts_the_turns_that_used_extensions() -> None:
+    from turnkeeper.policy.limits import TurnUsage, profile_report
+
+    def turn(status: str, extensions: int) -> TurnUsage:
+        return TurnUsage(profile="default", status=status, code="completed"
+                         if status == "completed" else "budget.steps", tokens=10,
+                         seconds=1.0, steps=5, cost_usd=0.0, extensions=extensions)
+
+    report = profile_report("default", [turn("completed", 2), turn("completed", 0),
+                                        turn("partial", 1)], limits={"max_steps": 3})
+    assert report.to_json()["extended_turns"] == {"completed": 1, "partial": 1}
