@@ -16,8 +16,9 @@ Sizes (the suite's; `--full` runs each script's own defaults instead, which take
   bench_providers    1,000 calls at 10 and 2,000 at 1,000 concurrent, 3 rounds
                      (half its default calls)
   bench_cli          40 runs of each command (default 60)
-  bench_guards, bench_outage, bench_adaptive, bench_reload, bench_durability: their own
-                     defaults
+  bench_guards, bench_outage, bench_reload, bench_durability: their own defaults
+  bench_adaptive     its defaults: about 6 minutes, most of it the run without adaptation
+                     waiting out its recovery cycles
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ BENCHES = (
     Bench("guards", "bench_guards.py", "guards CPU per step, on vs off", (), 150.0),
     Bench("outage", "bench_outage.py", "attempts on a dead primary vs naive retries"),
     Bench("adaptive", "bench_adaptive.py", "1,000 turns against a concurrency quota, "
-          "adaptive concurrency off vs on"),
+          "adaptive concurrency off vs on", (), 720.0),
     Bench("reload", "bench_reload.py", "reload with parked turns; resume after kill -9"),
     Bench("durability", "bench_durability.py", "durability under crashes"),
 )
