@@ -139,3 +139,18 @@ def test_against_a_concurrency_quota_adaptation_sees_fewer_429s(
     print(f"\nquota of 8 in flight, {TURNS} turns: 429s {seen[True]} adaptive, "
           f"{seen[False]} off; {took[True]:.1f} s adaptive, {took[False]:.1f} s off")
     assert seen[True] < seen[False]
+
+
+def test_max_in_flight_alone_caps_the_calls_at_the_provider(
+        start: Any, quota: FaultServer) -> None:
+    quota.script("primary", then=ok("done", delay=0.2, tool_steps=1))
+    provider = {"name": "primary", "kind": "openai", "base_url": quota.base_url("primary"),
+                "model": "m", "stream": False, "timeout": 10.0, "max_in_flight": 4}
+    d = start(config([provider], daemon={"max_concurrent_turns": 60}))
+    turns = _run_all(d, 50, "capped")
+    assert all(t["state"] == "completed" for t in turns)
+    assert quota.max_in_flight == 4  # reached, never passed
+    gate = _gate(d, "primary")
+    assert (gate["limit"], gate["adaptive"], gate["in_flight"]) == (4, False, 0)
+    queued = [e for t in turns for e in d.events(t["id"]) if e["type"] == "model.queued"]
+    assert queued and all(e["limit"] == 4 for e in queued)
