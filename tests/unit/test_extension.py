@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.unit.test_runner import Harness, answer, calls
+from tests.unit.test_runner import SERVER_DOWN, Harness, answer, calls
 
 from turnkeeper.policy.budget import BudgetLimits
 from turnkeeper.policy.extension import Extension, Plan, PlanItem
@@ -213,3 +213,27 @@ def test_the_limits_report_counts_the_turns_that_used_extensions() -> None:
     report = profile_report("default", [turn("completed", 2), turn("completed", 0),
                                         turn("partial", 1)], limits={"max_steps": 3})
     assert report.to_json()["extended_turns"] == {"completed": 1, "partial": 1}
+
+
+async def test_time_running_out_inside_a_model_call_is_extended_and_the_step_runs_again(
+        ) -> None:
+    h = Harness([calls("echo", json.dumps({"text": "page 1"})), SERVER_DOWN, answer("ok")],
+                budget={"max_seconds": 10.0, "extension": {
+                    "enabled": True, "window": 2, "seconds": 30.0, "max_extensions": 1}},
+                loop_detection=LOOSE_LOOPS)
+    requests = 0
+
+    def slow_second_call() -> None:  # the 2nd call fails after 11 s of active time
+        nonlocal requests
+        requests += 1
+        if requests == 2:
+            h.clock.advance(11.0)
+
+    h.provider.on_request = slow_second_call
+    result = await h.run()
+    assert result is not None
+    assert result.stopped_because.code is StopCode.COMPLETED, result.stopped_because
+    extended = h.of_type("budget.extended")
+    assert [(e["reason"], e["max_seconds"]) for e in extended] == [("seconds", 40.0)]
+    assert h.record.counters.steps == 2  # the cut step ran again, counted once
+    assert h.record.counters.recovery_cycles == 0  # a new pass, no recovery waited out

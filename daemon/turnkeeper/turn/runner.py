@@ -37,6 +37,11 @@ from turnkeeper.turn.tool_step import ToolStep
 
 __all__ = ["TurnControl", "TurnRunner"]
 
+# The chain's phases in which a model call cut by the time budget may be left, to run
+# the step again after an extension (a chain that gave up keeps its word).
+_PHASES_A_STEP_MAY_RERUN = frozenset({Phase.READY, Phase.ATTEMPTING, Phase.BACKING_OFF,
+                                      Phase.RECOVERING})
+
 
 class TurnRunner:
     def __init__(self, record: TurnRecord, control: TurnControl, *, runtime: Runtime,
@@ -159,12 +164,15 @@ class TurnRunner:
                 continue
             if isinstance(reply, Stop):
                 if (reply.code is StopCode.BUDGET_SECONDS
-                        and ctx.chain.phase is not Phase.RECOVERING):
+                        and ctx.chain.phase in _PHASES_A_STEP_MAY_RERUN
+                        and ctx.recover_until is None):
                     # The time ran out inside the call: an extension runs the step again.
                     extended = self.progress.extend(reply)
                     if extended is None:
-                        if ctx.chain.phase is not Phase.READY:
+                        if ctx.chain.phase in (Phase.ATTEMPTING, Phase.BACKING_OFF):
                             ctx.chain.abandon()
+                        # A recovery decided but not begun: the call starts a new pass,
+                        # no cycle counted, as after a steer.
                         ctx.record.counters.steps -= 1
                         continue
                     reply = extended
