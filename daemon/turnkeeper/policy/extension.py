@@ -118,6 +118,8 @@ class Extension:
         self.plan = Plan()
         # The plan items done count: a third mark, kept with the plan.
         self._completed_seen: set[str] = set()
+        # Asked for with every checkpoint (several a step); rebuilt only after a change.
+        self._snapshot: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return (f"Extension(enabled={self.enabled}, window={self.window}, steps={self.steps},"
@@ -137,6 +139,7 @@ class Extension:
     def update_plan(self, items: Sequence[PlanItem]) -> int:
         """Replace the plan; the number of items newly done (progress when > 0)."""
         self.plan = Plan(items)
+        self._snapshot = None
         before = len(self._completed_seen)
         self._completed_seen.update(i.text for i in items if i.done)
         return len(self._completed_seen) - before
@@ -146,10 +149,13 @@ class Extension:
         seen, from the loop detector; plan items done, from here). True when a mark grew
         since the last record: the step made progress."""
         marks = (observations, states, self.completed)
+        if marks == self._marks:
+            return False
         grew = bool(self._marks) and any(a > b for a, b in zip(marks, self._marks, strict=True))
         if not self._marks and any(marks):
             grew = True
         self._marks = marks
+        self._snapshot = None
         if grew:
             self.last_progress_step = max(self.last_progress_step, step)
         return grew
@@ -168,6 +174,7 @@ class Extension:
         if (self.steps if reason == "steps" else self.seconds) <= 0:
             return None
         self.granted += 1
+        self._snapshot = None
         message = (f"Budget note: you reached your {reason} limit while still making "
                    f"progress, so the turn was extended ({self.granted} of "
                    f"{self.max_extensions}): {self.steps} more steps and "
@@ -201,9 +208,12 @@ class Extension:
         return replace(stop, message=message, base_limit=base_limit)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"granted": self.granted, "last_progress_step": self.last_progress_step,
+        if self._snapshot is None:
+            self._snapshot = {
+                "granted": self.granted, "last_progress_step": self.last_progress_step,
                 "marks": list(self._marks), "plan": self.plan.snapshot(),
                 "completed": sorted(self._completed_seen)}
+        return self._snapshot
 
     def restore_state(self, data: Mapping[str, Any] | None) -> Extension:
         """This extension with the state of a checkpoint (None: a fresh turn)."""
@@ -213,4 +223,5 @@ class Extension:
             self._marks = tuple(int(m) for m in data.get("marks", ()))
             self.plan = Plan.restore(data.get("plan", ()))
             self._completed_seen = {str(t) for t in data.get("completed", ())}
+            self._snapshot = None
         return self
