@@ -237,3 +237,25 @@ async def test_time_running_out_inside_a_model_call_is_extended_and_the_step_run
     assert [(e["reason"], e["max_seconds"]) for e in extended] == [("seconds", 40.0)]
     assert h.record.counters.steps == 2  # the cut step ran again, counted once
     assert h.record.counters.recovery_cycles == 0  # a new pass, no recovery waited out
+
+
+def test_the_command_line_shows_the_plan_extensions_and_in_flight_limits() -> None:
+    from turnkeeper.cli.render import limits_lines, result_lines, status_lines
+
+    result = {"status": "completed", "answer": "half",
+              "stopped_because": {"code": "completed", "counter": None, "value": None,
+                                  "limit": None, "message": "the agent answered"},
+              "partial": [], "open_issues": ["plan item not done: fix"], "done": ["look"]}
+    assert "  plan    done: look" in result_lines(result)
+    report = {"turns": 2, "factor": 2.5, "profiles": [
+        {"profile": "default", "completed_turns": 1, "finished_turns": 2, "dimensions": {},
+         "rules": {}, "extended_turns": {"completed": 1}}]}
+    assert "  extended by progress: completed 1" in limits_lines(report)
+    status = {"state": "ready", "policy_version": 1, "config_path": None, "version": "x",
+              "uptime_s": 1.0, "last_reload_error": None, "mcp_servers": {},
+              "turns": {}, "in_flight": {"primary": {
+                  "limit": 8, "in_flight": 3, "max_in_flight": 16, "adaptive": True,
+                  "waiting": 2, "decreases": 4}, "fallback": {"limit": None}}}
+    lines = status_lines(status)
+    assert ("in flight    primary 3 of 8 (adaptive, max 16), 2 waiting, 4 cuts") in lines
+    assert not any("fallback" in line for line in lines)

@@ -91,6 +91,8 @@ def result_lines(result: dict[str, Any]) -> list[str]:
         lines.append("answer    " + str(result["answer"]).replace("\n", "\n          "))
     for item in result.get("partial") or []:
         lines.append(f"  done    {item}")
+    for item in result.get("done") or []:
+        lines.append(f"  plan    done: {item}")
     for item in result.get("open_issues") or []:
         lines.append(f"  open    {item}")
     return lines
