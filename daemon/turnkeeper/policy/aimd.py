@@ -18,8 +18,8 @@ limit on calls in flight.
 - the limit never exceeds `ceiling` (the provider's `max_in_flight`).
 
 Without adaptation the limit is fixed at the ceiling (`adaptive = False`), which is how
-`max_in_flight` alone is enforced. A ceiling of None means no fixed cap: only the
-adaptive limit applies, starting at `start`.
+`max_in_flight` alone is enforced. A ceiling of None means no fixed cap: without
+adaptation nothing limits the calls, with it only the adaptive limit does.
 
 The object only counts; the waiting is the caller's (`turnkeeper.concurrency`).
 """
@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import math
 from typing import Any
-
-# The limit when there is no ceiling and adaptation has not cut it yet.
-UNCAPPED_START = 64.0
 
 
 class InFlightLimit:
@@ -71,7 +68,7 @@ class InFlightLimit:
         ceiling (a fixed max_in_flight)."""
         if self.adaptive:
             return float(self.minimum)
-        return float(self.ceiling) if self.ceiling is not None else UNCAPPED_START
+        return float(self.ceiling) if self.ceiling is not None else math.inf
 
     def _bounded(self, value: float) -> float:
         top = math.inf if self.ceiling is None else float(self.ceiling)
