@@ -55,13 +55,15 @@ def dead_letter_entry(record: dict[str, Any], replayed_by: str | None) -> dict[s
 
 
 def usage_of(profile: str, state: str, code: str, tokens: Any, seconds: Any, steps: Any,
-             cost: Any, would_have_stopped: Iterable[Mapping[str, Any]]) -> TurnUsage:
+             cost: Any, would_have_stopped: Iterable[Mapping[str, Any]],
+             extensions: Any = 0) -> TurnUsage:
     """One finished turn's line of the limits report, from the fields of its record, the
     same from every store."""
     return TurnUsage(profile=profile, status=state, code=code, tokens=int(tokens or 0),
                      seconds=float(seconds or 0.0), steps=int(steps or 0),
                      cost_usd=float(cost or 0.0),
-                     would_have_stopped=tuple(str(w["code"]) for w in would_have_stopped))
+                     would_have_stopped=tuple(str(w["code"]) for w in would_have_stopped),
+                     extensions=int(extensions or 0))
 
 
 class Store(Protocol):

@@ -258,7 +258,8 @@ class MemoryStore:
                          r.record["result"]["stopped_because"]["code"],
                          r.record["usage"]["total_tokens"], r.record["usage"]["seconds"],
                          r.record["counters"]["steps"], r.record["usage"]["cost_usd"],
-                         r.record.get("would_have_stopped") or ())
+                         r.record.get("would_have_stopped") or (),
+                         r.record["result"].get("extensions"))
                 for r in _head(rows, limit)]
 
     async def dead_letters(self) -> list[dict[str, Any]]:

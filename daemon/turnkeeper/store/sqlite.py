@@ -539,13 +539,14 @@ class SQLiteStore:
                " json_extract(record, '$.usage.seconds'),"
                " json_extract(record, '$.counters.steps'),"
                " json_extract(record, '$.usage.cost_usd'),"
-               " json_extract(record, '$.would_have_stopped')"
+               " json_extract(record, '$.would_have_stopped'),"
+               " json_extract(record, '$.result.extensions')"
                f" FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at >= ?"
                " AND json_extract(record, '$.result') IS NOT NULL ORDER BY seq DESC LIMIT ?")
         return await self._in_reader(lambda c: [
             usage_of(profile, state, code, tokens, seconds, steps, cost,
-                     json.loads(would) if would not in (None, "[]") else ())
-            for profile, state, code, tokens, seconds, steps, cost, would
+                     json.loads(would) if would not in (None, "[]") else (), extensions)
+            for profile, state, code, tokens, seconds, steps, cost, would, extensions
             in c.execute(sql, (since if since is not None else 0.0, limit))])
 
     async def dead_letters(self) -> list[dict[str, Any]]:

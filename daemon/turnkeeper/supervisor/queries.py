@@ -74,17 +74,6 @@ class Queries:
         core = self.core
         since = None if since_s is None else core.clock.time() - since_s
         usage = await core.store.finished_usage(since=since)
-        rows = await core.store.finished_turns(since=since)
-        turns = [limits.TurnUsage(
-            profile=r.get("profile") or "default", status=r["state"],
-            code=r["result"]["stopped_because"]["code"],
-            tokens=int(r["usage"]["total_tokens"]), seconds=float(r["usage"]["seconds"]),
-            steps=int(r["counters"]["steps"]), cost_usd=float(r["usage"]["cost_usd"]),
-            would_have_stopped=tuple(w["code"] for w in r.get("would_have_stopped") or ()),
-            extensions=int(r["result"].get("extensions") or 0))
-            for r in rows if r.get("result")]
-        if profile is not None:
-            turns = [t for t in turns if t.profile == profile]
         current: dict[str, dict[str, float]] = {}
         for name in ("default", *core.config.budget.profiles):
             b = core.config.guards(None if name == "default" else name).budget
