@@ -45,6 +45,7 @@ from turnkeeper.control.client import Client, ClientError
 from turnkeeper.events import Event
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.outcome import StopCode, TurnResult
+from turnkeeper.store.base import MessageRows
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.turn.record import TurnRecord
@@ -79,6 +80,7 @@ class DiscardStore:
 
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
+                        messages: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
         self.writes += 1
 

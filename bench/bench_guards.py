@@ -62,6 +62,7 @@ from turnkeeper.providers.base import (
     Usage,
 )
 from turnkeeper.runtime import Runtime, Shared
+from turnkeeper.store.base import MessageRows
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.turn import tool_step as runner_mod
 from turnkeeper.turn.record import TurnRecord
@@ -104,7 +105,8 @@ class NullStore:
         return 0
 
     async def save_turn(self, record: dict[str, Any], checkpoint: dict[str, Any] | None
-                        = None, *, events: Sequence[Event] = ()) -> None:
+                        = None, *, messages: MessageRows | None = None,
+                        events: Sequence[Event] = ()) -> None:
         return None
 
     def append_event(self, event: Event) -> None:

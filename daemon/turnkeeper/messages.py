@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -76,3 +78,19 @@ class ToolSpec:
 def dumps_arguments(arguments: Mapping[str, Any]) -> str:
     """Compact JSON for tool arguments built by the daemon itself (scripted provider)."""
     return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_text(value: Any) -> str:
+    """Compact JSON text for a message as it is stored (one row per message). orjson is
+    3-5x faster than the standard encoder on these; a string it refuses (a lone
+    surrogate, which a model's escaped output can hold) is written with \\u escapes by
+    the standard one instead, so the text is always valid UTF-8 and reads back equal."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+
+
+def message_text(message: Message) -> str:
+    """The message as the JSON text of its stored row."""
+    return json_text(message.to_json())

@@ -10,16 +10,30 @@ same transaction as the row (`turn.queued`, `turn.finished`, `turn.message`).
 A turn's record and checkpoint are written together and describe the same moment; a
 user message reaches the stored record through `append_message`, which touches nothing
 else, so the stored inbox always holds every message the stored checkpoint has not.
+
+A step's writes are appended, not rewritten. The conversation is kept as one row per
+message, each written once: a checkpoint holds counters and positions (its
+"conversation" value is `{"count", "turn_start", "held_notes"}`), and `save_turn` /
+`requeue_turn` take the `MessageRows` that changed since the last save, in the same
+transaction. A step that adds two messages writes two small rows and a checkpoint of a
+few hundred bytes, whatever the length of the conversation. Reading a checkpoint gives
+the messages back inline (`conversation["messages"]`, rows `0 .. count-1` in order), so
+the turn rebuilds from it as from one written whole; a checkpoint written before rows
+existed (messages inline, no "count") is read as it was stored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+import orjson
 
 from turnkeeper import exits
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
+from turnkeeper.messages import json_text
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.store_outage import StoreOutage
 
@@ -66,6 +80,44 @@ def usage_of(profile: str, state: str, code: str, tokens: Any, seconds: Any, ste
                      extensions=int(extensions or 0))
 
 
+@dataclass(frozen=True, slots=True)
+class MessageRows:
+    """The conversation rows a checkpoint writes. After the write the turn holds exactly
+    `start + len(rows)` message rows: rows at index >= start are replaced by `rows`."""
+
+    start: int
+    rows: tuple[str, ...]  # each message as JSON text, encoded once
+
+
+def with_messages(checkpoint: dict[str, Any], rows: Sequence[str]) -> dict[str, Any]:
+    """`checkpoint` (as read back, a fresh dict the caller owns) with its conversation's
+    messages re-attached from the turn's message rows (all of them, in index order: those
+    at index 0 .. count-1 are kept). A checkpoint with no "count" (written before rows
+    existed) is returned unchanged."""
+    conv = checkpoint.get("conversation")
+    if not isinstance(conv, dict) or "count" not in conv:
+        return checkpoint
+    count = conv["count"]
+    if isinstance(count, int) and len(rows) > count:
+        rows = rows[:count]
+    conv["messages"] = orjson.loads("[" + ",".join(rows) + "]")
+    return checkpoint
+
+
+def rows_of(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], MessageRows | None]:
+    """A checkpoint holding its messages inline (as read back) in the shape a write
+    takes: the checkpoint with "count" in place of the messages, and every message as a
+    row from index 0. A checkpoint without a conversation comes back as it is."""
+    conv = checkpoint.get("conversation")
+    if not isinstance(conv, dict) or "messages" not in conv:
+        return checkpoint, None
+    messages = conv["messages"]
+    stored = {k: v for k, v in conv.items() if k not in ("messages", "saved")}
+    stored["count"] = len(messages)
+    rows = tuple(json_text(m) for m in messages)
+    return {**checkpoint, "conversation": stored}, MessageRows(0, rows)
+
+
 class Store(Protocol):
     # Whether writes are going through; a backend retries the writes it cannot make for
     # its own reasons and reports here (see policy/store_outage.py).
@@ -89,14 +141,21 @@ class Store(Protocol):
 
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
-                        events: Sequence[Event] = ()) -> None: ...
+                        messages: MessageRows | None = None,
+                        events: Sequence[Event] = ()) -> None:
+        """The record, the checkpoint when given and the message rows when given (rows at
+        index >= `messages.start` replaced), in one transaction with `events`. Nothing is
+        written for a turn that was never inserted."""
+        ...
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None: ...
 
     async def get_turn(self, turn_id: str) -> dict[str, Any] | None: ...
 
-    async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None: ...
+    async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
+        """The turn's checkpoint with its messages re-attached (see `with_messages`)."""
+        ...
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
                          limit: int = 100, since: float | None = None,
@@ -105,7 +164,10 @@ class Store(Protocol):
         cursor of the next page: the last `seq` of the one before)."""
         ...
 
-    async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]: ...
+    async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Every turn not in a terminal state, in submission order, with its checkpoint
+        as `get_checkpoint` gives it; read in one pass, not one query per turn."""
+        ...
 
     async def session_history(self, session: str, *, before_seq: int
                               ) -> list[dict[str, Any]]: ...
@@ -134,11 +196,13 @@ class Store(Protocol):
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None: ...
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                           messages: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         """Put a finished turn back in the queue (a dead letter replayed): its record
-        (queued, no result) and the checkpoint it resumes from, in one transaction with
-        `events` (`turn.replayed`), so a crash leaves it either finished or queued with
-        its event. It leaves the dead-letter list, which reads the record's result."""
+        (queued, no result), the checkpoint it resumes from and its message rows (the
+        same rule as `save_turn`), in one transaction with `events` (`turn.replayed`), so
+        a crash leaves it either finished or queued with its event. It leaves the
+        dead-letter list, which reads the record's result."""
         ...
 
     async def prune(self, *, finished_before: float, dead_letters: bool = False,

@@ -6,6 +6,9 @@ both). Every record, checkpoint and event goes through a JSON round trip on the 
 and out, as it does through SQLite's text columns, so a caller that keeps mutating its
 dict after a write cannot change what was stored, and tuples come back as lists.
 
+Message rows are kept per turn as the SQLite table holds them (JSON text by index) and
+put back into a checkpoint when it is read.
+
 What it does not have is durability: a write is "committed" when its call returns, and
 everything is gone with the process. `append_event` and `reserve_event_seqs` apply at
 once instead of riding along with the next durable write, which only makes the stored
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -26,7 +29,13 @@ from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import goes_to_dead_letters
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError, dead_letter_entry, usage_of
+from turnkeeper.store.base import (
+    MessageRows,
+    StoreError,
+    dead_letter_entry,
+    usage_of,
+    with_messages,
+)
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -52,6 +61,19 @@ class _Row:
     record: dict[str, Any]
     checkpoint: dict[str, Any]
     replayed_by: str | None = None
+    messages: dict[int, str] = field(default_factory=dict)  # index -> JSON text
+
+    def write_messages(self, messages: MessageRows | None) -> None:
+        if messages is None:
+            return
+        for idx in [i for i in self.messages if i >= messages.start]:
+            del self.messages[idx]
+        for idx, text in enumerate(messages.rows, messages.start):
+            self.messages[idx] = text
+
+    def read_checkpoint(self) -> dict[str, Any]:
+        rows = [self.messages[i] for i in sorted(self.messages)]
+        return with_messages(_copy(self.checkpoint), rows)
 
 
 class MemoryStore:
@@ -120,6 +142,7 @@ class MemoryStore:
 
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
+                        messages: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
         self._check_open()
         row = self._turns.get(record["id"])
@@ -128,6 +151,7 @@ class MemoryStore:
             row.record = _copy(record)
             if checkpoint is not None:
                 row.checkpoint = _copy(checkpoint)
+            row.write_messages(messages)
         self._add_events(events)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
@@ -164,6 +188,7 @@ class MemoryStore:
             entry["outcome"] = _copy(outcome)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                           messages: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         self._check_open()
         row = self._turns.get(record["id"])
@@ -171,6 +196,7 @@ class MemoryStore:
             row.state, row.updated_at = record["state"], record["updated_at"]
             row.record, row.checkpoint = _copy(record), _copy(checkpoint)
             row.replayed_by = None
+            row.write_messages(messages)
         self._add_events(events)
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
@@ -215,7 +241,7 @@ class MemoryStore:
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
         row = self._turns.get(turn_id)
-        return None if row is None else _copy(row.checkpoint)
+        return None if row is None else row.read_checkpoint()
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
                          limit: int = 100, since: float | None = None,
@@ -227,7 +253,7 @@ class MemoryStore:
         return [_copy(r.record) for r in _head(rows, limit)]
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        return [(_copy(r.record), _copy(r.checkpoint)) for r in self._rows()
+        return [(_copy(r.record), r.read_checkpoint()) for r in self._rows()
                 if r.state not in TERMINAL_STATES]
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:

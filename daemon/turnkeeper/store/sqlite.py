@@ -7,6 +7,13 @@ awaits a write resumes only after its transaction committed (synchronous=FULL), 
 was acknowledged is on disk. Reads use a second connection; WAL lets them run beside
 the writer. All SQLite calls run in worker threads, never on the event loop.
 
+A step's writes are appended: the conversation is a table of message rows, one per
+message, inserted once (a compaction deletes the rows from the first one it changed and
+inserts their replacements); the turn's row holds the record and a checkpoint of
+counters and positions, a few hundred bytes whatever the conversation's length. Reads
+put the messages back into the checkpoint inside one read transaction, so a checkpoint
+and its rows always come from the same commit.
+
 Under a crash (kill -9, power loss) the database holds exactly the transactions that
 committed: a write whose await returned, and every event enqueued before it. Events
 that must never be kept without their state (`turn.queued`, `turn.finished`,
@@ -47,7 +54,14 @@ from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError, StoreUnavailable, dead_letter_entry, usage_of
+from turnkeeper.store.base import (
+    MessageRows,
+    StoreError,
+    StoreUnavailable,
+    dead_letter_entry,
+    usage_of,
+    with_messages,
+)
 from turnkeeper.store.sqlite_lock import lock_exclusive
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -99,6 +113,46 @@ def store_unavailable(exc: BaseException) -> bool:
 def _event_statement(event: Event) -> _Statement:
     return ("INSERT OR IGNORE INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
             (event.seq, event.turn, event.ts, event.type, event.encoded()))
+
+
+# Rows per INSERT statement (3 parameters each, far below SQLite's limit of 32,766).
+_ROWS_PER_INSERT = 500
+
+
+def _message_statements(turn_id: str, messages: MessageRows | None) -> list[_Statement]:
+    """Replace the turn's message rows from `messages.start` on; none for a turn with no
+    row (as the UPDATE of its record, which matches nothing)."""
+    if messages is None:
+        return []
+    out: list[_Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
+                              (turn_id, messages.start))]
+    rows = messages.rows
+    for first in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[first:first + _ROWS_PER_INSERT]
+        params: list[Any] = []
+        for n, text in enumerate(chunk, messages.start + first):
+            params += (n, text)
+        params.append(turn_id)
+        out.append((
+            "INSERT INTO messages (turn, idx, data) SELECT t.id, v.column1, v.column2"
+            " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
+            " JOIN turns AS t ON t.id = ?", params))
+    return out
+
+
+def _together(conn: sqlite3.Connection, queries: Sequence[_Statement]
+              ) -> list[list[tuple[Any, ...]]]:
+    """Several queries in one read transaction: they see the same commit (a checkpoint
+    and its message rows)."""
+    conn.execute("BEGIN")
+    try:
+        return [conn.execute(sql, params).fetchall() for sql, params in queries]
+    finally:
+        conn.execute("COMMIT")
+
+
+def _attach(checkpoint_json: str, rows: list[str]) -> dict[str, Any]:
+    return with_messages(json.loads(checkpoint_json), rows)
 
 
 @dataclass(slots=True)
@@ -345,10 +399,12 @@ class SQLiteStore:
 
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
+                        messages: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
-        """The record (and the checkpoint, when given) in one transaction with `events`.
-        The record and the checkpoint of a turn must describe the same moment: a write
-        of the record alone is for a turn that ends (its checkpoint is no longer read)."""
+        """The record (and the checkpoint and message rows, when given) in one
+        transaction with `events`. The record and the checkpoint of a turn must describe
+        the same moment: a write of the record alone is for a turn that ends (its
+        checkpoint is no longer read)."""
         stmt: _Statement
         if checkpoint is None:
             stmt = ("UPDATE turns SET state = ?, updated_at = ?, record = ? WHERE id = ?",
@@ -357,7 +413,8 @@ class SQLiteStore:
             stmt = ("UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
                     " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
                                        _dumps(checkpoint), record["id"]))
-        await self._write([stmt, *map(_event_statement, events)])
+        await self._write([stmt, *_message_statements(record["id"], messages),
+                           *map(_event_statement, events)])
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -405,12 +462,14 @@ class SQLiteStore:
             await self._write(statements)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                           messages: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         await self._write([(
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
             " replayed_by = NULL WHERE id = ?",
             (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
-             record["id"])), *map(_event_statement, events)])
+             record["id"])), *_message_statements(record["id"], messages),
+            *map(_event_statement, events)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         await self._write([("UPDATE turns SET replayed_by = ? WHERE id = ?",
@@ -432,6 +491,7 @@ class SQLiteStore:
         statements: list[_Statement] = [
             (f"DELETE FROM events WHERE turn IN ({due})", ids),
             (f"DELETE FROM journal WHERE turn IN ({due})", ids),
+            (f"DELETE FROM messages WHERE turn IN ({due})", ids),
             (f"DELETE FROM turns WHERE id IN ({due})", ids),
         ] if ids else []
         statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
@@ -484,8 +544,13 @@ class SQLiteStore:
         return record
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
-        rows = await self._read("SELECT checkpoint FROM turns WHERE id = ?", (turn_id,))
-        return json.loads(rows[0][0]) if rows else None
+        def read(c: sqlite3.Connection) -> dict[str, Any] | None:
+            turns, messages = _together(c, [
+                ("SELECT checkpoint FROM turns WHERE id = ?", (turn_id,)),
+                ("SELECT data FROM messages WHERE turn = ? ORDER BY idx", (turn_id,))])
+            return _attach(turns[0][0], [r[0] for r in messages]) if turns else None
+
+        return await self._in_reader(read)
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
                          limit: int = 100, since: float | None = None,
@@ -504,9 +569,19 @@ class SQLiteStore:
         return await self._read_json(sql, (*params, limit))
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        return await self._in_reader(lambda c: [(json.loads(r[0]), json.loads(r[1])) for r in
-            c.execute(f"SELECT record, checkpoint FROM turns WHERE state NOT IN"
-                      f" {_TERMINAL_SQL} ORDER BY seq")])
+        def read(c: sqlite3.Connection) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+            turns, messages = _together(c, [
+                (f"SELECT id, record, checkpoint FROM turns WHERE state NOT IN"
+                 f" {_TERMINAL_SQL} ORDER BY seq", ()),
+                ("SELECT m.turn, m.data FROM turns AS t JOIN messages AS m ON m.turn = t.id"
+                 f" WHERE t.state NOT IN {_TERMINAL_SQL} ORDER BY t.seq, m.idx", ())])
+            rows: dict[str, list[str]] = {}
+            for turn_id, data in messages:
+                rows.setdefault(turn_id, []).append(data)
+            return [(json.loads(record), _attach(checkpoint, rows.get(turn_id, [])))
+                    for turn_id, record, checkpoint in turns]
+
+        return await self._in_reader(read)
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
         return await self._read_json(

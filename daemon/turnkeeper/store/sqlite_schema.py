@@ -14,7 +14,7 @@ from pathlib import Path
 
 from turnkeeper.store.base import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Migrations: index i brings the schema from version i to i + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -59,6 +59,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         # Retention deletes a finished turn's journal entries with it.
         "CREATE INDEX journal_turn ON journal(turn)",
+    ),
+    (
+        # A turn's conversation, one row per message, written once (a checkpoint holds
+        # their count). Clustered by turn: a turn's rows are read in one range scan.
+        """CREATE TABLE messages (
+            turn TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (turn, idx)
+        ) WITHOUT ROWID""",
     ),
 )
 

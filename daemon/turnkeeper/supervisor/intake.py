@@ -35,6 +35,7 @@ from turnkeeper.policy.overload import (
 from turnkeeper.policy.replay import resume_state
 from turnkeeper.policy.scheduler import Refusal
 from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.store.base import rows_of
 from turnkeeper.supervisor.core import (
     InboxFull,
     IntakeRefused,
@@ -329,7 +330,10 @@ class Intake:
                                                     policy_version=core.policy.version),
                                     turn=turn_id)
         try:
-            await core.store.requeue_turn(record.to_json(), checkpoint, events=[replayed])
+            # The checkpoint read back holds its messages inline: they go back as rows.
+            stored, rows = rows_of(checkpoint)
+            await core.store.requeue_turn(record.to_json(), stored, messages=rows,
+                                          events=[replayed])
         except BaseException:
             core.live.pop(turn_id, None)
             raise

@@ -4,7 +4,8 @@ does (emit an event, checkpoint, park, suspend, finish).
 The rooms of a turn (the step loop in `runner`, the model call, the tool step, the
 builtin tools) each hold this context and never each other's methods from below: they
 meet here. The state is either fresh (a new turn) or restored from a checkpoint, and
-`to_checkpoint()` is its exact inverse.
+`to_checkpoint()` is its exact inverse. A checkpoint written to the store holds the
+conversation's counts, not its messages: those go as rows, each written once.
 """
 
 from __future__ import annotations
@@ -188,8 +189,11 @@ class TurnContext:
                 "seconds": round(u.seconds, 3), "cost_usd": round(u.cost_usd, 6)}
 
     def to_checkpoint(self) -> dict[str, Any]:
+        """The whole state, messages inline: what a resume from memory starts from."""
+        return {"conversation": self.conv.to_json(), **self._checkpoint_rest()}
+
+    def _checkpoint_rest(self) -> dict[str, Any]:
         return {
-            "conversation": self.conv.to_json(),
             "budget": self.guard.snapshot(),
             "budget_watch": self.watch.snapshot() if self.watch is not None else None,
             "loops": self.loops.snapshot(),
@@ -218,7 +222,13 @@ class TurnContext:
             self.stop_active()
             self.start_active()
         self.record.updated_at = self.clock.time()
-        await self.store.save_turn(self.record.to_json(), self.to_checkpoint())
+        # The messages go as rows, only those not stored yet; the checkpoint counts them.
+        rows = self.conv.unsaved_rows()
+        await self.store.save_turn(
+            self.record.to_json(),
+            {"conversation": self.conv.stored_json(), **self._checkpoint_rest()},
+            messages=rows)
+        self.conv.mark_saved()
 
     # -- ways out -----------------------------------------------------------------------
 

@@ -1,24 +1,74 @@
 """The turn's conversation: session history, the user's message, steps, notes from the
-daemon, steer messages, and the rebuild after a context overflow."""
+daemon, steer messages, and the rebuild after a context overflow.
+
+The store keeps the messages as rows, one per message, written once. The conversation
+knows how many of its leading messages the store holds as they are now: a checkpoint
+writes the rows from the lowest index changed since the last save (`unsaved_rows`),
+which for a step is just the messages it appended; a compaction changes earlier ones
+and rewrites from there. Each message is encoded to JSON text once and the text kept.
+Change `messages` only through the methods here, or the store is not told."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from turnkeeper.messages import Message, ToolCall
+from turnkeeper.messages import Message, ToolCall, message_text
+from turnkeeper.store.base import MessageRows
 
 NOTE_PREFIX = "[turnkeeper note] "
 
 
 class Conversation:
     def __init__(self, messages: Iterable[Message] = (), *, turn_start: int = 0,
-                 held_notes: Iterable[str] = ()) -> None:
+                 held_notes: Iterable[str] = (), stored: int = 0) -> None:
         self.messages: list[Message] = list(messages)
         # Index of the turn's own user message: what comes before is session history.
         self.turn_start = turn_start
         # Notes that came while tool results were due: they follow the last result.
         self.held_notes: list[str] = list(held_notes)
+        # Each message's stored JSON text, once encoded (None: not yet).
+        self._texts: list[str | None] = [None] * len(self.messages)
+        # The leading messages the store holds as they are now.
+        self._stored = max(0, min(stored, len(self.messages)))
+        # While a save is in flight: the length it writes up to, and the lowest index
+        # changed since it was taken.
+        self._saving: int | None = None
+        self._touched = 0
+
+    def _append(self, message: Message) -> None:
+        self.messages.append(message)
+        self._texts.append(None)
+
+    def _changed_from(self, index: int) -> None:
+        """Messages from `index` on no longer match the stored rows."""
+        self._stored = min(self._stored, index)
+        self._touched = min(self._touched, index)
+
+    @property
+    def stored(self) -> int:
+        """How many leading messages the store holds as they are now."""
+        return self._stored
+
+    def unsaved_rows(self) -> MessageRows:
+        """The rows a checkpoint writes: every message from the lowest index changed since
+        the last save, as JSON text. Call `mark_saved()` once that write has returned."""
+        start, texts, messages = self._stored, self._texts, self.messages
+        rows: list[str] = []
+        for i in range(start, len(messages)):
+            text = texts[i]
+            if text is None:
+                texts[i] = text = message_text(messages[i])
+            rows.append(text)
+        self._saving = self._touched = len(messages)
+        return MessageRows(start, tuple(rows))
+
+    def mark_saved(self) -> None:
+        """The rows of the last `unsaved_rows()` are stored. A change made while they were
+        being written (below what they covered) stays unsaved."""
+        if self._saving is not None:
+            self._stored = min(self._saving, self._touched)
+            self._saving = None
 
     def __repr__(self) -> str:
         return f"Conversation({len(self.messages)} messages, turn_start={self.turn_start})"
@@ -35,11 +85,11 @@ class Conversation:
                 answer = f"(that turn ended {result.get('status', 'unfinished')}: {stop})"
             msgs.append(Message(role="assistant", content=str(answer)))
         conv = cls(msgs, turn_start=len(msgs))
-        conv.messages.append(Message(role="user", content=message))
+        conv._append(Message(role="user", content=message))
         return conv
 
     def add_user(self, text: str) -> None:
-        self.messages.append(Message(role="user", content=text))
+        self._append(Message(role="user", content=text))
 
     def add_note(self, text: str) -> None:
         """A note from the daemon to the agent (soft budget warning, loop warning, unknown
@@ -49,18 +99,18 @@ class Conversation:
         if self.pending_tool_calls():
             self.held_notes.append(text)
             return
-        self.messages.append(Message(role="user", content=NOTE_PREFIX + text))
+        self._append(Message(role="user", content=NOTE_PREFIX + text))
 
     def add_assistant(self, text: str | None, tool_calls: tuple[ToolCall, ...]) -> None:
-        self.messages.append(Message(role="assistant", content=text, tool_calls=tool_calls))
+        self._append(Message(role="assistant", content=text, tool_calls=tool_calls))
 
     def add_tool_result(self, call: ToolCall, content: str) -> None:
-        self.messages.append(Message(role="tool", content=content, tool_call_id=call.id,
-                                     name=call.name))
+        self._append(Message(role="tool", content=content, tool_call_id=call.id,
+                             name=call.name))
         if self.held_notes and not self.pending_tool_calls():
             notes, self.held_notes = self.held_notes, []
             for text in notes:
-                self.messages.append(Message(role="user", content=NOTE_PREFIX + text))
+                self._append(Message(role="user", content=NOTE_PREFIX + text))
 
     def pending_tool_calls(self) -> tuple[ToolCall, ...]:
         """Tool calls of the last assistant message that have no result yet (a step cut
@@ -83,7 +133,9 @@ class Conversation:
             drop -= drop % 2
             drop = min(drop, self.turn_start)
             del self.messages[:drop]
+            del self._texts[:drop]  # the texts stand; every row moves to a new index
             self.turn_start -= drop
+            self._changed_from(0)
             return True
         body = self.messages[self.turn_start + 1:]
         for i, m in enumerate(body):
@@ -95,9 +147,12 @@ class Conversation:
                     return False  # that is the step in progress
                 start = self.turn_start + 1 + i
                 del self.messages[start:start + (j - i)]
+                del self._texts[start:start + (j - i)]
                 self.messages.insert(start, Message(
                     role="user", content=NOTE_PREFIX + "an earlier step was removed to fit "
                     "the model's context window"))
+                self._texts.insert(start, None)
+                self._changed_from(start)
                 return True
         return False
 
@@ -107,15 +162,36 @@ class Conversation:
                 return m.content
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"messages": [m.to_json() for m in self.messages],
-                               "turn_start": self.turn_start}
+    def stored_json(self) -> dict[str, Any]:
+        """The checkpoint's part, without the messages (they go as rows): how many there
+        are, where the turn's own start is, and the notes held for later."""
+        out: dict[str, Any] = {"count": len(self.messages), "turn_start": self.turn_start}
         if self.held_notes:
             out["held_notes"] = list(self.held_notes)
         return out
 
+    def to_json(self) -> dict[str, Any]:
+        """The whole conversation, messages inline, as a checkpoint reads back from the
+        store; "saved" says how many of them the store holds (for a resume in the same
+        process, from memory)."""
+        out = self.stored_json()
+        out["messages"] = [m.to_json() for m in self.messages]
+        out["saved"] = self._stored
+        return out
+
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Conversation:
-        return cls((Message.from_json(m) for m in d.get("messages", ())),
-                   turn_start=int(d.get("turn_start", 0)),
-                   held_notes=[str(n) for n in d.get("held_notes", ())])
+        """From a checkpoint as read back: messages inline with "count" (the store holds
+        them all), with "saved" (from `to_json`), or neither (written before messages were
+        rows: the first save writes them all)."""
+        messages = [Message.from_json(m) for m in d.get("messages", ())]
+        stored = 0
+        if "count" in d:
+            stored = int(d["count"])
+            if stored != len(messages):
+                raise ValueError(f"the checkpoint counts {stored} messages but the store "
+                                 f"gave back {len(messages)}")
+        if "saved" in d:
+            stored = int(d["saved"])
+        return cls(messages, turn_start=int(d.get("turn_start", 0)),
+                   held_notes=[str(n) for n in d.get("held_notes", ())], stored=stored)
