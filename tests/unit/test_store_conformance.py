@@ -7,6 +7,12 @@ runs its writer task where it has one; a new backend joins by adding itself to
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,9 +20,10 @@ from typing import Any
 import anyio
 import pytest
 
+import turnkeeper
 from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
-from turnkeeper.store.base import Store, StoreError
+from turnkeeper.store.base import MessageRows, Store, StoreError, rows_of
 from turnkeeper.store.memory import MemoryStore
 from turnkeeper.store.sqlite import SQLiteStore
 
@@ -327,3 +334,234 @@ async def test_a_write_after_close_is_refused(tmp_path: Path) -> None:
             await backend.close()
         with pytest.raises(StoreError):
             await backend.insert_turn(record("t_late"), {})
+
+
+# -- the conversation as message rows -------------------------------------------------------
+
+
+def msg(text: str, role: str = "user") -> dict[str, Any]:
+    return {"role": role, "content": text}
+
+
+def rows(start: int, *texts: str) -> MessageRows:
+    return MessageRows(start, tuple(json.dumps(msg(t)) for t in texts))
+
+
+def conv_cp(count: int, **extra: Any) -> dict[str, Any]:
+    """A checkpoint as the turn writes it: the conversation's counts, no messages."""
+    return {"conversation": {"count": count, "turn_start": 0}, "budget": {"n": count},
+            **extra}
+
+
+def contents(checkpoint: dict[str, Any] | None) -> list[str]:
+    assert checkpoint is not None
+    return [m["content"] for m in checkpoint["conversation"]["messages"]]
+
+
+async def test_message_rows_are_appended_across_saves_and_read_back_inline(
+        store: Store) -> None:
+    a = record("t_a", state="running")
+    await store.insert_turn(a, {})
+    await store.save_turn(a, conv_cp(2), messages=rows(0, "task", "step 1"))
+    await store.save_turn(a, conv_cp(3), messages=rows(2, "step 2"))
+    await store.save_turn(a, conv_cp(3), messages=MessageRows(3, ()))
+    got = await store.get_checkpoint("t_a")
+    assert got == {"conversation": {"count": 3, "turn_start": 0,
+                                    "messages": [msg("task"), msg("step 1"), msg("step 2")]},
+                   "budget": {"n": 3}}
+    await store.save_turn(finished(a, "completed", "completed"))  # the record alone
+    assert contents(await store.get_checkpoint("t_a")) == ["task", "step 1", "step 2"]
+
+
+async def test_rows_from_a_lower_start_replace_every_row_after_it(store: Store) -> None:
+    a = record("t_a", state="running")
+    await store.insert_turn(a, {})
+    await store.save_turn(a, conv_cp(4), messages=rows(0, "m0", "m1", "m2", "m3"))
+    await store.save_turn(a, conv_cp(2), messages=rows(1, "note"))  # a compaction
+    assert contents(await store.get_checkpoint("t_a")) == ["m0", "note"]
+    # The rows after it are gone, not merely hidden by the count.
+    await store.save_turn(a, conv_cp(4))
+    assert contents(await store.get_checkpoint("t_a")) == ["m0", "note"]
+    await store.save_turn(a, conv_cp(3), messages=rows(0, "x", "y", "z"))
+    assert contents(await store.get_checkpoint("t_a")) == ["x", "y", "z"]
+
+
+async def test_unfinished_turns_get_their_own_messages_back(store: Store) -> None:
+    for i, state in enumerate(["running", "completed", "suspended", "queued"]):
+        rec = record(f"t_{i}", state=state)
+        await store.insert_turn(rec, {})
+        if state != "queued":
+            await store.save_turn(rec, conv_cp(i + 1),
+                                  messages=rows(0, *(f"{i}.{n}" for n in range(i + 1))))
+    unfinished = await store.unfinished_turns()
+    assert [(r["id"], contents(c) if c else None) for r, c in unfinished] == [
+        ("t_0", ["0.0"]), ("t_2", ["2.0", "2.1", "2.2"]), ("t_3", None)]
+    assert unfinished[2][1] == {}
+    assert contents(await store.get_checkpoint("t_1")) == ["1.0", "1.1"]
+
+
+async def test_a_checkpoint_with_no_messages_yet_reads_back_an_empty_list(store: Store
+                                                                         ) -> None:
+    await store.insert_turn(record("t_a"), conv_cp(0))
+    assert contents(await store.get_checkpoint("t_a")) == []
+    assert [contents(c) for _, c in await store.unfinished_turns()] == [[]]
+
+
+async def test_a_checkpoint_from_before_rows_reads_back_as_stored(store: Store) -> None:
+    legacy = {"conversation": {"messages": [msg("task"), msg("old")], "turn_start": 0},
+              "budget": {"n": 1}}
+    a = record("t_a", state="running")
+    await store.insert_turn(a, {})
+    await store.save_turn(a, legacy)
+    assert await store.get_checkpoint("t_a") == legacy
+    assert [c for _, c in await store.unfinished_turns()] == [legacy]
+    # Its first save after the resume writes every row from index 0.
+    await store.save_turn(a, conv_cp(3), messages=rows(0, "task", "old", "new"))
+    assert contents(await store.get_checkpoint("t_a")) == ["task", "old", "new"]
+
+
+async def test_rows_for_a_turn_never_inserted_are_not_kept(store: Store) -> None:
+    ghost = record("t_ghost", state="running")
+    await store.save_turn(ghost, conv_cp(1), messages=rows(0, "lost"))
+    await store.insert_turn(ghost, conv_cp(0))
+    assert contents(await store.get_checkpoint("t_ghost")) == []
+
+
+async def test_a_replay_requeues_the_messages_it_read_as_rows(store: Store) -> None:
+    rec = record("t_0", session="s", state="running")
+    await store.insert_turn(rec, {})
+    await store.save_turn(rec, conv_cp(2), messages=rows(0, "task", "reply"))
+    done = finished(rec, "partial", "providers.exhausted")
+    await store.save_turn(done)
+    read = await store.get_checkpoint("t_0")
+    assert read is not None
+    checkpoint, again_rows = rows_of({**read, "chain": None})
+    assert checkpoint["conversation"] == {"count": 2, "turn_start": 0}
+    assert again_rows is not None and again_rows.start == 0
+    again = {**done, "state": "queued", "result": None, "updated_at": 300.0}
+    await store.requeue_turn(again, checkpoint, messages=again_rows,
+                             events=[event(7, "t_0", "turn.replayed")])
+    assert await store.get_checkpoint("t_0") == {**read, "chain": None}
+    [(_, resumed)] = await store.unfinished_turns()
+    assert contents(resumed) == ["task", "reply"] and resumed["chain"] is None
+    # A requeue may also rewrite from a later index, as a save does.
+    await store.requeue_turn(again, conv_cp(3), messages=rows(2, "more"))
+    assert contents(await store.get_checkpoint("t_0")) == ["task", "reply", "more"]
+
+
+async def test_a_replay_of_a_checkpoint_from_before_rows_stores_its_rows(store: Store
+                                                                        ) -> None:
+    legacy = {"conversation": {"messages": [msg("task"), msg("old")], "turn_start": 0,
+                               "held_notes": ["note"]}}
+    rec = record("t_0", state="failed")
+    await store.insert_turn(rec, legacy)
+    checkpoint, again_rows = rows_of(legacy)
+    assert checkpoint["conversation"] == {"count": 2, "turn_start": 0,
+                                          "held_notes": ["note"]}
+    await store.requeue_turn({**rec, "state": "queued"}, checkpoint, messages=again_rows)
+    got = await store.get_checkpoint("t_0")
+    assert got is not None and contents(got) == ["task", "old"]
+    assert got["conversation"]["held_notes"] == ["note"]
+
+
+# -- SQLite: what a crash leaves, and how a resume reads ------------------------------------
+
+# Three turns save concurrently in a child process, each save appending two messages or,
+# every fifth, rewriting from index 1 (a compaction); each checkpoint also carries the
+# contents its rows must have. The parent kills it with SIGKILL mid-stream.
+CRASH_CHILD = """
+import json, sys
+from pathlib import Path
+import anyio
+from turnkeeper.store.base import MessageRows
+from turnkeeper.store.sqlite import SQLiteStore
+
+async def turn(store, n):
+    rec = {"id": f"t_{n}", "session": "s", "state": "running", "message": "m",
+           "created_at": 1.0, "updated_at": 1.0}
+    await store.insert_turn(rec, {})
+    contents = []
+    for save in range(1, 100_000):
+        if save % 5 == 0:
+            start, new = 1, [f"c{save}"]
+        else:
+            start, new = len(contents), [f"a{save}", f"b{save}"]
+        contents[start:] = new
+        text = tuple(json.dumps({"role": "user", "content": c}) for c in new)
+        await store.save_turn(rec, {"conversation": {"count": len(contents),
+                                                     "turn_start": 0},
+                                    "expect": contents}, messages=MessageRows(start, text))
+        print(n, save, flush=True)
+
+async def main():
+    store = SQLiteStore(Path(sys.argv[1]))
+    await store.open()
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        for n in range(3):
+            tg.start_soon(turn, store, n)
+
+anyio.run(main)
+"""
+
+
+def save_until_killed(db: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(turnkeeper.__file__).parent.parent)}
+    child = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, str(db)], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    saves = 0
+    for line in child.stdout:
+        saves = max(saves, int(line.split()[1]))
+        if saves >= 23:  # past a few compactions: kill it while it writes
+            break
+    child.send_signal(signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL and saves >= 23  # killed while it was saving
+    child.stdout.close()
+
+
+async def test_a_crash_between_saves_leaves_checkpoints_and_rows_that_agree(
+        tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    await anyio.to_thread.run_sync(save_until_killed, db)
+    store = SQLiteStore(db)
+    await store.open()
+    try:
+        unfinished = await store.unfinished_turns()
+        assert [r["id"] for r, _ in unfinished] == ["t_0", "t_1", "t_2"]
+        for _, checkpoint in unfinished:
+            assert contents(checkpoint) == checkpoint["expect"]
+            assert len(checkpoint["expect"]) >= 2
+        # No row beyond what a checkpoint counts was left behind either.
+        raw = sqlite3.connect(db)
+        try:
+            for record_, checkpoint in unfinished:
+                (n,) = raw.execute("SELECT COUNT(*) FROM messages WHERE turn = ?",
+                                   (record_["id"],)).fetchone()
+                assert n == checkpoint["conversation"]["count"]
+        finally:
+            raw.close()
+    finally:
+        await store.close()
+
+
+async def test_unfinished_turns_are_read_in_two_queries_however_many_there_are(
+        tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.open()
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        try:
+            for i in range(50):
+                rec = record(f"t_{i:02}", state="running")
+                await store.insert_turn(rec, {})
+                await store.save_turn(rec, conv_cp(3), messages=rows(0, "a", "b", str(i)))
+            statements: list[str] = []
+            assert store._reader is not None
+            store._reader.set_trace_callback(statements.append)
+            unfinished = await store.unfinished_turns()
+            store._reader.set_trace_callback(None)
+            assert [contents(c)[2] for _, c in unfinished] == [str(i) for i in range(50)]
+            assert len([s for s in statements if s.lstrip().startswith("SELECT")]) == 2
+        finally:
+            await store.close()
