@@ -33,13 +33,11 @@ from turnkeeper.lifecycle import systemd
 from turnkeeper.lifecycle.signals import signal_dispatcher
 from turnkeeper.lifecycle.watch import ConfigChange, watch_config
 from turnkeeper.metrics import Metrics
-from turnkeeper.store.base import StoreError
-from turnkeeper.store.sqlite import SQLiteStore
+from turnkeeper.store import open_store
+from turnkeeper.store.base import Store, StoreError
 from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.daemon")
-
-DB_NAME = "turnkeeper.sqlite3"
 
 
 class BootError(TurnkeeperError):
@@ -54,7 +52,7 @@ class StoreFatal(TurnkeeperError):
     exit_code = exits.IOERR
 
 
-async def _watch_store(store: SQLiteStore, sup: Supervisor, clock: SystemClock,
+async def _watch_store(store: Store, sup: Supervisor, clock: SystemClock,
                        fatal: list[str]) -> None:
     """Stop the daemon once the store has refused every write for `store.fatal_after`
     seconds: a service manager restart may cure it (a remounted disk); an operator must
@@ -71,9 +69,8 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
     config = policy.config
     clock = SystemClock()
     notifier = systemd.Notifier.from_env()
-    store = SQLiteStore(state_dir(config) / DB_NAME, clock=clock,
-                        fatal_after_s=config.store.fatal_after)
     try:
+        store = open_store(config, state_dir(config), clock=clock)
         await store.open()
     except StoreError as exc:
         raise BootError(str(exc), exc.exit_code) from None
@@ -127,7 +124,8 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
         tg.start_soon(systemd.status_loop, notifier, sup.status_line, name="systemd status")
         notifier.ready(sup.status_line())
         log.info("daemon.ready", socket=str(server.path), policy_version=policy.version,
-                 state_dir=str(store.path.parent), providers=[p.name for p in config.providers],
+                 state_dir=str(state_dir(config)), store=repr(store),
+                 providers=[p.name for p in config.providers],
                  resumed=len(sup.live))
         await sup.wait_stop_requested()
         await sup.stop()

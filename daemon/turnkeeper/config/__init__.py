@@ -50,6 +50,7 @@ from turnkeeper.config.sections import (
     DaemonConfig,
     FailureLoopConfig,
     FailureLoopOverride,
+    FleetConfig,
     GuardConfig,
     LoopDetectionConfig,
     LoopDetectionOverride,
@@ -91,6 +92,7 @@ __all__ = [
     "DaemonConfig",
     "FailureLoopConfig",
     "FailureLoopOverride",
+    "FleetConfig",
     "GuardConfig",
     "LoopDetectionConfig",
     "LoopDetectionOverride",
@@ -146,8 +148,9 @@ class Config(BaseSettings):
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     clarify: ClarifyConfig = ClarifyConfig()
     sessions: SessionsConfig = SessionsConfig()
-    store: StoreConfig = StoreConfig()
     metrics: MetricsConfig = MetricsConfig()
+    store: StoreConfig = StoreConfig()
+    fleet: FleetConfig = FleetConfig()
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
     models: dict[ModelName, ModelConfig] = Field(default_factory=dict)
@@ -222,6 +225,7 @@ class Config(BaseSettings):
         query) values and MCP server env values (an `env:NAME` reference is shown, never
         its value), and the credentials inside any URL (`redact_url`)."""
         data = self.model_dump(mode="json")
+        data["store"]["url"] = redact_url(self.store.url)
         for provider in data["providers"]:
             for key in ("headers", "query"):
                 provider[key] = {k: (v if v.startswith("env:") else REDACTED)
@@ -240,7 +244,8 @@ class Config(BaseSettings):
 RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "state_dir"),
                 ("daemon", "allowed_uids"), ("daemon", "allowed_gids"),
                 ("daemon", "max_connections"), ("daemon", "control_idle_timeout"),
-                ("metrics", "listen"), ("store", "fatal_after"))
+                ("metrics", "listen"), ("store", "url"), ("store", "fatal_after"),
+                ("fleet", "node_id"))
 
 
 def keep_restart_keys(running: Config, new: Config) -> Config:

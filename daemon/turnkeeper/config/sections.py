@@ -3,6 +3,8 @@ pydantic model per TOML table, unknown keys refused, every limit with its range.
 
 from __future__ import annotations
 
+import socket
+import urllib.parse
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -14,6 +16,7 @@ from pydantic import (
 )
 
 from turnkeeper import exits
+from turnkeeper.config.redact import redact_url
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.policy.retention import parse_duration
 
@@ -262,27 +265,6 @@ class ClarifyConfig(_Section):
     timeout: PositiveFloat = 3600.0
 
 
-class StoreConfig(_Section):
-    """Where and how the daemon keeps its state. `keep_finished`: how long a finished
-    turn is kept (a duration: "30d", "12h"; "0" keeps everything; dead letters are kept
-    until replayed or pruned). `fatal_after`: seconds of failing every write (a full
-    disk) after which the daemon exits 74 for its service manager; until then it retries
-    and reports itself degraded."""
-
-    keep_finished: str = "30d"
-    fatal_after: PositiveFloat = 300.0
-
-    @field_validator("keep_finished")
-    @classmethod
-    def _duration(cls, v: str) -> str:
-        parse_duration(v)
-        return v
-
-    @property
-    def keep_finished_s(self) -> float:
-        return parse_duration(self.keep_finished)
-
-
 class SessionsConfig(_Section):
     """A new turn of a session carries the session's earlier turns, newest kept, up to
     `max_history_tokens` (estimated at four characters a token; 0 = no history)."""
@@ -305,6 +287,71 @@ class MetricsConfig(_Section):
 
     def address(self) -> tuple[str, int] | None:
         return split_host_port(self.listen) if self.listen else None
+
+
+STORE_URL_SCHEMES = ("postgresql", "postgres")
+
+
+class StoreConfig(_Section):
+    """Where and how the daemon keeps its state. `url` "" (the default) is the embedded
+    SQLite file in daemon.state_dir; "postgresql://user@host:port/db" is a PostgreSQL
+    database that several daemons can share. `keep_finished`: how long a finished turn
+    is kept (a duration: "30d", "12h"; "0" keeps everything; dead letters are kept until
+    replayed or pruned). `fatal_after`: seconds of failing every write (a full disk, an
+    unreachable database) after which the daemon exits 74 for its service manager; until
+    then it retries and reports itself degraded."""
+
+    url: str = ""
+    keep_finished: str = "30d"
+    fatal_after: PositiveFloat = 300.0
+
+    @field_validator("keep_finished")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        parse_duration(v)
+        return v
+
+    @property
+    def keep_finished_s(self) -> float:
+        return parse_duration(self.keep_finished)
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, v: str) -> str:
+        if not v:
+            return v
+        try:
+            parts = urllib.parse.urlsplit(v)
+            parts.port  # noqa: B018 - parsing the port raises ValueError when it is bad
+        except ValueError as exc:
+            raise ValueError(f"is not a valid URL ({exc}): {redact_url(v)}") from None
+        if parts.scheme not in STORE_URL_SCHEMES:
+            raise ValueError(
+                "must be \"\" (the embedded SQLite file) or a PostgreSQL URL starting with "
+                f"postgresql:// or postgres:// (got scheme {parts.scheme or 'none'!r})")
+        return v
+
+    @property
+    def is_postgres(self) -> bool:
+        return bool(self.url)
+
+    def shown_url(self) -> str:
+        return redact_url(self.url)
+
+
+class FleetConfig(_Section):
+    """This daemon among several on one shared store. `node_id` "" = the host name and
+    a random suffix, made once and kept in the state directory. `lease_seconds`: how long
+    a node's claim on a turn lasts without a heartbeat before another node may take it."""
+
+    node_id: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9._:@-]*$")] = ""
+    lease_seconds: Annotated[float, Field(ge=1.0, le=3600.0)] = 15.0
+
+
+def default_node_id() -> str:
+    """The host name, as a node id: what `[fleet] node_id` starts from when unset."""
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())
+    return name[:100] or "node"
 
 
 def split_host_port(value: str) -> tuple[str, int]:

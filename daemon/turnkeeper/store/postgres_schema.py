@@ -1,0 +1,103 @@
+"""The PostgreSQL store's schema and its migrations, versioned like the SQLite ones.
+
+The version lives in a one-row `schema_version` table. Migrations run in order, each in
+its own transaction together with the version it reaches, so a crash during one leaves
+the database at the version before it. Daemons starting at the same time on one
+database take a transaction-level advisory lock first: one migrates, the others find
+the work done. A database from a newer turnkeeper is refused before anything is
+written to it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from turnkeeper.store.base import StoreError
+
+if TYPE_CHECKING:
+    import asyncpg
+
+SCHEMA_VERSION = 1
+
+# The advisory lock key that serialises migrations ("tk" "migr" as an integer).
+MIGRATION_LOCK = 0x746B_6D69_6772
+
+# Migrations: index i brings the schema from version i to i + 1.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        # Turns are numbered by a sequence, so submissions on any node share one order.
+        "CREATE SEQUENCE turn_seq",
+        """CREATE TABLE turns (
+            id TEXT PRIMARY KEY,
+            seq BIGINT NOT NULL UNIQUE,
+            session TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            record TEXT NOT NULL,
+            checkpoint TEXT NOT NULL DEFAULT '{}',
+            stop_code TEXT,
+            replayed_by TEXT
+        )""",
+        "CREATE INDEX turns_state ON turns (state, seq)",
+        "CREATE INDEX turns_session ON turns (session, seq)",
+        "CREATE INDEX turns_stop_code ON turns (stop_code, seq) WHERE stop_code IS NOT NULL",
+        """CREATE TABLE messages (
+            turn TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (turn, idx)
+        )""",
+        """CREATE TABLE events (
+            seq BIGINT PRIMARY KEY,
+            pos BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+            turn TEXT,
+            ts DOUBLE PRECISION NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX events_turn ON events (turn, seq)",
+        """CREATE TABLE journal (
+            key TEXT PRIMARY KEY,
+            turn TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            idempotent BOOLEAN NOT NULL,
+            outcome TEXT
+        )""",
+        """CREATE TABLE meta (
+            key TEXT PRIMARY KEY,
+            value BIGINT NOT NULL
+        )""",
+    ),
+)
+
+
+async def prepare(conn: asyncpg.Connection, where: str) -> None:
+    """Bring the schema of the database on `conn` to `SCHEMA_VERSION`; `where` names it
+    in errors (the URL without its password). Raises StoreError when it must not be used."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        version = await conn.fetchval("SELECT max(version) FROM schema_version")
+        if version is None:
+            await conn.execute("INSERT INTO schema_version (version) VALUES (0)")
+            version = 0
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"state database {where} has schema version {version}, newer than this "
+            f"turnkeeper understands ({SCHEMA_VERSION}); refusing to touch it (run the "
+            "newer turnkeeper, or restore a backup made by this one)")
+    while version < SCHEMA_VERSION:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            current = await conn.fetchval("SELECT max(version) FROM schema_version")
+            if current == version:  # not migrated by another daemon meanwhile
+                for stmt in MIGRATIONS[version]:
+                    await conn.execute(stmt)
+                await conn.execute("UPDATE schema_version SET version = $1", version + 1)
+                current = version + 1
+            version = current
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"state database {where} was migrated to schema version "
+                         f"{version} by a newer turnkeeper while this one started")

@@ -1,0 +1,72 @@
+"""A fresh PostgreSQL database for a test, on the server TURNKEEPER_TEST_PG names (else
+postgresql://postgres@127.0.0.1:5432/postgres), dropped afterwards.
+
+No server is not a reason to skip: a test that needs one fails and says how to get one.
+Only TURNKEEPER_TEST_PG=skip, set on purpose, skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import urllib.parse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def server_url() -> str:
+    url = os.environ.get("TURNKEEPER_TEST_PG", "") or DEFAULT_SERVER
+    if url == "skip":
+        pytest.skip("TURNKEEPER_TEST_PG=skip: the PostgreSQL tests were turned off")
+    return url
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
+
+
+async def _admin(url: str) -> Any:
+    import asyncpg
+
+    try:
+        return await asyncpg.connect(url, timeout=10)
+    except (OSError, asyncpg.PostgresError) as exc:
+        pytest.fail(f"no PostgreSQL server at {url} ({exc}): start one (.ci/run does), "
+                    "point TURNKEEPER_TEST_PG at one, or set TURNKEEPER_TEST_PG=skip")
+
+
+async def create_database() -> str:
+    """A new empty database; its URL."""
+    url = server_url()
+    name = "tk_test_" + secrets.token_hex(6)
+    conn = await _admin(url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return with_database(url, name)
+
+
+async def drop_database(db_url: str) -> None:
+    name = urllib.parse.urlsplit(db_url).path.lstrip("/")
+    conn = await _admin(with_database(db_url, urllib.parse.urlsplit(server_url()).path
+                                      .lstrip("/") or "postgres"))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def fresh_database() -> AsyncIterator[str]:
+    url = await create_database()
+    try:
+        yield url
+    finally:
+        await drop_database(url)

@@ -1,0 +1,235 @@
+"""What only the PostgreSQL store has: its schema versions, one daemon per database until
+claims exist, conversation rows, the writer riding out lost connections, and a URL whose
+password never shows. Each test runs on a fresh database of a real server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from tests.pg import fresh_database
+
+from turnkeeper.config import ConfigError, load_config, redact_url
+from turnkeeper.events import Event
+from turnkeeper.store import open_store
+from turnkeeper.store.base import StoreError, StoreInUse
+from turnkeeper.store.postgres import MessageRows, PostgresStore
+from turnkeeper.store.postgres_schema import SCHEMA_VERSION
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def db() -> AsyncIterator[str]:
+    async with fresh_database() as url:
+        yield url
+
+
+class Running:
+    """A store opened with its writer task running, for `async with`."""
+
+    def __init__(self, url: str) -> None:
+        self.store = PostgresStore(url)
+        self._tg: Any = None
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.store.open()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        await self._tg.start(self.store.run)
+        return self.store
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.store.close()
+        await self._tg.__aexit__(None, None, None)
+
+
+def record(turn_id: str, **extra: Any) -> dict[str, Any]:
+    return {"id": turn_id, "session": turn_id, "state": "queued", "message": "m",
+            "created_at": 100.0, "updated_at": 100.0, "inbox": [], **extra}
+
+
+def rows(*texts: str) -> tuple[str, ...]:
+    return tuple(json.dumps({"role": "user", "content": t}) for t in texts)
+
+
+def contents(checkpoint: dict[str, Any] | None) -> list[str]:
+    assert checkpoint is not None
+    return [m["content"] for m in checkpoint["conversation"]["messages"]]
+
+
+async def test_conversation_rows_append_replace_and_come_back_with_the_checkpoint(
+        db: str) -> None:
+    async with Running(db) as store:
+        rec = record("t_a")
+        await store.insert_turn(rec, {})
+        await store.save_turn(rec, {"conversation": {"count": 2, "turn_start": 0}},
+                              messages=MessageRows(0, rows("a", "b")))
+        await store.save_turn(rec, {"conversation": {"count": 4, "turn_start": 0}},
+                              messages=MessageRows(2, rows("c", "d")))
+        assert contents(await store.get_checkpoint("t_a")) == ["a", "b", "c", "d"]
+        # A compaction rewrites from a lower index: the rows past the new end go.
+        await store.save_turn(rec, {"conversation": {"count": 2, "turn_start": 0}},
+                              messages=MessageRows(1, rows("summary")))
+        assert contents(await store.get_checkpoint("t_a")) == ["a", "summary"]
+        # A checkpoint counts what it holds: rows beyond its count are not read.
+        await store.save_turn(rec, {"conversation": {"count": 1, "turn_start": 0}})
+        assert contents(await store.get_checkpoint("t_a")) == ["a"]
+        [(got, checkpoint)] = await store.unfinished_turns()
+        assert got["id"] == "t_a" and contents(checkpoint) == ["a"]
+
+
+async def test_unfinished_turns_attach_each_turns_own_rows_and_legacy_is_unchanged(
+        db: str) -> None:
+    async with Running(db) as store:
+        for i in range(3):
+            rec = record(f"t_{i}")
+            await store.insert_turn(rec, {})
+            await store.save_turn(rec, {"conversation": {"count": i + 1, "turn_start": 0}},
+                                  messages=MessageRows(0, rows(*(f"{i}.{n}" for n in
+                                                                 range(i + 1)))))
+        legacy = {"conversation": {"messages": [{"role": "user", "content": "inline"}]}}
+        await store.insert_turn(record("t_legacy"), legacy)
+        unfinished = await store.unfinished_turns()
+        assert [r["id"] for r, _ in unfinished] == ["t_0", "t_1", "t_2", "t_legacy"]
+        assert [contents(c) for _, c in unfinished[:3]] == [
+            ["0.0"], ["1.0", "1.1"], ["2.0", "2.1", "2.2"]]
+        assert unfinished[3][1] == legacy
+        assert await store.get_checkpoint("t_legacy") == legacy
+
+
+async def test_requeue_writes_the_rows_it_is_given(db: str) -> None:
+    async with Running(db) as store:
+        rec = record("t_a")
+        await store.insert_turn(rec, {})
+        await store.save_turn(rec, {"conversation": {"count": 3, "turn_start": 0}},
+                              messages=MessageRows(0, rows("a", "b", "c")))
+        await store.requeue_turn(rec, {"conversation": {"count": 2, "turn_start": 0}},
+                                 messages=MessageRows(1, rows("B")))
+        assert contents(await store.get_checkpoint("t_a")) == ["a", "B"]
+
+
+async def test_reopening_keeps_the_data_and_numbers_go_on(db: str) -> None:
+    async with Running(db) as store:
+        assert await store.insert_turn(record("t_a"), {"x": 1}) == 1
+        store.append_event(Event(seq=7, ts=1.0, type="turn.step", turn="t_a", data={}))
+    async with Running(db) as store:
+        assert await store.get_checkpoint("t_a") == {"x": 1}
+        assert await store.max_event_seq() == 7
+        assert await store.insert_turn(record("t_b"), {}) == 2
+
+
+async def test_a_second_daemon_on_the_database_is_refused_until_the_first_stops(
+        db: str) -> None:
+    async with Running(db):
+        second = PostgresStore(db)
+        with pytest.raises(StoreInUse, match="in use by another turnkeeper") as err:
+            await second.open()
+        assert err.value.exit_code == 69
+    async with Running(db) as store:  # the lock went with the first one's connection
+        assert await store.list_turns() == []
+
+
+async def test_a_newer_schema_is_refused_and_left_as_it_was(db: str) -> None:
+    async with Running(db):
+        pass
+    conn = await asyncpg.connect(db)
+    try:
+        await conn.execute("UPDATE schema_version SET version = $1", SCHEMA_VERSION + 1)
+    finally:
+        await conn.close()
+    with pytest.raises(StoreError, match="newer than this turnkeeper") as err:
+        await PostgresStore(db).open()
+    assert err.value.exit_code == 74
+    conn = await asyncpg.connect(db)
+    try:
+        assert await conn.fetchval("SELECT version FROM schema_version") == SCHEMA_VERSION + 1
+    finally:
+        await conn.close()
+
+
+async def test_a_write_the_server_refuses_fails_alone_in_its_batch(db: str) -> None:
+    async with Running(db) as store:
+        results: dict[str, str] = {}
+
+        async def write(name: str, seq: int) -> None:
+            try:
+                await store.save_turn(record(name), None, events=[
+                    Event(seq=seq, ts=1.0, type="turn.step", turn=name, data={})])
+                results[name] = "ok"
+            except StoreError as exc:
+                results[name] = str(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write, "t_good1", 1)
+            tg.start_soon(write, "t_bad", 2**70)  # no BIGINT holds it
+            tg.start_soon(write, "t_good2", 3)
+        assert results["t_good1"] == results["t_good2"] == "ok"
+        assert "write failed" in results["t_bad"]
+        assert [e["seq"] for e in await store.events()] == [1, 3]
+        assert store.failed_writes == 1
+
+
+async def test_writes_wait_through_killed_connections_and_lose_nothing(db: str) -> None:
+    async with Running(db) as store:
+        admin = await asyncpg.connect(db)
+        try:
+            for i in range(40):
+                rec = record(f"t_{i}")
+                await store.insert_turn(rec, {})
+                store.append_event(Event(seq=i + 1, ts=1.0, type="turn.step",
+                                         turn=rec["id"], data={}))
+                if i % 10 == 5:  # every backend of the store's pool, mid-run
+                    await admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE"
+                        " datname = current_database() AND pid <> pg_backend_pid()"
+                        " AND application_name LIKE 'turnkeeper%'")
+                await store.save_turn({**rec, "state": "completed"}, {"done": True})
+        finally:
+            await admin.close()
+        assert len(await store.finished_turns()) == 40
+        assert [e["seq"] for e in await store.events()] == list(range(1, 41))
+        assert store.reconnects >= 1
+        assert store.degraded is None
+
+
+async def test_an_unreachable_server_is_a_store_error_without_the_password() -> None:
+    store = PostgresStore("postgresql://tk:s3cret@127.0.0.1:1/nowhere")
+    with pytest.raises(StoreError) as err:
+        await store.open()
+    assert "s3cret" not in str(err.value)
+    assert "tk:***@127.0.0.1:1/nowhere" in str(err.value)
+    assert err.value.exit_code == 74
+
+
+def test_redact_url_hides_the_password_wherever_it_is() -> None:
+    assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact_url("postgresql://u@h/db?password=pw&sslmode=require") == (
+        "postgresql://u@h/db?password=***&sslmode=require")
+    assert redact_url("postgresql://h/db") == "postgresql://h/db"
+
+
+def test_store_url_is_checked_and_picks_the_backend(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[store]\nurl = "mysql://u:pw@h/db"\n')
+    with pytest.raises(ConfigError, match=r"store\.url.*postgresql://") as err:
+        load_config(f)
+    assert "pw" not in str(err.value)
+    assert err.value.exit_code == 78
+    f.write_text('[store]\nurl = "postgres://u:pw@h/db"\n[fleet]\nlease_seconds = 5\n')
+    config, _ = load_config(f)
+    assert config.redacted()["store"]["url"] == "postgres://u:***@h/db"
+    assert isinstance(open_store(config, tmp_path), PostgresStore)
+    default, _ = load_config(None)
+    assert default.store.url == "" and default.fleet.lease_seconds == 15.0
+    assert type(open_store(default, tmp_path)).__name__ == "SQLiteStore"
