@@ -70,3 +70,58 @@ async def fresh_database() -> AsyncIterator[str]:
         yield url
     finally:
         await drop_database(url)
+
+
+class CuttableProxy:
+    """A TCP proxy in front of the server that a test can cut (every connection closed,
+    new ones refused) and restore on the same port: the database gone, then back."""
+
+    def __init__(self, target_url: str) -> None:
+        parts = urllib.parse.urlsplit(target_url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self.target_url = target_url
+        self.port = 0
+        self._server: Any = None
+        self._writers: set[Any] = set()
+
+    def url(self) -> str:
+        parts = urllib.parse.urlsplit(self.target_url)
+        user = f"{parts.username}@" if parts.username else ""
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
+
+    async def start(self) -> None:
+        import asyncio
+
+        async def pipe(reader: Any, writer: Any) -> None:
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(reader: Any, writer: Any) -> None:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*self.target)
+            except OSError:
+                writer.close()
+                return
+            self._writers.update((writer, up_writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+            self._writers.difference_update((writer, up_writer))
+
+        self._server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def close(self) -> None:
+        await self.cut()

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
-from tests.pg import fresh_database
+from tests.pg import CuttableProxy, fresh_database
 
 from turnkeeper.config import ConfigError, load_config, redact_url
 from turnkeeper.events import Event
@@ -20,6 +20,7 @@ from turnkeeper.store import open_store
 from turnkeeper.store.base import StoreError, StoreInUse
 from turnkeeper.store.postgres import MessageRows, PostgresStore
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION
+from turnkeeper.supervisor.queries import health_problems
 
 pytestmark = pytest.mark.anyio
 
@@ -233,3 +234,51 @@ def test_store_url_is_checked_and_picks_the_backend(tmp_path: Path) -> None:
     default, _ = load_config(None)
     assert default.store.url == "" and default.fleet.lease_seconds == 15.0
     assert type(open_store(default, tmp_path)).__name__ == "SQLiteStore"
+
+
+async def test_writes_wait_while_the_database_is_gone_and_commit_when_it_is_back(
+        db: str) -> None:
+    proxy = CuttableProxy(db)
+    await proxy.start()
+    try:
+        async with Running(proxy.url()) as store:
+            await store.insert_turn(record("t_a"), {})
+            await proxy.cut()
+            committed = anyio.Event()
+
+            async def save() -> None:
+                await store.save_turn({**record("t_a"), "state": "running"}, {"step": 1})
+                committed.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(save)
+                store.append_event(Event(seq=1, ts=1.0, type="turn.step", turn="t_a",
+                                         data={}))
+                while store.degraded is None:  # noqa: ASYNC110 - a state, not an event
+                    await anyio.sleep(0.01)
+                assert not committed.is_set()
+                assert "unreachable" in store.degraded
+                problems = health_problems({"state": "ready",
+                                            "store_problem": store.degraded})
+                assert problems == [f"store: {store.degraded} (writes wait, turns hold)"]
+                await proxy.start()  # back, on the same port
+                await committed.wait()
+            assert store.degraded is None
+            assert await store.get_checkpoint("t_a") == {"step": 1}
+            assert [e["seq"] for e in await store.events()] == [1]
+    finally:
+        await proxy.close()
+
+
+async def test_writes_fail_after_fatal_after_without_a_database(db: str) -> None:
+    proxy = CuttableProxy(db)
+    await proxy.start()
+    try:
+        async with Running(proxy.url()) as store:
+            store.fatal_after = 0.3
+            await proxy.cut()
+            with pytest.raises(StoreError, match="unreachable for"):
+                await store.insert_turn(record("t_a"), {})
+            assert store.degraded is None and store.failed_writes == 1
+    finally:
+        await proxy.close()
