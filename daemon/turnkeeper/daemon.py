@@ -125,6 +125,7 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
         notifier.ready(sup.status_line())
         log.info("daemon.ready", socket=str(server.path), policy_version=policy.version,
                  state_dir=str(state_dir(config)), store=repr(store),
+                 node=sup.fleet.node_id if sup.fleet is not None else None,
                  providers=[p.name for p in config.providers],
                  resumed=len(sup.live))
         await sup.wait_stop_requested()

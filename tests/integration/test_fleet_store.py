@@ -111,15 +111,16 @@ def test_killed_connections_mid_run_cost_no_turn(
     assert [t["state"] for t in turns] == ["completed"] * 30, [t["result"] for t in turns]
 
 
-def test_a_second_daemon_on_the_database_exits_69(
+def test_a_second_daemon_under_the_same_node_id_exits_69(
         tmp_path: Path, server: ToolServer, db: str) -> None:
-    first = Daemon(tmp_path, pg_config(tmp_path, server, db), name="one").start()
+    same = '[fleet]\nnode_id = "same"\n' + pg_config(tmp_path, server, db)
+    first = Daemon(tmp_path, same, name="one").start()
     try:
-        second = Daemon(tmp_path, pg_config(tmp_path, server, db), name="two")
+        second = Daemon(tmp_path, same, name="two")
         second.start(wait=False)
         assert second.proc is not None
         assert second.proc.wait(30) == 69
-        assert "in use by another turnkeeper" in second.log_text()
+        assert "node id 'same' is in use by a running turnkeeper" in second.log_text()
     finally:
         first.kill()
 

@@ -130,15 +130,22 @@ async def test_reopening_keeps_the_data_and_numbers_go_on(db: str) -> None:
         assert await store.insert_turn(record("t_b"), {}) == 2
 
 
-async def test_a_second_daemon_on_the_database_is_refused_until_the_first_stops(
+async def test_nodes_share_a_database_but_a_node_id_is_held_by_one_daemon(
         db: str) -> None:
-    async with Running(db):
-        second = PostgresStore(db)
-        with pytest.raises(StoreInUse, match="in use by another turnkeeper") as err:
+    first = Running(db)
+    first.store = PostgresStore(db, node_id="n1")
+    async with first, Running(db) as other:  # another node: welcome
+        assert other.node_id != "n1"
+        second = PostgresStore(db, node_id="n1")
+        with pytest.raises(StoreInUse, match="node id 'n1' is in use") as err:
             await second.open()
         assert err.value.exit_code == 69
-    async with Running(db) as store:  # the lock went with the first one's connection
-        assert await store.list_turns() == []
+        nodes = {n["node_id"]: n for n in await other.nodes()}
+        assert nodes["n1"]["alive"] and nodes[other.node_id]["alive"]
+    again = Running(db)
+    again.store = PostgresStore(db, node_id="n1")
+    async with again as store:  # stopped cleanly: the id is free again
+        assert store.node_id == "n1"
 
 
 async def test_a_newer_schema_is_refused_and_left_as_it_was(db: str) -> None:

@@ -3,7 +3,6 @@ pydantic model per TOML table, unknown keys refused, every limit with its range.
 
 from __future__ import annotations
 
-import socket
 import urllib.parse
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -346,12 +345,6 @@ class FleetConfig(_Section):
 
     node_id: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9._:@-]*$")] = ""
     lease_seconds: Annotated[float, Field(ge=1.0, le=3600.0)] = 15.0
-
-
-def default_node_id() -> str:
-    """The host name, as a node id: what `[fleet] node_id` starts from when unset."""
-    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())
-    return name[:100] or "node"
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -27,8 +27,11 @@ def open_store(config: Config, state_dir: Path, *, clock: Clock | None = None
         except ImportError as exc:
             from turnkeeper.store.base import StoreError
             raise StoreError(f"{POSTGRES_INSTALL_HINT} ({exc})") from None
+        from turnkeeper.store.fleet import default_node_id
         return PostgresStore(config.store.url, clock=clock,
-                             fatal_after=config.store.fatal_after)
+                             fatal_after=config.store.fatal_after,
+                             node_id=config.fleet.node_id or default_node_id(state_dir),
+                             lease_s=config.fleet.lease_seconds)
     from turnkeeper.store.sqlite import SQLiteStore
     return SQLiteStore(state_dir / DB_NAME, clock=clock,
                        fatal_after_s=config.store.fatal_after)

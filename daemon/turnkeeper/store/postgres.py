@@ -43,6 +43,8 @@ import contextlib
 import json
 import math
 import os
+import secrets
+import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -58,6 +60,7 @@ from turnkeeper.events import Event
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import StoreError, StoreInUse, dead_letter_entry
+from turnkeeper.store.fleet import Claimed, StaleLease
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
@@ -68,8 +71,6 @@ MAX_PENDING_IDEMPOTENT = 100_000
 POOL_SIZE = 4
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0
-# The session advisory lock one daemon holds on its database ("tk" "store").
-STORE_LOCK = 0x746B_7374_6F72
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 2.0
 
@@ -107,6 +108,16 @@ def _lost(exc: BaseException) -> bool:
     asyncpg derives from InterfaceError)."""
     return (isinstance(exc, _CONNECTION_ERRORS)
             and not isinstance(exc, asyncpg.exceptions.DataError))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _dumps(value: Any) -> str:
@@ -173,14 +184,20 @@ class _Write:
 
 class PostgresStore:
     def __init__(self, url: str, *, clock: Clock | None = None, fatal_after: float = 300.0,
-                 pool_size: int = POOL_SIZE) -> None:
+                 pool_size: int = POOL_SIZE, node_id: str | None = None,
+                 lease_s: float = 15.0) -> None:
         self.url = url
+        self.node_id = node_id or f"{socket.gethostname()[:60]}-{secrets.token_hex(3)}"
+        self.lease_s = lease_s
+        # The turns this node holds (turn -> the epoch of its claim), and those it lost:
+        # writes of a held turn are fenced by its epoch, writes of a lost one refused.
+        self.claims: dict[str, int] = {}
+        self.lost: set[str] = set()
         self.where = redact_url(url)
         self.clock = clock or SystemClock()
         self.fatal_after = fatal_after
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
-        self._lock_conn: asyncpg.Connection | None = None
         self._send: MemoryObjectSendStream[_Write] | None = None
         self._receive: MemoryObjectReceiveStream[_Write] | None = None
         self._tg: TaskGroup | None = None
@@ -198,30 +215,15 @@ class PostgresStore:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    async def _connect(self, conn: asyncpg.Connection) -> None:
-        """Every pooled connection: nothing to set up yet (a hook for later settings)."""
-
     async def open(self) -> None:
-        settings = {"application_name": f"turnkeeper pid {os.getpid()}"}
+        settings = {"application_name": f"turnkeeper {self.node_id} pid {os.getpid()}"}
         try:
-            self._lock_conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT,
-                                                    server_settings=settings)
-            if not await self._lock_conn.fetchval("SELECT pg_try_advisory_lock($1)",
-                                                  STORE_LOCK):
-                holder = await self._lock_conn.fetchval(
-                    "SELECT a.application_name || ' on ' || COALESCE(host(a.client_addr),"
-                    " 'a local socket') FROM pg_locks l JOIN pg_stat_activity a"
-                    " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted"
-                    " AND l.classid = $1 AND l.objid = $2 LIMIT 1",
-                    STORE_LOCK >> 32, STORE_LOCK & 0xFFFF_FFFF)
-                raise StoreInUse(
-                    f"state database {self.where} is in use by another turnkeeper"
-                    + (f" ({holder})" if holder else "")
-                    + "; two daemons on one database would run the same turns twice")
-            await prepare(self._lock_conn, self.where)
             self._pool = await asyncpg.create_pool(
                 self.url, min_size=1, max_size=self.pool_size, timeout=CONNECT_TIMEOUT,
                 command_timeout=COMMAND_TIMEOUT, server_settings=settings)
+            async with self._pool.acquire() as conn:
+                await prepare(conn, self.where)
+                await self._register(conn)
         except BaseException as exc:
             await self._close_connections()
             if isinstance(exc, StoreError):
@@ -230,6 +232,33 @@ class PostgresStore:
                 raise StoreError(f"state database {self.where} cannot be opened: "
                                  f"{type(exc).__name__}: {exc}") from None
             raise
+
+    async def _register(self, conn: _Conn) -> None:
+        """This node in the nodes table. A node id whose daemon still beats (its
+        heartbeat younger than a lease) is refused, unless that daemon ran on this host
+        and its process is gone (a restart after a crash): two daemons under one name
+        would take each other's turns for their own. A crashed predecessor's turns are
+        handed back at once, for the claims to resume them."""
+        host = socket.gethostname()
+        async with conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT pid, host, stopped_at IS NULL AND heartbeat_at >"
+                " now() - make_interval(secs => $2) AS beating FROM nodes"
+                " WHERE node_id = $1 FOR UPDATE", self.node_id, self.lease_s)
+            if row is not None and row["beating"] and not (
+                    row["host"] == host and not _process_alive(row["pid"])):
+                raise StoreInUse(
+                    f"node id {self.node_id!r} is in use by a running turnkeeper (pid "
+                    f"{row['pid']} on {row['host']}) on {self.where}; give each daemon "
+                    "its own [fleet] node_id")
+            await conn.execute(
+                "INSERT INTO nodes (node_id, pid, host, started_at, heartbeat_at)"
+                " VALUES ($1, $2, $3, now(), now()) ON CONFLICT (node_id) DO UPDATE SET"
+                " pid = excluded.pid, host = excluded.host, started_at = now(),"
+                " heartbeat_at = now(), stopped_at = NULL, turns = 0",
+                self.node_id, os.getpid(), host)
+            await conn.execute("UPDATE turns SET owner = NULL, lease_until = NULL"
+                               " WHERE owner = $1", self.node_id)
 
     async def _close_connections(self) -> None:
         if self._pool is not None:
@@ -240,14 +269,6 @@ class PostgresStore:
                         await pool.close()
                 except Exception:  # a connection that cannot close cleanly is dropped
                     pool.terminate()
-        if self._lock_conn is not None:
-            conn, self._lock_conn = self._lock_conn, None
-            with anyio.CancelScope(shield=True):
-                try:
-                    with anyio.fail_after(5):
-                        await conn.close()
-                except Exception:  # a connection that cannot close cleanly is dropped
-                    conn.terminate()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -369,6 +390,11 @@ class PostgresStore:
         if self._send is not None:
             self._send.close()
             await self._writer_done.wait()
+        if self._pool is not None:  # the node stopped: its id is free for a restart
+            with anyio.CancelScope(shield=True), contextlib.suppress(*_DB_ERRORS):
+                with anyio.fail_after(5):
+                    await self._pool.execute("UPDATE nodes SET stopped_at = now()"
+                                             " WHERE node_id = $1", self.node_id)
         await self._close_connections()
 
     # -- writing ------------------------------------------------------------------
@@ -414,7 +440,7 @@ class PostgresStore:
                 record["seq"] = int(await conn.fetchval(
                     "SELECT seq FROM turns WHERE id = $1", record["id"]))
 
-        await self._write([insert, *map(_event_statement, events)])
+        await self._write([insert, *map(self._event_op, events)])
         return int(record["seq"])
 
     async def save_turn(self, record: dict[str, Any],
@@ -422,19 +448,43 @@ class PostgresStore:
                         messages: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
         """The record (and the checkpoint and the conversation's changed rows, when
-        given) in one transaction with `events`."""
-        stmt: _Statement
-        if checkpoint is None:
-            stmt = ("UPDATE turns SET state = $1, updated_at = $2, record = $3, stop_code = $4"
-                    " WHERE id = $5", (record["state"], record["updated_at"], _dumps(record),
-                                       _stop_code(record), record["id"]))
+        given) in one transaction with `events`. A turn this node claimed is written only
+        while its claim's epoch is still the turn's (StaleLease otherwise, nothing
+        written)."""
+        turn_id = record["id"]
+        epoch = self._fence(turn_id)
+        values: list[Any] = [record["state"], record["updated_at"], _dumps(record),
+                             _stop_code(record), turn_id]
+        sql = "UPDATE turns SET state = $1, updated_at = $2, record = $3, stop_code = $4"
+        if checkpoint is not None:
+            values.append(_dumps(checkpoint))
+            sql += f", checkpoint = ${len(values)}"
+        sql += " WHERE id = $5"
+        update: _Op
+        if epoch is None:
+            update = (sql, values)
         else:
-            stmt = ("UPDATE turns SET state = $1, updated_at = $2, record = $3, stop_code = $4,"
-                    " checkpoint = $5 WHERE id = $6",
-                    (record["state"], record["updated_at"], _dumps(record),
-                     _stop_code(record), _dumps(checkpoint), record["id"]))
-        await self._write([*_message_statements(record["id"], messages), stmt,
-                           *map(_event_statement, events)])
+            values += [self.node_id, epoch]
+            fenced = sql + f" AND owner = ${len(values) - 1} AND epoch = ${len(values)}"
+
+            async def update_fenced(conn: _Conn) -> None:
+                if await conn.execute(fenced, *values) != "UPDATE 1":
+                    raise StaleLease(f"turn {turn_id}: claim {epoch} of node "
+                                     f"{self.node_id} is no longer the turn's; not written")
+
+            update = update_fenced
+        await self._write([update, *_message_statements(turn_id, messages),
+                           *map(self._event_op, events)])
+        if record["state"] in TERMINAL_STATES:
+            self.claims.pop(turn_id, None)
+
+    def _fence(self, turn_id: str) -> int | None:
+        """The epoch a write of `turn_id` must carry (None: not a claimed turn); raises
+        StaleLease for a turn this node lost."""
+        if turn_id in self.lost:
+            raise StaleLease(f"turn {turn_id}: node {self.node_id} lost its claim; "
+                             "not written")
+        return self.claims.get(turn_id)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -452,10 +502,22 @@ class PostgresStore:
             await conn.execute("UPDATE turns SET updated_at = $1, record = $2 WHERE id = $3",
                                updated_at, _dumps(record), turn_id)
 
-        await self._write([append, *map(_event_statement, events)])
+        await self._write([append, *map(self._event_op, events)])
 
     def append_event(self, event: Event) -> None:
-        self._enqueue([_event_statement(event)])
+        if event.turn is not None and event.turn in self.lost:
+            return  # a turn another node now runs: its events are that node's
+        self._enqueue([self._event_op(event)])
+
+    def _event_op(self, event: Event) -> _Op:
+        """An event row; one of a claimed turn is written only while the claim holds."""
+        epoch = self.claims.get(event.turn) if event.turn is not None else None
+        if epoch is None:
+            return _event_statement(event)
+        return ("INSERT INTO events (seq, turn, ts, type, data) SELECT $1, $2, $3, $4, $5"
+                " WHERE EXISTS (SELECT 1 FROM turns WHERE id = $2 AND epoch = $6)"
+                " ON CONFLICT (seq) DO NOTHING",
+                (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json()), epoch))
 
     def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(
@@ -471,6 +533,9 @@ class PostgresStore:
             "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
             " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING",
             (key, turn, tool, arguments, idempotent))]
+        epoch = self._fence(turn)
+        if epoch is not None and not idempotent:
+            ops.insert(0, self._lease_check(turn, epoch))
         if idempotent:
             if len(self._idempotent_keys) < MAX_PENDING_IDEMPOTENT:
                 self._idempotent_keys.add(key)
@@ -490,15 +555,134 @@ class PostgresStore:
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
+        self.claims.pop(record["id"], None)
+        self.lost.discard(record["id"])
         await self._write([*_message_statements(record["id"], messages), (
             "UPDATE turns SET state = $1, updated_at = $2, record = $3, checkpoint = $4,"
-            " stop_code = $5, replayed_by = NULL WHERE id = $6",
+            " stop_code = $5, replayed_by = NULL, owner = NULL, lease_until = NULL"
+            " WHERE id = $6",
             (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
-             _stop_code(record), record["id"])), *map(_event_statement, events)])
+             _stop_code(record), record["id"])), *map(self._event_op, events)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         await self._write([("UPDATE turns SET replayed_by = $1 WHERE id = $2",
                             (new_turn_id, turn_id))])
+
+    # -- the fleet: claims, leases, fencing ----------------------------------------
+
+    def _lease_check(self, turn_id: str, epoch: int) -> _Call:
+        """Before a non-idempotent call is sent: the claim must hold at the database's
+        clock, not only its epoch: a node paused past its lease finds out here and sends
+        nothing, even when no other node has taken the turn yet."""
+        async def check(conn: _Conn) -> None:
+            valid = await conn.fetchval(
+                "SELECT lease_until > clock_timestamp() FROM turns WHERE id = $1"
+                " AND owner = $2 AND epoch = $3 FOR SHARE", turn_id, self.node_id, epoch)
+            if not valid:
+                raise StaleLease(f"turn {turn_id}: the lease of node {self.node_id} has "
+                                 "run out; the call is not sent")
+
+        return check
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        """Take up to `limit` runnable turns, oldest first, that no live node holds: each
+        gets a lease and a new epoch. A session's turns are taken in order: a turn is not
+        taken while an earlier unfinished turn of its session is held elsewhere or not
+        held at all (this node's local scheduler orders the ones it holds)."""
+        if limit <= 0:
+            return []
+
+        async def take(conn: _Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
+            async with conn.transaction():
+                turns = await conn.fetch(
+                    "WITH c AS (SELECT t.id FROM turns t WHERE t.state NOT IN"
+                    f" {_TERMINAL_SQL} AND (t.owner IS NULL OR t.lease_until < now())"
+                    " AND NOT EXISTS (SELECT 1 FROM turns e WHERE e.session = t.session"
+                    f" AND e.seq < t.seq AND e.state NOT IN {_TERMINAL_SQL}"
+                    " AND e.owner IS DISTINCT FROM $1)"
+                    " ORDER BY t.seq LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                    " UPDATE turns t SET owner = $1, epoch = t.epoch + 1,"
+                    " lease_until = now() + make_interval(secs => $3) FROM c"
+                    " WHERE t.id = c.id RETURNING t.id, t.seq, t.epoch, t.record,"
+                    " t.checkpoint", self.node_id, limit, self.lease_s)
+                if not turns:
+                    return [], []
+                rows = await conn.fetch(
+                    "SELECT turn, data FROM messages WHERE turn = ANY($1::text[])"
+                    " ORDER BY turn, idx", [t["id"] for t in turns])
+                return turns, rows
+
+        turns, rows = await self._read(take)
+        by_turn: dict[str, list[str]] = {}
+        for turn_id, data in rows:
+            by_turn.setdefault(turn_id, []).append(data)
+        claimed = []
+        for t in sorted(turns, key=lambda t: t["seq"]):
+            self.claims[t["id"]] = t["epoch"]
+            self.lost.discard(t["id"])
+            claimed.append(Claimed(
+                record=json.loads(t["record"]),
+                checkpoint=_attach_messages(json.loads(t["checkpoint"]),
+                                            by_turn.get(t["id"], ())),
+                epoch=t["epoch"]))
+        return claimed
+
+    async def renew(self) -> dict[str, int]:
+        """Extend the lease of every turn this node holds, and beat the node's heartbeat:
+        turn -> epoch of the claims the database renewed (a turn missing is lost)."""
+        held = list(self.claims)
+
+        async def beat(conn: _Conn) -> list[asyncpg.Record]:
+            async with conn.transaction():
+                await conn.execute("UPDATE nodes SET heartbeat_at = now(), turns = $2"
+                                   " WHERE node_id = $1", self.node_id, len(held))
+                return await conn.fetch(
+                    "UPDATE turns SET lease_until = now() + make_interval(secs => $3)"
+                    " WHERE owner = $1 AND id = ANY($2::text[]) RETURNING id, epoch",
+                    self.node_id, held, self.lease_s)
+
+        return {r["id"]: r["epoch"] for r in await self._read(beat)}
+
+    def abandon(self, turn_ids: Iterable[str]) -> None:
+        """Turns whose claim is lost: every later write of them is refused here, before
+        it reaches the database."""
+        for turn_id in turn_ids:
+            self.claims.pop(turn_id, None)
+            self.lost.add(turn_id)
+
+    async def release(self) -> int:
+        """A clean stop: hand back every turn this node holds (their checkpoints are
+        written), so another node takes them at once instead of after the lease."""
+        held = list(self.claims)
+
+        async def give_back(conn: _Conn) -> str:
+            async with conn.transaction():
+                await conn.execute("UPDATE nodes SET stopped_at = now(), turns = 0"
+                                   " WHERE node_id = $1", self.node_id)
+                return await conn.execute(
+                    "UPDATE turns SET owner = NULL, lease_until = NULL WHERE owner = $1"
+                    " AND id = ANY($2::text[])", self.node_id, held)
+
+        status = await self._read(give_back)
+        self.claims.clear()
+        return int(status.split()[-1])
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """The fleet as the database sees it: each node, its heartbeat and its turns."""
+        rows = await self._fetch(
+            "SELECT node_id, pid, host, extract(epoch FROM started_at) AS started_at,"
+            " extract(epoch FROM heartbeat_at) AS heartbeat_at,"
+            " extract(epoch FROM stopped_at) AS stopped_at,"
+            " extract(epoch FROM now() - heartbeat_at) AS silent_s,"
+            " (SELECT count(*) FROM turns t WHERE t.owner = n.node_id AND t.state NOT IN"
+            f" {_TERMINAL_SQL} AND t.lease_until > now()) AS turns"
+            " FROM nodes n ORDER BY node_id")
+        return [{"node_id": r["node_id"], "pid": r["pid"], "host": r["host"],
+                 "started_at": float(r["started_at"]),
+                 "heartbeat_at": float(r["heartbeat_at"]),
+                 "stopped_at": None if r["stopped_at"] is None else float(r["stopped_at"]),
+                 "alive": r["stopped_at"] is None and float(r["silent_s"]) < self.lease_s,
+                 "turns": int(r["turns"])} for r in rows]
 
     # -- reading ------------------------------------------------------------------
 

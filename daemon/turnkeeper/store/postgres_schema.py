@@ -17,7 +17,7 @@ from turnkeeper.store.base import StoreError
 if TYPE_CHECKING:
     import asyncpg
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -70,10 +70,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             value BIGINT NOT NULL
         )""",
     ),
+    (
+        # The fleet: the daemons sharing the database, and each turn's claim: the node
+        # that holds it, until when, and the fencing epoch every write of it carries.
+        """CREATE TABLE nodes (
+            node_id TEXT PRIMARY KEY,
+            pid INTEGER NOT NULL,
+            host TEXT NOT NULL,
+            started_at TIMESTAMPTZ NOT NULL,
+            heartbeat_at TIMESTAMPTZ NOT NULL,
+            stopped_at TIMESTAMPTZ,
+            turns INTEGER NOT NULL DEFAULT 0
+        )""",
+        "ALTER TABLE turns ADD COLUMN owner TEXT",
+        "ALTER TABLE turns ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE turns ADD COLUMN lease_until TIMESTAMPTZ",
+        # The claimable turns, oldest first: the unfinished ones.
+        "CREATE INDEX turns_unfinished ON turns (seq) WHERE state NOT IN"
+        " ('blocked', 'cancelled', 'completed', 'failed', 'partial')",
+        "CREATE INDEX turns_owner ON turns (owner) WHERE owner IS NOT NULL",
+    ),
 )
 
 
-async def prepare(conn: asyncpg.Connection, where: str) -> None:
+async def prepare(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
+                  where: str) -> None:
     """Bring the schema of the database on `conn` to `SCHEMA_VERSION`; `where` names it
     in errors (the URL without its password). Raises StoreError when it must not be used."""
     async with conn.transaction():

@@ -4,8 +4,9 @@ registry, drain, reload and stop all live here, and nowhere else.
 `Supervisor` is the one object the rest of the daemon holds. Its state is the core
 (`core.py`); its work is done by rooms, each with one job: `scheduling` (slots, dispatch,
 running and finishing a turn, as `policy/scheduler.py` decides), `intake` (submit,
-messages, cancel, replay), `queries` (turns, status, the limits report) and `lifecycle`
-(start, reload, drain, stop). The methods below only hand each call to its room.
+messages, cancel, replay), `queries` (turns, status, the limits report), `lifecycle`
+(start, reload, drain, stop) and, on a store several daemons share, `fleet` (claims,
+leases). The methods below only hand each call to its room.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from turnkeeper.clock import Clock
 from turnkeeper.config import Policy
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import Store
+from turnkeeper.store.fleet import FleetStore
 from turnkeeper.supervisor.core import (
     InboxFull,
     IntakeRefused,
@@ -30,6 +32,7 @@ from turnkeeper.supervisor.core import (
     UnknownTurn,
     new_turn_id,
 )
+from turnkeeper.supervisor.fleet import Fleet
 from turnkeeper.supervisor.intake import Intake
 from turnkeeper.supervisor.lifecycle import Lifecycle, ReloadOutcome
 from turnkeeper.supervisor.queries import Queries
@@ -52,6 +55,8 @@ class Supervisor(SupervisorCore):
         self.queries = Queries(self)
         self.lifecycle = Lifecycle(self)
         self.retention = Retention(self)
+        if isinstance(store, FleetStore):
+            self.fleet = Fleet(self, store)
 
     # -- lifecycle --------------------------------------------------------------------
 

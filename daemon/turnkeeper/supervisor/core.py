@@ -32,6 +32,7 @@ from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl
 
 if TYPE_CHECKING:
+    from turnkeeper.supervisor.fleet import Fleet
     from turnkeeper.supervisor.retention import Retention
     from turnkeeper.supervisor.scheduling import Scheduling
 
@@ -125,6 +126,7 @@ class SupervisorCore:
         self.stop_requested_event = anyio.Event()
         self.on_turn_finished: list[Callable[[TurnRecord, TurnResult], None]] = []
         self.suspended_turns: list[str] = []  # suspended by a reload's drain, to requeue
+        self.fleet: Fleet | None = None  # set when the store is shared by several daemons
 
     def __repr__(self) -> str:
         return (f"Supervisor(state={self.state!r}, policy_version={self.policy.version}, "

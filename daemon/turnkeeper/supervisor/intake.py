@@ -183,7 +183,10 @@ class Intake:
         except BaseException:
             core.live.pop(record.id, None)
             raise
-        if record.id in core.live:  # not cancelled while the write ran
+        if core.fleet is not None:  # the fleet's: whichever node claims it runs it
+            core.live.pop(record.id, None)
+            core.fleet.wake()
+        elif record.id in core.live:  # not cancelled while the write ran
             core.scheduler.enqueue(record.id, record.session)
         core.bus.deliver(queued)
         data["seq"] = record.seq
@@ -337,7 +340,10 @@ class Intake:
         except BaseException:
             core.live.pop(turn_id, None)
             raise
-        if turn_id in core.live:  # not cancelled while the write ran
+        if core.fleet is not None:  # the fleet's: whichever node claims it runs it
+            core.live.pop(turn_id, None)
+            core.fleet.wake()
+        elif turn_id in core.live:  # not cancelled while the write ran
             core.scheduler.enqueue(turn_id, record.session)
         core.bus.deliver(replayed)
         log.info("turn.replayed", **log_context(record), code=code.value)

@@ -64,7 +64,9 @@ class Lifecycle:
         await core.runtime.toolbox.start(tg)  # MCP servers: connected (or failed) once
         core.bus.start_at(await core.store.max_event_seq())
         resumed = 0
-        for record_json, checkpoint in await core.store.unfinished_turns():
+        # In a fleet the unfinished turns are the fleet's: each is claimed, not resumed.
+        unfinished = [] if core.fleet is not None else await core.store.unfinished_turns()
+        for record_json, checkpoint in unfinished:
             record = TurnRecord.from_json(record_json)
             if record.state != TurnState.QUEUED:
                 record.policy_version = core.policy.version
@@ -79,6 +81,8 @@ class Lifecycle:
         core.intake_open = True
         core.started_event.set()
         core.scheduling.dispatch()
+        if core.fleet is not None:
+            tg.start_soon(core.fleet.run, name="fleet")
 
     async def wait_started(self) -> None:
         """Until `start` has resumed the unfinished turns: what a request that arrives
@@ -261,6 +265,8 @@ class Lifecycle:
         log.info("daemon.stopping", running=core.active, parked=core.running - core.active,
                  queued=len(core.queue))
         await self._drain(core.config.daemon.shutdown_timeout, reason="stop")
+        if core.fleet is not None:  # hand the turns back: another node goes on at once
+            await core.fleet.stop()
         core.stopping_event.set()  # long polls answer now; live event streams end
         core.bus.close_subscribers()
         await core.runtime.toolbox.aclose()

@@ -14,6 +14,8 @@ from turnkeeper.policy.turn_state import LIVE_STATES
 from turnkeeper.providers.prices import prices_status
 from turnkeeper.supervisor.core import SupervisorCore, UnknownTurn
 
+FLEET_WAIT_POLL_S = 0.25
+
 
 class Queries:
     def __init__(self, core: SupervisorCore) -> None:
@@ -34,6 +36,8 @@ class Queries:
         long poll must not hold the shutdown up)."""
         core = self.core
         live = core.live.get(turn_id)
+        if live is None and core.fleet is not None:
+            return await self._wait_in_fleet(turn_id, timeout_s)
         if live is not None:
             with core.clock.move_on_after(timeout_s):
                 async with anyio.create_task_group() as tg:
@@ -44,6 +48,17 @@ class Queries:
                     tg.start_soon(until, live.done)
                     tg.start_soon(until, core.stopping_event)
         return await self.get_turn(turn_id)
+
+    async def _wait_in_fleet(self, turn_id: str, timeout_s: float) -> dict[str, Any]:
+        """A turn another node runs (or none yet): its stored row, read again every
+        quarter second until it has a result, the time is up or the daemon stops."""
+        core = self.core
+        data = await self.get_turn(turn_id)
+        with core.clock.move_on_after(timeout_s):
+            while data.get("result") is None and not core.stopping_event.is_set():
+                await core.clock.sleep(FLEET_WAIT_POLL_S)
+                data = await self.get_turn(turn_id)
+        return data
 
     async def list_turns(self, *, state: str | None, session: str | None, limit: int,
                          since_s: float | None = None, before_seq: int | None = None
@@ -116,6 +131,7 @@ class Queries:
             "mcp_servers": core.runtime.toolbox.server_status(),
             "store": store_status(core.store.outage, now=now),
             "prices": prices_status(core.runtime.config),
+            "fleet": core.fleet.status() if core.fleet is not None else None,
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
         }

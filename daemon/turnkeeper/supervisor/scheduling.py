@@ -19,6 +19,7 @@ from turnkeeper import logging as tk_logging
 from turnkeeper.policy.history import bound_history
 from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.store.fleet import StaleLease
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
 from turnkeeper.turn.runner import TurnControl, TurnRunner
 
@@ -112,6 +113,9 @@ class Scheduling:
                                 clock=core.clock, checkpoint=live.checkpoint,
                                 history=history)
             result = await runner.run()
+            if core.fleet is not None and core.fleet.is_lost(record.id):
+                core.live.pop(record.id, None)  # another node runs it now
+                return
             if result is None:
                 live.checkpoint = runner.checkpoint_data()
                 live.control = TurnControl()
@@ -121,6 +125,9 @@ class Scheduling:
                     core.suspended_turns.append(record.id)
                 return
             await self.finish(live, result)
+        except StaleLease as exc:  # another node holds it now: nothing more is ours
+            core.live.pop(record.id, None)
+            log.warning("turn.lease_lost", turn=record.id, error=str(exc))
         except Exception as exc:  # the store failed under us: the turn stays resumable
             log.error("turn.supervisor_error", turn=record.id,
                       error=f"{type(exc).__name__}: {exc}")
@@ -131,6 +138,8 @@ class Scheduling:
                 core.idle.set()
                 core.idle = anyio.Event()
             self.dispatch()
+            if core.fleet is not None:  # a slot is free: claim the next turn
+                core.fleet.wake()
 
     async def finish(self, live: LiveTurn, result: TurnResult) -> None:
         core = self.core

@@ -1,0 +1,84 @@
+"""What the shared store needs to know about the fleet: the node's name, the claim a
+node holds on a turn, and the error a write with a stale claim gets.
+
+A claim is a lease with a fencing token: each claim of a turn raises its `epoch`, and
+every write of a claimed turn names the epoch it was claimed with. The database refuses
+a write whose epoch is no longer the turn's (StaleLease): a node that was paused past
+its lease (SIGSTOP, a long GC, a partition) finds out at its first write and never
+overwrites the work of the node that took the turn over.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from turnkeeper.store.base import StoreError
+
+NODE_ID_FILE = "node_id"
+
+
+class StaleLease(StoreError):
+    """A write for a turn this node no longer holds: another node claimed it after the
+    lease expired (or the node gave it up). Nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A turn a claim gave this node: its record and checkpoint (conversation attached)
+    and the epoch its writes carry."""
+
+    record: dict[str, Any]
+    checkpoint: dict[str, Any]
+    epoch: int
+
+
+@runtime_checkable
+class FleetStore(Protocol):
+    """A store several daemons share (PostgreSQL): what the fleet room calls on it."""
+
+    node_id: str
+    lease_s: float
+    claims: dict[str, int]  # turn -> epoch of this node's claim
+    lost: set[str]
+
+    async def claim(self, limit: int) -> list[Claimed]: ...
+
+    async def renew(self) -> dict[str, int]: ...
+
+    def abandon(self, turn_ids: Iterable[str]) -> None: ...
+
+    async def release(self) -> int: ...
+
+    async def nodes(self) -> list[dict[str, Any]]: ...
+
+
+def default_node_id(state_dir: Path) -> str:
+    """The host name and a random suffix, made once and kept in the state directory, so
+    a daemon restarted on the same machine is the same node."""
+    path = state_dir / NODE_ID_FILE
+    try:
+        kept = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        kept = ""
+    except OSError as exc:
+        raise StoreError(f"node id file {path} cannot be read: {exc.strerror or exc}"
+                         ) from None
+    if kept:
+        return kept
+    host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())
+    node_id = f"{host[:100] or 'node'}-{secrets.token_hex(3)}"
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        tmp = path.with_name(f".{NODE_ID_FILE}.{os.getpid()}")
+        tmp.write_text(node_id + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StoreError(f"node id file {path} cannot be written: {exc.strerror or exc}"
+                         ) from None
+    return node_id

@@ -1,0 +1,182 @@
+"""Fleet room: several daemons share the turns of one PostgreSQL store.
+
+A node runs only the turns it claimed. The claim loop takes runnable turns up to the
+node's free slots (oldest first; the store keeps a session's turns in order across the
+fleet) when a turn is submitted here, when a slot frees, and every second, so a turn
+submitted on another node, or handed back by one, is picked up within a second. Each
+claim is a lease the heartbeat renews every third of `lease_seconds`; when renewals fail
+for too long (`policy/lease.py` says when, a margin before the lease can expire at the
+database) or the database reports a turn held by another node, the node abandons those
+turns: it writes nothing more for them and sends no call; the store refuses any write
+that still comes (StaleLease). A clean stop suspends the running turns as a reload would
+and hands every held turn back at once; a node that dies loses its turns when their
+leases expire, and the node that claims one resumes it from its last checkpoint with the
+crash rules (an idempotent call sent again with its key, a non-idempotent one in flight
+reported as outcome unknown, never sent again).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from turnkeeper.policy.lease import LeaseTiming, sort_renewal
+from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.store.base import StoreError
+from turnkeeper.store.fleet import FleetStore
+from turnkeeper.supervisor.core import LiveTurn
+from turnkeeper.turn.record import TurnRecord
+
+if TYPE_CHECKING:
+    from turnkeeper.supervisor.core import SupervisorCore
+
+log = structlog.get_logger("turnkeeper.fleet")
+
+CLAIM_EVERY_S = 1.0
+
+
+class Fleet:
+    def __init__(self, core: SupervisorCore, store: FleetStore) -> None:
+        self.core = core
+        self.store = store
+        self.timing = LeaseTiming(store.lease_s)
+        self._wake = anyio.Event()
+        self._claim_lock = anyio.Lock()
+        self._stopping = False
+        self._valid_until = core.clock.monotonic() + self.timing.lease_s
+        self.claimed_total = 0
+        self.lost_total = 0
+        self.released_total = 0
+
+    @property
+    def node_id(self) -> str:
+        return self.store.node_id
+
+    def wake(self) -> None:
+        """Claim now: a turn was submitted here, or a slot was freed."""
+        self._wake.set()
+
+    def status(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "lease_seconds": self.timing.lease_s,
+                "held": len(self.store.claims), "claimed": self.claimed_total,
+                "lost": self.lost_total, "released": self.released_total}
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._claim_loop, name="fleet claims")
+            tg.start_soon(self._heartbeat_loop, name="fleet heartbeat")
+
+    # -- claims ---------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        core = self.core
+        while not self._stopping:
+            with core.clock.move_on_after(CLAIM_EVERY_S):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            if core.state != "ready" or not core.intake_open or core.scheduler.paused:
+                continue
+            free = core.config.daemon.max_concurrent_turns - len(core.live)
+            if free > 0:
+                await self.claim(free)
+
+    async def claim(self, limit: int) -> int:
+        core = self.core
+        async with self._claim_lock:
+            if self._stopping:
+                return 0
+            sent_at = core.clock.monotonic()
+            try:
+                claimed = await self.store.claim(limit)
+            except StoreError as exc:
+                log.warning("fleet.claim_failed", node=self.node_id, error=str(exc))
+                return 0
+            if claimed and not self.store.claims.keys() - {c.record["id"] for c in claimed}:
+                # The only claims held are these: their leases count from now.
+                self._valid_until = self.timing.valid_until(sent_at)
+            for c in claimed:
+                record = TurnRecord.from_json(c.record)
+                if record.state != TurnState.QUEUED:
+                    record.policy_version = core.policy.version
+                core.live[record.id] = LiveTurn(record=record, checkpoint=dict(c.checkpoint))
+                core.scheduler.enqueue(record.id, record.session)
+        if claimed:
+            self.claimed_total += len(claimed)
+            log.info("fleet.claimed", node=self.node_id, turns=len(claimed),
+                     resumed=sum(1 for c in claimed if c.record.get("state") != "queued"))
+            core.scheduling.dispatch()
+        return len(claimed)
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        core = self.core
+        timing = self.timing
+        while not self._stopping:
+            await core.clock.sleep(timing.renew_every_s)
+            if self._stopping:
+                return
+            if timing.lost(self._valid_until, core.clock.monotonic()):
+                # Paused (SIGSTOP, a long GC) or the database silent past the lease.
+                self.abandon(list(self.store.claims), reason="lease expired")
+            held = dict(self.store.claims)
+            sent_at = core.clock.monotonic()
+            renewed: dict[str, int] | None = None
+            with core.clock.move_on_after(timing.renew_every_s):
+                try:
+                    renewed = await self.store.renew()
+                except StoreError as exc:
+                    log.warning("fleet.renew_failed", node=self.node_id, error=str(exc))
+            if renewed is None:
+                continue
+            if timing.lost(timing.valid_until(sent_at), core.clock.monotonic()):
+                continue  # the answer came too late to count on
+            self._valid_until = timing.valid_until(sent_at)
+            # Turns that ended while the renewal ran are no longer held: not lost.
+            still = {t: e for t, e in held.items() if self.store.claims.get(t) == e}
+            outcome = sort_renewal(still, renewed)
+            if outcome.lost:
+                self.abandon(outcome.lost, reason="claimed by another node")
+
+    def abandon(self, turn_ids: Any, *, reason: str) -> None:
+        """Give up turns whose claim is lost: no write, no call. A running one is
+        suspended at once (its writes are refused); a queued one leaves the queue."""
+        core = self.core
+        ids = list(turn_ids)
+        if not ids:
+            return
+        self.store.abandon(ids)
+        self.lost_total += len(ids)
+        log.warning("fleet.lease_lost", node=self.node_id, turns=len(ids), reason=reason)
+        for turn_id in ids:
+            live = core.live.get(turn_id)
+            if live is None:
+                continue
+            if live.running:
+                live.control.suspend(now=True)
+            else:
+                core.scheduler.dequeue(turn_id)
+                core.live.pop(turn_id, None)
+
+    def is_lost(self, turn_id: str) -> bool:
+        return turn_id in self.store.lost
+
+    # -- stop -----------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """After the drain: no more claims, and every held turn handed back (queued ones
+        as they are, running ones suspended with their checkpoint)."""
+        async with self._claim_lock:
+            self._stopping = True
+            self._wake.set()
+            if not self.store.claims:
+                return
+            try:
+                released = await self.store.release()
+            except StoreError as exc:
+                log.warning("fleet.release_failed", node=self.node_id, error=str(exc))
+                return
+        self.released_total += released
+        log.info("fleet.released", node=self.node_id, turns=released)

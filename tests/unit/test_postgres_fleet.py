@@ -1,0 +1,169 @@
+"""Claims, leases and fencing in the PostgreSQL store, with two or three nodes on one
+fresh database of a real server. A lease runs out by the database's clock being moved
+past it (lease_until set in the past), never by a test sleeping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from tests.pg import fresh_database
+
+from turnkeeper.events import Event
+from turnkeeper.store.fleet import StaleLease
+from turnkeeper.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def db() -> AsyncIterator[str]:
+    async with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def nodes(db: str) -> AsyncIterator[list[PostgresStore]]:
+    stores = [PostgresStore(db, node_id=f"n{i}") for i in range(3)]
+    async with anyio.create_task_group() as tg:
+        for store in stores:
+            await store.open()
+            await tg.start(store.run)
+        try:
+            yield stores
+        finally:
+            for store in stores:
+                await store.close()
+
+
+def record(turn_id: str, session: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"id": turn_id, "session": session or turn_id, "state": "queued",
+            "message": "m", "created_at": 1.0, "updated_at": 1.0, "inbox": [], **extra}
+
+
+async def expire(db: str, turn_id: str) -> None:
+    conn = await asyncpg.connect(db)
+    try:
+        await conn.execute("UPDATE turns SET lease_until = now() - interval '1 second'"
+                           " WHERE id = $1", turn_id)
+    finally:
+        await conn.close()
+
+
+async def test_claims_take_the_oldest_turns_once_each_across_nodes(
+        nodes: list[PostgresStore]) -> None:
+    a, b, c = nodes
+    for i in range(10):
+        await a.insert_turn(record(f"t_{i}"), {"i": i})
+    first = await b.claim(3)
+    assert [x.record["id"] for x in first] == ["t_0", "t_1", "t_2"]
+    assert [x.checkpoint for x in first] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert {x.epoch for x in first} == {1}
+    taken: list[str] = [x.record["id"] for x in first]
+
+    async def grab(store: PostgresStore) -> None:
+        for claimed in await store.claim(10):
+            taken.append(str(claimed.record["id"]))
+
+    async with anyio.create_task_group() as tg:  # two claims at once: SKIP LOCKED
+        tg.start_soon(grab, a)
+        tg.start_soon(grab, c)
+    assert sorted(taken) == sorted(f"t_{i}" for i in range(10))
+    assert await b.claim(5) == []
+
+
+async def test_a_sessions_turns_are_claimed_in_order_across_the_fleet(
+        nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for i in range(3):
+        await a.insert_turn(record(f"s_{i}", session="s"), {})
+    await a.insert_turn(record("other"), {})
+    got = await a.claim(1)
+    assert [x.record["id"] for x in got] == ["s_0"]
+    # s_1 waits for s_0, held by a: b takes the other session's turn only.
+    assert [x.record["id"] for x in await b.claim(5)] == ["other"]
+    # a holds s_0 and orders its session itself: it may take the next one, and the one
+    # after that once s_1 is its own (a claim sees the session as it was at its start).
+    assert [x.record["id"] for x in await a.claim(5)] == ["s_1"]
+    assert [x.record["id"] for x in await a.claim(5)] == ["s_2"]
+    await a.save_turn({**record("s_0", session="s"), "state": "completed"})
+    assert "s_0" not in a.claims
+
+
+async def test_an_expired_claim_is_taken_over_and_the_old_holder_is_fenced(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    await a.insert_turn(record("t"), {"step": 0})
+    [mine] = await a.claim(1)
+    await a.save_turn({**record("t"), "state": "running"}, {"step": 1})
+    await expire(db, "t")
+    [theirs] = await b.claim(1)
+    assert theirs.epoch == mine.epoch + 1 and theirs.checkpoint == {"step": 1}
+    # The old holder wakes up (SIGCONT): every write of the turn is refused.
+    with pytest.raises(StaleLease):
+        await a.save_turn({**record("t"), "state": "running"}, {"step": 2})
+    with pytest.raises(StaleLease):
+        await a.journal_intent("k1", turn="t", tool="mail", arguments="{}",
+                               idempotent=False)
+    a.append_event(Event(seq=1, ts=1.0, type="turn.step", turn="t", data={}))
+    await a.flush()
+    assert await a.journal_get("k1") is None
+    assert await a.events() == []
+    assert await a.get_checkpoint("t") == {"step": 1}
+    await b.save_turn({**record("t"), "state": "running"}, {"step": 2})
+    assert await b.get_checkpoint("t") == {"step": 2}
+
+
+async def test_a_non_idempotent_call_needs_a_live_lease_even_if_nobody_took_it(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a = nodes[0]
+    await a.insert_turn(record("t"), {})
+    await a.claim(1)
+    await a.journal_intent("k_ok", turn="t", tool="mail", arguments="{}",
+                           idempotent=False)
+    await expire(db, "t")
+    with pytest.raises(StaleLease, match=r"lease .* has run out"):
+        await a.journal_intent("k_late", turn="t", tool="mail", arguments="{}",
+                               idempotent=False)
+    assert await a.journal_get("k_ok") is not None
+    assert await a.journal_get("k_late") is None
+    # The epoch still holds: a checkpoint is written (the fence is the epoch).
+    await a.save_turn({**record("t"), "state": "running"}, {"step": 1})
+    # Renewing brings the lease back.
+    assert await a.renew() == {"t": 1}
+    await a.journal_intent("k_late", turn="t", tool="mail", arguments="{}",
+                           idempotent=False)
+
+
+async def test_renew_reports_lost_claims_and_abandon_refuses_writes_locally(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for i in range(2):
+        await a.insert_turn(record(f"t_{i}"), {})
+    await a.claim(2)
+    await expire(db, "t_1")
+    await b.claim(1)
+    assert await a.renew() == {"t_0": 1}
+    a.abandon(["t_1"])
+    with pytest.raises(StaleLease, match="lost its claim"):
+        await a.save_turn(record("t_1"), {})
+
+
+async def test_release_hands_turns_back_at_once(nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for i in range(3):
+        await a.insert_turn(record(f"t_{i}"), {})
+    assert len(await a.claim(3)) == 3
+    assert await b.claim(3) == []
+    assert await a.release() == 3
+    assert [x.record["id"] for x in await b.claim(3)] == ["t_0", "t_1", "t_2"]
+    [n0] = [n for n in await b.nodes() if n["node_id"] == "n0"]
+    assert n0["stopped_at"] is not None and not n0["alive"]
