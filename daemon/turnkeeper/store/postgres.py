@@ -24,17 +24,22 @@ time is the server's commit either way; asyncpg spends ~9% less of the daemon's 
 brings its own pool and LISTEN support, and pipelines `executemany` in one round trip.
 
 Event numbers: an event row keeps the number the daemon's bus gave it as its key, as
-in SQLite, so `events(after_seq=...)` and the bus's restart point read the same on both
-backends. Every row also gets `pos`, an identity PostgreSQL assigns at insert: a global
-order of the rows written by every daemon on the database, for readers that follow
-several nodes. (Reserving blocks of bus numbers per node was the other choice; it gives
-each node's events a contiguous range that does not follow time across nodes.)
+in SQLite, so `events(after_seq=...)` reads the same on both backends and a client
+deduplicates by `seq` as before. In a fleet each node's bus numbers from a block of 2**32
+reserved at its start (`event_block_start`), so nodes never share a number without a
+round trip per event (a sequence per event row was the other choice: it would make
+every `append_event` wait for the database, or the bus renumber events after publishing
+them). Every row also gets `pos`, an identity assigned at insert: the order in which
+the rows of every node reached the database.
 
-Until turns are claimed with leases, one daemon at a time uses a database: a
-session-level advisory lock, held by a connection for the life of the store, refuses a
-second one (StoreInUse, exit 69). The server drops the lock when that connection ends,
-kill -9 of the daemon included. The URL's password is never written to a log or an
-error: `redact_url` replaces it.
+Several daemons share a database as a fleet (`supervisor/fleet.py`): each registers
+its node id in `nodes` (a node id whose daemon still beats is refused, StoreInUse, exit
+69) and runs only the turns it claimed. A claim (`claim`) is a lease with a fencing
+epoch; while this node holds a turn, every write of it names the epoch and the database
+refuses it once another node has claimed the turn (StaleLease), and a non-idempotent
+call's intent is written only while the lease holds at the database's clock (see
+`store/fleet.py`). The URL's password is never written to a log or an error:
+`redact_url` replaces it.
 """
 
 from __future__ import annotations
@@ -71,7 +76,10 @@ MAX_PENDING_IDEMPOTENT = 100_000
 POOL_SIZE = 4
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0
+EVENT_BLOCK = 2**32
+EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
 BACKOFF_FIRST = 0.05
+READ_RETRY_S = 10.0
 BACKOFF_MAX = 2.0
 
 
@@ -584,6 +592,25 @@ class PostgresStore:
 
         return check
 
+    async def event_block_start(self) -> int:
+        """Where this node's bus starts numbering: the start of a block of 2**32 numbers
+        no other node has used or will use (each start takes the next block), so the
+        events of several nodes never share a number."""
+        async def reserve(conn: _Conn) -> int:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", EVENT_BLOCK_LOCK)
+                top = await conn.fetchval(
+                    "SELECT GREATEST(COALESCE((SELECT max(seq) FROM events), 0),"
+                    " COALESCE((SELECT value FROM meta WHERE key = 'event_seq_reserved'),"
+                    " 0))")
+                base = (int(top) // EVENT_BLOCK + 1) * EVENT_BLOCK
+                await conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('event_seq_reserved', $1)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value", base)
+                return base
+
+        return await self._read(reserve)
+
     async def claim(self, limit: int) -> list[Claimed]:
         """Take up to `limit` runnable turns, oldest first, that no live node holds: each
         gets a lease and a new epoch. A session's turns are taken in order: a turn is not
@@ -692,10 +719,13 @@ class PostgresStore:
         return self._pool
 
     async def _read(self, read: Callable[[_Conn], Awaitable[_T]]) -> _T:
-        """Run `read` on a pooled connection; a connection found dead (the server
-        restarted, a backend terminated) is dropped and the read tried once more."""
+        """Run `read` on a pooled connection. A connection found dead (the server
+        restarted, a backend terminated) is dropped and the read tried again, with
+        backoff, for up to READ_RETRY_S; then it fails (StoreError)."""
         pool = self._require_pool()
-        for attempt in (1, 2):
+        started = self.clock.monotonic()
+        delay = BACKOFF_FIRST
+        while True:
             try:
                 async with pool.acquire() as conn:
                     try:
@@ -705,11 +735,13 @@ class PostgresStore:
                             conn.terminate()
                         raise
             except _DB_ERRORS as exc:
-                if attempt == 1 and _lost(exc):
-                    continue
-                raise StoreError(f"state database read failed: {type(exc).__name__}: "
-                                 f"{exc}") from exc
-        raise AssertionError("unreachable")
+                if not _lost(exc) or self.clock.monotonic() - started >= READ_RETRY_S \
+                        or self._pool is None:
+                    raise StoreError(f"state database read failed: {type(exc).__name__}: "
+                                     f"{exc}") from exc
+                self.reconnects += 1
+            await self.clock.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX)
 
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async def fetch(conn: _Conn) -> list[asyncpg.Record]:

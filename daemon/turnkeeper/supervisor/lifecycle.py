@@ -62,7 +62,8 @@ class Lifecycle:
         core = self.core
         core.tg = tg
         await core.runtime.toolbox.start(tg)  # MCP servers: connected (or failed) once
-        core.bus.start_at(await core.store.max_event_seq())
+        core.bus.start_at(await core.fleet.store.event_block_start() if core.fleet is not None
+                          else await core.store.max_event_seq())
         resumed = 0
         # In a fleet the unfinished turns are the fleet's: each is claimed, not resumed.
         unfinished = [] if core.fleet is not None else await core.store.unfinished_turns()

@@ -27,6 +27,7 @@ from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store, StoreUnavailable
+from turnkeeper.store.fleet import StaleLease
 from turnkeeper.turn.builtins import Builtins
 from turnkeeper.turn.context import Redirected, Suspended, TurnContext
 from turnkeeper.turn.control import TurnControl
@@ -77,9 +78,10 @@ class TurnRunner:
                     return None
         except Suspended:
             return None
-        except StoreUnavailable:
-            # The store cannot keep what the turn did: no result it does not hold. The
-            # turn resumes from its last stored checkpoint when the daemon starts again.
+        except (StoreUnavailable, StaleLease):
+            # The store cannot keep what the turn did (unwritable, or another node holds
+            # the turn now): no result it does not hold. The turn resumes from its last
+            # stored checkpoint, here after a restart or on the node that holds it.
             raise
         except Exception as exc:  # a daemon bug: still a result, with the partial work
             error_id = uuid.uuid4().hex[:12]

@@ -1,0 +1,202 @@
+"""Three real daemons on one real PostgreSQL database and a real tool server that counts
+each effect by its Idempotency-Key: every turn completes exactly once wherever it was
+submitted, a node killed with SIGKILL loses its turns to the others once its leases
+expire (no non-idempotent key sent twice), and a node stopped cleanly hands its turns
+back at once."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import signal
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.integration.harness import Daemon, scripted_provider
+from tests.integration.tool_server import Reply, ToolServer
+from tests.pg import create_database, drop_database
+
+STEPS = 5  # 4 tool calls and the answer
+SCRIPT = """
+[[scenarios]]
+match = "^work"
+""" + "".join(f"""
+[[scenarios.steps]]
+tool_calls = [{{ name = "effect", arguments = {{ step = {n} }} }}]
+""" for n in range(1, STEPS)) + """
+[[scenarios.steps]]
+reply = "done"
+"""
+
+
+@pytest.fixture
+def db() -> Iterator[str]:
+    url = asyncio.run(create_database())
+    try:
+        yield url
+    finally:
+        asyncio.run(drop_database(url))
+
+
+@pytest.fixture
+def server() -> Iterator[ToolServer]:
+    s = ToolServer().start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def fleet_config(tmp: Path, server: ToolServer, db: str, node: str, *,
+                 lease: float = 15.0) -> str:
+    script = tmp / "script.toml"
+    script.write_text(SCRIPT)
+    return textwrap.dedent(f"""
+        [daemon]
+        max_concurrent_turns = 32
+        max_queued_turns = 1000
+        shutdown_timeout = 10.0
+
+        [store]
+        url = "{db}"
+
+        [fleet]
+        node_id = "{node}"
+        lease_seconds = {lease}
+
+        [budget]
+        max_steps = 10
+
+        [[tools]]
+        name = "effect"
+        kind = "http"
+        url = "{server.url('/effect')}"
+        idempotent = false
+        timeout = 30.0
+        """) + scripted_provider(script)
+
+
+def start_fleet(tmp: Path, server: ToolServer, db: str, *, lease: float = 15.0
+                ) -> list[Daemon]:
+    daemons = [Daemon(tmp, fleet_config(tmp, server, db, f"n{i}", lease=lease),
+                      name=f"n{i}") for i in range(3)]
+    for d in daemons:
+        d.start()
+    return daemons
+
+
+def query(db: str, sql: str, *args: Any) -> list[Any]:
+    async def run() -> list[Any]:
+        conn = await asyncpg.connect(db)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+    return asyncio.run(run())
+
+
+def wait_finished(db: str, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        [(done,)] = query(db, "SELECT count(*) FROM turns WHERE state IN ('completed',"
+                              " 'partial', 'failed', 'blocked', 'cancelled')")
+        if done >= n:
+            return
+        if time.monotonic() > deadline:
+            states = query(db, "SELECT state, owner, count(*) FROM turns GROUP BY 1, 2")
+            raise AssertionError(f"{done} of {n} turns finished in {timeout} s: {states}")
+        time.sleep(0.5)
+
+
+def effect_keys(server: ToolServer) -> collections.Counter[str]:
+    return collections.Counter(str(c.idempotency_key) for c in server.calls("/effect"))
+
+
+def test_300_turns_of_5_steps_on_3_nodes_each_complete_exactly_once(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    daemons = start_fleet(tmp_path, server, db)
+    try:
+        ids = [daemons[i % 3].submit(f"work {i}")["id"] for i in range(300)]
+        wait_finished(db, 300, timeout=300)
+        # Any node answers for any turn.
+        shown = [daemons[(i + 1) % 3].get(f"/v1/turns/{tid}")[1]["turn"]
+                 for i, tid in enumerate(ids[:30])]
+    finally:
+        for d in daemons:
+            d.kill()
+    rows = query(db, "SELECT id, state, owner, record FROM turns")
+    assert len(rows) == 300
+    assert collections.Counter(r["state"] for r in rows) == {"completed": 300}
+    assert {r["owner"] for r in rows} == {"n0", "n1", "n2"}  # the work was shared
+    finished = query(db, "SELECT turn, count(*) AS n FROM events WHERE type ="
+                         " 'turn.finished' GROUP BY turn")
+    assert len(finished) == 300 and {r["n"] for r in finished} == {1}
+    keys = effect_keys(server)
+    assert len(keys) == 300 * (STEPS - 1) and set(keys.values()) == {1}
+    assert all(t["state"] == "completed" for t in shown)
+
+
+def test_a_killed_node_loses_its_turns_to_the_others_after_its_lease(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    server.respond("/effect", Reply(200, delay=0.2))  # each answer differs
+    daemons = start_fleet(tmp_path, server, db, lease=5.0)
+    try:
+        for i in range(60):
+            daemons[i % 3].submit(f"work {i}")
+        victim = daemons[0]
+        deadline = time.monotonic() + 30
+        while not query(db, "SELECT 1 FROM turns WHERE owner = 'n0' AND state = 'running'"):
+            assert time.monotonic() < deadline, "n0 never ran a turn"
+            time.sleep(0.05)
+        time.sleep(0.5)  # n0 is in the middle of its turns' calls
+        victim.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        victim.proc.wait()  # type: ignore[union-attr]
+        wait_finished(db, 60, timeout=240)
+        taken_over = query(db, "SELECT t.id FROM turns t WHERE EXISTS (SELECT 1 FROM"
+                               " events e WHERE e.turn = t.id AND e.type = 'turn.resumed')")
+        status = daemons[1].get("/v1/status")[1]
+    finally:
+        for d in daemons:
+            d.kill()
+    rows = query(db, "SELECT state, owner, record FROM turns")
+    assert collections.Counter(r["state"] for r in rows) == {"completed": 60}
+    assert {r["owner"] for r in rows} <= {"n0", "n1", "n2"}
+    assert taken_over, "no turn of the killed node was resumed elsewhere"
+    # The calls n0 had on the wire were not sent again: their turns say so.
+    unknown = [r for r in rows if any(i.startswith("outcome unknown: ") for i in
+                                      json.loads(r["record"])["result"]["open_issues"])]
+    assert unknown
+    keys = effect_keys(server)
+    assert set(keys.values()) == {1}, [k for k, n in keys.items() if n > 1]
+    assert status["fleet"]["node_id"] == "n1"
+
+
+def test_a_node_stopped_cleanly_hands_its_turns_back_at_once(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    server.hold("/effect")
+    daemons = start_fleet(tmp_path, server, db)
+    try:
+        for i in range(9):
+            daemons[0].submit(f"work {i}")
+        server.wait_for_calls("/effect", 1)
+        held = query(db, "SELECT id FROM turns WHERE owner = 'n0'")
+        assert held
+        server.release("/effect")
+        assert daemons[0].stop() == 0
+        rows = query(db, "SELECT id, state FROM turns WHERE owner = 'n0' AND state NOT IN"
+                         " ('completed', 'partial', 'failed', 'blocked', 'cancelled')")
+        assert rows == []  # handed back, not left to expire
+        wait_finished(db, 9, timeout=120)
+    finally:
+        server.release("/effect")
+        for d in daemons:
+            d.kill()
+    keys = effect_keys(server)
+    assert set(keys.values()) == {1}
