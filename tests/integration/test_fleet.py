@@ -55,9 +55,9 @@ def server() -> Iterator[ToolServer]:
 
 
 def fleet_config(tmp: Path, server: ToolServer, db: str, node: str, *,
-                 lease: float = 15.0) -> str:
+                 lease: float = 15.0, script_text: str = SCRIPT) -> str:
     script = tmp / "script.toml"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     return textwrap.dedent(f"""
         [daemon]
         max_concurrent_turns = 32
@@ -83,9 +83,10 @@ def fleet_config(tmp: Path, server: ToolServer, db: str, node: str, *,
         """) + scripted_provider(script)
 
 
-def start_fleet(tmp: Path, server: ToolServer, db: str, *, lease: float = 15.0
-                ) -> list[Daemon]:
-    daemons = [Daemon(tmp, fleet_config(tmp, server, db, f"n{i}", lease=lease),
+def start_fleet(tmp: Path, server: ToolServer, db: str, *, lease: float = 15.0,
+                script_text: str = SCRIPT) -> list[Daemon]:
+    daemons = [Daemon(tmp, fleet_config(tmp, server, db, f"n{i}", lease=lease,
+                                        script_text=script_text),
                       name=f"n{i}") for i in range(3)]
     for d in daemons:
         d.start()
@@ -200,3 +201,130 @@ def test_a_node_stopped_cleanly_hands_its_turns_back_at_once(
             d.kill()
     keys = effect_keys(server)
     assert set(keys.values()) == {1}
+
+
+def test_a_node_paused_past_its_lease_is_fenced_and_sends_nothing_for_lost_turns(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    server.respond("/effect", Reply(200, delay=0.2))
+    daemons = start_fleet(tmp_path, server, db, lease=4.0)
+    paused = daemons[0]
+    try:
+        for i in range(30):
+            daemons[i % 3].submit(f"work {i}")
+        deadline = time.monotonic() + 30
+        while not query(db, "SELECT 1 FROM turns WHERE owner = 'n0' AND state = 'running'"):
+            assert time.monotonic() < deadline, "n0 never ran a turn"
+            time.sleep(0.05)
+        held = {r["id"] for r in query(db, "SELECT id FROM turns WHERE owner = 'n0' AND"
+                                           " state NOT IN ('completed', 'partial',"
+                                           " 'failed', 'blocked', 'cancelled')")}
+        paused.signal(signal.SIGSTOP)
+        try:
+            # Until every turn n0 held is finished or held by another node.
+            deadline = time.monotonic() + 60
+            while query(db, "SELECT 1 FROM turns WHERE id = ANY($1::text[]) AND owner ="
+                            " 'n0' AND state NOT IN ('completed', 'partial', 'failed',"
+                            " 'blocked', 'cancelled')", list(held)):
+                assert time.monotonic() < deadline, "n0's turns were never taken over"
+                time.sleep(0.2)
+        finally:
+            paused.signal(signal.SIGCONT)
+        wait_finished(db, 30, timeout=120)
+        assert paused.get("/v1/status")[0] == 200  # it woke up and runs on
+    finally:
+        for d in daemons:
+            d.kill()
+    rows = query(db, "SELECT state FROM turns")
+    assert collections.Counter(r["state"] for r in rows) == {"completed": 30}
+    keys = effect_keys(server)
+    assert set(keys.values()) == {1}, [k for k, n in keys.items() if n > 1]
+    log = paused.log_text()
+    assert "fleet.lease_lost" in log or "turn.lease_lost" in log
+    finished = query(db, "SELECT turn, count(*) AS n FROM events WHERE type ="
+                         " 'turn.finished' GROUP BY turn")
+    assert len(finished) == 30 and {r["n"] for r in finished} == {1}
+
+
+MESSAGES_SCRIPT = """
+[[scenarios]]
+match = "^ask"
+[[scenarios.steps]]
+tool_calls = [{ name = "clarify", arguments = { question = "which city?" } }]
+[[scenarios.steps]]
+reply = "going to $last_tool_result"
+
+[[scenarios]]
+match = "^steer"
+[[scenarios.steps]]
+tool_calls = [{ name = "effect", arguments = { step = 1 } }]
+[[scenarios.steps]]
+reply = "heard: $last_user"
+
+[[scenarios]]
+match = "^cancel"
+[[scenarios.steps]]
+tool_calls = [{ name = "effect", arguments = { step = 1 } }]
+[[scenarios.steps]]
+reply = "not cancelled"
+"""
+
+
+def owner_of(db: str, turn_id: str, state: str) -> str:
+    deadline = time.monotonic() + 30
+    while True:
+        rows = query(db, "SELECT owner FROM turns WHERE id = $1 AND state = $2", turn_id,
+                     state)
+        if rows and rows[0]["owner"]:
+            return str(rows[0]["owner"])
+        assert time.monotonic() < deadline, f"{turn_id} never {state}"
+        time.sleep(0.05)
+
+
+def test_answer_steer_and_cancel_reach_a_turn_through_a_node_that_does_not_run_it(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    daemons = start_fleet(tmp_path, server, db, script_text=MESSAGES_SCRIPT)
+    by_id = {f"n{i}": d for i, d in enumerate(daemons)}
+    try:
+        asked = daemons[0].submit("ask")["id"]
+        owner = owner_of(db, asked, "waiting")
+        other = next(d for n, d in by_id.items() if n != owner)
+        status, _ = other.post(f"/v1/turns/{asked}/messages",
+                               {"kind": "answer", "text": "Lisbon"})
+        assert status == 202
+        done = other.wait(asked, timeout=30)
+        assert done["state"] == "completed"
+        assert done["result"]["answer"] == "going to Lisbon"
+
+        server.hold("/effect")
+        steered = daemons[1].submit("steer")["id"]
+        server.wait_for_calls("/effect", 1)
+        owner = owner_of(db, steered, "running")
+        other = next(d for n, d in by_id.items() if n != owner)
+        status, _ = other.post(f"/v1/turns/{steered}/messages",
+                               {"kind": "steer", "text": "turn left"})
+        assert status == 202
+        deadline = time.monotonic() + 10
+        while query(db, "SELECT 1 FROM mail"):  # taken in by the owner
+            assert time.monotonic() < deadline, "the steer never reached the owner"
+            time.sleep(0.05)
+        server.release("/effect")
+        done = other.wait(steered, timeout=30)
+        assert done["result"]["answer"] == "heard: turn left"
+
+        server.hold("/effect")
+        cancelled = daemons[2].submit("cancel")["id"]
+        server.wait_for_calls("/effect", 2)
+        owner = owner_of(db, cancelled, "running")
+        other = next(d for n, d in by_id.items() if n != owner)
+        status, body = other.post(f"/v1/turns/{cancelled}/cancel", {})
+        assert status == 202 and body["state"] == "cancelling"
+        while query(db, "SELECT 1 FROM mail"):
+            assert time.monotonic() < deadline + 20, "the cancel never reached the owner"
+            time.sleep(0.05)
+        server.release("/effect")
+        done = other.wait(cancelled, timeout=30)
+        assert done["state"] == "cancelled"
+    finally:
+        server.release("/effect")
+        for d in daemons:
+            d.kill()

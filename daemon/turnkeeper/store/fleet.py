@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 from turnkeeper.store.base import StoreError
 
 NODE_ID_FILE = "node_id"
+CHANNEL_TURNS = "turnkeeper_turns"  # NOTIFY: a turn to claim (submitted, requeued, handed back)
+CHANNEL_MAIL = "turnkeeper_mail"  # NOTIFY: mail for a turn, the payload its id
 
 
 class StaleLease(StoreError):
@@ -58,6 +60,18 @@ class FleetStore(Protocol):
     async def release(self) -> int: ...
 
     async def nodes(self) -> list[dict[str, Any]]: ...
+
+    async def post_mail(self, turn_id: str, kind: str, body: dict[str, Any]) -> None: ...
+
+    async def pending_mail(self) -> list[tuple[int, str, str, dict[str, Any]]]: ...
+
+    async def drop_mail(self, mail_id: int) -> None: ...
+
+    async def append_message(self, turn_id: str, message: dict[str, Any], *,
+                             updated_at: float, events: Any = (),
+                             mail_id: int | None = None) -> None: ...
+
+    async def listen(self, on_notify: Callable[[str, str], None]) -> None: ...
 
 
 def default_node_id(state_dir: Path) -> str:

@@ -65,7 +65,7 @@ from turnkeeper.events import Event
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import StoreError, StoreInUse, dead_letter_entry
-from turnkeeper.store.fleet import Claimed, StaleLease
+from turnkeeper.store.fleet import CHANNEL_MAIL, CHANNEL_TURNS, Claimed, StaleLease
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
@@ -171,6 +171,9 @@ def _event_statement(event: Event) -> _Statement:
             (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json())))
 
 
+_NOTIFY_TURNS: _Statement = ("SELECT pg_notify($1, '')", (CHANNEL_TURNS,))
+
+
 def _message_statements(turn_id: str, messages: MessageRows | None) -> list[_Op]:
     if messages is None:
         return []
@@ -201,6 +204,7 @@ class PostgresStore:
         # writes of a held turn are fenced by its epoch, writes of a lost one refused.
         self.claims: dict[str, int] = {}
         self.lost: set[str] = set()
+        self._key_turn: dict[str, str] = {}  # journal keys of claimed turns in flight
         self.where = redact_url(url)
         self.clock = clock or SystemClock()
         self.fatal_after = fatal_after
@@ -448,7 +452,7 @@ class PostgresStore:
                 record["seq"] = int(await conn.fetchval(
                     "SELECT seq FROM turns WHERE id = $1", record["id"]))
 
-        await self._write([insert, *map(self._event_op, events)])
+        await self._write([insert, *map(self._event_op, events), _NOTIFY_TURNS])
         return int(record["seq"])
 
     async def save_turn(self, record: dict[str, Any],
@@ -495,7 +499,8 @@ class PostgresStore:
         return self.claims.get(turn_id)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
-                             updated_at: float, events: Sequence[Event] = ()) -> None:
+                             updated_at: float, events: Sequence[Event] = (),
+                             mail_id: int | None = None) -> None:
         """Add a user message to the stored inbox of a turn, leaving the rest of its
         record as of its last checkpoint (the row is locked while it is changed)."""
         async def append(conn: _Conn) -> None:
@@ -510,7 +515,10 @@ class PostgresStore:
             await conn.execute("UPDATE turns SET updated_at = $1, record = $2 WHERE id = $3",
                                updated_at, _dumps(record), turn_id)
 
-        await self._write([append, *map(self._event_op, events)])
+        ops: list[_Op] = [append, *map(self._event_op, events)]
+        if mail_id is not None:  # delivered from another node: taken in the same commit
+            ops.append(("DELETE FROM mail WHERE id = $1", (mail_id,)))
+        await self._write(ops)
 
     def append_event(self, event: Event) -> None:
         if event.turn is not None and event.turn in self.lost:
@@ -542,8 +550,10 @@ class PostgresStore:
             " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING",
             (key, turn, tool, arguments, idempotent))]
         epoch = self._fence(turn)
-        if epoch is not None and not idempotent:
-            ops.insert(0, self._lease_check(turn, epoch))
+        if epoch is not None:
+            self._key_turn[key] = turn
+            if not idempotent:
+                ops.insert(0, self._lease_check(turn, epoch))
         if idempotent:
             if len(self._idempotent_keys) < MAX_PENDING_IDEMPOTENT:
                 self._idempotent_keys.add(key)
@@ -552,6 +562,9 @@ class PostgresStore:
             await self._write(ops)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
+        turn = self._key_turn.pop(key, None)
+        if turn is not None:
+            self._fence(turn)  # a lost turn's outcome is the new holder's to write
         ops: list[_Op] = [("UPDATE journal SET outcome = $1 WHERE key = $2",
                            (_dumps(outcome), key))]
         if key in self._idempotent_keys:
@@ -570,7 +583,8 @@ class PostgresStore:
             " stop_code = $5, replayed_by = NULL, owner = NULL, lease_until = NULL"
             " WHERE id = $6",
             (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
-             _stop_code(record), record["id"])), *map(self._event_op, events)])
+             _stop_code(record), record["id"])), *map(self._event_op, events),
+            _NOTIFY_TURNS])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         await self._write([("UPDATE turns SET replayed_by = $1 WHERE id = $2",
@@ -686,13 +700,56 @@ class PostgresStore:
             async with conn.transaction():
                 await conn.execute("UPDATE nodes SET stopped_at = now(), turns = 0"
                                    " WHERE node_id = $1", self.node_id)
-                return await conn.execute(
+                status = await conn.execute(
                     "UPDATE turns SET owner = NULL, lease_until = NULL WHERE owner = $1"
                     " AND id = ANY($2::text[])", self.node_id, held)
+                await conn.execute("SELECT pg_notify($1, '')", CHANNEL_TURNS)
+                return status
 
         status = await self._read(give_back)
         self.claims.clear()
         return int(status.split()[-1])
+
+    async def post_mail(self, turn_id: str, kind: str, body: dict[str, Any]) -> None:
+        """A message (steer, answer, cancel) for a turn another node runs, durable when
+        this returns; the node holding the turn hears of it at once (NOTIFY)."""
+        await self._write([("INSERT INTO mail (turn, kind, body) VALUES ($1, $2, $3)",
+                            (turn_id, kind, _dumps(body))),
+                           ("SELECT pg_notify($1, $2)", (CHANNEL_MAIL, turn_id))])
+
+    async def pending_mail(self) -> list[tuple[int, str, str, dict[str, Any]]]:
+        """Mail for the turns this node holds, oldest first: (id, turn, kind, body)."""
+        if not self.claims:
+            return []
+        rows = await self._fetch("SELECT id, turn, kind, body FROM mail WHERE turn ="
+                                 " ANY($1::text[]) ORDER BY id", list(self.claims))
+        return [(r["id"], r["turn"], r["kind"], json.loads(r["body"])) for r in rows]
+
+    async def drop_mail(self, mail_id: int) -> None:
+        await self._write([("DELETE FROM mail WHERE id = $1", (mail_id,))])
+
+    async def listen(self, on_notify: Callable[[str, str], None]) -> None:
+        """Hear NOTIFY on the fleet's channels until cancelled or the connection is lost
+        (then it raises StoreError: the caller listens again)."""
+        try:
+            conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT)
+        except _DB_ERRORS as exc:
+            raise StoreError(f"listen: {type(exc).__name__}: {exc}") from exc
+        lost = anyio.Event()
+
+        def heard(_conn: Any, _pid: int, channel: str, payload: object) -> None:
+            on_notify(channel, str(payload))
+
+        try:
+            conn.add_termination_listener(lambda _conn: lost.set())
+            await conn.add_listener(CHANNEL_TURNS, heard)
+            await conn.add_listener(CHANNEL_MAIL, heard)
+            await lost.wait()
+            raise StoreError("listen: the connection was closed")
+        except _DB_ERRORS as exc:
+            raise StoreError(f"listen: {type(exc).__name__}: {exc}") from exc
+        finally:
+            conn.terminate()
 
     async def nodes(self) -> list[dict[str, Any]]:
         """The fleet as the database sees it: each node, its heartbeat and its turns."""

@@ -17,7 +17,7 @@ from turnkeeper.store.base import StoreError
 if TYPE_CHECKING:
     import asyncpg
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -89,6 +89,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX turns_unfinished ON turns (seq) WHERE state NOT IN"
         " ('blocked', 'cancelled', 'completed', 'failed', 'partial')",
         "CREATE INDEX turns_owner ON turns (owner) WHERE owner IS NOT NULL",
+    ),
+    (
+        # Messages (steer, answer, cancel) for a turn another node runs: kept until the
+        # node holding the turn has applied them.
+        """CREATE TABLE mail (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            turn TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            body TEXT NOT NULL
+        )""",
+        "CREATE INDEX mail_turn ON mail (turn, id)",
     ),
 )
 

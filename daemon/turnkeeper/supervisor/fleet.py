@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from turnkeeper import event_types as ev
 from turnkeeper.policy.lease import LeaseTiming, sort_renewal
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
-from turnkeeper.store.fleet import FleetStore
-from turnkeeper.supervisor.core import LiveTurn
+from turnkeeper.store.fleet import CHANNEL_MAIL, FleetStore
+from turnkeeper.supervisor.core import LiveTurn, NotWaiting, TurnFinished
 from turnkeeper.turn.record import TurnRecord
 
 if TYPE_CHECKING:
-    from turnkeeper.supervisor.core import SupervisorCore
+    from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.fleet")
 
@@ -38,7 +39,7 @@ CLAIM_EVERY_S = 1.0
 
 
 class Fleet:
-    def __init__(self, core: SupervisorCore, store: FleetStore) -> None:
+    def __init__(self, core: Supervisor, store: FleetStore) -> None:
         self.core = core
         self.store = store
         self.timing = LeaseTiming(store.lease_s)
@@ -67,6 +68,7 @@ class Fleet:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._claim_loop, name="fleet claims")
             tg.start_soon(self._heartbeat_loop, name="fleet heartbeat")
+            tg.start_soon(self._listen_loop, name="fleet listener")
 
     # -- claims ---------------------------------------------------------------------
 
@@ -76,6 +78,8 @@ class Fleet:
             with core.clock.move_on_after(CLAIM_EVERY_S):
                 await self._wake.wait()
             self._wake = anyio.Event()
+            if core.state != "stopping":
+                await self.deliver_mail()
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
                 continue
             free = core.config.daemon.max_concurrent_turns - len(core.live)
@@ -108,6 +112,88 @@ class Fleet:
                      resumed=sum(1 for c in claimed if c.record.get("state") != "queued"))
             core.scheduling.dispatch()
         return len(claimed)
+
+    async def _listen_loop(self) -> None:
+        """NOTIFY wakes the claim loop at once (a turn to claim, mail for a turn); when
+        the listening connection is lost the loop's one-second tick still finds both."""
+        while not self._stopping:
+            try:
+                await self.store.listen(self._heard)
+            except StoreError as exc:
+                log.debug("fleet.listen_lost", node=self.node_id, error=str(exc))
+            await self.core.clock.sleep(CLAIM_EVERY_S)
+
+    def _heard(self, channel: str, payload: str) -> None:
+        if channel != CHANNEL_MAIL or payload in self.store.claims:
+            self.wake()
+
+    # -- messages for turns held elsewhere --------------------------------------------
+
+    async def send_message(self, turn_id: str, data: dict[str, Any], *, kind: str, text: str,
+                           redirect: bool) -> dict[str, Any]:
+        """A steer or an answer for a turn this node does not run: durable mail the node
+        holding it (or the next one to claim it) applies within a second."""
+        if data.get("result") is not None or TurnState(data["state"]).terminal:
+            raise TurnFinished(turn_id)
+        if kind == "answer" and data.get("question") is None:
+            raise NotWaiting(f"turn {turn_id} is {data['state']} and asked no question; "
+                             "send a steer instead")
+        await self.store.post_mail(turn_id, "message", {"kind": kind, "text": text,
+                                                        "redirect": redirect})
+        return {"turn": turn_id, "accepted": kind}
+
+    async def send_cancel(self, turn_id: str, data: dict[str, Any], *, now: bool
+                          ) -> dict[str, Any]:
+        if data.get("result") is not None or TurnState(data["state"]).terminal:
+            return {"turn": turn_id, "state": data["state"]}
+        await self.store.post_mail(turn_id, "cancel", {"now": now})
+        return {"turn": turn_id, "state": "cancelling"}
+
+    async def deliver_mail(self) -> None:
+        """Apply the mail for the turns this node holds, each message in the same commit
+        as its removal from the mailbox (exactly once, even across a crash)."""
+        core = self.core
+        try:
+            mail = await self.store.pending_mail()
+        except StoreError as exc:
+            log.warning("fleet.mail_failed", node=self.node_id, error=str(exc))
+            return
+        for mail_id, turn_id, kind, body in mail:
+            live = core.live.get(turn_id)
+            if live is None or turn_id not in self.store.claims:
+                continue
+            try:
+                if kind == "cancel":
+                    await self.store.drop_mail(mail_id)
+                    await core.intake.cancel(turn_id, now=bool(body.get("now")))
+                else:
+                    await self._apply(live, mail_id, body)
+            except StoreError as exc:
+                log.warning("fleet.mail_failed", node=self.node_id, turn=turn_id,
+                            error=str(exc))
+
+    async def _apply(self, live: LiveTurn, mail_id: int, body: dict[str, Any]) -> None:
+        core = self.core
+        record = live.record
+        kind, text, redirect = str(body["kind"]), str(body["text"]), bool(body["redirect"])
+        if record.result is not None or record.terminal or (
+                kind == "answer" and record.question is None):
+            log.warning("fleet.mail_dropped", node=self.node_id, turn=record.id, kind=kind,
+                        state=record.state)
+            await self.store.drop_mail(mail_id)
+            return
+        now = core.clock.time()
+        message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
+        record.inbox.append(message)
+        record.updated_at = now
+        event = core.bus.prepare(ev.TurnMessage(kind=kind, text=text[:2000],
+                                                redirect=redirect), turn=record.id)
+        await self.store.append_message(record.id, message, updated_at=now, events=[event],
+                                        mail_id=mail_id)
+        core.bus.deliver(event)
+        log.info("turn.message", turn=record.id, kind=kind, redirect=redirect,
+                 node=self.node_id, via="mail")
+        live.control.message_arrived(redirect=redirect)
 
     # -- leases ---------------------------------------------------------------------
 

@@ -258,8 +258,12 @@ class Intake:
         core = self.core
         live = core.live.get(turn_id)
         if live is None:
-            if await core.store.get_turn(turn_id) is None:
+            data = await core.store.get_turn(turn_id)
+            if data is None:
                 raise UnknownTurn(turn_id)
+            if core.fleet is not None:  # run by another node, or by none yet: mail it
+                return await core.fleet.send_message(turn_id, data, kind=kind, text=text,
+                                                     redirect=redirect)
             raise TurnFinished(turn_id)
         record = live.record
         if record.result is not None or record.terminal:
@@ -292,6 +296,8 @@ class Intake:
             data = await core.store.get_turn(turn_id)
             if data is None:
                 raise UnknownTurn(turn_id)
+            if core.fleet is not None:  # run by another node, or by none yet: mail it
+                return await core.fleet.send_cancel(turn_id, data, now=now)
             return {"turn": turn_id, "state": data["state"]}
         if live.running:
             live.control.cancel(now=now)
