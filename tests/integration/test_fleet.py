@@ -10,6 +10,8 @@ import asyncio
 import collections
 import json
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -195,12 +197,26 @@ def test_a_node_stopped_cleanly_hands_its_turns_back_at_once(
                          " ('completed', 'partial', 'failed', 'blocked', 'cancelled')")
         assert rows == []  # handed back, not left to expire
         wait_finished(db, 9, timeout=120)
+        status, fleet = daemons[1].get("/v1/fleet")
+        cli = subprocess.run([sys.executable, "-m", "turnkeeper", "--socket",
+                              str(daemons[1].socket), "fleet"], capture_output=True,
+                             text=True, timeout=30, check=False)
+        status_text = subprocess.run([sys.executable, "-m", "turnkeeper", "--socket",
+                                      str(daemons[2].socket), "status"],
+                                     capture_output=True, text=True, timeout=30, check=False)
     finally:
         server.release("/effect")
         for d in daemons:
             d.kill()
     keys = effect_keys(server)
     assert set(keys.values()) == {1}
+    assert status == 200 and fleet["node_id"] == "n1"
+    nodes = {n["node_id"]: n for n in fleet["nodes"]}
+    assert nodes["n0"]["stopped_at"] is not None and not nodes["n0"]["alive"]
+    assert nodes["n1"]["alive"] and nodes["n2"]["alive"]
+    assert cli.returncode == 0, cli.stderr
+    assert "n0" in cli.stdout and "stopped" in cli.stdout and "n1 *" in cli.stdout
+    assert "fleet        node n2" in status_text.stdout
 
 
 def test_a_node_paused_past_its_lease_is_fenced_and_sends_nothing_for_lost_turns(

@@ -31,6 +31,7 @@ from turnkeeper.cli.base import (
 from turnkeeper.cli.operate import (
     cmd_completion,
     cmd_config,
+    cmd_fleet,
     cmd_pause,
     cmd_prune,
     cmd_resume,
@@ -355,6 +356,10 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("status", "daemon status",
             "The daemon's state, policy, reloads, turns, queue, breakers and MCP servers.",
             status_setup, cmd_status),
+    Command("fleet", "the daemons sharing the store",
+            "Every node on the shared PostgreSQL store: up, stopped or silent, the turns it "
+            "holds, its pid and host, its last heartbeat (this daemon marked *).",
+            no_args, cmd_fleet),
     Command("turns", "list turns", "List turns, newest first.", _turns_setup, cmd_turns),
     Command("show", "show one turn", "A turn's state, counters, usage and result.",
             turn_id_arg, cmd_show),

@@ -81,6 +81,11 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
                          lambda data: "\n".join(render.status_lines(data)))
 
 
+def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
+    return get_and_print(client, args, "/v1/fleet",
+                         lambda data: "\n".join(render.fleet_lines(data)))
+
+
 def _check(client: Client, args: argparse.Namespace) -> int:
     status, data = client.request("GET", "/v1/health")
     if status not in (200, 503) or not isinstance(data, dict) or "problems" not in data:

@@ -152,6 +152,25 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         wait = f"; next start in {max(0.0, nxt - time.time()):.1f} s" if nxt else ""
         lines.append(f"mcp server   {name} {srv['state'].upper()} ({srv['transport']}): "
                      f"{srv.get('last_error') or '-'}{wait}; {restarts}")
+    fleet = data.get("fleet")
+    if fleet:
+        lines.append(f"fleet        node {fleet['node_id']}, holding {fleet['held']} turns "
+                     f"(lease {fleet['lease_seconds']:g} s; {fleet['lost']} lost, "
+                     f"{fleet['released']} handed back); `turnkeeper fleet` lists the nodes")
+    if data.get("store_problem"):
+        lines.append(f"store        WAITING: {data['store_problem']}")
+    return lines
+
+
+def fleet_lines(data: dict[str, Any]) -> list[str]:
+    """`turnkeeper fleet`: every node on the shared store, this one marked."""
+    lines = [f"{'node':<24} {'state':<8} {'turns':>5}  {'pid':>7}  host, heartbeat"]
+    now = time.time()
+    for n in data["nodes"]:
+        state = "stopped" if n["stopped_at"] else "up" if n["alive"] else "SILENT"
+        mark = " *" if n["node_id"] == data["node_id"] else ""
+        lines.append(f"{n['node_id'] + mark:<24} {state:<8} {n['turns']:>5}  {n['pid']:>7}  "
+                     f"{n['host']}, {max(0.0, now - n['heartbeat_at']):.1f} s ago")
     return lines
 
 

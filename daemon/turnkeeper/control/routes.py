@@ -268,6 +268,18 @@ async def cancel(request: web.Request) -> web.Response:
     return web.json_response(out, status=202)
 
 
+async def fleet(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    if sup.fleet is None:
+        return error(409, "not a fleet: this daemon keeps its turns in its own SQLite file "
+                          "([store] url is empty)")
+    try:
+        nodes = await sup.fleet.store.nodes()
+    except StoreError as exc:
+        return error(503, str(exc))
+    return web.json_response({**sup.fleet.status(), "nodes": nodes})
+
+
 async def reload(request: web.Request) -> web.Response:
     outcome = await request.app[SUPERVISOR].reload("api")
     if outcome.stopping:  # not the config's fault: 503, as for a submit while stopping
@@ -320,6 +332,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/events", event_routes.all_events)
     app.router.add_get("/v1/logs", log_routes.recent_logs)
     app.router.add_post("/v1/reload", reload)
+    app.router.add_get("/v1/fleet", fleet)
     app.router.add_get("/v1/dead-letters", dead_letters)
     app.router.add_get("/v1/limits/report", limits_report)
     app.router.add_post("/v1/dead-letters/{id}/replay", replay)
