@@ -165,10 +165,19 @@ _Call = Callable[[_Conn], Awaitable[None]]
 _Op = _Statement | _Call
 
 
+_EVENT_INSERT = ("INSERT INTO events (seq, turn, ts, type, data) VALUES ($1, $2, $3, $4, $5)"
+                 " ON CONFLICT (seq) DO NOTHING")
+# An event of a claimed turn: written only while the claim's epoch is the turn's.
+_EVENT_INSERT_FENCED = (
+    "INSERT INTO events (seq, turn, ts, type, data) SELECT $1, $2, $3, $4, $5"
+    " WHERE EXISTS (SELECT 1 FROM turns WHERE id = $2 AND epoch = $6)"
+    " ON CONFLICT (seq) DO NOTHING")
+_EVENT_SQL = frozenset({_EVENT_INSERT, _EVENT_INSERT_FENCED})
+
+
 def _event_statement(event: Event) -> _Statement:
-    return ("INSERT INTO events (seq, turn, ts, type, data) VALUES ($1, $2, $3, $4, $5)"
-            " ON CONFLICT (seq) DO NOTHING",
-            (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json())))
+    return (_EVENT_INSERT, (event.seq, event.turn, event.ts, event.type,
+                            _dumps(event.to_json())))
 
 
 _NOTIFY_TURNS: _Statement = ("SELECT pg_notify($1, '')", (CHANNEL_TURNS,))
@@ -380,22 +389,36 @@ class PostgresStore:
 
     @staticmethod
     async def _transaction(conn: _Conn, ops: Sequence[_Op]) -> None:
+        """The ops in one transaction, in order, except event rows: those go last, each
+        shape in one pipelined `executemany` (an event row depends on no other write of
+        the transaction, and the transaction commits them all or none), which saves a
+        round trip per event."""
+        rest = [op for op in ops if not (isinstance(op, tuple) and op[0] in _EVENT_SQL)]
+        events: dict[str, list[Sequence[Any]]] = {}
+        for op in ops:
+            if isinstance(op, tuple) and op[0] in _EVENT_SQL:
+                events.setdefault(op[0], []).append(op[1])
         async with conn.transaction():
-            i, n = 0, len(ops)
+            i, n = 0, len(rest)
             while i < n:
-                op = ops[i]
+                op = rest[i]
                 if not isinstance(op, tuple):
                     await op(conn)
                     i += 1
                     continue
                 sql, j = op[0], i + 1
-                while j < n and isinstance(ops[j], tuple) and ops[j][0] == sql:  # type: ignore[index]
+                while j < n and isinstance(rest[j], tuple) and rest[j][0] == sql:  # type: ignore[index]
                     j += 1
                 if j - i == 1:
                     await conn.execute(sql, *op[1])
                 else:
-                    await conn.executemany(sql, [o[1] for o in ops[i:j]])  # type: ignore[index]
+                    await conn.executemany(sql, [o[1] for o in rest[i:j]])  # type: ignore[index]
                 i = j
+            for sql, rows in events.items():
+                if len(rows) == 1:
+                    await conn.execute(sql, *rows[0])
+                else:
+                    await conn.executemany(sql, rows)
 
     async def close(self) -> None:
         self._closed = True
@@ -530,10 +553,8 @@ class PostgresStore:
         epoch = self.claims.get(event.turn) if event.turn is not None else None
         if epoch is None:
             return _event_statement(event)
-        return ("INSERT INTO events (seq, turn, ts, type, data) SELECT $1, $2, $3, $4, $5"
-                " WHERE EXISTS (SELECT 1 FROM turns WHERE id = $2 AND epoch = $6)"
-                " ON CONFLICT (seq) DO NOTHING",
-                (event.seq, event.turn, event.ts, event.type, _dumps(event.to_json()), epoch))
+        return (_EVENT_INSERT_FENCED, (event.seq, event.turn, event.ts, event.type,
+                                       _dumps(event.to_json()), epoch))
 
     def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(

@@ -46,6 +46,7 @@ class Fleet:
         self._wake = anyio.Event()
         self._claim_lock = anyio.Lock()
         self._stopping = False
+        self._mail_due = False
         self._valid_until = core.clock.monotonic() + self.timing.lease_s
         self.claimed_total = 0
         self.lost_total = 0
@@ -75,10 +76,13 @@ class Fleet:
     async def _claim_loop(self) -> None:
         core = self.core
         while not self._stopping:
-            with core.clock.move_on_after(CLAIM_EVERY_S):
+            with core.clock.move_on_after(CLAIM_EVERY_S) as tick:
                 await self._wake.wait()
             self._wake = anyio.Event()
-            if core.state != "stopping":
+            # Mail is looked for when NOTIFY announced some, and every tick (a NOTIFY
+            # missed while the listener reconnected): not at each submit or freed slot.
+            if core.state != "stopping" and (tick.cancelled_caught or self._mail_due):
+                self._mail_due = False
                 await self.deliver_mail()
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
                 continue
@@ -124,8 +128,11 @@ class Fleet:
             await self.core.clock.sleep(CLAIM_EVERY_S)
 
     def _heard(self, channel: str, payload: str) -> None:
-        if channel != CHANNEL_MAIL or payload in self.store.claims:
-            self.wake()
+        if channel == CHANNEL_MAIL:
+            if payload not in self.store.claims:
+                return
+            self._mail_due = True
+        self.wake()
 
     # -- messages for turns held elsewhere --------------------------------------------
 
