@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -344,3 +345,39 @@ def test_answer_steer_and_cancel_reach_a_turn_through_a_node_that_does_not_run_i
         server.release("/effect")
         for d in daemons:
             d.kill()
+
+
+def test_connections_killed_mid_run_on_every_node_cost_no_turn(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    daemons = start_fleet(tmp_path, server, db)
+    stop = threading.Event()
+    killed: list[int] = []
+
+    def keep_killing() -> None:
+        while not stop.wait(0.1):
+            [(n,)] = query(db, "SELECT count(pg_terminate_backend(pid)) FROM"
+                               " pg_stat_activity WHERE datname = current_database() AND"
+                               " pid <> pg_backend_pid() AND application_name LIKE"
+                               " 'turnkeeper%'")
+            killed.append(int(n))
+
+    killer = threading.Thread(target=keep_killing, name="pg_terminate_backend")
+    try:
+        for i in range(90):
+            daemons[i % 3].submit(f"work {i}")
+        killer.start()
+        wait_finished(db, 90, timeout=240)
+    finally:
+        stop.set()
+        if killer.is_alive():
+            killer.join()
+        for d in daemons:
+            d.kill()
+    assert sum(killed) > 0
+    rows = query(db, "SELECT state FROM turns")
+    assert collections.Counter(r["state"] for r in rows) == {"completed": 90}
+    keys = effect_keys(server)
+    assert set(keys.values()) == {1}, [k for k, n in keys.items() if n > 1]
+    finished = query(db, "SELECT turn, count(*) AS n FROM events WHERE type ="
+                         " 'turn.finished' GROUP BY turn")
+    assert len(finished) == 90 and {r["n"] for r in finished} == {1}
