@@ -324,9 +324,18 @@ def test_answer_steer_and_cancel_reach_a_turn_through_a_node_that_does_not_run_i
         while query(db, "SELECT 1 FROM mail"):  # taken in by the owner
             assert time.monotonic() < deadline, "the steer never reached the owner"
             time.sleep(0.05)
+        followed: list[dict[str, Any]] = []
+        follower = threading.Thread(target=lambda: followed.extend(other.events(steered)),
+                                    name="follow through a non-owner")
+        follower.start()
         server.release("/effect")
         done = other.wait(steered, timeout=30)
         assert done["result"]["answer"] == "heard: turn left"
+        follower.join(30)
+        assert not follower.is_alive(), "following through a non-owner never ended"
+        types = [e["type"] for e in followed]
+        assert types[0] == "turn.queued" and types[-1] == "turn.finished"
+        assert "turn.message" in types and "tool.result" in types
 
         server.hold("/effect")
         cancelled = daemons[2].submit("cancel")["id"]

@@ -25,6 +25,7 @@ from turnkeeper.supervisor import (
 
 MAX_BATCH_EVENTS = 500  # events per write of an NDJSON stream
 REPLAY_PAGE = 1000  # stored events read at a time when a stream replays
+FLEET_FOLLOW_POLL_S = 0.25  # how often a turn run by another node is read again
 
 
 async def _ndjson(request: web.Request, batches: AsyncIterator[list[bytes]]
@@ -99,6 +100,9 @@ async def _turn_events(request: web.Request, sup: Supervisor, turn_id: str
                 last = stored[-1]["seq"]
                 yield _stored(stored)
             if turn_id not in sup.live:
+                if sup.fleet is not None:  # run by another node: follow its stored rows
+                    async for rows in _stored_follow(sup, turn_id, stored):
+                        yield rows
                 return  # finished before we subscribed, and its events are all above
             async for first in live:
                 batch: list[bytes] = []
@@ -113,6 +117,23 @@ async def _turn_events(request: web.Request, sup: Supervisor, turn_id: str
                     yield batch
 
     return await _ndjson(request, stream())
+
+
+async def _stored_follow(sup: Supervisor, turn_id: str, stored: list[dict[str, Any]]
+                         ) -> AsyncIterator[list[dict[str, Any]]]:
+    """The events of a turn another node runs, as that node commits them: its stored
+    rows, read again every quarter second, until the turn finishes or the daemon stops.
+    Kept apart by `seq`, not ordered by it: each node numbers from its own block."""
+    seen = {ev["seq"] for ev in stored}
+    while not sup.stopping_event.is_set():
+        await sup.clock.sleep(FLEET_FOLLOW_POLL_S)
+        new = [ev for ev in await sup.store.events(turn=turn_id) if ev["seq"] not in seen]
+        if not new:
+            continue
+        seen.update(ev["seq"] for ev in new)
+        yield new
+        if any(ev["type"] == TERMINAL_EVENT for ev in new):
+            return
 
 
 def type_filter(spec: str) -> Callable[[str], bool]:

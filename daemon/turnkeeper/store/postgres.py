@@ -908,8 +908,10 @@ class PostgresStore:
             rows = await self._fetch("SELECT data FROM events WHERE seq > $1 ORDER BY seq"
                                      " LIMIT $2", after_seq, limit)
         else:
+            # In the order they reached the database: a turn that moved between nodes has
+            # events from several nodes' number blocks.
             rows = await self._fetch("SELECT data FROM events WHERE turn = $1 AND seq > $2"
-                                     " ORDER BY seq LIMIT $3", turn, after_seq, limit)
+                                     " ORDER BY pos LIMIT $3", turn, after_seq, limit)
         return [json.loads(r[0]) for r in rows]
 
     async def journal_get(self, key: str) -> dict[str, Any] | None:
