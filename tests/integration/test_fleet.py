@@ -390,3 +390,44 @@ def test_connections_killed_mid_run_on_every_node_cost_no_turn(
     finished = query(db, "SELECT turn, count(*) AS n FROM events WHERE type ="
                          " 'turn.finished' GROUP BY turn")
     assert len(finished) == 90 and {r["n"] for r in finished} == {1}
+
+
+BREAKER_SCRIPT = """
+[[scenarios]]
+match = "^flaky"
+[[scenarios.steps]]
+tool_calls = [{ name = "effect", arguments = { step = 1 } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "effect", arguments = { step = 2 } }]
+[[scenarios.steps]]
+reply = "gave up"
+"""
+
+
+def test_a_breaker_one_node_opens_is_open_on_every_node(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    server.respond("/effect", Reply(503))
+    daemons = [Daemon(tmp_path, fleet_config(tmp_path, server, db, f"n{i}",
+                                             script_text=BREAKER_SCRIPT)
+                      + "\n[circuit_breaker]\nfailure_threshold = 2\ncooldown = 120.0\n",
+                      name=f"n{i}") for i in range(3)]
+    try:
+        for d in daemons:
+            d.start()
+        tid = daemons[0].submit("flaky")["id"]
+        daemons[0].wait(tid, timeout=60)
+        [(owner,)] = query(db, "SELECT owner FROM turns WHERE id = $1", tid)
+
+        def states() -> list[str]:
+            return [d.get("/v1/status")[1]["breakers"]["tool:effect"] for d in daemons]
+
+        deadline = time.monotonic() + 15
+        while states() != ["open"] * 3:
+            assert time.monotonic() < deadline, f"breakers {states()} (ran on {owner})"
+            time.sleep(0.1)
+        [(shared,)] = query(db, "SELECT count(*) FROM breakers WHERE name = 'tool:effect'"
+                                " AND open_until > now()")
+    finally:
+        for d in daemons:
+            d.kill()
+    assert shared == 1

@@ -212,6 +212,15 @@ class CircuitBreaker:
         wait = max(self.cooldown_s, retry_after_s or 0.0)
         self._open_until = now + wait if math.isfinite(wait) else math.inf
 
+    def open_from_peer(self, now: float, for_s: float) -> bool:
+        """Another daemon sharing the work found the peer down: open for `for_s` seconds
+        from `now`, unless already open at least that long. True when it changed."""
+        until = now + for_s
+        if self._open_until is not None and self._open_until >= until:
+            return False
+        self._open_until = until
+        return True
+
     # -- reload ----------------------------------------------------------------------
 
     def reconfigure(self, *, failure_threshold: int | None = None,

@@ -23,6 +23,7 @@ from turnkeeper.store.base import StoreError
 NODE_ID_FILE = "node_id"
 CHANNEL_TURNS = "turnkeeper_turns"  # NOTIFY: a turn to claim (submitted, requeued, handed back)
 CHANNEL_MAIL = "turnkeeper_mail"  # NOTIFY: mail for a turn, the payload its id
+CHANNEL_BREAKERS = "turnkeeper_breakers"  # NOTIFY: a node opened a circuit breaker
 
 
 class StaleLease(StoreError):
@@ -72,6 +73,10 @@ class FleetStore(Protocol):
                              mail_id: int | None = None) -> None: ...
 
     async def listen(self, on_notify: Callable[[str, str], None]) -> None: ...
+
+    async def open_breaker(self, name: str, for_s: float) -> None: ...
+
+    async def open_breakers(self) -> dict[str, float]: ...
 
 
 def default_node_id(state_dir: Path) -> str:

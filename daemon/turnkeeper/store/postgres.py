@@ -65,7 +65,13 @@ from turnkeeper.events import Event
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import StoreError, StoreInUse, dead_letter_entry
-from turnkeeper.store.fleet import CHANNEL_MAIL, CHANNEL_TURNS, Claimed, StaleLease
+from turnkeeper.store.fleet import (
+    CHANNEL_BREAKERS,
+    CHANNEL_MAIL,
+    CHANNEL_TURNS,
+    Claimed,
+    StaleLease,
+)
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
@@ -765,12 +771,34 @@ class PostgresStore:
             conn.add_termination_listener(lambda _conn: lost.set())
             await conn.add_listener(CHANNEL_TURNS, heard)
             await conn.add_listener(CHANNEL_MAIL, heard)
+            await conn.add_listener(CHANNEL_BREAKERS, heard)
             await lost.wait()
             raise StoreError("listen: the connection was closed")
         except _DB_ERRORS as exc:
             raise StoreError(f"listen: {type(exc).__name__}: {exc}") from exc
         finally:
             conn.terminate()
+
+    async def open_breaker(self, name: str, for_s: float) -> None:
+        """This node opened the breaker of a peer (provider or tool) for `for_s` seconds:
+        every node keeps it open as long (NOTIFY tells them at once)."""
+        async def publish(conn: _Conn) -> None:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO breakers AS b (name, open_until, node) VALUES ($1,"
+                    " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
+                    " SET open_until = GREATEST(b.open_until, excluded.open_until),"
+                    " node = excluded.node", name, for_s, self.node_id)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS, name)
+
+        await self._read(publish)
+
+    async def open_breakers(self) -> dict[str, float]:
+        """The breakers some node holds open now: name -> seconds left (the database's
+        clock, so nodes' clocks need not agree)."""
+        rows = await self._fetch("SELECT name, extract(epoch FROM open_until - now()) AS s"
+                                 " FROM breakers WHERE open_until > now()")
+        return {r["name"]: float(r["s"]) for r in rows}
 
     async def nodes(self) -> list[dict[str, Any]]:
         """The fleet as the database sees it: each node, its heartbeat and its turns."""

@@ -17,7 +17,7 @@ from turnkeeper.store.base import StoreError
 if TYPE_CHECKING:
     import asyncpg
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -100,6 +100,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             body TEXT NOT NULL
         )""",
         "CREATE INDEX mail_turn ON mail (turn, id)",
+    ),
+    (
+        # Circuit breakers a node opened: every node keeps the peer's breaker open too.
+        """CREATE TABLE breakers (
+            name TEXT PRIMARY KEY,
+            open_until TIMESTAMPTZ NOT NULL,
+            node TEXT NOT NULL
+        )""",
     ),
 )
 

@@ -26,7 +26,7 @@ from turnkeeper import event_types as ev
 from turnkeeper.policy.lease import LeaseTiming, sort_renewal
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
-from turnkeeper.store.fleet import CHANNEL_MAIL, FleetStore
+from turnkeeper.store.fleet import CHANNEL_BREAKERS, CHANNEL_MAIL, FleetStore
 from turnkeeper.supervisor.core import LiveTurn, NotWaiting, TurnFinished
 from turnkeeper.turn.record import TurnRecord
 
@@ -47,6 +47,8 @@ class Fleet:
         self._claim_lock = anyio.Lock()
         self._stopping = False
         self._mail_due = False
+        self._breakers_due = False
+        self._breakers_shared: dict[str, float] = {}  # name -> open until (local clock)
         self._valid_until = core.clock.monotonic() + self.timing.lease_s
         self.claimed_total = 0
         self.lost_total = 0
@@ -84,6 +86,8 @@ class Fleet:
             if core.state != "stopping" and (tick.cancelled_caught or self._mail_due):
                 self._mail_due = False
                 await self.deliver_mail()
+            if core.state != "stopping":
+                await self.share_breakers(read=tick.cancelled_caught or self._breakers_due)
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
                 continue
             free = core.config.daemon.max_concurrent_turns - len(core.live)
@@ -128,11 +132,49 @@ class Fleet:
             await self.core.clock.sleep(CLAIM_EVERY_S)
 
     def _heard(self, channel: str, payload: str) -> None:
-        if channel == CHANNEL_MAIL:
+        if channel == CHANNEL_BREAKERS:
+            self._breakers_due = True
+        elif channel == CHANNEL_MAIL:
             if payload not in self.store.claims:
                 return
             self._mail_due = True
         self.wake()
+
+    # -- breakers shared by the fleet -------------------------------------------------
+
+    async def share_breakers(self, *, read: bool) -> None:
+        """A breaker this node opened is published (every node keeps the peer's breaker
+        open as long); with `read`, the breakers other nodes opened are applied here."""
+        core = self.core
+        now = core.clock.monotonic()
+        for name, breaker in list(core.shared.breakers.items()):
+            open_for = breaker.open_for(now)
+            if open_for is None or now + open_for <= self._breakers_shared.get(name, 0) + 0.5:
+                continue
+            self._breakers_shared[name] = now + open_for
+            try:
+                await self.store.open_breaker(name, open_for)
+            except StoreError as exc:
+                log.warning("fleet.breaker_share_failed", node=self.node_id, breaker=name,
+                            error=str(exc))
+                continue
+            log.info("fleet.breaker_shared", node=self.node_id, breaker=name,
+                     open_for_s=round(open_for, 3))
+        if not read:
+            return
+        self._breakers_due = False
+        try:
+            remote = await self.store.open_breakers()
+        except StoreError as exc:
+            log.warning("fleet.breaker_read_failed", node=self.node_id, error=str(exc))
+            return
+        now = core.clock.monotonic()
+        for name, left in remote.items():
+            local = core.shared.breakers.get(name)
+            if local is not None and local.open_from_peer(now, left):
+                self._breakers_shared[name] = now + left  # not ours to publish again
+                log.warning("fleet.breaker_opened_by_peer", node=self.node_id,
+                            breaker=name, open_for_s=round(left, 3))
 
     # -- messages for turns held elsewhere --------------------------------------------
 
