@@ -74,6 +74,9 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
         await store.open()
     except StoreError as exc:
         raise BootError(str(exc), exc.exit_code) from None
+    node_id = getattr(store, "node_id", None)
+    if node_id is not None:  # a node of a fleet: every log line says which
+        structlog.contextvars.bind_contextvars(node=node_id)
     try:
         sup = Supervisor(policy=policy, store=store, clock=clock, notifier=notifier,
                          config_path=config_path)
@@ -125,7 +128,6 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
         notifier.ready(sup.status_line())
         log.info("daemon.ready", socket=str(server.path), policy_version=policy.version,
                  state_dir=str(state_dir(config)), store=repr(store),
-                 node=sup.fleet.node_id if sup.fleet is not None else None,
                  providers=[p.name for p in config.providers],
                  resumed=len(sup.live))
         await sup.wait_stop_requested()

@@ -218,6 +218,11 @@ def test_a_node_stopped_cleanly_hands_its_turns_back_at_once(
     assert cli.returncode == 0, cli.stderr
     assert "n0" in cli.stdout and "stopped" in cli.stdout and "n1 *" in cli.stdout
     assert "fleet        node n2" in status_text.stdout
+    # Every log line of a node names it.
+    for i, d in enumerate(daemons):
+        lines = [r for r in d.log_records() if r.get("event") in ("daemon.ready",
+                                                                    "turn.finished")]
+        assert lines and {r.get("node") for r in lines} == {f"n{i}"}
 
 
 def test_a_node_paused_past_its_lease_is_fenced_and_sends_nothing_for_lost_turns(
