@@ -17,10 +17,10 @@ from tests.pg import CuttableProxy, fresh_database
 from turnkeeper.config import ConfigError, load_config, redact_url
 from turnkeeper.events import Event
 from turnkeeper.store import open_store
-from turnkeeper.store.base import StoreError, StoreInUse
-from turnkeeper.store.postgres import MessageRows, PostgresStore
+from turnkeeper.store.base import MessageRows, StoreError, StoreInUse
+from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION
-from turnkeeper.supervisor.queries import health_problems
+from turnkeeper.supervisor.queries import health_problems, store_status
 
 pytestmark = pytest.mark.anyio
 
@@ -205,7 +205,7 @@ async def test_writes_wait_through_killed_connections_and_lose_nothing(db: str) 
                 await store.save_turn({**rec, "state": "completed"}, {"done": True})
         finally:
             await admin.close()
-        assert len(await store.finished_turns()) == 40
+        assert len(await store.list_turns(state="completed", limit=100)) == 40
         assert [e["seq"] for e in await store.events()] == list(range(1, 41))
         assert store.reconnects >= 1
         assert store.degraded is None
@@ -216,14 +216,14 @@ async def test_an_unreachable_server_is_a_store_error_without_the_password() -> 
     with pytest.raises(StoreError) as err:
         await store.open()
     assert "s3cret" not in str(err.value)
-    assert "tk:***@127.0.0.1:1/nowhere" in str(err.value)
+    assert "<redacted>@127.0.0.1:1/nowhere" in str(err.value)
     assert err.value.exit_code == 74
 
 
 def test_redact_url_hides_the_password_wherever_it_is() -> None:
-    assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
-    assert redact_url("postgresql://u@h/db?password=pw&sslmode=require") == (
-        "postgresql://u@h/db?password=***&sslmode=require")
+    assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://<redacted>@h:5432/db"
+    assert redact_url("postgresql://h/db?password=pw&sslmode=require") == (
+        "postgresql://h/db?password=<redacted>&sslmode=require")
     assert redact_url("postgresql://h/db") == "postgresql://h/db"
 
 
@@ -236,7 +236,7 @@ def test_store_url_is_checked_and_picks_the_backend(tmp_path: Path) -> None:
     assert err.value.exit_code == 78
     f.write_text('[store]\nurl = "postgres://u:pw@h/db"\n[fleet]\nlease_seconds = 5\n')
     config, _ = load_config(f)
-    assert config.redacted()["store"]["url"] == "postgres://u:***@h/db"
+    assert config.redacted()["store"]["url"] == "postgres://<redacted>@h/db"
     assert isinstance(open_store(config, tmp_path), PostgresStore)
     default, _ = load_config(None)
     assert default.store.url == "" and default.fleet.lease_seconds == 15.0
@@ -265,9 +265,10 @@ async def test_writes_wait_while_the_database_is_gone_and_commit_when_it_is_back
                     await anyio.sleep(0.01)
                 assert not committed.is_set()
                 assert "unreachable" in store.degraded
-                problems = health_problems({"state": "ready",
-                                            "store_problem": store.degraded})
-                assert problems == [f"store: {store.degraded} (writes wait, turns hold)"]
+                problems = health_problems({"state": "ready", "store": store_status(
+                    store.outage, now=store.clock.monotonic())})
+                assert len(problems) == 1 and problems[0].startswith("store unwritable")
+                assert "unreachable" in problems[0]
                 await proxy.start()  # back, on the same port
                 await committed.wait()
             assert store.degraded is None
@@ -282,10 +283,10 @@ async def test_writes_fail_after_fatal_after_without_a_database(db: str) -> None
     await proxy.start()
     try:
         async with Running(proxy.url()) as store:
-            store.fatal_after = 0.3
+            store.outage.fatal_after_s = 0.3
             await proxy.cut()
             with pytest.raises(StoreError, match="unreachable for"):
                 await store.insert_turn(record("t_a"), {})
-            assert store.degraded is None and store.failed_writes == 1
+            assert store.degraded is not None and store.failed_writes == 1
     finally:
         await proxy.close()

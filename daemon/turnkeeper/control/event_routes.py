@@ -102,7 +102,7 @@ async def _turn_events(request: web.Request, sup: Supervisor, turn_id: str
             if turn_id not in sup.live:
                 if sup.fleet is not None:  # run by another node: follow its stored rows
                     async for rows in _stored_follow(sup, turn_id, stored):
-                        yield rows
+                        yield _stored(rows)
                 return  # finished before we subscribed, and its events are all above
             async for first in live:
                 batch: list[bytes] = []

@@ -48,6 +48,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -60,11 +61,21 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper.clock import Clock, SystemClock
-from turnkeeper.config.sections import redact_url
+from turnkeeper.config.redact import redact_url
 from turnkeeper.events import Event
+from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
+from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import StoreError, StoreInUse, dead_letter_entry
+from turnkeeper.store.base import (
+    MessageRows,
+    StoreError,
+    StoreInUse,
+    StoreUnavailable,
+    dead_letter_entry,
+    usage_of,
+    with_messages,
+)
 from turnkeeper.store.fleet import (
     CHANNEL_BREAKERS,
     CHANNEL_MAIL,
@@ -87,15 +98,6 @@ EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
 BACKOFF_FIRST = 0.05
 READ_RETRY_S = 10.0
 BACKOFF_MAX = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class MessageRows:  # moves to store/base.py
-    """The conversation rows a checkpoint writes. After the write the turn holds exactly
-    `start + len(rows)` message rows: rows at index >= start are replaced by `rows`."""
-
-    start: int
-    rows: tuple[str, ...]  # each message as JSON text, encoded once
 
 
 def _sql_set(values: Iterable[str]) -> str:
@@ -145,16 +147,6 @@ def _stop_code(record: dict[str, Any]) -> str | None:
     stopped = result.get("stopped_because")
     code = stopped.get("code") if isinstance(stopped, dict) else None
     return code if isinstance(code, str) else None
-
-
-def _attach_messages(checkpoint: dict[str, Any], rows: Sequence[str]) -> dict[str, Any]:
-    """Put the conversation's stored rows (idx order) back into the checkpoint; one
-    written before message rows existed (no "count") is returned as it is."""
-    conversation = checkpoint.get("conversation")
-    if isinstance(conversation, dict) and "count" in conversation:
-        count = int(conversation["count"])
-        conversation["messages"] = [json.loads(data) for data in rows[:count]]
-    return checkpoint
 
 
 def _message_count(checkpoint_json: str) -> int | None:
@@ -222,7 +214,6 @@ class PostgresStore:
         self._key_turn: dict[str, str] = {}  # journal keys of claimed turns in flight
         self.where = redact_url(url)
         self.clock = clock or SystemClock()
-        self.fatal_after = fatal_after
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
         self._send: MemoryObjectSendStream[_Write] | None = None
@@ -231,7 +222,9 @@ class PostgresStore:
         self._writer_done = anyio.Event()
         self._closed = False
         self._idempotent_keys: set[str] = set()
-        self.degraded: str | None = None  # why writes wait, while they do
+        # Whether writes go through; while the server cannot be reached they wait, and
+        # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
+        self.outage = StoreOutage(fatal_after_s=fatal_after)
         self.commits = 0
         self.durable_writes = 0
         self.failed_writes = 0
@@ -239,6 +232,11 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
+
+    @property
+    def degraded(self) -> str | None:
+        """Why writes wait, while they do."""
+        return self.outage.last_error if self.outage.degraded else None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -333,27 +331,25 @@ class PostgresStore:
     async def _commit_with_reconnect(self, batch: list[_Write]) -> list[BaseException | None]:
         """Commit the batch; while the server cannot be reached, wait and try again (the
         batch is kept whole), up to `fatal_after` seconds."""
-        started = self.clock.monotonic()
-        delay = BACKOFF_FIRST
         while True:
             try:
                 errors = await self._commit_batch(batch)
             except Exception as exc:
                 if not _lost(exc):
                     raise
-                waited = self.clock.monotonic() - started
-                if self._pool is None or waited >= self.fatal_after:
-                    self.degraded = None
-                    return [StoreError(f"state database {self.where} unreachable for "
-                                       f"{waited:.0f} s: {type(exc).__name__}: {exc}")
-                            ] * len(batch)
-                self.degraded = (f"state database {self.where} unreachable: "
-                                 f"{type(exc).__name__}")
+                now = self.clock.monotonic()
+                if self._pool is None or self._closed or self.outage.fatal(now=now):
+                    return [StoreUnavailable(
+                        f"state database {self.where} unreachable for "
+                        f"{self.outage.failing_for(now=now):.0f} s: "
+                        f"{type(exc).__name__}: {exc}")] * len(batch)
+                delay = self.outage.failed(f"state database {self.where} unreachable: "
+                                           f"{type(exc).__name__}", now=now,
+                                           rand=random.uniform)
                 self.reconnects += 1
                 await self.clock.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX)
                 continue
-            self.degraded = None
+            self.outage.recovered()
             return errors
 
     async def _commit_batch(self, batch: list[_Write]) -> list[BaseException | None]:
@@ -690,7 +686,7 @@ class PostgresStore:
             self.lost.discard(t["id"])
             claimed.append(Claimed(
                 record=json.loads(t["record"]),
-                checkpoint=_attach_messages(json.loads(t["checkpoint"]),
+                checkpoint=with_messages(json.loads(t["checkpoint"]),
                                             by_turn.get(t["id"], ())),
                 epoch=t["epoch"]))
         return claimed
@@ -884,18 +880,18 @@ class PostgresStore:
                 return stored, [r[0] for r in rows]
 
         stored, rows = await self._read(read)
-        return None if stored is None else _attach_messages(json.loads(stored), rows)
+        return None if stored is None else with_messages(json.loads(stored), rows)
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
-                         limit: int = 100) -> list[dict[str, Any]]:
+                         limit: int = 100, since: float | None = None,
+                         before_seq: int | None = None) -> list[dict[str, Any]]:
         where: list[str] = []
         params: list[Any] = []
-        if state:
-            params.append(state)
-            where.append(f"state = ${len(params)}")
-        if session:
-            params.append(session)
-            where.append(f"session = ${len(params)}")
+        for column, value in (("state =", state), ("session =", session),
+                              ("created_at >=", since), ("seq <", before_seq)):
+            if value is not None and value != "":
+                params.append(value)
+                where.append(f"{column} ${len(params)}")
         sql = "SELECT record FROM turns"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -920,8 +916,8 @@ class PostgresStore:
         by_turn: dict[str, list[str]] = {}
         for turn_id, data in rows:
             by_turn.setdefault(turn_id, []).append(data)
-        return [(json.loads(record), _attach_messages(json.loads(checkpoint),
-                                                      by_turn.get(turn_id, ())))
+        return [(json.loads(record), with_messages(json.loads(checkpoint),
+                                                   by_turn.get(turn_id, [])))
                 for turn_id, record, checkpoint in turns]
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
@@ -952,12 +948,44 @@ class PostgresStore:
                 "idempotent": bool(idempotent),
                 "outcome": json.loads(outcome) if outcome else None}
 
-    async def finished_turns(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[dict[str, Any]]:
+    async def finished_usage(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[TurnUsage]:
         rows = await self._fetch(
-            f"SELECT record FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at >= $1"
+            "SELECT COALESCE(r->>'profile', 'default'), state,"
+            " r->'result'->'stopped_because'->>'code', r->'usage'->>'total_tokens',"
+            " r->'usage'->>'seconds', r->'counters'->>'steps', r->'usage'->>'cost_usd',"
+            " COALESCE(r->'would_have_stopped', '[]'::jsonb)::text,"
+            " r->'result'->>'extensions'"
+            " FROM (SELECT record::jsonb AS r, state, seq FROM turns"
+            f" WHERE state IN {_TERMINAL_SQL} AND updated_at >= $1) AS t"
+            " WHERE r->'result' IS NOT NULL AND r->'result' <> 'null'::jsonb"
             " ORDER BY seq DESC LIMIT $2", since if since is not None else 0.0, limit)
-        return [json.loads(r[0]) for r in rows]
+        return [usage_of(profile, state, code, tokens, seconds, steps, cost,
+                         json.loads(would), extensions)
+                for profile, state, code, tokens, seconds, steps, cost, would, extensions
+                in rows]
+
+    async def prune(self, *, finished_before: float, dead_letters: bool = False,
+                    limit: int) -> int:
+        keep_dead = "" if dead_letters else (
+            f" AND COALESCE(stop_code, '') NOT IN {_DEAD_LETTER_SQL}")
+        rows = await self._fetch(
+            f"SELECT id FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at < $1"
+            f"{keep_dead} ORDER BY seq LIMIT $2", finished_before, limit)
+        ids = [r[0] for r in rows]
+        # Checked again inside the transaction: a dead letter replayed since the read is
+        # queued again, and keeps everything.
+        due = f"SELECT id FROM turns WHERE id = ANY($1::text[]) AND state IN {_TERMINAL_SQL}"
+        ops: list[_Op] = [
+            (f"DELETE FROM events WHERE turn IN ({due})", (ids,)),
+            (f"DELETE FROM journal WHERE turn IN ({due})", (ids,)),
+            (f"DELETE FROM messages WHERE turn IN ({due})", (ids,)),
+            (f"DELETE FROM mail WHERE turn IN ({due})", (ids,)),
+            (f"DELETE FROM turns WHERE id IN ({due})", (ids,)),
+        ] if ids else []
+        ops.append(("DELETE FROM events WHERE turn IS NULL AND ts < $1", (finished_before,)))
+        await self._write(ops)
+        return len(ids)
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         rows = await self._fetch(
