@@ -143,4 +143,4 @@ def test_a_bad_store_url_exits_78_and_an_unreachable_one_74(tmp_path: Path) -> N
                       '[store]\nurl = "postgresql://tk:s3cret@127.0.0.1:1/x"\n')
     gone = serve(config)
     assert gone.returncode == 74, gone.stderr
-    assert "tk:***@127.0.0.1:1/x" in gone.stderr and "s3cret" not in gone.stderr
+    assert "<redacted>@127.0.0.1:1/x" in gone.stderr and "s3cret" not in gone.stderr
