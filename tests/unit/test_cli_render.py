@@ -8,7 +8,7 @@ import pytest
 
 from turnkeeper.cli.base import UsageError
 from turnkeeper.cli.commands import parse_deadline
-from turnkeeper.cli.render import event_line, fmt_measure, result_lines
+from turnkeeper.cli.render import event_line, fmt_measure, result_lines, status_lines
 
 NOW = 1_800_000_000.0  # early 2027
 
@@ -74,3 +74,30 @@ def test_health_names_every_reason_to_be_degraded() -> None:
     assert problems[0].startswith("paused") and "breaker a open" in problems
     assert "mcp server m restarting" in problems
     assert problems[-1] == "last reload failed: invalid configuration (x):"
+
+
+def _status(**extra: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "state": "ready", "version": "0.1.0", "uptime_s": 5.0, "policy_version": 1,
+        "config_path": None, "turns": {"queued": 0}, "breakers": {},
+        "store": {"writable": True, "failing_for_s": 0.0, "last_error": None,
+                  "fatal_after_s": 300.0},
+        "overload": {"state": "accepting", "lag_s": 0.001, "refused": 0}}
+    base.update(extra)
+    return base
+
+
+def test_status_says_nothing_of_a_healthy_store_or_intake() -> None:
+    lines = status_lines(_status())
+    assert not any(line.startswith(("store", "intake")) for line in lines)
+
+
+def test_status_names_an_unwritable_store_and_an_overloaded_intake() -> None:
+    lines = status_lines(_status(
+        store={"writable": False, "failing_for_s": 75.0, "fatal_after_s": 300.0,
+               "last_error": "OperationalError: database or disk is full"},
+        overload={"state": "shedding", "lag_s": 0.8, "refused": 12}))
+    assert ("store        UNWRITABLE for 1 min 15 s: OperationalError: database or disk is "
+            "full; writes wait (exit 74 after 5 min 00 s), submits get 507") in lines
+    assert ("intake       OVERLOADED: the event loop lags 0.8 s; new submits get 503 "
+            "(12 so far)") in lines

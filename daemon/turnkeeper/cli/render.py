@@ -157,8 +157,15 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"fleet        node {fleet['node_id']}, holding {fleet['held']} turns "
                      f"(lease {fleet['lease_seconds']:g} s; {fleet['lost']} lost, "
                      f"{fleet['released']} handed back); `turnkeeper fleet` lists the nodes")
-    if data.get("store_problem"):
-        lines.append(f"store        WAITING: {data['store_problem']}")
+    store = data.get("store") or {}
+    if store.get("writable") is False:
+        lines.append(f"store        UNWRITABLE for {duration(store['failing_for_s'])}: "
+                     f"{store.get('last_error')}; writes wait (exit 74 after "
+                     f"{duration(store['fatal_after_s'])}), submits get 507")
+    overload = data.get("overload") or {}
+    if overload.get("state") == "shedding":
+        lines.append(f"intake       OVERLOADED: the event loop lags {overload['lag_s']} s; "
+                     f"new submits get 503 ({overload['refused']} so far)")
     return lines
 
 
