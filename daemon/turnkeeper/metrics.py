@@ -371,6 +371,15 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("turnkeeper_turns_in_flight_limit",
                                 "daemon.max_concurrent_turns",
                                 value=sup.config.daemon.max_concurrent_turns)
+        outage = sup.store.outage
+        yield GaugeMetricFamily("turnkeeper_store_writable",
+                                "1 while the store takes writes; 0 while they wait (a full "
+                                "disk, an unreachable database) and submits get 507",
+                                value=0.0 if outage.degraded else 1.0)
+        yield GaugeMetricFamily("turnkeeper_store_failing_seconds",
+                                "How long the store has failed every write (0 when it "
+                                "takes them); the daemon exits 74 at store.fatal_after",
+                                value=outage.failing_for(now=self.clock.monotonic()))
         yield from self._breakers()
         yield from self._in_flight()
         yield from self._mcp_servers()

@@ -110,6 +110,8 @@ def test_a_full_disk_degrades_refuses_submits_with_507_and_recovers_by_itself(
     status, health = d.get("/v1/health")
     assert status == 503
     assert any(p.startswith("store unwritable") for p in health["problems"]), health
+    status, metrics = d.get("/metrics")  # not JSON: the client hands back its text
+    assert "turnkeeper_store_writable 0.0" in metrics["error"]
     status, refused = d.post("/v1/turns", {"message": "while full"})
     assert status == 507, refused
     assert "cannot be written" in refused["error"]
@@ -128,6 +130,7 @@ def test_a_full_disk_degrades_refuses_submits_with_507_and_recovers_by_itself(
     for turn_id in turns:
         assert d.wait(turn_id)["state"] == "completed"
     assert d.run("after")["state"] == "completed"
+    assert "turnkeeper_store_writable 1.0" in d.get("/metrics")[1]["error"]
     d.stop()
     held = stored_turns(d.state_dir / "turnkeeper.sqlite3")
     assert all(held[t] == ("completed", True) for t in turns)
