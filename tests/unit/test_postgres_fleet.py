@@ -167,3 +167,13 @@ async def test_release_hands_turns_back_at_once(nodes: list[PostgresStore]) -> N
     assert [x.record["id"] for x in await b.claim(3)] == ["t_0", "t_1", "t_2"]
     [n0] = [n for n in await b.nodes() if n["node_id"] == "n0"]
     assert n0["stopped_at"] is not None and not n0["alive"]
+
+
+async def test_retry_budget_counts_are_summed_over_the_other_live_nodes(
+        nodes: list[PostgresStore]) -> None:
+    a, b, c = nodes
+    assert await a.share_budgets({"p": (10, 2)}) == {}
+    assert await b.share_budgets({"p": (4, 1), "q": (1, 0)}) == {"p": (10, 2)}
+    assert await c.share_budgets({}) == {"p": (14, 3), "q": (1, 0)}
+    await b.release()  # a stopped node counts no more
+    assert await c.share_budgets({}) == {"p": (10, 2)}

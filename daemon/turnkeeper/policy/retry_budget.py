@@ -56,6 +56,9 @@ class RetryBudget:
         self.min_concurrency = min_concurrency
         self._requests_in_flight = 0
         self._retries_in_flight = 0
+        # The other daemons of a fleet sharing the provider, as last reported.
+        self._peer_requests = 0
+        self._peer_retries = 0
 
     @classmethod
     def from_config(cls, config: RetryBudgetSettings, *, name: str = "") -> RetryBudget:
@@ -77,8 +80,15 @@ class RetryBudget:
     @property
     def limit(self) -> float:
         """``max(min_concurrency, ratio * requests_in_flight)``: retries admitted while
-        fewer than this many are in flight."""
-        return max(float(self.min_concurrency), self.ratio * self._requests_in_flight)
+        fewer than this many are in flight (the fleet's, when peers report theirs)."""
+        return max(float(self.min_concurrency),
+                   self.ratio * (self._requests_in_flight + self._peer_requests))
+
+    def set_peers(self, *, requests: int, retries: int) -> None:
+        """What the other daemons sharing the work have in flight for this provider: the
+        budget then holds for the fleet, not for each daemon alone."""
+        self._peer_requests = max(0, requests)
+        self._peer_retries = max(0, retries)
 
     def begin_request(self) -> None:
         self._requests_in_flight += 1
@@ -92,7 +102,7 @@ class RetryBudget:
 
     def try_begin_retry(self) -> bool:
         """Admit one retry if ``retries_in_flight < limit``; it counts from now."""
-        if self._retries_in_flight < self.limit:
+        if self._retries_in_flight + self._peer_retries < self.limit:
             self._retries_in_flight += 1
             return True
         return False

@@ -76,6 +76,9 @@ class FleetStore(Protocol):
 
     async def open_breaker(self, name: str, for_s: float) -> None: ...
 
+    async def share_budgets(self, budgets: dict[str, tuple[int, int]]
+                            ) -> dict[str, tuple[int, int]]: ...
+
     async def open_breakers(self) -> dict[str, float]: ...
 
 

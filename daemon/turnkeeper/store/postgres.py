@@ -775,6 +775,26 @@ class PostgresStore:
         finally:
             conn.terminate()
 
+    async def share_budgets(self, budgets: dict[str, tuple[int, int]]
+                            ) -> dict[str, tuple[int, int]]:
+        """Publish this node's retry budget counts (provider -> requests, retries in
+        flight) and read the sum of the other live nodes' counts."""
+        async def share(conn: _Conn) -> list[asyncpg.Record]:
+            async with conn.transaction():
+                await conn.execute("UPDATE nodes SET budgets = $2 WHERE node_id = $1",
+                                   self.node_id, _dumps(budgets))
+                return await conn.fetch(
+                    "SELECT budgets FROM nodes WHERE node_id <> $1 AND stopped_at IS NULL"
+                    " AND heartbeat_at > now() - make_interval(secs => $2)",
+                    self.node_id, self.lease_s)
+
+        totals: dict[str, tuple[int, int]] = {}
+        for row in await self._read(share):
+            for provider, (requests, retries) in json.loads(row["budgets"]).items():
+                r, t = totals.get(provider, (0, 0))
+                totals[provider] = (r + int(requests), t + int(retries))
+        return totals
+
     async def open_breaker(self, name: str, for_s: float) -> None:
         """This node opened the breaker of a peer (provider or tool) for `for_s` seconds:
         every node keeps it open as long (NOTIFY tells them at once)."""

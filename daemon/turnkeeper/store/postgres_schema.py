@@ -17,7 +17,7 @@ from turnkeeper.store.base import StoreError
 if TYPE_CHECKING:
     import asyncpg
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -108,6 +108,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             open_until TIMESTAMPTZ NOT NULL,
             node TEXT NOT NULL
         )""",
+    ),
+    (
+        # Each node's retry budget counts (provider -> [requests, retries] in flight).
+        "ALTER TABLE nodes ADD COLUMN budgets TEXT NOT NULL DEFAULT '{}'",
     ),
     (
         # Retention deletes a finished turn's journal entries with it.

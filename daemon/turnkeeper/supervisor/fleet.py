@@ -274,6 +274,22 @@ class Fleet:
             outcome = sort_renewal(still, renewed)
             if outcome.lost:
                 self.abandon(outcome.lost, reason="claimed by another node")
+            await self.share_budgets()
+
+    async def share_budgets(self) -> None:
+        """Each heartbeat: this node's retry budget counts out, the other nodes' in, so a
+        provider's budget holds for the fleet (as fresh as the last heartbeat)."""
+        budgets = self.core.shared.retry_budgets
+        mine = {name: (b.requests_in_flight, b.retries_in_flight)
+                for name, b in budgets.items()}
+        try:
+            peers = await self.store.share_budgets(mine)
+        except StoreError as exc:
+            log.warning("fleet.budget_share_failed", node=self.node_id, error=str(exc))
+            return
+        for name, budget in budgets.items():
+            requests, retries = peers.get(name, (0, 0))
+            budget.set_peers(requests=requests, retries=retries)
 
     def abandon(self, turn_ids: Any, *, reason: str) -> None:
         """Give up turns whose claim is lost: no write, no call. A running one is
