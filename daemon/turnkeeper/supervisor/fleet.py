@@ -90,7 +90,8 @@ class Fleet:
                 await self.share_breakers(read=tick.cancelled_caught or self._breakers_due)
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
                 continue
-            free = core.config.daemon.max_concurrent_turns - len(core.live)
+            # Parked turns (waiting, recovering) give their slot back, as on one daemon.
+            free = core.config.daemon.max_concurrent_turns - core.active - len(core.queue)
             if free > 0:
                 await self.claim(free)
 
