@@ -436,3 +436,34 @@ def test_a_breaker_one_node_opens_is_open_on_every_node(
         for d in daemons:
             d.kill()
     assert shared == 1
+
+
+def test_the_event_stream_of_one_node_carries_every_nodes_events(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    daemons = start_fleet(tmp_path, server, db)
+    finished: set[str] = set()
+    types: set[str] = set()
+
+    def follow() -> None:
+        for ev in daemons[0].client.stream("/v1/events?type=turn.,tool.result"):
+            types.add(ev["type"])
+            if ev["type"] == "turn.finished":
+                finished.add(ev["turn"])
+                if len(finished) == 12:
+                    return
+
+    follower = threading.Thread(target=follow, name="follow /v1/events on n0")
+    try:
+        follower.start()
+        time.sleep(0.5)  # subscribed (a turn missed here would fail the test, not pass it)
+        ids = {daemons[1 + i % 2].submit(f"work {i}")["id"] for i in range(12)}
+        wait_finished(db, 12, timeout=120)
+        follower.join(30)
+        assert not follower.is_alive(), f"n0's stream saw {len(finished)} of 12 finishes"
+        owners = {r["owner"] for r in query(db, "SELECT owner FROM turns")}
+    finally:
+        for d in daemons:
+            d.kill()
+    assert finished == ids
+    assert owners - {"n0"}, "every turn ran on n0: nothing came from another node"
+    assert {"turn.queued", "turn.started", "tool.result"} <= types

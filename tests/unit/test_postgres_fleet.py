@@ -177,3 +177,13 @@ async def test_retry_budget_counts_are_summed_over_the_other_live_nodes(
     assert await c.share_budgets({}) == {"p": (14, 3), "q": (1, 0)}
     await b.release()  # a stopped node counts no more
     assert await c.share_budgets({}) == {"p": (10, 2)}
+
+
+async def test_sessions_idle_in_a_transaction_end_at_a_third_of_the_lease(
+        nodes: list[PostgresStore]) -> None:
+    """A node paused inside a transaction would keep its turns' rows locked, and claims
+    skip locked rows: the server ends such a session (lease 15 s: at 5 s)."""
+    async def setting(conn: Any) -> str:
+        return str(await conn.fetchval("SHOW idle_in_transaction_session_timeout"))
+
+    assert await nodes[0]._read(setting) == "5s"

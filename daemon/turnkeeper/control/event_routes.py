@@ -181,11 +181,33 @@ async def all_events(request: web.Request) -> web.StreamResponse:
                         yield kept
                     if len(page) < REPLAY_PAGE:
                         break
-            async for first in live:
-                encoded = [event.encoded_bytes() for event in _ready(live, first)
-                           if event.seq > last and keep(event.type)]
-                if encoded:
-                    yield encoded
+            if sup.fleet is None:
+                async for first in live:
+                    encoded = [event.encoded_bytes() for event in _ready(live, first)
+                               if event.seq > last and keep(event.type)]
+                    if encoded:
+                        yield encoded
+                return
+            # A node of a fleet: this node's events from its bus, the other nodes' from
+            # the database as they reach it (read every quarter second).
+            store = sup.fleet.store
+            pos = await store.last_event_pos()
+            while not sup.stopping_event.is_set():
+                head: Event | None = None
+                with sup.clock.move_on_after(FLEET_FOLLOW_POLL_S):
+                    try:
+                        head = await live.receive()
+                    except anyio.EndOfStream:
+                        return
+                if head is not None:
+                    encoded = [event.encoded_bytes() for event in _ready(live, head)
+                               if event.seq > last and keep(event.type)]
+                    if encoded:
+                        yield encoded
+                peers, pos = await store.peer_events(after_pos=pos, turn=turn)
+                batch = [e for e in peers if keep(e["type"])]
+                if batch:
+                    yield _stored(batch)
 
     with follower(request) as admitted:
         if not admitted:

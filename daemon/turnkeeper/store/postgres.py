@@ -212,6 +212,7 @@ class PostgresStore:
         self.claims: dict[str, int] = {}
         self.lost: set[str] = set()
         self._key_turn: dict[str, str] = {}  # journal keys of claimed turns in flight
+        self.event_base = 0  # where this node's event numbers start (event_block_start)
         self.where = redact_url(url)
         self.clock = clock or SystemClock()
         self.pool_size = pool_size
@@ -241,7 +242,13 @@ class PostgresStore:
     # -- lifecycle ----------------------------------------------------------------
 
     async def open(self) -> None:
-        settings = {"application_name": f"turnkeeper {self.node_id} pid {os.getpid()}"}
+        settings = {
+            "application_name": f"turnkeeper {self.node_id} pid {os.getpid()}",
+            # A node paused inside a transaction (SIGSTOP, a long GC) would hold its rows
+            # locked, and claims skip locked rows: the server ends such a session well
+            # before the lease runs out, so another node can take the turns over.
+            "idle_in_transaction_session_timeout": str(int(self.lease_s * 1000 / 3)),
+        }
         try:
             self._pool = await asyncpg.create_pool(
                 self.url, min_size=1, max_size=self.pool_size, timeout=CONNECT_TIMEOUT,
@@ -646,7 +653,26 @@ class PostgresStore:
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value", base)
                 return base
 
-        return await self._read(reserve)
+        self.event_base = await self._read(reserve)
+        return self.event_base
+
+    async def last_event_pos(self) -> int:
+        rows = await self._fetch("SELECT COALESCE(max(pos), 0) FROM events")
+        return int(rows[0][0])
+
+    async def peer_events(self, *, after_pos: int, turn: str | None = None,
+                          limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+        """Events the other nodes wrote after `after_pos` (this node's own come from its
+        bus), in the order they reached the database; and the position to go on from."""
+        base = self.event_base
+        sql = ("SELECT pos, data FROM events WHERE pos > $1 AND (seq < $2 OR seq >= $3)"
+               + (" AND turn = $5" if turn is not None else "") + " ORDER BY pos LIMIT $4")
+        args: list[Any] = [after_pos, base, base + EVENT_BLOCK, limit]
+        if turn is not None:
+            args.append(turn)
+        rows = await self._fetch(sql, *args)
+        last = rows[-1]["pos"] if rows else after_pos
+        return [json.loads(r["data"]) for r in rows], int(last)
 
     async def claim(self, limit: int) -> list[Claimed]:
         """Take up to `limit` runnable turns, oldest first, that no live node holds: each
