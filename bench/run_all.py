@@ -19,6 +19,7 @@ Sizes (the suite's; `--full` runs each script's own defaults instead, which take
   bench_guards, bench_outage, bench_reload, bench_durability: their own defaults
   bench_adaptive     its defaults: about 6 minutes, most of it the run without adaptation
                      waiting out its recovery cycles
+  bench_fleet        200 turns x 5 steps, 2 rounds (needs a PostgreSQL server)
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ BENCHES = (
           "adaptive concurrency off vs on", (), 720.0),
     Bench("reload", "bench_reload.py", "reload with parked turns; resume after kill -9"),
     Bench("durability", "bench_durability.py", "durability under crashes"),
+    Bench("fleet", "bench_fleet.py", "PostgreSQL store, 1 and 3 daemons, vs the SQLite file; "
+          "take-over after kill -9", ("--turns", "200", "--rounds", "2"), 300.0),
 )
 
 
