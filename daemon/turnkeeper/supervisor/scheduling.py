@@ -131,6 +131,9 @@ class Scheduling:
         except Exception as exc:  # the store failed under us: the turn stays resumable
             log.error("turn.supervisor_error", turn=record.id,
                       error=f"{type(exc).__name__}: {exc}")
+            if core.fleet is not None:  # let its lease run out: a node claims it again
+                core.fleet.store.abandon([record.id])
+                core.live.pop(record.id, None)
         finally:
             live.running = False
             core.scheduler.finished(record.id)
