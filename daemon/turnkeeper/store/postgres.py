@@ -46,19 +46,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
 import asyncpg
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.config.redact import redact_url
@@ -86,8 +83,8 @@ from turnkeeper.store.fleet import (
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
+from turnkeeper.store.writer import GroupCommitWriter, Write
 
-MAX_BATCH = 1000
 DEAD_LETTERS_SHOWN = 1000
 MAX_PENDING_IDEMPOTENT = 100_000
 POOL_SIZE = 4
@@ -193,17 +190,11 @@ def _message_statements(turn_id: str, messages: MessageRows | None) -> list[_Op]
     return ops
 
 
-@dataclass(slots=True)
-class _Write:
-    ops: Sequence[_Op]
-    done: anyio.Event | None = None
-    error: BaseException | None = field(default=None)
-
-
-class PostgresStore:
+class PostgresStore(GroupCommitWriter[_Op]):
     def __init__(self, url: str, *, clock: Clock | None = None, fatal_after: float = 300.0,
                  pool_size: int = POOL_SIZE, node_id: str | None = None,
                  lease_s: float = 15.0) -> None:
+        super().__init__()
         self.url = url
         self.node_id = node_id or f"{socket.gethostname()[:60]}-{secrets.token_hex(3)}"
         self.lease_s = lease_s
@@ -217,18 +208,12 @@ class PostgresStore:
         self.clock = clock or SystemClock()
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
-        self._send: MemoryObjectSendStream[_Write] | None = None
-        self._receive: MemoryObjectReceiveStream[_Write] | None = None
         self._tg: TaskGroup | None = None
-        self._writer_done = anyio.Event()
-        self._closed = False
         self._idempotent_keys: set[str] = set()
         # Whether writes go through; while the server cannot be reached they wait, and
         # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
         self.outage = StoreOutage(fatal_after_s=fatal_after)
         self.commits = 0
-        self.durable_writes = 0
-        self.failed_writes = 0
         self.reconnects = 0
 
     def __repr__(self) -> str:
@@ -302,40 +287,10 @@ class PostgresStore:
                 except Exception:  # a connection that cannot close cleanly is dropped
                     pool.terminate()
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """The writer task. Runs until `close()`; flushes everything queued before it ends."""
-        send, receive = anyio.create_memory_object_stream[_Write](math.inf)
-        self._send, self._receive = send, receive
-        task_status.started()
-        try:
-            async with receive:
-                while True:
-                    try:
-                        first = await receive.receive()
-                    except anyio.EndOfStream:
-                        return
-                    batch = [first]
-                    while len(batch) < MAX_BATCH:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
-                    with anyio.CancelScope(shield=True):
-                        await self._commit(batch)
-        finally:
-            self._writer_done.set()
+    async def _commit(self, batch: list[Write[_Op]]) -> None:
+        self._answer(batch, await self._commit_with_reconnect(batch))
 
-    async def _commit(self, batch: list[_Write]) -> None:
-        errors = await self._commit_with_reconnect(batch)
-        for w, error in zip(batch, errors, strict=True):
-            w.error = error
-            if error is not None:
-                self.failed_writes += 1
-            if w.done is not None:
-                w.done.set()
-
-    async def _commit_with_reconnect(self, batch: list[_Write]) -> list[BaseException | None]:
+    async def _commit_with_reconnect(self, batch: list[Write[_Op]]) -> list[BaseException | None]:
         """Commit the batch; while the server cannot be reached, wait and try again (the
         batch is kept whole), up to `fatal_after` seconds."""
         while True:
@@ -359,7 +314,7 @@ class PostgresStore:
             self.outage.recovered()
             return errors
 
-    async def _commit_batch(self, batch: list[_Write]) -> list[BaseException | None]:
+    async def _commit_batch(self, batch: list[Write[_Op]]) -> list[BaseException | None]:
         """One transaction for the batch. If the server refuses it, each write gets its
         own, so one bad write fails alone, never its neighbours. A lost connection is
         raised (the caller retries the whole batch)."""
@@ -374,7 +329,7 @@ class PostgresStore:
                     conn.terminate()  # never handed out again half-broken
                 raise
 
-    async def _commit_on(self, conn: _Conn, batch: list[_Write]) -> list[BaseException | None]:
+    async def _commit_on(self, conn: _Conn, batch: list[Write[_Op]]) -> list[BaseException | None]:
         try:
             await self._transaction(conn, [op for w in batch for op in w.ops])
             self.commits += 1
@@ -430,10 +385,7 @@ class PostgresStore:
                     await conn.executemany(sql, rows)
 
     async def close(self) -> None:
-        self._closed = True
-        if self._send is not None:
-            self._send.close()
-            await self._writer_done.wait()
+        await self._stop_writer()
         if self._pool is not None:  # the node stopped: its id is free for a restart
             with anyio.CancelScope(shield=True), contextlib.suppress(*_DB_ERRORS):
                 with anyio.fail_after(5):
@@ -442,26 +394,6 @@ class PostgresStore:
         await self._close_connections()
 
     # -- writing ------------------------------------------------------------------
-
-    async def _write(self, ops: Sequence[_Op]) -> None:
-        if self._send is None or self._closed:
-            raise StoreError("state database is closed: the write was not made")
-        w = _Write(ops, anyio.Event())
-        self.durable_writes += 1
-        self._send.send_nowait(w)
-        await w.done.wait()  # type: ignore[union-attr]
-        if w.error is not None:
-            if isinstance(w.error, StoreError):
-                raise w.error
-            raise StoreError(f"state database write failed: {w.error}") from w.error
-
-    def _enqueue(self, ops: Sequence[_Op]) -> None:
-        if self._send is not None and not self._closed:
-            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._send.send_nowait(_Write(ops))
-
-    async def flush(self) -> None:
-        await self._write(())
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                           events: Sequence[Event] = ()) -> int:

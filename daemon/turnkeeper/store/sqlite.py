@@ -38,14 +38,12 @@ import os
 import random
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, SystemClock
@@ -66,10 +64,10 @@ from turnkeeper.store.sqlite_lock import lock_exclusive
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.sqlite_schema import prepare
+from turnkeeper.store.writer import GroupCommitWriter, Write
 
 log = structlog.get_logger("turnkeeper.store")
 
-MAX_BATCH = 1000
 # SQLite's primary result codes that are the store's failure, not the write's: busy or
 # locked past the timeout, out of memory, read-only, I/O error, full, cannot open,
 # locking protocol. A constraint or a malformed statement is the write's own.
@@ -155,16 +153,10 @@ def _attach(checkpoint_json: str, rows: list[str]) -> dict[str, Any]:
     return with_messages(json.loads(checkpoint_json), rows)
 
 
-@dataclass(slots=True)
-class _Write:
-    statements: Sequence[_Statement]
-    done: anyio.Event | None = None
-    error: BaseException | None = field(default=None)
-
-
-class SQLiteStore:
+class SQLiteStore(GroupCommitWriter[_Statement]):
     def __init__(self, path: Path, *, clock: Clock | None = None,
                  fatal_after_s: float = DEFAULT_FATAL_AFTER_S) -> None:
+        super().__init__()
         self.path = path
         self._clock: Clock = clock or SystemClock()
         self.outage = StoreOutage(fatal_after_s=fatal_after_s)
@@ -172,17 +164,11 @@ class SQLiteStore:
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._read_lock = anyio.Lock()
-        self._send: MemoryObjectSendStream[_Write] | None = None
-        self._receive: MemoryObjectReceiveStream[_Write] | None = None
         self._tg: TaskGroup | None = None
-        self._writer_done = anyio.Event()
-        self._closed = False
         self._lock_fds: tuple[int, ...] = ()
         self._next_seq = 0
         self._idempotent_keys: set[str] = set()
         self.commits = 0
-        self.durable_writes = 0  # awaited writes (the events riding along not counted)
-        self.failed_writes = 0
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
@@ -234,31 +220,7 @@ class SQLiteStore:
             os.close(fd)  # closing the descriptor releases the flock
         self._lock_fds = ()
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """The writer task. Runs until `close()`; flushes everything queued before it ends."""
-        send, receive = anyio.create_memory_object_stream[_Write](float("inf"))
-        self._send, self._receive = send, receive
-        task_status.started()
-        try:
-            async with receive:
-                while True:
-                    try:
-                        first = await receive.receive()
-                    except anyio.EndOfStream:
-                        return
-                    batch = [first]
-                    while len(batch) < MAX_BATCH:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
-                    with anyio.CancelScope(shield=True):
-                        await self._commit(batch)
-        finally:
-            self._writer_done.set()
-
-    async def _commit(self, batch: list[_Write]) -> None:
+    async def _commit(self, batch: list[Write[_Statement]]) -> None:
         """Commit `batch` in order. The writes the store itself cannot take (see
         `store_unavailable`) wait and are tried again, from the first of them on, until
         they go through, the outage turns fatal, or the store closes."""
@@ -296,16 +258,7 @@ class SQLiteStore:
                           fatal_after_s=self.outage.fatal_after_s)
             await self._clock.sleep(delay)
 
-    def _answer(self, writes: Sequence[_Write], errors: Sequence[BaseException | None]
-                ) -> None:
-        for w, error in zip(writes, errors, strict=True):
-            w.error = error
-            if error is not None:
-                self.failed_writes += 1
-            if w.done is not None:
-                w.done.set()
-
-    def _commit_sync(self, batch: list[_Write]) -> list[BaseException | None]:
+    def _commit_sync(self, batch: list[Write[_Statement]]) -> list[BaseException | None]:
         """One transaction for the batch. If it fails, each write gets its own, so one
         bad write fails alone, never its neighbours. A write the store itself cannot take
         ends the pass: it and the writes after it are left to retry in order (the events
@@ -313,7 +266,7 @@ class SQLiteStore:
         conn = self._writer
         assert conn is not None, "store is not open"
         try:
-            self._transaction(conn, [s for w in batch for s in w.statements])
+            self._transaction(conn, [s for w in batch for s in w.ops])
             self.commits += 1
             return [None] * len(batch)
         except Exception as exc:
@@ -322,7 +275,7 @@ class SQLiteStore:
         errors: list[BaseException | None] = []
         for w in batch:
             try:
-                self._transaction(conn, w.statements)
+                self._transaction(conn, w.ops)
                 self.commits += 1
                 errors.append(None)
             except Exception as exc:
@@ -347,10 +300,7 @@ class SQLiteStore:
             raise
 
     async def close(self) -> None:
-        self._closed = True
-        if self._send is not None:
-            self._send.close()
-            await self._writer_done.wait()
+        await self._stop_writer()
         for conn in (self._writer, self._reader):
             if conn is not None:
                 await anyio.to_thread.run_sync(conn.close)
@@ -358,31 +308,6 @@ class SQLiteStore:
         self._unlock_sync()
 
     # -- writing ------------------------------------------------------------------
-
-    async def _write(self, statements: Sequence[_Statement]) -> None:
-        if self._send is None or self._closed:
-            raise StoreError("state database is closed: the write was not made")
-        w = _Write(statements, anyio.Event())
-        self.durable_writes += 1
-        try:
-            self._send.send_nowait(w)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise StoreError("state database writer has stopped: the write was not made"
-                             ) from None
-        assert w.done is not None
-        await w.done.wait()
-        if isinstance(w.error, StoreUnavailable):
-            raise w.error
-        if w.error is not None:
-            raise StoreError(f"state database write failed: {w.error}") from w.error
-
-    def _enqueue(self, statements: Sequence[_Statement]) -> None:
-        if self._send is not None:
-            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._send.send_nowait(_Write(statements))
-
-    async def flush(self) -> None:
-        await self._write(())
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                           events: Sequence[Event] = ()) -> int:
