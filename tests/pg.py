@@ -1,8 +1,10 @@
 """A fresh PostgreSQL database for a test, on the server TURNKEEPER_TEST_PG names (else
 postgresql://postgres@127.0.0.1:5432/postgres), dropped afterwards.
 
-No server is not a reason to skip: a test that needs one fails and says how to get one.
-Only TURNKEEPER_TEST_PG=skip, set on purpose, skips them.
+Where no server answers, the tests that need one are skipped with the reason, so the
+README's test command works on a machine with only Python; CI sets
+TURNKEEPER_TEST_PG_REQUIRED=1 (`.ci/run` starts a server first), and there a missing
+server fails them. TURNKEEPER_TEST_PG=skip turns them off on purpose.
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ async def _admin(url: str) -> Any:
     try:
         return await asyncpg.connect(url, timeout=10)
     except (OSError, asyncpg.PostgresError) as exc:
-        pytest.fail(f"no PostgreSQL server at {url} ({exc}): start one (.ci/run does), "
-                    "point TURNKEEPER_TEST_PG at one, or set TURNKEEPER_TEST_PG=skip")
+        why = (f"no PostgreSQL server at {url} ({exc}): start one (.ci/run does), point "
+               "TURNKEEPER_TEST_PG at one, or set TURNKEEPER_TEST_PG=skip")
+        if os.environ.get("TURNKEEPER_TEST_PG_REQUIRED"):  # CI: a missing server fails
+            pytest.fail(why)
+        pytest.skip(why)
 
 
 async def create_database() -> str:
