@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 
 from turnkeeper import exits
 from turnkeeper import logging as tk_logging
-from turnkeeper.clock import SystemClock
+from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.config import (
     ConfigError,
     Policy,
@@ -52,7 +52,7 @@ class StoreFatal(TurnkeeperError):
     exit_code = exits.IOERR
 
 
-async def _watch_store(store: Store, sup: Supervisor, clock: SystemClock,
+async def _watch_store(store: Store, sup: Supervisor, clock: Clock,
                        fatal: list[str]) -> None:
     """Stop the daemon once the store has refused every write for `store.fatal_after`
     seconds: a service manager restart may cure it (a remounted disk); an operator must
