@@ -35,7 +35,19 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
 from turnkeeper.messages import json_text
 from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import StoreOutage
+from turnkeeper.policy.turn_state import TERMINAL_STATES
+
+
+def sql_set(values: Iterable[str]) -> str:
+    """A constant set as an SQL list: `('a','b')` (the values are our own enum names)."""
+    return "(" + ",".join(f"'{v}'" for v in sorted(values)) + ")"
+
+
+# The states of a finished turn and the stop codes of a dead letter, for both SQL stores.
+TERMINAL_SQL = sql_set(TERMINAL_STATES)
+DEAD_LETTER_SQL = sql_set(DEAD_LETTER_CODES)
 
 
 class StoreError(TurnkeeperError):

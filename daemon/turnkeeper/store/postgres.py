@@ -61,10 +61,11 @@ from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.config.redact import redact_url
 from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
-from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
+    DEAD_LETTER_SQL,
+    TERMINAL_SQL,
     MessageRows,
     StoreError,
     StoreInUse,
@@ -97,13 +98,6 @@ READ_RETRY_S = 10.0
 BACKOFF_MAX = 2.0
 
 
-def _sql_set(values: Iterable[str]) -> str:
-    """A constant set as an SQL list: `('a','b')` (the values are our own enum names)."""
-    return "(" + ",".join(f"'{v}'" for v in sorted(values)) + ")"
-
-
-_TERMINAL_SQL = _sql_set(TERMINAL_STATES)
-_DEAD_LETTER_SQL = _sql_set(DEAD_LETTER_CODES)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
 
 # What a lost or unusable connection raises; an error the server reports about a
@@ -618,9 +612,9 @@ class PostgresStore(GroupCommitWriter[_Op]):
             async with conn.transaction():
                 turns = await conn.fetch(
                     "WITH c AS (SELECT t.id FROM turns t WHERE t.state NOT IN"
-                    f" {_TERMINAL_SQL} AND (t.owner IS NULL OR t.lease_until < now())"
+                    f" {TERMINAL_SQL} AND (t.owner IS NULL OR t.lease_until < now())"
                     " AND NOT EXISTS (SELECT 1 FROM turns e WHERE e.session = t.session"
-                    f" AND e.seq < t.seq AND e.state NOT IN {_TERMINAL_SQL}"
+                    f" AND e.seq < t.seq AND e.state NOT IN {TERMINAL_SQL}"
                     " AND e.owner IS DISTINCT FROM $1)"
                     " ORDER BY t.seq LIMIT $2 FOR UPDATE SKIP LOCKED)"
                     " UPDATE turns t SET owner = $1, epoch = t.epoch + 1,"
@@ -782,7 +776,7 @@ class PostgresStore(GroupCommitWriter[_Op]):
             " extract(epoch FROM stopped_at) AS stopped_at,"
             " extract(epoch FROM now() - heartbeat_at) AS silent_s,"
             " (SELECT count(*) FROM turns t WHERE t.owner = n.node_id AND t.state NOT IN"
-            f" {_TERMINAL_SQL} AND t.lease_until > now()) AS turns"
+            f" {TERMINAL_SQL} AND t.lease_until > now()) AS turns"
             " FROM nodes n ORDER BY node_id")
         return [{"node_id": r["node_id"], "pid": r["pid"], "host": r["host"],
                  "started_at": float(r["started_at"]),
@@ -884,10 +878,10 @@ class PostgresStore(GroupCommitWriter[_Op]):
             async with conn.transaction(isolation="repeatable_read", readonly=True):
                 turns = await conn.fetch(
                     "SELECT id, record, checkpoint FROM turns WHERE state NOT IN"
-                    f" {_TERMINAL_SQL} ORDER BY seq")
+                    f" {TERMINAL_SQL} ORDER BY seq")
                 rows = await conn.fetch(
                     "SELECT m.turn, m.data FROM messages m JOIN turns t ON t.id = m.turn"
-                    f" WHERE t.state NOT IN {_TERMINAL_SQL} ORDER BY m.turn, m.idx")
+                    f" WHERE t.state NOT IN {TERMINAL_SQL} ORDER BY m.turn, m.idx")
                 return turns, rows
 
         turns, rows = await self._read(read)
@@ -901,7 +895,7 @@ class PostgresStore(GroupCommitWriter[_Op]):
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
         rows = await self._fetch(
             f"SELECT record FROM turns WHERE session = $1 AND seq < $2 AND state IN"
-            f" {_TERMINAL_SQL} ORDER BY seq", session, before_seq)
+            f" {TERMINAL_SQL} ORDER BY seq", session, before_seq)
         return [json.loads(r[0]) for r in rows]
 
     async def events(self, *, turn: str | None = None, after_seq: int = 0,
@@ -935,7 +929,7 @@ class PostgresStore(GroupCommitWriter[_Op]):
             " COALESCE(r->'would_have_stopped', '[]'::jsonb)::text,"
             " r->'result'->>'extensions'"
             " FROM (SELECT record::jsonb AS r, state, seq FROM turns"
-            f" WHERE state IN {_TERMINAL_SQL} AND updated_at >= $1) AS t"
+            f" WHERE state IN {TERMINAL_SQL} AND updated_at >= $1) AS t"
             " WHERE r->'result' IS NOT NULL AND r->'result' <> 'null'::jsonb"
             " ORDER BY seq DESC LIMIT $2", since if since is not None else 0.0, limit)
         return [usage_of(profile, state, code, tokens, seconds, steps, cost,
@@ -946,14 +940,14 @@ class PostgresStore(GroupCommitWriter[_Op]):
     async def prune(self, *, finished_before: float, dead_letters: bool = False,
                     limit: int) -> int:
         keep_dead = "" if dead_letters else (
-            f" AND COALESCE(stop_code, '') NOT IN {_DEAD_LETTER_SQL}")
+            f" AND COALESCE(stop_code, '') NOT IN {DEAD_LETTER_SQL}")
         rows = await self._fetch(
-            f"SELECT id FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at < $1"
+            f"SELECT id FROM turns WHERE state IN {TERMINAL_SQL} AND updated_at < $1"
             f"{keep_dead} ORDER BY seq LIMIT $2", finished_before, limit)
         ids = [r[0] for r in rows]
         # Checked again inside the transaction: a dead letter replayed since the read is
         # queued again, and keeps everything.
-        due = f"SELECT id FROM turns WHERE id = ANY($1::text[]) AND state IN {_TERMINAL_SQL}"
+        due = f"SELECT id FROM turns WHERE id = ANY($1::text[]) AND state IN {TERMINAL_SQL}"
         ops: list[_Op] = [
             (f"DELETE FROM events WHERE turn IN ({due})", (ids,)),
             (f"DELETE FROM journal WHERE turn IN ({due})", (ids,)),
@@ -967,7 +961,7 @@ class PostgresStore(GroupCommitWriter[_Op]):
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         rows = await self._fetch(
-            f"SELECT record, replayed_by FROM turns WHERE stop_code IN {_DEAD_LETTER_SQL}"
+            f"SELECT record, replayed_by FROM turns WHERE stop_code IN {DEAD_LETTER_SQL}"
             f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
         return [dead_letter_entry(json.loads(record_json), replayed_by)
                 for record_json, replayed_by in rows]

@@ -49,10 +49,10 @@ from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
-from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
-from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
+    DEAD_LETTER_SQL,
+    TERMINAL_SQL,
     MessageRows,
     StoreError,
     StoreUnavailable,
@@ -80,13 +80,6 @@ DEAD_LETTERS_SHOWN = 1000
 MAX_PENDING_IDEMPOTENT = 100_000
 
 
-def _sql_set(values: Iterable[str]) -> str:
-    """A constant set as an SQL list: `('a','b')` (the values are our own enum names)."""
-    return "(" + ",".join(f"'{v}'" for v in sorted(values)) + ")"
-
-
-_TERMINAL_SQL = _sql_set(TERMINAL_STATES)
-_DEAD_LETTER_SQL = _sql_set(DEAD_LETTER_CODES)
 
 
 def _dumps(value: Any) -> str:
@@ -404,15 +397,15 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
                     limit: int) -> int:
         keep_dead = "" if dead_letters else (
             " AND COALESCE(json_extract(record, '$.result.stopped_because.code'), '')"
-            f" NOT IN {_DEAD_LETTER_SQL}")
+            f" NOT IN {DEAD_LETTER_SQL}")
         rows = await self._read(
-            f"SELECT id FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at < ?"
+            f"SELECT id FROM turns WHERE state IN {TERMINAL_SQL} AND updated_at < ?"
             f"{keep_dead} ORDER BY seq LIMIT ?", (finished_before, limit))
         ids = [r[0] for r in rows]
         # Checked again inside the transaction: a dead letter replayed since the read is
         # queued again, and keeps everything.
         marks = ",".join("?" * len(ids))
-        due = f"SELECT id FROM turns WHERE id IN ({marks}) AND state IN {_TERMINAL_SQL}"
+        due = f"SELECT id FROM turns WHERE id IN ({marks}) AND state IN {TERMINAL_SQL}"
         statements: list[_Statement] = [
             (f"DELETE FROM events WHERE turn IN ({due})", ids),
             (f"DELETE FROM journal WHERE turn IN ({due})", ids),
@@ -497,9 +490,9 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
         def read(c: sqlite3.Connection) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             turns, messages = _together(c, [
                 (f"SELECT id, record, checkpoint FROM turns WHERE state NOT IN"
-                 f" {_TERMINAL_SQL} ORDER BY seq", ()),
+                 f" {TERMINAL_SQL} ORDER BY seq", ()),
                 ("SELECT m.turn, m.data FROM turns AS t JOIN messages AS m ON m.turn = t.id"
-                 f" WHERE t.state NOT IN {_TERMINAL_SQL} ORDER BY t.seq, m.idx", ())])
+                 f" WHERE t.state NOT IN {TERMINAL_SQL} ORDER BY t.seq, m.idx", ())])
             rows: dict[str, list[str]] = {}
             for turn_id, data in messages:
                 rows.setdefault(turn_id, []).append(data)
@@ -511,7 +504,7 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
         return await self._read_json(
             f"SELECT record FROM turns WHERE session = ? AND seq < ? AND state IN"
-            f" {_TERMINAL_SQL} ORDER BY seq", (session, before_seq))
+            f" {TERMINAL_SQL} ORDER BY seq", (session, before_seq))
 
     async def events(self, *, turn: str | None = None, after_seq: int = 0,
                      limit: int = 10_000) -> list[dict[str, Any]]:
@@ -541,7 +534,7 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
                " json_extract(record, '$.usage.cost_usd'),"
                " json_extract(record, '$.would_have_stopped'),"
                " json_extract(record, '$.result.extensions')"
-               f" FROM turns WHERE state IN {_TERMINAL_SQL} AND updated_at >= ?"
+               f" FROM turns WHERE state IN {TERMINAL_SQL} AND updated_at >= ?"
                " AND json_extract(record, '$.result') IS NOT NULL ORDER BY seq DESC LIMIT ?")
         return await self._in_reader(lambda c: [
             usage_of(profile, state, code, tokens, seconds, steps, cost,
@@ -554,5 +547,5 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
             dead_letter_entry(json.loads(record_json), replayed_by)
             for record_json, replayed_by in c.execute(
                 "SELECT record, replayed_by FROM turns WHERE json_extract(record,"
-                f" '$.result.stopped_because.code') IN {_DEAD_LETTER_SQL}"
+                f" '$.result.stopped_because.code') IN {DEAD_LETTER_SQL}"
                 f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")])
