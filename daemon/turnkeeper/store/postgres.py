@@ -87,7 +87,6 @@ from turnkeeper.store.postgres_schema import prepare
 from turnkeeper.store.writer import GroupCommitWriter, Write
 
 DEAD_LETTERS_SHOWN = 1000
-MAX_PENDING_IDEMPOTENT = 100_000
 POOL_SIZE = 4
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0
@@ -203,7 +202,6 @@ class PostgresStore(GroupCommitWriter[_Op]):
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
         self._tg: TaskGroup | None = None
-        self._idempotent_keys: set[str] = set()
         # Whether writes go through; while the server cannot be reached they wait, and
         # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
         self.outage = StoreOutage(fatal_after_s=fatal_after)
@@ -498,9 +496,8 @@ class PostgresStore(GroupCommitWriter[_Op]):
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
-        """An idempotent call may run again after a crash (with the same key), so its
-        intent and outcome commit with the next durable write; a non-idempotent call's
-        intent is durable before the call is sent."""
+        """Queued or awaited as `_journal_intent` says; a non-idempotent call's intent on
+        a claimed turn only while its lease holds."""
         ops: list[_Op] = [(
             "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
             " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING",
@@ -510,12 +507,7 @@ class PostgresStore(GroupCommitWriter[_Op]):
             self._key_turn[key] = turn
             if not idempotent:
                 ops.insert(0, self._lease_check(turn, epoch))
-        if idempotent:
-            if len(self._idempotent_keys) < MAX_PENDING_IDEMPOTENT:
-                self._idempotent_keys.add(key)
-            self._enqueue(ops)
-        else:
-            await self._write(ops)
+        await self._journal_intent(key, ops, idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
         turn = self._key_turn.pop(key, None)
@@ -523,11 +515,7 @@ class PostgresStore(GroupCommitWriter[_Op]):
             self._fence(turn)  # a lost turn's outcome is the new holder's to write
         ops: list[_Op] = [("UPDATE journal SET outcome = $1 WHERE key = $2",
                            (_dumps(outcome), key))]
-        if key in self._idempotent_keys:
-            self._idempotent_keys.discard(key)
-            self._enqueue(ops)
-        else:
-            await self._write(ops)
+        await self._journal_outcome(key, ops)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,

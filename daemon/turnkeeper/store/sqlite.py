@@ -75,9 +75,6 @@ _UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
 # While the store is failing, one log line at most this often (and one when it recovers).
 OUTAGE_LOG_EVERY_S = 10.0
 DEAD_LETTERS_SHOWN = 1000
-# Idempotent calls between intent and outcome (a cancelled call never clears its key: the
-# bound keeps that from growing; past it, outcomes are simply awaited).
-MAX_PENDING_IDEMPOTENT = 100_000
 
 
 
@@ -160,7 +157,6 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
         self._tg: TaskGroup | None = None
         self._lock_fds: tuple[int, ...] = ()
         self._next_seq = 0
-        self._idempotent_keys: set[str] = set()
         self.commits = 0
 
     def __repr__(self) -> str:
@@ -357,27 +353,16 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
-        """An idempotent call may run again after a crash (with the same Idempotency-Key),
-        so its intent and outcome are not awaited: they commit, in order, with the next
-        durable write (the step's next checkpoint). Saves two commit round trips a call."""
+        """Queued or awaited as `_journal_intent` says."""
         statements: list[_Statement] = [(
             "INSERT OR IGNORE INTO journal (key, turn, tool, arguments, idempotent)"
             " VALUES (?, ?, ?, ?, ?)", (key, turn, tool, arguments, int(idempotent)))]
-        if idempotent:
-            if len(self._idempotent_keys) < MAX_PENDING_IDEMPOTENT:
-                self._idempotent_keys.add(key)
-            self._enqueue(statements)
-        else:
-            await self._write(statements)
+        await self._journal_intent(key, statements, idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
         statements: list[_Statement] = [("UPDATE journal SET outcome = ? WHERE key = ?",
                                          (_dumps(outcome), key))]
-        if key in self._idempotent_keys:
-            self._idempotent_keys.discard(key)
-            self._enqueue(statements)
-        else:
-            await self._write(statements)
+        await self._journal_outcome(key, statements)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,

@@ -25,6 +25,9 @@ from turnkeeper.store.base import StoreError
 
 # Writes in one transaction at most: a burst past it commits in several.
 MAX_BATCH = 1000
+# Idempotent calls between intent and outcome (a cancelled call never clears its key: the
+# bound keeps that from growing; past it, outcomes are simply awaited).
+MAX_PENDING_IDEMPOTENT = 100_000
 
 Op = TypeVar("Op")
 
@@ -47,6 +50,7 @@ class GroupCommitWriter(Generic[Op]):
         self._closed = False
         self.durable_writes = 0  # awaited writes (the events riding along not counted)
         self.failed_writes = 0
+        self._idempotent_keys: set[str] = set()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -117,6 +121,28 @@ class GroupCommitWriter(Generic[Op]):
         if self._send is not None and not self._closed:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._send.send_nowait(Write(ops))
+
+    async def _journal_intent(self, key: str, ops: Sequence[Op], *, idempotent: bool
+                              ) -> None:
+        """An idempotent call may run again after a crash (with the same Idempotency-Key),
+        so its intent and outcome are not awaited: they commit, in order, with the next
+        durable write (the step's next checkpoint), saving two commits a call. A
+        non-idempotent call's intent is durable before the call is sent."""
+        if idempotent:
+            if len(self._idempotent_keys) < MAX_PENDING_IDEMPOTENT:
+                self._idempotent_keys.add(key)
+            self._enqueue(ops)
+        else:
+            await self._write(ops)
+
+    async def _journal_outcome(self, key: str, ops: Sequence[Op]) -> None:
+        """An outcome goes as its intent went: queued for an idempotent call, awaited
+        otherwise."""
+        if key in self._idempotent_keys:
+            self._idempotent_keys.discard(key)
+            self._enqueue(ops)
+        else:
+            await self._write(ops)
 
     async def flush(self) -> None:
         """Until everything enqueued so far is durable."""
