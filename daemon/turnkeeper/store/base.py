@@ -24,7 +24,7 @@ existed (messages inline, no "count") is read as it was stored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +48,23 @@ def sql_set(values: Iterable[str]) -> str:
 # The states of a finished turn and the stop codes of a dead letter, for both SQL stores.
 TERMINAL_SQL = sql_set(TERMINAL_STATES)
 DEAD_LETTER_SQL = sql_set(DEAD_LETTER_CODES)
+
+
+def list_turns_sql(*, state: str | None, session: str | None, since: float | None,
+                   before_seq: int | None, placeholder: Callable[[int], str]
+                   ) -> tuple[str, list[Any]]:
+    """The query of a turn listing (newest first, its LIMIT the last parameter) and its
+    parameters but the limit, for either SQL store; `placeholder(n)` is the marker of
+    the n-th parameter (`?` for SQLite, `$n` for PostgreSQL)."""
+    where: list[str] = []
+    params: list[Any] = []
+    for condition, value in (("state =", state), ("session =", session),
+                             ("created_at >=", since), ("seq <", before_seq)):
+        if value is not None and value != "":
+            params.append(value)
+            where.append(f"{condition} {placeholder(len(params))}")
+    sql = "SELECT record FROM turns" + (" WHERE " + " AND ".join(where) if where else "")
+    return sql + f" ORDER BY seq DESC LIMIT {placeholder(len(params) + 1)}", params
 
 
 class StoreError(TurnkeeperError):

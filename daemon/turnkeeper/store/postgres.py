@@ -71,6 +71,7 @@ from turnkeeper.store.base import (
     StoreInUse,
     StoreUnavailable,
     dead_letter_entry,
+    list_turns_sql,
     usage_of,
     with_messages,
 )
@@ -845,19 +846,9 @@ class PostgresStore(GroupCommitWriter[_Op]):
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
                          limit: int = 100, since: float | None = None,
                          before_seq: int | None = None) -> list[dict[str, Any]]:
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (("state =", state), ("session =", session),
-                              ("created_at >=", since), ("seq <", before_seq)):
-            if value is not None and value != "":
-                params.append(value)
-                where.append(f"{column} ${len(params)}")
-        sql = "SELECT record FROM turns"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        params.append(limit)
-        sql += f" ORDER BY seq DESC LIMIT ${len(params)}"
-        return [json.loads(r[0]) for r in await self._fetch(sql, *params)]
+        sql, params = list_turns_sql(state=state, session=session, since=since,
+                                     before_seq=before_seq, placeholder=lambda n: f"${n}")
+        return [json.loads(r[0]) for r in await self._fetch(sql, *params, limit)]
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every unfinished turn with its checkpoint, in two queries (the turns, then the

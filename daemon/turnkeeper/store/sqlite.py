@@ -57,6 +57,7 @@ from turnkeeper.store.base import (
     StoreError,
     StoreUnavailable,
     dead_letter_entry,
+    list_turns_sql,
     usage_of,
     with_messages,
 )
@@ -458,17 +459,8 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
                          limit: int = 100, since: float | None = None,
                          before_seq: int | None = None) -> list[dict[str, Any]]:
-        where: list[str] = []
-        params: list[Any] = []
-        for clause, value in (("state = ?", state), ("session = ?", session),
-                              ("created_at >= ?", since), ("seq < ?", before_seq)):
-            if value is not None and value != "":
-                where.append(clause)
-                params.append(value)
-        sql = "SELECT record FROM turns"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY seq DESC LIMIT ?"
+        sql, params = list_turns_sql(state=state, session=session, since=since,
+                                     before_seq=before_seq, placeholder=lambda n: "?")
         return await self._read_json(sql, (*params, limit))
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
