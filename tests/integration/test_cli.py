@@ -124,8 +124,8 @@ def test_turns_pages_with_a_cursor_and_filters_by_since(start: Any) -> None:
     assert ([t["id"] for t in last["turns"]], last["next"]) == ([ids[0]], None)
     assert json.loads(cli("turns", "--since", "1h", "--output", "json",
                           socket=d.socket).stdout)["next"] is None
-    time.sleep(1.1)
-    recent = json.loads(cli("turns", "--since", "1s", "--output", "json",
+    time.sleep(0.3)
+    recent = json.loads(cli("turns", "--since", "0.2s", "--output", "json",
                             socket=d.socket).stdout)
     assert recent["turns"] == []
     assert cli("turns", "--since", "7x", socket=d.socket).returncode == 2
