@@ -154,9 +154,7 @@ def status_lines(data: dict[str, Any]) -> list[str]:
                      f"{srv.get('last_error') or '-'}{wait}; {restarts}")
     fleet = data.get("fleet")
     if fleet:
-        lines.append(f"fleet        node {fleet['node_id']}, holding {fleet['held']} turns "
-                     f"(lease {fleet['lease_seconds']:g} s; {fleet['lost']} lost, "
-                     f"{fleet['released']} handed back); `turnkeeper fleet` lists the nodes")
+        lines.extend(fleet_status_lines(fleet))
     store = data.get("store") or {}
     if store.get("writable") is False:
         lines.append(f"store        UNWRITABLE for {duration(store['failing_for_s'])}: "
@@ -169,16 +167,35 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def fleet_status_lines(fleet: dict[str, Any]) -> list[str]:
+    """The fleet part of `turnkeeper status`: this node and its leases, then every node
+    as the daemon last read them (at its heartbeat's pace, not at each status)."""
+    lines = [f"fleet        node {fleet['node_id']}, holding {fleet['held']} turns (lease "
+             f"{fleet['lease_seconds']:g} s, renewed {fleet['lease_renewed_s_ago']:.1f} s "
+             f"ago; {fleet['lost']} lost, {fleet['released']} handed back)"]
+    nodes = fleet.get("nodes")
+    if nodes is None:
+        return [*lines, "nodes        not read yet"]
+    up = sum(1 for n in nodes if n["alive"])
+    lines.append(f"nodes        {up} up of {len(nodes)}, as read "
+                 f"{fleet['nodes_read_s_ago']:.1f} s ago:")
+    return lines + [" " * 13 + row for row in fleet_lines(fleet)]
+
+
+def node_row(n: dict[str, Any], me: str) -> str:
+    """One node of the fleet under NODES_HEADER; `me` (this daemon) is marked."""
+    state = "stopped" if n["stopped_at"] else "up" if n["alive"] else "SILENT"
+    mark = " *" if n["node_id"] == me else ""
+    return (f"{n['node_id'] + mark:<24} {state:<8} {n['turns']:>5}  {n['pid']:>7}  "
+            f"{n['host']}, heartbeat {n['heartbeat_age_s']:.1f} s ago")
+
+
+NODES_HEADER = f"{'node':<24} {'state':<8} {'turns':>5}  {'pid':>7}  host, heartbeat"
+
+
 def fleet_lines(data: dict[str, Any]) -> list[str]:
     """`turnkeeper fleet`: every node on the shared store, this one marked."""
-    lines = [f"{'node':<24} {'state':<8} {'turns':>5}  {'pid':>7}  host, heartbeat"]
-    now = time.time()
-    for n in data["nodes"]:
-        state = "stopped" if n["stopped_at"] else "up" if n["alive"] else "SILENT"
-        mark = " *" if n["node_id"] == data["node_id"] else ""
-        lines.append(f"{n['node_id'] + mark:<24} {state:<8} {n['turns']:>5}  {n['pid']:>7}  "
-                     f"{n['host']}, {max(0.0, now - n['heartbeat_at']):.1f} s ago")
-    return lines
+    return [NODES_HEADER, *(node_row(n, data["node_id"]) for n in data["nodes"])]
 
 
 def event_line(ev: dict[str, Any]) -> str | None:

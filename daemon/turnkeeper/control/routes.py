@@ -274,10 +274,10 @@ async def fleet(request: web.Request) -> web.Response:
         return error(409, "not a fleet: this daemon keeps its turns in its own SQLite file "
                           "([store] url is empty)")
     try:
-        nodes = await sup.fleet.store.nodes()
+        await sup.fleet.read_nodes()
     except StoreError as exc:
         return error(503, str(exc))
-    return web.json_response({**sup.fleet.status(), "nodes": nodes})
+    return web.json_response(sup.fleet.status())
 
 
 async def reload(request: web.Request) -> web.Response:

@@ -53,6 +53,10 @@ class Fleet:
         self.claimed_total = 0
         self.lost_total = 0
         self.released_total = 0
+        # The fleet as last read from the database (`store.nodes()`), refreshed at the
+        # heartbeat's pace so `status` costs no query; None until the first read.
+        self._nodes: list[dict[str, Any]] | None = None
+        self._nodes_read_at = 0.0  # local monotonic
 
     @property
     def node_id(self) -> str:
@@ -63,15 +67,44 @@ class Fleet:
         self._wake.set()
 
     def status(self) -> dict[str, Any]:
+        """This node, and every node as last read (`nodes_read_s_ago`): a node's
+        `heartbeat_age_s` is counted now, from the heartbeat time that read saw."""
+        now = self.core.clock.monotonic()
+        wall = self.core.clock.time()
+        nodes = None if self._nodes is None else [
+            {**n, "heartbeat_age_s": round(max(0.0, wall - n["heartbeat_at"]), 3)}
+            for n in self._nodes]
+        # The last renewal (or first claim) was sent when the leases' validity began.
+        renewed = self._valid_until - self.timing.valid_until(0.0)
         return {"node_id": self.node_id, "lease_seconds": self.timing.lease_s,
+                "lease_renewed_s_ago": round(max(0.0, now - renewed), 3),
                 "held": len(self.store.claims), "claimed": self.claimed_total,
-                "lost": self.lost_total, "released": self.released_total}
+                "lost": self.lost_total, "released": self.released_total,
+                "nodes": nodes,
+                "nodes_read_s_ago": None if nodes is None
+                else round(now - self._nodes_read_at, 3)}
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._claim_loop, name="fleet claims")
             tg.start_soon(self._heartbeat_loop, name="fleet heartbeat")
             tg.start_soon(self._listen_loop, name="fleet listener")
+            tg.start_soon(self._nodes_loop, name="fleet nodes")
+
+    async def read_nodes(self) -> None:
+        """Read the fleet's nodes now (`turnkeeper fleet`), and keep them for `status`."""
+        self._nodes = await self.store.nodes()
+        self._nodes_read_at = self.core.clock.monotonic()
+
+    async def _nodes_loop(self) -> None:
+        """Read the nodes at start, then at the heartbeat's pace; a failed read keeps
+        the last list (`nodes_read_s_ago` says how old it is)."""
+        while not self._stopping:
+            try:
+                await self.read_nodes()
+            except StoreError as exc:
+                log.debug("fleet.nodes_read_failed", node=self.node_id, error=str(exc))
+            await self.core.clock.sleep(self.timing.renew_every_s)
 
     # -- claims ---------------------------------------------------------------------
 
