@@ -6,7 +6,6 @@ back at once."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import signal
@@ -19,12 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
+from tests.integration.fleet_helpers import (  # noqa: F401 - fleet_db: the `db` fixture
+    fleet_db,
+    query,
+    wait_finished,
+)
 from tests.integration.harness import Daemon, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
-from tests.pg import create_database, drop_database
 
 STEPS = 5  # 4 tool calls and the answer
 SCRIPT = """
@@ -37,15 +39,6 @@ tool_calls = [{{ name = "effect", arguments = {{ step = {n} }} }}]
 [[scenarios.steps]]
 reply = "done"
 """
-
-
-@pytest.fixture
-def db() -> Iterator[str]:
-    url = asyncio.run(create_database())
-    try:
-        yield url
-    finally:
-        asyncio.run(drop_database(url))
 
 
 @pytest.fixture
@@ -94,29 +87,6 @@ def start_fleet(tmp: Path, server: ToolServer, db: str, *, lease: float = 15.0,
     for d in daemons:
         d.start()
     return daemons
-
-
-def query(db: str, sql: str, *args: Any) -> list[Any]:
-    async def run() -> list[Any]:
-        conn = await asyncpg.connect(db)
-        try:
-            return list(await conn.fetch(sql, *args))
-        finally:
-            await conn.close()
-    return asyncio.run(run())
-
-
-def wait_finished(db: str, n: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        [(done,)] = query(db, "SELECT count(*) FROM turns WHERE state IN ('completed',"
-                              " 'partial', 'failed', 'blocked', 'cancelled')")
-        if done >= n:
-            return
-        if time.monotonic() > deadline:
-            states = query(db, "SELECT state, owner, count(*) FROM turns GROUP BY 1, 2")
-            raise AssertionError(f"{done} of {n} turns finished in {timeout} s: {states}")
-        time.sleep(0.5)
 
 
 def effect_keys(server: ToolServer) -> collections.Counter[str]:
