@@ -1,0 +1,167 @@
+"""A provider outage met by a fleet: three real daemons on one real PostgreSQL database,
+a primary model provider that answers 503 to every request for the whole run and a
+fallback that answers, both real HTTP servers on 127.0.0.1 (tests/integration/
+fault_server.py). What the fleet shares is the breaker's state, so the nodes that meet
+the outage after one node opened the primary's breaker send the primary nothing: the
+fleet costs the dead provider no more than one daemon would."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.fault_server import FaultServer, fail, ok
+from tests.integration.fleet_helpers import (  # noqa: F401 - fleet_db: the `db` fixture
+    fleet_db,
+    query,
+    wait_finished,
+)
+from tests.integration.harness import Daemon
+
+SLOTS = 6  # daemon.max_concurrent_turns of each node
+THRESHOLD = 3  # circuit_breaker.failure_threshold
+STEPS = 3  # model calls of a turn: two calls of the echo tool, then the answer
+
+
+@pytest.fixture
+def faults() -> Iterator[FaultServer]:
+    server = FaultServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def node_config(faults: FaultServer, db: str, node: str) -> str:
+    providers = "".join(f"""
+[[providers]]
+name = "{name}"
+kind = "openai"
+base_url = "{faults.base_url(name)}"
+model = "model-{name}"
+stream = false
+timeout = 10.0
+""" for name in ("primary", "fallback"))
+    return f"""
+[daemon]
+max_concurrent_turns = {SLOTS}
+max_queued_turns = 1000
+shutdown_timeout = 10.0
+
+[store]
+url = "{db}"
+
+[fleet]
+node_id = "{node}"
+lease_seconds = 6.0
+
+[retry]
+base_delay = 0.01
+max_delay = 0.04
+
+[circuit_breaker]
+failure_threshold = {THRESHOLD}
+cooldown = 600.0
+
+[[tools]]
+name = "echo"
+kind = "echo"
+description = "echo"
+idempotent = true
+{providers}"""
+
+
+def breakers(daemons: list[Daemon]) -> list[str]:
+    return [d.get("/v1/status")[1]["breakers"]["primary"] for d in daemons]
+
+
+def wait_open(daemons: list[Daemon], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while breakers(daemons) != ["open"] * len(daemons):
+        assert time.monotonic() < deadline, f"the primary's breakers: {breakers(daemons)}"
+        time.sleep(0.05)
+
+
+def status_text(d: Daemon) -> str:
+    done = subprocess.run([sys.executable, "-m", "turnkeeper", "--socket", str(d.socket),
+                           "status"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_dead_primary_costs_a_fleet_of_three_no_more_attempts_than_one_daemon(
+        tmp_path: Path, faults: FaultServer, db: str) -> None:
+    """The bound, from the config. One daemon whose breaker opens after THRESHOLD
+    consecutive failures sends a provider that fails everything at most THRESHOLD + M - 1
+    requests while the breaker's cooldown lasts (longer than this run: no half-open
+    probe): THRESHOLD outcomes while closed, the last of which opens it, plus the calls
+    already on the wire when it opened, at most M - 1, M being the most model calls in
+    flight at once (one per running turn: SLOTS). Retries are attempts like any other, so
+    the retry budget adds nothing to it: it only decides how soon the streak is reached.
+
+    The fleet shares the breaker's state, not each node's failure streak: a node that
+    meets the outage after another opened the breaker must send nothing. So n0 meets it
+    first (n1 and n2 are paused, holding no turn, while n0 runs SLOTS turns into it);
+    once the breaker is open on all three, the three nodes take 30 more turns together,
+    their first model calls all due at the primary. Every turn must complete on the
+    fallback, none of the 30 may have reached the primary, and the primary must have
+    received at most THRESHOLD + SLOTS - 1 requests in all, one daemon's bound. With a
+    breaker per node the wait for the breaker open on every node fails; without that
+    wait, n1 and n2 each spend their own THRESHOLD failures (seen: 9 requests, over the
+    bound of 8)."""
+    faults.script("primary", then=fail(503))
+    faults.script("fallback", then=ok("done", delay=0.2, tool_steps=STEPS - 1))
+    daemons = [Daemon(tmp_path, node_config(faults, db, f"n{i}"), name=f"n{i}").start()
+               for i in range(3)]
+    try:
+        for d in daemons[1:]:
+            assert d.post("/v1/intake", {"open": False})[0] == 200
+        first = [daemons[0].submit(f"first {i}")["id"] for i in range(SLOTS)]
+        wait_open(daemons[:1])
+        wait_open(daemons)  # n1 and n2 opened theirs from the database
+        for d in daemons[1:]:
+            assert d.post("/v1/intake", {"open": True})[0] == 200
+        rest = [daemons[i % 3].submit(f"more {i}")["id"] for i in range(30)]
+        wait_finished(db, len(first) + len(rest), timeout=180)
+        after = breakers(daemons)
+        deadline = time.monotonic() + 30
+        while True:  # the node list a status shows is read at the heartbeat's pace
+            shown = status_text(daemons[2])
+            if "nodes        3 up of 3" in shown:
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.2)
+    finally:
+        for d in daemons:
+            d.kill()
+    rows = query(db, "SELECT id, state, owner, record FROM turns")
+    assert collections.Counter(r["state"] for r in rows) == {"completed": SLOTS + 30}
+    assert {json.loads(r["record"])["provider"] for r in rows} == {"fallback"}
+    late = {r["owner"] for r in rows if r["id"] in set(rest)}
+    assert late == {"n0", "n1", "n2"}, late  # all three met the outage
+    # Not one call of the turns that came once the breaker was open fleet-wide...
+    late_calls = [s.user_texts() for s in faults.requests("primary")
+                  if not any(t.startswith("first") for t in s.user_texts())]
+    assert late_calls == []
+    # ...so the fleet stayed within one daemon's bound.
+    assert faults.count("primary") <= THRESHOLD + SLOTS - 1, faults.count("primary")
+    assert faults.count("primary") >= THRESHOLD  # the outage was met at all
+    assert faults.count("fallback") == (SLOTS + 30) * STEPS
+    assert after == ["open"] * 3  # still open: no probe went to the primary
+    # `turnkeeper status` shows the fleet: this node, then every node with its turns.
+    lines = shown.splitlines()
+    assert any(line.startswith("fleet        node n2, holding ") for line in lines), shown
+    rows_shown = {line.split()[0]: line for line in lines
+                  if line.startswith(" " * 13) and line.split()[0] != "node"}
+    assert set(rows_shown) == {"n0", "n1", "n2"}, shown
+    assert all(" up " in line and "heartbeat" in line for line in rows_shown.values())
+    assert "n2 *" in rows_shown["n2"]
+    assert "breakers     primary OPEN" in shown
