@@ -170,7 +170,8 @@ def status_lines(data: dict[str, Any]) -> list[str]:
 def fleet_status_lines(fleet: dict[str, Any]) -> list[str]:
     """The fleet part of `turnkeeper status`: this node and its leases, then every node
     as the daemon last read them (at its heartbeat's pace, not at each status)."""
-    lines = [f"fleet        node {fleet['node_id']}, holding {fleet['held']} turns (lease "
+    held = f"{fleet['held']} turn{'' if fleet['held'] == 1 else 's'}"
+    lines = [f"fleet        node {fleet['node_id']}, holding {held} (lease "
              f"{fleet['lease_seconds']:g} s, renewed {fleet['lease_renewed_s_ago']:.1f} s "
              f"ago; {fleet['lost']} lost, {fleet['released']} handed back)"]
     nodes = fleet.get("nodes")
