@@ -15,20 +15,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from tests.integration.fleet_helpers import fleet_db  # noqa: F401 - the `db` fixture
 from tests.integration.harness import Daemon
 from tests.integration.test_effects import effects_config, of_type, unknown_issues
 from tests.integration.tool_server import ToolServer
-from tests.pg import create_database, drop_database
 from turnkeeper.policy.effects import effect_key
-
-
-@pytest.fixture
-def db() -> Iterator[str]:
-    url = asyncio.run(create_database())
-    try:
-        yield url
-    finally:
-        asyncio.run(drop_database(url))
 
 
 @pytest.fixture(scope="module")
