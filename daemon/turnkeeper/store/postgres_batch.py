@@ -1,0 +1,264 @@
+"""A group commit on PostgreSQL as a handful of set-based statements.
+
+The writes of a batch are built from a few kinds of op: a turn's row (`TurnUpdate`), a
+turn's conversation rows (`MessageWrite`), a plain statement (an event, a journal
+entry, ...) and, for what needs a value back mid-transaction, a call on the connection.
+Instead of a statement per op, one transaction sends
+
+- every turn update of the batch as ONE `UPDATE turns ... FROM unnest(...)`; an update
+  of a claimed turn names its epoch, and the rows it returns tell which claims no longer
+  hold: the writes of those turns are left out of the rest of the transaction and fail
+  alone (StaleLease), the others commit;
+- every conversation row as ONE statement (the rows past each write's end deleted, the
+  written ones upserted, from `unnest`);
+- each run of statements of one shape (journal entries, ...) as one pipelined
+  `executemany`, and the event rows last, one `executemany` per shape (an event row
+  depends on no other write of the transaction).
+
+Order is kept where it matters: the ops are cut into segments, and only within a
+segment are turn and conversation rows written ahead of the plain statements queued
+before them. A call, a statement that is not known to be independent of those rows, or
+a second write of a turn already in the segment starts a new one. A batch where every
+turn steps once (the common case) is one segment: about five statements, whatever the
+number of turns.
+
+Building the statements is pure (`segments`, `turn_update`, `message_upsert`,
+`stale_writes`); `commit` runs them on a connection inside one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from turnkeeper.store.fleet import StaleLease
+
+Statement = tuple[str, Sequence[Any]]
+Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+Call = Callable[[Conn], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnUpdate:
+    """A turn's row: its record (and checkpoint when given). With an `epoch`, written
+    only while `owner`'s claim of that epoch is the turn's."""
+
+    turn: str
+    state: str
+    updated_at: float
+    record: str
+    stop_code: str | None
+    checkpoint: str | None = None
+    owner: str | None = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageWrite:
+    """A turn's conversation rows from index `start`: after it the turn holds exactly
+    `start + len(rows)` rows."""
+
+    turn: str
+    start: int
+    rows: tuple[str, ...]
+
+
+Op = Statement | Call | TurnUpdate | MessageWrite
+
+EVENT_INSERT = ("INSERT INTO events (seq, turn, ts, type, data) VALUES ($1, $2, $3, $4, $5)"
+                " ON CONFLICT (seq) DO NOTHING")
+# An event of a claimed turn: written only while the claim's epoch is the turn's.
+EVENT_INSERT_FENCED = (
+    "INSERT INTO events (seq, turn, ts, type, data) SELECT $1, $2, $3, $4, $5"
+    " WHERE EXISTS (SELECT 1 FROM turns WHERE id = $2 AND epoch = $6)"
+    " ON CONFLICT (seq) DO NOTHING")
+EVENT_SQL = frozenset({EVENT_INSERT, EVENT_INSERT_FENCED})
+
+# Statements that write neither a turn's row nor its conversation rows, so the turn and
+# conversation rows of their segment may be written before them.
+_INDEPENDENT = ("INSERT INTO events ", "INSERT INTO journal ", "UPDATE journal ",
+                "INSERT INTO meta ", "INSERT INTO mail ", "DELETE FROM mail ",
+                "SELECT pg_notify(")
+
+TURN_UPDATE = (
+    "UPDATE turns AS t SET state = u.state, updated_at = u.updated_at, record = u.record,"
+    " stop_code = u.stop_code, checkpoint = COALESCE(u.checkpoint, t.checkpoint)"
+    " FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[],"
+    " $6::text[], $7::text[], $8::bigint[])"
+    " AS u(id, state, updated_at, record, stop_code, checkpoint, owner, epoch)"
+    " WHERE t.id = u.id AND (u.epoch IS NULL OR (t.owner = u.owner AND t.epoch = u.epoch))"
+    " RETURNING t.id")
+
+MESSAGE_UPSERT = (
+    "WITH gone AS (DELETE FROM messages m USING unnest($1::text[], $2::int[]) AS e(turn,"
+    " stop) WHERE m.turn = e.turn AND m.idx >= e.stop)"
+    " INSERT INTO messages (turn, idx, data)"
+    " SELECT * FROM unnest($3::text[], $4::int[], $5::text[])"
+    " ON CONFLICT (turn, idx) DO UPDATE SET data = excluded.data")
+
+
+def independent(sql: str) -> bool:
+    return sql.startswith(_INDEPENDENT)
+
+
+@dataclass(slots=True)
+class Segment:
+    """Ops of the batch written together; each op with the index of its write."""
+
+    updates: list[tuple[int, TurnUpdate]] = field(default_factory=list)
+    messages: list[tuple[int, MessageWrite]] = field(default_factory=list)
+    statements: list[tuple[int, Statement]] = field(default_factory=list)
+    _turns_updated: set[str] = field(default_factory=set)
+    _turns_written: set[str] = field(default_factory=set)
+    _ordered: bool = False  # holds a statement the turn rows must not pass
+
+    def takes(self, op: TurnUpdate | MessageWrite) -> bool:
+        if self._ordered:
+            return False
+        if isinstance(op, TurnUpdate):
+            return op.turn not in self._turns_updated
+        return op.turn not in self._turns_written
+
+    def add(self, i: int, op: TurnUpdate | MessageWrite | Statement) -> None:
+        if isinstance(op, TurnUpdate):
+            self.updates.append((i, op))
+            self._turns_updated.add(op.turn)
+        elif isinstance(op, MessageWrite):
+            self.messages.append((i, op))
+            self._turns_written.add(op.turn)
+        else:
+            self.statements.append((i, op))
+            if not independent(op[0]):
+                self._ordered = True
+
+    def __bool__(self) -> bool:
+        return bool(self.updates or self.messages or self.statements)
+
+
+def segments(writes: Sequence[Sequence[Op]]) -> list[Segment | tuple[int, Call]]:
+    """The batch's ops, in order, cut where a segment must end: before a call (run on its
+    own, in place), before a turn or conversation row that would pass a statement not
+    known to be independent of it, before a second write of a turn's row (or rows)."""
+    out: list[Segment | tuple[int, Call]] = []
+    current = Segment()
+    for i, ops in enumerate(writes):
+        for op in ops:
+            if isinstance(op, (TurnUpdate, MessageWrite)):
+                if not current.takes(op):
+                    out.append(current)
+                    current = Segment()
+                current.add(i, op)
+            elif isinstance(op, tuple):
+                current.add(i, op)
+            else:
+                if current:
+                    out.append(current)
+                    current = Segment()
+                out.append((i, op))
+    if current:
+        out.append(current)
+    return out
+
+
+def turn_update(updates: Sequence[TurnUpdate]) -> Statement:
+    """One UPDATE for every turn row of a segment (each turn at most once)."""
+    return TURN_UPDATE, ([u.turn for u in updates], [u.state for u in updates],
+                         [u.updated_at for u in updates], [u.record for u in updates],
+                         [u.stop_code for u in updates], [u.checkpoint for u in updates],
+                         [u.owner for u in updates], [u.epoch for u in updates])
+
+
+def message_upsert(messages: Sequence[MessageWrite]) -> Statement:
+    """One statement for every conversation row of a segment (each turn at most once):
+    rows past each write's end deleted, the written ones inserted or replaced."""
+    turns: list[str] = []
+    idx: list[int] = []
+    data: list[str] = []
+    for m in messages:
+        turns += [m.turn] * len(m.rows)
+        idx += range(m.start, m.start + len(m.rows))
+        data += m.rows
+    return MESSAGE_UPSERT, ([m.turn for m in messages],
+                            [m.start + len(m.rows) for m in messages], turns, idx, data)
+
+
+def stale_writes(updates: Sequence[tuple[int, TurnUpdate]], written: set[str]
+                 ) -> dict[int, TurnUpdate]:
+    """The writes whose fenced turn update wrote nothing (`written`: the ids the UPDATE
+    returned): write index -> its update."""
+    return {i: u for i, u in updates if u.epoch is not None and u.turn not in written}
+
+
+def stale_error(u: TurnUpdate) -> StaleLease:
+    return StaleLease(f"turn {u.turn}: claim {u.epoch} of node {u.owner} is no longer "
+                      "the turn's; not written")
+
+
+def runs(statements: Sequence[Statement]) -> list[tuple[str, list[Sequence[Any]]]]:
+    """Consecutive statements of one shape as one run (an `executemany`)."""
+    out: list[tuple[str, list[Sequence[Any]]]] = []
+    for sql, args in statements:
+        if out and out[-1][0] == sql:
+            out[-1][1].append(args)
+        else:
+            out.append((sql, [args]))
+    return out
+
+
+async def _send(conn: Conn, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    if len(rows) == 1:
+        await conn.execute(sql, *rows[0])
+    else:
+        await conn.executemany(sql, rows)
+
+
+async def commit(conn: Conn, writes: Sequence[Sequence[Op]]) -> list[BaseException | None]:
+    """The writes in one transaction: None for each that committed, StaleLease for each
+    whose claim no longer held (nothing of it written). Any other failure is raised and
+    the transaction rolled back; so is a StaleLease found after part of its write was
+    sent (the caller then commits the writes one by one)."""
+    errors: list[BaseException | None] = [None] * len(writes)
+    started: set[int] = set()  # writes some op of which has been sent
+    events: dict[str, list[Sequence[Any]]] = {}
+    async with conn.transaction():
+        for part in segments(writes):
+            if isinstance(part, tuple):
+                i, call = part
+                if errors[i] is None:
+                    started.add(i)
+                    await call(conn)
+                continue
+            updates = [(i, u) for i, u in part.updates if errors[i] is None]
+            if updates:
+                sql, args = turn_update([u for _, u in updates])
+                written = {r[0] for r in await conn.fetch(sql, *args)}
+                for i, u in stale_writes(updates, written).items():
+                    if i in started:  # part of it is already sent: roll back
+                        raise stale_error(u)
+                    errors[i] = stale_error(u)
+                started.update(i for i, _ in updates)
+            messages = [m for i, m in part.messages if errors[i] is None]
+            started.update(i for i, _ in part.messages if errors[i] is None)
+            if messages:
+                await conn.execute(*_flat(message_upsert(messages)))
+            plain: list[Statement] = []
+            for i, (sql, args) in part.statements:
+                if errors[i] is not None:
+                    continue
+                started.add(i)
+                if sql in EVENT_SQL:
+                    events.setdefault(sql, []).append(args)
+                else:
+                    plain.append((sql, args))
+            for sql, rows in runs(plain):
+                await _send(conn, sql, rows)
+        for sql, rows in events.items():
+            await _send(conn, sql, rows)
+    return errors
+
+
+def _flat(statement: Statement) -> tuple[Any, ...]:
+    return (statement[0], *statement[1])

@@ -1,0 +1,157 @@
+"""How a group commit on PostgreSQL is cut into set-based statements: the pure building
+(segments, the one UPDATE, the one conversation statement, which writes are stale), then
+`commit` itself against a real server, where a stale claim fails only its own write."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from tests.pg import fresh_database
+
+from turnkeeper.store import postgres_batch as pb
+from turnkeeper.store.fleet import StaleLease
+from turnkeeper.store.postgres_schema import prepare
+
+
+def upd(turn: str, epoch: int | None = None, checkpoint: str | None = None) -> pb.TurnUpdate:
+    return pb.TurnUpdate(turn=turn, state="running", updated_at=1.0, record=f'{{"id":"{turn}"}}',
+                         stop_code=None, checkpoint=checkpoint,
+                         owner=None if epoch is None else "n1", epoch=epoch)
+
+
+def event(seq: int, turn: str) -> pb.Statement:
+    return (pb.EVENT_INSERT, (seq, turn, 1.0, "turn.step", "{}"))
+
+
+JOURNAL = ("INSERT INTO journal (key, turn, tool, arguments, idempotent)"
+           " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING")
+
+
+async def noop(conn: Any) -> None:
+    return None
+
+
+def test_a_step_of_many_turns_is_one_segment() -> None:
+    writes = [[upd(f"t{n}", 1), pb.MessageWrite(f"t{n}", 2, ("{}",)), event(n, f"t{n}")]
+              for n in range(50)]
+    writes.append([(JOURNAL, ("k", "t1", "echo", "{}", True))])
+    parts = pb.segments(writes)
+    assert len(parts) == 1
+    seg = parts[0]
+    assert isinstance(seg, pb.Segment)
+    assert [i for i, _ in seg.updates] == list(range(50))
+    assert len(seg.messages) == 50 and len(seg.statements) == 51
+
+
+def test_segments_end_at_a_call_a_second_write_of_a_turn_and_an_ordered_statement() -> None:
+    prune = ("DELETE FROM turns WHERE id = $1", ("t9",))
+    writes: list[list[pb.Op]] = [[upd("a")], [upd("b")], [noop], [upd("a")], [upd("a")],
+                                 [prune], [(JOURNAL, ("k", "a", "x", "{}", True))],
+                                 [upd("c")]]
+    parts = pb.segments(writes)
+    shapes = [("call" if isinstance(p, tuple) else [i for i, _ in p.updates])
+              for p in parts]
+    # a and b together; the call alone, in place; a's second write after its first;
+    # nothing passes the DELETE (the journal entry may follow it in its segment).
+    assert shapes == [[0, 1], "call", [3], [4], [7]]
+    assert [i for i, _ in parts[3].statements] == [5, 6]  # type: ignore[union-attr]
+
+
+def test_the_turn_update_is_one_statement_with_a_column_per_field() -> None:
+    sql, args = pb.turn_update([upd("a", 3, checkpoint="{}"), upd("b")])
+    assert sql.startswith("UPDATE turns") and "unnest(" in sql and "RETURNING t.id" in sql
+    assert args[0] == ["a", "b"]
+    assert args[5] == ["{}", None]  # no checkpoint: the stored one kept (COALESCE)
+    assert args[6] == ["n1", None] and args[7] == [3, None]
+
+
+def test_conversation_rows_of_every_turn_in_one_statement() -> None:
+    sql, args = pb.message_upsert([pb.MessageWrite("a", 2, ("x", "y")),
+                                   pb.MessageWrite("b", 0, ())])
+    assert sql.count("unnest(") == 2
+    assert args == (["a", "b"], [4, 0], ["a", "a"], [2, 3], ["x", "y"])
+
+
+def test_only_fenced_updates_the_database_did_not_return_are_stale() -> None:
+    updates = [(0, upd("a", 1)), (1, upd("b", 2)), (2, upd("c"))]
+    assert pb.stale_writes(updates, {"a"}) == {1: updates[1][1]}
+    assert pb.stale_writes(updates, {"a", "b"}) == {}
+
+
+def test_runs_group_consecutive_statements_of_one_shape() -> None:
+    a, b = ("A", (1,)), ("B", (2,))
+    assert pb.runs([a, a, b, a]) == [("A", [(1,), (1,)]), ("B", [(2,)]), ("A", [(1,)])]
+
+
+# -- against a real server ------------------------------------------------------------
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def conn() -> AsyncIterator[asyncpg.Connection]:
+    async with fresh_database() as url:
+        c = await asyncpg.connect(url)
+        try:
+            await prepare(c, "test")
+            for turn, epoch in (("a", 1), ("b", 1), ("c", 0)):
+                await c.execute("INSERT INTO turns (id, seq, session, state, created_at,"
+                                " updated_at, record, owner, epoch) VALUES ($1, $2, $1,"
+                                " 'queued', 0, 0, '{}', 'n1', $3)", turn, ord(turn), epoch)
+            yield c
+        finally:
+            await c.close()
+
+
+@pytest.mark.anyio
+async def test_a_stale_claim_fails_its_own_write_and_the_rest_commit(
+        conn: asyncpg.Connection) -> None:
+    writes: list[list[pb.Op]] = [
+        [upd("a", 1, '{"n":1}'), pb.MessageWrite("a", 0, ('"a0"', '"a1"')), event(1, "a")],
+        [upd("b", 7, '{"n":2}'), pb.MessageWrite("b", 0, ('"b0"',)), event(2, "b")],
+        [upd("c"), event(3, "c")],
+    ]
+    errors = await pb.commit(conn, writes)
+    assert errors[0] is None and errors[2] is None
+    assert isinstance(errors[1], StaleLease)
+    got = {r["id"]: (r["state"], r["checkpoint"]) for r in await conn.fetch(
+        "SELECT id, state, checkpoint FROM turns")}
+    assert got == {"a": ("running", '{"n":1}'), "b": ("queued", "{}"),
+                   "c": ("running", "{}")}
+    assert [tuple(r) for r in await conn.fetch(
+        "SELECT turn, idx, data FROM messages ORDER BY turn, idx")] == [
+        ("a", 0, '"a0"'), ("a", 1, '"a1"')]
+    assert [r[0] for r in await conn.fetch("SELECT seq FROM events ORDER BY seq")] == [1, 3]
+
+
+@pytest.mark.anyio
+async def test_conversation_rows_replace_from_start_and_drop_past_the_end(
+        conn: asyncpg.Connection) -> None:
+    await pb.commit(conn, [[pb.MessageWrite("a", 0, ('"0"', '"1"', '"2"', '"3"'))]])
+    await pb.commit(conn, [[pb.MessageWrite("a", 1, ('"x"',))],
+                           [pb.MessageWrite("b", 0, ('"b"',))]])
+    await pb.commit(conn, [[pb.MessageWrite("b", 1, ('"c"',))],
+                           [pb.MessageWrite("b", 2, ('"d"',))]])  # same turn: in order
+    assert [tuple(r) for r in await conn.fetch(
+        "SELECT turn, idx, data FROM messages ORDER BY turn, idx")] == [
+        ("a", 0, '"0"'), ("a", 1, '"x"'), ("b", 0, '"b"'), ("b", 1, '"c"'),
+        ("b", 2, '"d"')]
+
+
+@pytest.mark.anyio
+async def test_a_stale_claim_after_part_of_its_write_was_sent_rolls_back(
+        conn: asyncpg.Connection) -> None:
+    # a call first, then the stale update: the transaction cannot keep half the write.
+    async def mark(c: Any) -> None:
+        await c.execute("UPDATE turns SET stop_code = 'x' WHERE id = 'c'")
+
+    with pytest.raises(StaleLease):
+        await pb.commit(conn, [[mark, upd("b", 7)], [upd("a", 1)]])
+    assert await conn.fetchval("SELECT count(*) FROM turns WHERE state = 'running'"
+                               " OR stop_code IS NOT NULL") == 0
