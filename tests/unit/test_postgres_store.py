@@ -290,3 +290,46 @@ async def test_writes_fail_after_fatal_after_without_a_database(db: str) -> None
             assert store.degraded is not None and store.failed_writes == 1
     finally:
         await proxy.close()
+
+
+async def test_a_stale_claim_inside_a_batch_fails_only_its_own_writes(db: str) -> None:
+    store = PostgresStore(db, node_id="n1")
+    async with anyio.create_task_group() as tg:
+        await store.open()
+        await tg.start(store.run)
+        try:
+            for turn_id in ("t_a", "t_b", "t_c"):
+                await store.insert_turn(record(turn_id), {})
+            assert len(await store.claim(3)) == 3
+            admin = await asyncpg.connect(db)
+            try:  # another node took t_b over
+                await admin.execute("UPDATE turns SET owner = 'n2', epoch = epoch + 1"
+                                    " WHERE id = 't_b'")
+            finally:
+                await admin.close()
+            results: dict[str, str] = {}
+
+            async def step(turn_id: str, seq: int) -> None:
+                try:
+                    await store.save_turn(
+                        record(turn_id, state="running"),
+                        {"conversation": {"count": 1, "turn_start": 0}},
+                        messages=MessageRows(0, rows(turn_id)),
+                        events=[Event(seq=seq, ts=1.0, type="turn.step", turn=turn_id,
+                                      data={})])
+                    results[turn_id] = "ok"
+                except StoreError as exc:
+                    results[turn_id] = type(exc).__name__
+
+            commits = store.commits
+            async with anyio.create_task_group() as steps:
+                for seq, turn_id in enumerate(("t_a", "t_b", "t_c"), start=1):
+                    steps.start_soon(step, turn_id, seq)
+            assert results == {"t_a": "ok", "t_b": "StaleLease", "t_c": "ok"}
+            assert store.commits == commits + 1  # one transaction, not one per write
+            assert contents(await store.get_checkpoint("t_a")) == ["t_a"]
+            assert await store.get_checkpoint("t_b") == {}
+            assert (await store.get_turn("t_b") or {})["state"] == "queued"
+            assert [e["seq"] for e in await store.events()] == [1, 3]
+        finally:
+            await store.close()

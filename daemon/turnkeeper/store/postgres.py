@@ -82,6 +82,17 @@ from turnkeeper.store.fleet import (
     Claimed,
     StaleLease,
 )
+from turnkeeper.store.postgres_batch import (
+    EVENT_INSERT,
+    EVENT_INSERT_FENCED,
+    Call,
+    Conn,
+    MessageWrite,
+    Op,
+    Statement,
+    TurnUpdate,
+    commit,
+)
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
@@ -148,40 +159,22 @@ def _message_count(checkpoint_json: str) -> int | None:
 
 
 _T = TypeVar("_T")
-_Statement = tuple[str, Sequence[Any]]
-_Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
-_Call = Callable[[_Conn], Awaitable[None]]
-_Op = _Statement | _Call
-
-
-_EVENT_INSERT = ("INSERT INTO events (seq, turn, ts, type, data) VALUES ($1, $2, $3, $4, $5)"
-                 " ON CONFLICT (seq) DO NOTHING")
-# An event of a claimed turn: written only while the claim's epoch is the turn's.
-_EVENT_INSERT_FENCED = (
-    "INSERT INTO events (seq, turn, ts, type, data) SELECT $1, $2, $3, $4, $5"
-    " WHERE EXISTS (SELECT 1 FROM turns WHERE id = $2 AND epoch = $6)"
-    " ON CONFLICT (seq) DO NOTHING")
-_EVENT_SQL = frozenset({_EVENT_INSERT, _EVENT_INSERT_FENCED})
+_Statement = Statement
+_Conn = Conn
+_Call = Call
+_Op = Op
 
 
 def _event_statement(event: Event) -> _Statement:
-    return (_EVENT_INSERT, (event.seq, event.turn, event.ts, event.type,
-                            _dumps(event.to_json())))
+    return (EVENT_INSERT, (event.seq, event.turn, event.ts, event.type,
+                           _dumps(event.to_json())))
 
 
 _NOTIFY_TURNS: _Statement = ("SELECT pg_notify($1, '')", (CHANNEL_TURNS,))
 
 
 def _message_statements(turn_id: str, messages: MessageRows | None) -> list[_Op]:
-    if messages is None:
-        return []
-    ops: list[_Op] = [("DELETE FROM messages WHERE turn = $1 AND idx >= $2",
-                       (turn_id, messages.start))]
-    if messages.rows:
-        ops.append(("INSERT INTO messages (turn, idx, data) SELECT $1, $2 + o::int - 1, d"
-                    " FROM unnest($3::text[]) WITH ORDINALITY AS u(d, o)",
-                    (turn_id, messages.start, list(messages.rows))))
-    return ops
+    return [] if messages is None else [MessageWrite(turn_id, messages.start, messages.rows)]
 
 
 class PostgresStore(GroupCommitWriter[_Op]):
@@ -323,59 +316,27 @@ class PostgresStore(GroupCommitWriter[_Op]):
                 raise
 
     async def _commit_on(self, conn: _Conn, batch: list[Write[_Op]]) -> list[BaseException | None]:
+        """The batch in one transaction (`postgres_batch.commit`: a write whose claim no
+        longer holds fails alone in it); if the server refuses it, each write in its own."""
         try:
-            await self._transaction(conn, [op for w in batch for op in w.ops])
+            errors = await commit(conn, [w.ops for w in batch])
             self.commits += 1
-            return [None] * len(batch)
+            return errors
         except Exception as exc:
             if _lost(exc):
                 raise
             if len(batch) == 1:
                 return [exc]
-        errors: list[BaseException | None] = []
+        errors = []
         for w in batch:
             try:
-                await self._transaction(conn, w.ops)
+                errors += await commit(conn, [w.ops])
                 self.commits += 1
-                errors.append(None)
             except Exception as exc:
                 if _lost(exc):
                     raise
                 errors.append(exc)
         return errors
-
-    @staticmethod
-    async def _transaction(conn: _Conn, ops: Sequence[_Op]) -> None:
-        """The ops in one transaction, in order, except event rows: those go last, each
-        shape in one pipelined `executemany` (an event row depends on no other write of
-        the transaction, and the transaction commits them all or none), which saves a
-        round trip per event."""
-        rest = [op for op in ops if not (isinstance(op, tuple) and op[0] in _EVENT_SQL)]
-        events: dict[str, list[Sequence[Any]]] = {}
-        for op in ops:
-            if isinstance(op, tuple) and op[0] in _EVENT_SQL:
-                events.setdefault(op[0], []).append(op[1])
-        async with conn.transaction():
-            i, n = 0, len(rest)
-            while i < n:
-                op = rest[i]
-                if not isinstance(op, tuple):
-                    await op(conn)
-                    i += 1
-                    continue
-                sql, j = op[0], i + 1
-                while j < n and isinstance(rest[j], tuple) and rest[j][0] == sql:  # type: ignore[index]
-                    j += 1
-                if j - i == 1:
-                    await conn.execute(sql, *op[1])
-                else:
-                    await conn.executemany(sql, [o[1] for o in rest[i:j]])  # type: ignore[index]
-                i = j
-            for sql, rows in events.items():
-                if len(rows) == 1:
-                    await conn.execute(sql, *rows[0])
-                else:
-                    await conn.executemany(sql, rows)
 
     async def close(self) -> None:
         await self._stop_writer()
@@ -422,28 +383,12 @@ class PostgresStore(GroupCommitWriter[_Op]):
         written)."""
         turn_id = record["id"]
         epoch = self._fence(turn_id)
-        values: list[Any] = [record["state"], record["updated_at"], _dumps(record),
-                             _stop_code(record), turn_id]
-        sql = "UPDATE turns SET state = $1, updated_at = $2, record = $3, stop_code = $4"
-        if checkpoint is not None:
-            values.append(_dumps(checkpoint))
-            sql += f", checkpoint = ${len(values)}"
-        sql += " WHERE id = $5"
-        update: _Op
-        if epoch is None:
-            update = (sql, values)
-        else:
-            values += [self.node_id, epoch]
-            fenced = sql + f" AND owner = ${len(values) - 1} AND epoch = ${len(values)}"
-
-            async def update_fenced(conn: _Conn) -> None:
-                if await conn.execute(fenced, *values) != "UPDATE 1":
-                    raise StaleLease(f"turn {turn_id}: claim {epoch} of node "
-                                     f"{self.node_id} is no longer the turn's; not written")
-
-            update = update_fenced
-        await self._write([update, *_message_statements(turn_id, messages),
-                           *map(self._event_op, events)])
+        ops: list[_Op] = [TurnUpdate(
+            turn_id, record["state"], record["updated_at"], _dumps(record),
+            _stop_code(record), None if checkpoint is None else _dumps(checkpoint),
+            None if epoch is None else self.node_id, epoch),
+            *_message_statements(turn_id, messages), *map(self._event_op, events)]
+        await self._write(ops)
         if record["state"] in TERMINAL_STATES:
             self.claims.pop(turn_id, None)
 
@@ -487,8 +432,8 @@ class PostgresStore(GroupCommitWriter[_Op]):
         epoch = self.claims.get(event.turn) if event.turn is not None else None
         if epoch is None:
             return _event_statement(event)
-        return (_EVENT_INSERT_FENCED, (event.seq, event.turn, event.ts, event.type,
-                                       _dumps(event.to_json()), epoch))
+        return (EVENT_INSERT_FENCED, (event.seq, event.turn, event.ts, event.type,
+                                      _dumps(event.to_json()), epoch))
 
     def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(
