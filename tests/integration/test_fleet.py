@@ -319,12 +319,15 @@ def test_answer_steer_and_cancel_reach_a_turn_through_a_node_that_does_not_run_i
         other = next(d for n, d in by_id.items() if n != owner)
         status, body = other.post(f"/v1/turns/{cancelled}/cancel", {})
         assert status == 202 and body["state"] == "cancelling"
-        while query(db, "SELECT 1 FROM mail"):
+        while not any(r.get("event") == "fleet.cancel_applied" and r.get("turn") == cancelled
+                      for r in by_id[owner].log_records()):
             assert time.monotonic() < deadline + 20, "the cancel never reached the owner"
             time.sleep(0.05)
+        assert [r["kind"] for r in query(db, "SELECT kind FROM mail")] == ["cancel"]
         server.release("/effect")
         done = other.wait(cancelled, timeout=30)
         assert done["state"] == "cancelled"
+        assert query(db, "SELECT 1 FROM mail") == []  # taken by the turn's end
     finally:
         server.release("/effect")
         for d in daemons:

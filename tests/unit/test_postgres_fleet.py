@@ -13,7 +13,7 @@ import pytest
 from tests.pg import fresh_database
 
 from turnkeeper.events import Event
-from turnkeeper.store.fleet import StaleLease
+from turnkeeper.store.fleet import MailTaken, StaleLease
 from turnkeeper.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
@@ -187,3 +187,49 @@ async def test_sessions_idle_in_a_transaction_end_at_a_third_of_the_lease(
         return str(await conn.fetchval("SHOW idle_in_transaction_session_timeout"))
 
     assert await nodes[0]._read(setting) == "5s"
+
+
+async def test_a_message_by_mail_is_taken_once_and_only_by_the_turns_holder(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, c = nodes
+    await a.insert_turn(record("t"), {})
+    await a.claim(1)
+    await b.post_mail("t", "message", {"text": "left"})
+    [(mail_id, turn, kind, _)] = await a.pending_mail()
+    assert (turn, kind) == ("t", "message")
+    await a.append_message("t", {"text": "left"}, updated_at=2.0, mail_id=mail_id)
+    with pytest.raises(MailTaken):  # a second delivery finds it gone: nothing written
+        await a.append_message("t", {"text": "left"}, updated_at=3.0, mail_id=mail_id)
+    assert (await a.get_turn("t") or {})["inbox"] == [{"text": "left"}]
+    assert await a.pending_mail() == []
+    # Taken over: the old holder cannot take the new holder's mail.
+    await b.post_mail("t", "message", {"text": "right"})
+    await expire(db, "t")
+    await c.claim(1)
+    [(mail_id, *_)] = await c.pending_mail()
+    with pytest.raises(MailTaken):
+        await a.append_message("t", {"text": "right"}, updated_at=4.0, mail_id=mail_id)
+    await c.append_message("t", {"text": "right"}, updated_at=5.0, mail_id=mail_id)
+    assert [m["text"] for m in (await c.get_turn("t") or {})["inbox"]] == ["left", "right"]
+
+
+async def test_a_cancel_by_mail_stays_until_the_turns_end_commits(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, c = nodes
+    await a.insert_turn(record("t"), {})
+    await a.claim(1)
+    await b.post_mail("t", "cancel", {"now": False})
+    await a.save_turn({**record("t"), "state": "running"}, {})
+    assert [m[2] for m in await a.pending_mail()] == ["cancel"]  # applied, not yet done
+    # The holder dies before the turn ends: the next holder gets the cancel.
+    await expire(db, "t")
+    await c.claim(1)
+    with pytest.raises(StaleLease):  # the old holder's end is refused, mail and all
+        await a.save_turn({**record("t"), "state": "cancelled"}, {})
+    assert [m[2] for m in await c.pending_mail()] == ["cancel"]
+    await c.save_turn({**record("t"), "state": "cancelled"}, {})
+    conn = await asyncpg.connect(db)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM mail") == 0
+    finally:
+        await conn.close()

@@ -31,6 +31,12 @@ class StaleLease(StoreError):
     lease expired (or the node gave it up). Nothing was written."""
 
 
+class MailTaken(StoreError):
+    """Mail that was no longer in the mailbox when a node went to apply it (an earlier
+    delivery took it, or the node's claim of its turn no longer holds): nothing was
+    written, and the message must not be applied."""
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """A turn a claim gave this node: its record and checkpoint (conversation attached)

@@ -80,6 +80,7 @@ from turnkeeper.store.fleet import (
     CHANNEL_MAIL,
     CHANNEL_TURNS,
     Claimed,
+    MailTaken,
     StaleLease,
 )
 from turnkeeper.store.postgres_batch import (
@@ -388,6 +389,10 @@ class PostgresStore(GroupCommitWriter[_Op]):
             _stop_code(record), None if checkpoint is None else _dumps(checkpoint),
             None if epoch is None else self.node_id, epoch),
             *_message_statements(turn_id, messages), *map(self._event_op, events)]
+        if record["state"] in TERMINAL_STATES:
+            # Its end takes the turn's mail (a cancel waits there until now: see
+            # `append_message`), in its transaction, and only if the claim holds.
+            ops.append(("DELETE FROM mail WHERE turn = $1", (turn_id,)))
         await self._write(ops)
         if record["state"] in TERMINAL_STATES:
             self.claims.pop(turn_id, None)
@@ -404,8 +409,28 @@ class PostgresStore(GroupCommitWriter[_Op]):
                              updated_at: float, events: Sequence[Event] = (),
                              mail_id: int | None = None) -> None:
         """Add a user message to the stored inbox of a turn, leaving the rest of its
-        record as of its last checkpoint (the row is locked while it is changed)."""
+        record as of its last checkpoint (the row is locked while it is changed).
+
+        `mail_id`: the message came from another node by mail. The transaction first
+        takes the mail (`DELETE ... RETURNING`), only while this node's claim of the
+        turn holds, then adds the message: the take and its effect commit together, so
+        a crash between them is impossible and a second delivery (or a node whose claim
+        was taken over) finds the mail gone and writes nothing (MailTaken). A message's
+        effect is a row, so it can share the take's transaction; a cancel's effect is
+        the turn's end, so its mail is taken by the turn's last `save_turn` instead."""
+        epoch = self._fence(turn_id) if mail_id is not None else None
+
         async def append(conn: _Conn) -> None:
+            if mail_id is not None:
+                taken = await conn.fetchval(
+                    "DELETE FROM mail m WHERE m.id = $1 AND m.turn = $2 AND ($4::bigint IS"
+                    " NULL OR EXISTS (SELECT 1 FROM turns t WHERE t.id = m.turn AND"
+                    " t.owner = $3 AND t.epoch = $4)) RETURNING m.id",
+                    mail_id, turn_id, self.node_id, epoch)
+                if taken is None:
+                    raise MailTaken(f"turn {turn_id}: mail {mail_id} was already taken, or"
+                                    f" node {self.node_id} no longer holds the turn;"
+                                    " not applied")
             stored = await conn.fetchval("SELECT record FROM turns WHERE id = $1 FOR UPDATE",
                                          turn_id)
             if stored is None:
@@ -417,10 +442,7 @@ class PostgresStore(GroupCommitWriter[_Op]):
             await conn.execute("UPDATE turns SET updated_at = $1, record = $2 WHERE id = $3",
                                updated_at, _dumps(record), turn_id)
 
-        ops: list[_Op] = [append, *map(self._event_op, events)]
-        if mail_id is not None:  # delivered from another node: taken in the same commit
-            ops.append(("DELETE FROM mail WHERE id = $1", (mail_id,)))
-        await self._write(ops)
+        await self._write([append, *map(self._event_op, events)])
 
     def append_event(self, event: Event) -> None:
         if event.turn is not None and event.turn in self.lost:

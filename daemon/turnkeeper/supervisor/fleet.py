@@ -26,7 +26,7 @@ from turnkeeper import event_types as ev
 from turnkeeper.policy.lease import LeaseTiming, sort_renewal
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
-from turnkeeper.store.fleet import CHANNEL_BREAKERS, CHANNEL_MAIL, FleetStore
+from turnkeeper.store.fleet import CHANNEL_BREAKERS, CHANNEL_MAIL, FleetStore, MailTaken
 from turnkeeper.supervisor.core import LiveTurn, NotWaiting, TurnFinished
 from turnkeeper.turn.record import TurnRecord
 
@@ -233,8 +233,10 @@ class Fleet:
         return {"turn": turn_id, "state": "cancelling"}
 
     async def deliver_mail(self) -> None:
-        """Apply the mail for the turns this node holds, each message in the same commit
-        as its removal from the mailbox (exactly once, even across a crash)."""
+        """Apply the mail for the turns this node holds, each exactly once, even across a
+        crash: a message is taken from the mailbox in the transaction that adds it to the
+        turn's stored inbox; a cancel stays in the mailbox until the turn's end commits
+        (which takes it), so a node that dies first leaves it for the next holder."""
         core = self.core
         try:
             mail = await self.store.pending_mail()
@@ -246,9 +248,12 @@ class Fleet:
             if live is None or turn_id not in self.store.claims:
                 continue
             try:
-                if kind == "cancel":
-                    await self.store.drop_mail(mail_id)
-                    await core.intake.cancel(turn_id, now=bool(body.get("now")))
+                if kind == "cancel":  # kept until the turn's end takes it: once a run
+                    now = bool(body.get("now"))
+                    if not live.control.cancel_requested or (
+                            now and not live.control.cancel_now):
+                        log.info("fleet.cancel_applied", node=self.node_id, turn=turn_id)
+                        await core.intake.cancel(turn_id, now=now)
                 else:
                     await self._apply(live, mail_id, body)
             except StoreError as exc:
@@ -271,8 +276,15 @@ class Fleet:
         record.updated_at = now
         event = core.bus.prepare(ev.TurnMessage(kind=kind, text=text[:2000],
                                                 redirect=redirect), turn=record.id)
-        await self.store.append_message(record.id, message, updated_at=now, events=[event],
-                                        mail_id=mail_id)
+        try:
+            await self.store.append_message(record.id, message, updated_at=now,
+                                            events=[event], mail_id=mail_id)
+        except StoreError as exc:  # not written: the mail is applied later, or was already
+            if message in record.inbox:
+                record.inbox.remove(message)
+            if isinstance(exc, MailTaken):
+                return
+            raise
         core.bus.deliver(event)
         log.info("turn.message", turn=record.id, kind=kind, redirect=redirect,
                  node=self.node_id, via="mail")
