@@ -2,14 +2,17 @@
 
 The same calls and the same write semantics as the embedded SQLite store. One writer
 task commits in groups: every write queued while the previous transaction was
-committing goes into the next one, so concurrent turns share a commit; consecutive
-statements of the same shape (the events of a step) go to the server as one pipelined
-`executemany`. A caller that awaits a write resumes only after its transaction
-committed. `append_event`, and the journal of an idempotent call, are not awaited: they
-commit, in order, with the next durable write. Events that must never be kept without
-their state (`turn.queued`, `turn.finished`, `turn.message`) are in the row's
-transaction. A transaction that fails takes none of its neighbours down: the batch is
-retried write by write, and only the write that fails reports the error.
+committing goes into the next one, so concurrent turns share a commit, and the commit
+sends a few set-based statements, not one per write (`store/postgres_batch.py`): every
+turn row of the batch in one UPDATE, every conversation row in one statement, the rest
+(journal entries, events) as pipelined `executemany`. A caller that awaits a write
+resumes only after its transaction committed. `append_event`, and the journal of an
+idempotent call, are not awaited: they commit, in order, with the next durable write.
+Events that must never be kept without their state (`turn.queued`, `turn.finished`,
+`turn.message`) are in the row's transaction. A transaction that fails takes none of its
+neighbours down: a write whose claim no longer holds fails alone inside it, and when the
+server refuses the transaction the batch is retried write by write, and only the write
+that fails reports the error.
 
 A lost connection (the server restarted, a backend terminated, the network gone) is not
 a failed write: the writer keeps the batch, reconnects with backoff and commits it when
