@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,8 +91,16 @@ def test_killed_connections_mid_run_cost_no_turn(
 
     killer = threading.Thread(target=keep_killing, name="pg_terminate_backend")
     try:
-        ids = [daemon.submit("twice")["id"] for _ in range(30)]
-        killer.start()
+        server.hold("/note")  # the turns mid-run while their connections are killed
+        try:
+            ids = [daemon.submit("twice")["id"] for _ in range(30)]
+            killer.start()
+            deadline = time.monotonic() + 10
+            while sum(killed) == 0:
+                assert time.monotonic() < deadline, "no connection was killed"
+                time.sleep(0.01)
+        finally:
+            server.release("/note")
         turns = [daemon.wait(tid, timeout=60) for tid in ids]
     finally:
         stop.set()
