@@ -1,0 +1,221 @@
+"""The connection half of the PostgreSQL store: the pool, the group commit's
+transaction with reconnection, and reads that survive a lost connection.
+
+A lost connection (the server restarted, a backend terminated, the network gone) is not
+a failed write: the writer keeps the batch, reconnects with backoff and commits it when
+the server answers, so no write is reported done before it is durable and nothing
+queued is dropped; only after `fatal_after` seconds without a server are the waiting
+writes failed (StoreError). `degraded` tells the daemon's health while it waits.
+
+Driver: asyncpg. Measured against psycopg 3 on this machine (1,000 transactions of an
+UPDATE and an INSERT on a local server, median of 3 rounds alternated): asyncpg 1.47
+ms and 0.53 ms of CPU per transaction, psycopg 1.39 ms and 0.58 ms of CPU. The wall
+time is the server's commit either way; asyncpg spends ~9% less of the daemon's CPU,
+brings its own pool and LISTEN support, and pipelines `executemany` in one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import asyncpg
+from anyio.abc import TaskGroup
+
+from turnkeeper.clock import Clock, SystemClock
+from turnkeeper.config.redact import redact_url
+from turnkeeper.policy.store_outage import StoreOutage
+from turnkeeper.store.base import StoreError, StoreUnavailable
+from turnkeeper.store.postgres_batch import Conn, Op, commit
+from turnkeeper.store.writer import GroupCommitWriter, Write
+
+POOL_SIZE = 4
+CONNECT_TIMEOUT = 10.0
+COMMAND_TIMEOUT = 60.0
+BACKOFF_FIRST = 0.05
+READ_RETRY_S = 10.0
+BACKOFF_MAX = 2.0
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+
+# What a lost or unusable connection raises; an error the server reports about a
+# statement (a constraint, a type) is a PostgresError that is not one of these.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.InternalClientError,
+    asyncpg.exceptions.AdminShutdownError, asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.TooManyConnectionsError)
+DB_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, *CONNECTION_ERRORS)
+
+_T = TypeVar("_T")
+
+
+def lost(exc: BaseException) -> bool:
+    """The connection failed, not the statement (a bad argument is a DataError, which
+    asyncpg derives from InterfaceError)."""
+    return (isinstance(exc, CONNECTION_ERRORS)
+            and not isinstance(exc, asyncpg.exceptions.DataError))
+
+
+def dumps(value: Any) -> str:
+    return _ENCODER.encode(value)
+
+
+class PostgresConnection(GroupCommitWriter[Op]):
+    """The pool and the writer's commits; the store's calls are in its subclasses."""
+
+    def __init__(self, url: str, *, clock: Clock | None, fatal_after: float,
+                 pool_size: int, node_id: str | None) -> None:
+        super().__init__()
+        self.url = url
+        self.node_id = node_id or f"{socket.gethostname()[:60]}-{secrets.token_hex(3)}"
+        self.where = redact_url(url)
+        self.clock = clock or SystemClock()
+        self.pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+        self._tg: TaskGroup | None = None
+        # Whether writes go through; while the server cannot be reached they wait, and
+        # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
+        self.outage = StoreOutage(fatal_after_s=fatal_after)
+        self.commits = 0
+        self.reconnects = 0
+
+    @property
+    def degraded(self) -> str | None:
+        """Why writes wait, while they do."""
+        return self.outage.last_error if self.outage.degraded else None
+
+    async def _connect(self, lease_s: float) -> asyncpg.Pool:
+        """The pool, its sessions named after this node."""
+        settings = {
+            "application_name": f"turnkeeper {self.node_id} pid {os.getpid()}",
+            # A node paused inside a transaction (SIGSTOP, a long GC) would hold its rows
+            # locked, and claims skip locked rows: the server ends such a session well
+            # before the lease runs out, so another node can take the turns over.
+            "idle_in_transaction_session_timeout": str(int(lease_s * 1000 / 3)),
+        }
+        self._pool = await asyncpg.create_pool(
+            self.url, min_size=1, max_size=self.pool_size, timeout=CONNECT_TIMEOUT,
+            command_timeout=COMMAND_TIMEOUT, server_settings=settings)
+        return self._pool
+
+    async def _close_connections(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            with anyio.CancelScope(shield=True):
+                try:
+                    with anyio.fail_after(5):
+                        await pool.close()
+                except Exception:  # a connection that cannot close cleanly is dropped
+                    pool.terminate()
+
+    # -- the writer's commits -------------------------------------------------------
+
+    async def _commit(self, batch: list[Write[Op]]) -> None:
+        self._answer(batch, await self._commit_with_reconnect(batch))
+
+    async def _commit_with_reconnect(self, batch: list[Write[Op]]) -> list[BaseException | None]:
+        """Commit the batch; while the server cannot be reached, wait and try again (the
+        batch is kept whole), up to `fatal_after` seconds."""
+        while True:
+            try:
+                errors = await self._commit_batch(batch)
+            except Exception as exc:
+                if not lost(exc):
+                    raise
+                now = self.clock.monotonic()
+                if self._pool is None or self._closed or self.outage.fatal(now=now):
+                    return [StoreUnavailable(
+                        f"state database {self.where} unreachable for "
+                        f"{self.outage.failing_for(now=now):.0f} s: "
+                        f"{type(exc).__name__}: {exc}")] * len(batch)
+                delay = self.outage.failed(f"state database {self.where} unreachable: "
+                                           f"{type(exc).__name__}", now=now,
+                                           rand=random.uniform)
+                self.reconnects += 1
+                await self.clock.sleep(delay)
+                continue
+            self.outage.recovered()
+            return errors
+
+    async def _commit_batch(self, batch: list[Write[Op]]) -> list[BaseException | None]:
+        """One transaction for the batch. If the server refuses it, each write gets its
+        own, so one bad write fails alone, never its neighbours. A lost connection is
+        raised (the caller retries the whole batch)."""
+        pool = self._pool
+        if pool is None:
+            raise asyncpg.InterfaceError("store is closed")
+        async with pool.acquire() as conn:
+            try:
+                return await self._commit_on(conn, batch)
+            except BaseException as exc:
+                if lost(exc):
+                    conn.terminate()  # never handed out again half-broken
+                raise
+
+    async def _commit_on(self, conn: Conn, batch: list[Write[Op]]) -> list[BaseException | None]:
+        """The batch in one transaction (`postgres_batch.commit`: a write whose claim no
+        longer holds fails alone in it); if the server refuses it, each write in its own."""
+        try:
+            errors = await commit(conn, [w.ops for w in batch])
+            self.commits += 1
+            return errors
+        except Exception as exc:
+            if lost(exc):
+                raise
+            if len(batch) == 1:
+                return [exc]
+        errors = []
+        for w in batch:
+            try:
+                errors += await commit(conn, [w.ops])
+                self.commits += 1
+            except Exception as exc:
+                if lost(exc):
+                    raise
+                errors.append(exc)
+        return errors
+
+    # -- reads --------------------------------------------------------------------
+
+    def _require_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreError("state database is closed: nothing can be read")
+        return self._pool
+
+    async def _read(self, read: Callable[[Conn], Awaitable[_T]]) -> _T:
+        """Run `read` on a pooled connection. A connection found dead (the server
+        restarted, a backend terminated) is dropped and the read tried again, with
+        backoff, for up to READ_RETRY_S; then it fails (StoreError)."""
+        pool = self._require_pool()
+        started = self.clock.monotonic()
+        delay = BACKOFF_FIRST
+        while True:
+            try:
+                async with pool.acquire() as conn:
+                    try:
+                        return await read(conn)
+                    except BaseException as exc:
+                        if lost(exc):
+                            conn.terminate()
+                        raise
+            except DB_ERRORS as exc:
+                if not lost(exc) or self.clock.monotonic() - started >= READ_RETRY_S \
+                        or self._pool is None:
+                    raise StoreError(f"state database read failed: {type(exc).__name__}: "
+                                     f"{exc}") from exc
+                self.reconnects += 1
+            await self.clock.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        async def fetch(conn: Conn) -> list[asyncpg.Record]:
+            return await conn.fetch(sql, *args)
+
+        return await self._read(fetch)

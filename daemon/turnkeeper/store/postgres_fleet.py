@@ -1,0 +1,339 @@
+"""The fleet half of the PostgreSQL store: nodes, claims, leases, fencing, mail,
+NOTIFY, and what the nodes share (retry budgets, breakers).
+
+Several daemons share a database as a fleet (`supervisor/fleet.py`): each registers
+its node id in `nodes` (a node id whose daemon still beats is refused, StoreInUse, exit
+69) and runs only the turns it claimed. A claim (`claim`) is a lease with a fencing
+epoch; while this node holds a turn, every write of it names the epoch and the database
+refuses it once another node has claimed the turn (StaleLease), and a non-idempotent
+call's intent is written only while the lease holds at the database's clock (see
+`store/fleet.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio
+import asyncpg
+
+from turnkeeper.clock import Clock
+from turnkeeper.store.base import TERMINAL_SQL, StoreError, StoreInUse, with_messages
+from turnkeeper.store.fleet import (
+    CHANNEL_BREAKERS,
+    CHANNEL_MAIL,
+    CHANNEL_TURNS,
+    Claimed,
+    StaleLease,
+)
+from turnkeeper.store.postgres_batch import Call, Conn
+from turnkeeper.store.postgres_conn import (
+    CONNECT_TIMEOUT,
+    DB_ERRORS,
+    PostgresConnection,
+    dumps,
+)
+
+EVENT_BLOCK = 2**32
+EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PostgresFleet(PostgresConnection):
+    """A node of the fleet: the turns it holds, and the calls of `store/fleet.py`."""
+
+    def __init__(self, url: str, *, clock: Clock | None, fatal_after: float,
+                 pool_size: int, node_id: str | None, lease_s: float) -> None:
+        super().__init__(url, clock=clock, fatal_after=fatal_after, pool_size=pool_size,
+                         node_id=node_id)
+        self.lease_s = lease_s
+        # The turns this node holds (turn -> the epoch of its claim), and those it lost:
+        # writes of a held turn are fenced by its epoch, writes of a lost one refused.
+        self.claims: dict[str, int] = {}
+        self.lost: set[str] = set()
+        self.event_base = 0  # where this node's event numbers start (event_block_start)
+
+    async def _register(self, conn: Conn) -> None:
+        """This node in the nodes table. A node id whose daemon still beats (its
+        heartbeat younger than a lease) is refused, unless that daemon ran on this host
+        and its process is gone (a restart after a crash): two daemons under one name
+        would take each other's turns for their own. A crashed predecessor's turns are
+        handed back at once, for the claims to resume them."""
+        host = socket.gethostname()
+        async with conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT pid, host, stopped_at IS NULL AND heartbeat_at >"
+                " now() - make_interval(secs => $2) AS beating FROM nodes"
+                " WHERE node_id = $1 FOR UPDATE", self.node_id, self.lease_s)
+            if row is not None and row["beating"] and not (
+                    row["host"] == host and not process_alive(row["pid"])):
+                raise StoreInUse(
+                    f"node id {self.node_id!r} is in use by a running turnkeeper (pid "
+                    f"{row['pid']} on {row['host']}) on {self.where}; give each daemon "
+                    "its own [fleet] node_id")
+            await conn.execute(
+                "INSERT INTO nodes (node_id, pid, host, started_at, heartbeat_at)"
+                " VALUES ($1, $2, $3, now(), now()) ON CONFLICT (node_id) DO UPDATE SET"
+                " pid = excluded.pid, host = excluded.host, started_at = now(),"
+                " heartbeat_at = now(), stopped_at = NULL, turns = 0",
+                self.node_id, os.getpid(), host)
+            await conn.execute("UPDATE turns SET owner = NULL, lease_until = NULL"
+                               " WHERE owner = $1", self.node_id)
+
+    def _fence(self, turn_id: str) -> int | None:
+        """The epoch a write of `turn_id` must carry (None: not a claimed turn); raises
+        StaleLease for a turn this node lost."""
+        if turn_id in self.lost:
+            raise StaleLease(f"turn {turn_id}: node {self.node_id} lost its claim; "
+                             "not written")
+        return self.claims.get(turn_id)
+
+    def _lease_check(self, turn_id: str, epoch: int) -> Call:
+        """Before a non-idempotent call is sent: the claim must hold at the database's
+        clock, not only its epoch: a node paused past its lease finds out here and sends
+        nothing, even when no other node has taken the turn yet."""
+        async def check(conn: Conn) -> None:
+            valid = await conn.fetchval(
+                "SELECT lease_until > clock_timestamp() FROM turns WHERE id = $1"
+                " AND owner = $2 AND epoch = $3 FOR SHARE", turn_id, self.node_id, epoch)
+            if not valid:
+                raise StaleLease(f"turn {turn_id}: the lease of node {self.node_id} has "
+                                 "run out; the call is not sent")
+
+        return check
+
+    async def event_block_start(self) -> int:
+        """Where this node's bus starts numbering: the start of a block of 2**32 numbers
+        no other node has used or will use (each start takes the next block), so the
+        events of several nodes never share a number."""
+        async def reserve(conn: Conn) -> int:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", EVENT_BLOCK_LOCK)
+                top = await conn.fetchval(
+                    "SELECT GREATEST(COALESCE((SELECT max(seq) FROM events), 0),"
+                    " COALESCE((SELECT value FROM meta WHERE key = 'event_seq_reserved'),"
+                    " 0))")
+                base = (int(top) // EVENT_BLOCK + 1) * EVENT_BLOCK
+                await conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('event_seq_reserved', $1)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value", base)
+                return base
+
+        self.event_base = await self._read(reserve)
+        return self.event_base
+
+    async def last_event_pos(self) -> int:
+        rows = await self._fetch("SELECT COALESCE(max(pos), 0) FROM events")
+        return int(rows[0][0])
+
+    async def peer_events(self, *, after_pos: int, turn: str | None = None,
+                          limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+        """Events the other nodes wrote after `after_pos` (this node's own come from its
+        bus), in the order they reached the database; and the position to go on from."""
+        base = self.event_base
+        sql = ("SELECT pos, data FROM events WHERE pos > $1 AND (seq < $2 OR seq >= $3)"
+               + (" AND turn = $5" if turn is not None else "") + " ORDER BY pos LIMIT $4")
+        args: list[Any] = [after_pos, base, base + EVENT_BLOCK, limit]
+        if turn is not None:
+            args.append(turn)
+        rows = await self._fetch(sql, *args)
+        last = rows[-1]["pos"] if rows else after_pos
+        return [json.loads(r["data"]) for r in rows], int(last)
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        """Take up to `limit` runnable turns, oldest first, that no live node holds: each
+        gets a lease and a new epoch. A session's turns are taken in order: a turn is not
+        taken while an earlier unfinished turn of its session is held elsewhere or not
+        held at all (this node's local scheduler orders the ones it holds)."""
+        if limit <= 0:
+            return []
+
+        async def take(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
+            async with conn.transaction():
+                turns = await conn.fetch(
+                    "WITH c AS (SELECT t.id FROM turns t WHERE t.state NOT IN"
+                    f" {TERMINAL_SQL} AND (t.owner IS NULL OR t.lease_until < now())"
+                    " AND NOT EXISTS (SELECT 1 FROM turns e WHERE e.session = t.session"
+                    f" AND e.seq < t.seq AND e.state NOT IN {TERMINAL_SQL}"
+                    " AND e.owner IS DISTINCT FROM $1)"
+                    " ORDER BY t.seq LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                    " UPDATE turns t SET owner = $1, epoch = t.epoch + 1,"
+                    " lease_until = now() + make_interval(secs => $3) FROM c"
+                    " WHERE t.id = c.id RETURNING t.id, t.seq, t.epoch, t.record,"
+                    " t.checkpoint", self.node_id, limit, self.lease_s)
+                if not turns:
+                    return [], []
+                rows = await conn.fetch(
+                    "SELECT turn, data FROM messages WHERE turn = ANY($1::text[])"
+                    " ORDER BY turn, idx", [t["id"] for t in turns])
+                return turns, rows
+
+        turns, rows = await self._read(take)
+        by_turn: dict[str, list[str]] = {}
+        for turn_id, data in rows:
+            by_turn.setdefault(turn_id, []).append(data)
+        claimed = []
+        for t in sorted(turns, key=lambda t: t["seq"]):
+            self.claims[t["id"]] = t["epoch"]
+            self.lost.discard(t["id"])
+            claimed.append(Claimed(
+                record=json.loads(t["record"]),
+                checkpoint=with_messages(json.loads(t["checkpoint"]),
+                                            by_turn.get(t["id"], ())),
+                epoch=t["epoch"]))
+        return claimed
+
+    async def renew(self) -> dict[str, int]:
+        """Extend the lease of every turn this node holds, and beat the node's heartbeat:
+        turn -> epoch of the claims the database renewed (a turn missing is lost)."""
+        held = list(self.claims)
+
+        async def beat(conn: Conn) -> list[asyncpg.Record]:
+            async with conn.transaction():
+                await conn.execute("UPDATE nodes SET heartbeat_at = now(), turns = $2"
+                                   " WHERE node_id = $1", self.node_id, len(held))
+                return await conn.fetch(
+                    "UPDATE turns SET lease_until = now() + make_interval(secs => $3)"
+                    " WHERE owner = $1 AND id = ANY($2::text[]) RETURNING id, epoch",
+                    self.node_id, held, self.lease_s)
+
+        return {r["id"]: r["epoch"] for r in await self._read(beat)}
+
+    def abandon(self, turn_ids: Iterable[str]) -> None:
+        """Turns whose claim is lost: every later write of them is refused here, before
+        it reaches the database."""
+        for turn_id in turn_ids:
+            self.claims.pop(turn_id, None)
+            self.lost.add(turn_id)
+
+    async def release(self) -> int:
+        """A clean stop: hand back every turn this node holds (their checkpoints are
+        written), so another node takes them at once instead of after the lease."""
+        held = list(self.claims)
+
+        async def give_back(conn: Conn) -> str:
+            async with conn.transaction():
+                await conn.execute("UPDATE nodes SET stopped_at = now(), turns = 0"
+                                   " WHERE node_id = $1", self.node_id)
+                status = await conn.execute(
+                    "UPDATE turns SET owner = NULL, lease_until = NULL WHERE owner = $1"
+                    " AND id = ANY($2::text[])", self.node_id, held)
+                await conn.execute("SELECT pg_notify($1, '')", CHANNEL_TURNS)
+                return status
+
+        status = await self._read(give_back)
+        self.claims.clear()
+        return int(status.split()[-1])
+
+    async def post_mail(self, turn_id: str, kind: str, body: dict[str, Any]) -> None:
+        """A message (steer, answer, cancel) for a turn another node runs, durable when
+        this returns; the node holding the turn hears of it at once (NOTIFY)."""
+        await self._write([("INSERT INTO mail (turn, kind, body) VALUES ($1, $2, $3)",
+                            (turn_id, kind, dumps(body))),
+                           ("SELECT pg_notify($1, $2)", (CHANNEL_MAIL, turn_id))])
+
+    async def pending_mail(self) -> list[tuple[int, str, str, dict[str, Any]]]:
+        """Mail for the turns this node holds, oldest first: (id, turn, kind, body)."""
+        if not self.claims:
+            return []
+        rows = await self._fetch("SELECT id, turn, kind, body FROM mail WHERE turn ="
+                                 " ANY($1::text[]) ORDER BY id", list(self.claims))
+        return [(r["id"], r["turn"], r["kind"], json.loads(r["body"])) for r in rows]
+
+    async def drop_mail(self, mail_id: int) -> None:
+        await self._write([("DELETE FROM mail WHERE id = $1", (mail_id,))])
+
+    async def listen(self, on_notify: Callable[[str, str], None]) -> None:
+        """Hear NOTIFY on the fleet's channels until cancelled or the connection is lost
+        (then it raises StoreError: the caller listens again)."""
+        try:
+            conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT)
+        except DB_ERRORS as exc:
+            raise StoreError(f"listen: {type(exc).__name__}: {exc}") from exc
+        lost = anyio.Event()
+
+        def heard(_conn: Any, _pid: int, channel: str, payload: object) -> None:
+            on_notify(channel, str(payload))
+
+        try:
+            conn.add_termination_listener(lambda _conn: lost.set())
+            await conn.add_listener(CHANNEL_TURNS, heard)
+            await conn.add_listener(CHANNEL_MAIL, heard)
+            await conn.add_listener(CHANNEL_BREAKERS, heard)
+            await lost.wait()
+            raise StoreError("listen: the connection was closed")
+        except DB_ERRORS as exc:
+            raise StoreError(f"listen: {type(exc).__name__}: {exc}") from exc
+        finally:
+            conn.terminate()
+
+    async def share_budgets(self, budgets: dict[str, tuple[int, int]]
+                            ) -> dict[str, tuple[int, int]]:
+        """Publish this node's retry budget counts (provider -> requests, retries in
+        flight) and read the sum of the other live nodes' counts."""
+        async def share(conn: Conn) -> list[asyncpg.Record]:
+            async with conn.transaction():
+                await conn.execute("UPDATE nodes SET budgets = $2 WHERE node_id = $1",
+                                   self.node_id, dumps(budgets))
+                return await conn.fetch(
+                    "SELECT budgets FROM nodes WHERE node_id <> $1 AND stopped_at IS NULL"
+                    " AND heartbeat_at > now() - make_interval(secs => $2)",
+                    self.node_id, self.lease_s)
+
+        totals: dict[str, tuple[int, int]] = {}
+        for row in await self._read(share):
+            for provider, (requests, retries) in json.loads(row["budgets"]).items():
+                r, t = totals.get(provider, (0, 0))
+                totals[provider] = (r + int(requests), t + int(retries))
+        return totals
+
+    async def open_breaker(self, name: str, for_s: float) -> None:
+        """This node opened the breaker of a peer (provider or tool) for `for_s` seconds:
+        every node keeps it open as long (NOTIFY tells them at once)."""
+        async def publish(conn: Conn) -> None:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO breakers AS b (name, open_until, node) VALUES ($1,"
+                    " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
+                    " SET open_until = GREATEST(b.open_until, excluded.open_until),"
+                    " node = excluded.node", name, for_s, self.node_id)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS, name)
+
+        await self._read(publish)
+
+    async def open_breakers(self) -> dict[str, float]:
+        """The breakers some node holds open now: name -> seconds left (the database's
+        clock, so nodes' clocks need not agree)."""
+        rows = await self._fetch("SELECT name, extract(epoch FROM open_until - now()) AS s"
+                                 " FROM breakers WHERE open_until > now()")
+        return {r["name"]: float(r["s"]) for r in rows}
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """The fleet as the database sees it: each node, its heartbeat and its turns."""
+        rows = await self._fetch(
+            "SELECT node_id, pid, host, extract(epoch FROM started_at) AS started_at,"
+            " extract(epoch FROM heartbeat_at) AS heartbeat_at,"
+            " extract(epoch FROM stopped_at) AS stopped_at,"
+            " extract(epoch FROM now() - heartbeat_at) AS silent_s,"
+            " (SELECT count(*) FROM turns t WHERE t.owner = n.node_id AND t.state NOT IN"
+            f" {TERMINAL_SQL} AND t.lease_until > now()) AS turns"
+            " FROM nodes n ORDER BY node_id")
+        return [{"node_id": r["node_id"], "pid": r["pid"], "host": r["host"],
+                 "started_at": float(r["started_at"]),
+                 "heartbeat_at": float(r["heartbeat_at"]),
+                 "stopped_at": None if r["stopped_at"] is None else float(r["stopped_at"]),
+                 "alive": r["stopped_at"] is None and float(r["silent_s"]) < self.lease_s,
+                 "turns": int(r["turns"])} for r in rows]
