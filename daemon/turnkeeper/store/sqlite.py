@@ -78,15 +78,12 @@ OUTAGE_LOG_EVERY_S = 10.0
 DEAD_LETTERS_SHOWN = 1000
 
 
-
-
 def _dumps(value: Any) -> str:
     return jsonwire.dumps_str(value)
 
 
 _Statement = tuple[str, Sequence[Any]]
 _T = TypeVar("_T")
-
 
 
 def store_unavailable(exc: BaseException) -> bool:
@@ -127,6 +124,13 @@ def _message_statements(turn_id: str, messages: MessageRows | None) -> list[_Sta
             " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
             " JOIN turns AS t ON t.id = ?", params))
     return out
+
+
+def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) -> None:
+    if len(rows) == 1:
+        conn.execute(sql, rows[0])
+    elif rows:
+        conn.executemany(sql, rows)
 
 
 def _together(conn: sqlite3.Connection, queries: Sequence[_Statement]
@@ -278,8 +282,16 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
     def _transaction(conn: sqlite3.Connection, statements: Iterable[_Statement]) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
+            # A run of the same statement (event rows queued back to back) goes as one
+            # executemany: the statement is looked up once for the run.
+            run: list[Sequence[Any]] = []
+            run_sql = ""
             for sql, params in statements:
-                conn.execute(sql, params)
+                if sql != run_sql:
+                    _execute_run(conn, run_sql, run)
+                    run, run_sql = [], sql
+                run.append(params)
+            _execute_run(conn, run_sql, run)
             conn.execute("COMMIT")
         except BaseException:
             # SQLite may have rolled back by itself (a full disk, an I/O error): a second
@@ -329,7 +341,22 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
                     " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
                                        _dumps(checkpoint), record["id"]))
         await self._write([stmt, *_message_statements(record["id"], messages),
-                           *map(_event_statement, events)])
+                           *map(_event_statement, events)],
+                          supersedes=None if checkpoint is None else record["id"])
+
+    def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                   messages: MessageRows | None = None) -> bool:
+        """`save_turn` of a record and checkpoint, queued and not awaited: it commits
+        with the next durable write, before any later write of the turn; a newer
+        checkpoint of the turn arriving before it is taken for a commit drops it (its
+        message rows still go). False when the store takes no more writes (nothing was
+        queued: the caller awaits `save_turn` instead). See `queue_turn` in the store
+        interface for when a caller may leave a checkpoint unawaited."""
+        return self._enqueue_turn(record["id"], [(
+            "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
+            " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
+                              _dumps(checkpoint), record["id"])),
+            *_message_statements(record["id"], messages)])
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -345,7 +372,7 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
             *map(_event_statement, events)])
 
     def append_event(self, event: Event) -> None:
-        self._enqueue([_event_statement(event)])
+        self._enqueue_event(_event_statement(event))
 
     def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(

@@ -5,6 +5,14 @@ transaction was committing and commits it as the next one: hundreds of concurren
 share one commit instead of queueing on it. A caller that awaits a write (`_write`)
 resumes only after its transaction committed; a write that is only enqueued
 (`_enqueue`: events, an idempotent call's journal) commits, in order, with the next one.
+The queue is a deque the writer drains: events queued back to back join one write (the
+backend may then insert them in one statement), so a step's five events cost the writer
+one write, not five.
+
+A turn's checkpoint may also be queued (`_enqueue_turn`): it commits in order, before any
+later write of the same turn. A queued checkpoint that a newer one of the same turn
+supersedes before it was taken for a commit is dropped (`superseded`), all but its
+message rows, which are appended in order and which the newer checkpoint counts.
 What a commit does (SQLite's transaction in a worker thread, PostgreSQL's over the
 network, and how each rides out its store's own failures) is the backend's `_commit`;
 it answers every write of the batch through `_answer`.
@@ -12,14 +20,12 @@ it answers every write of the batch through `_answer`.
 
 from __future__ import annotations
 
-import contextlib
-import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper.store.base import StoreError
 
@@ -35,47 +41,62 @@ Op = TypeVar("Op")
 @dataclass(slots=True)
 class Write(Generic[Op]):
     """One write: its statements, and for an awaited one the event its caller waits on
-    and the error it gets."""
+    and the error it gets. `events` marks a write of event rows only, which later event
+    rows may join while it is queued; `turn` marks a queued checkpoint, whose first
+    statement (the turn's row) a newer checkpoint of the turn may drop."""
 
     ops: Sequence[Op]
     done: anyio.Event | None = None
     error: BaseException | None = field(default=None)
+    events: bool = False
+    turn: str | None = None
 
 
 class GroupCommitWriter(Generic[Op]):
     def __init__(self) -> None:
-        self._send: MemoryObjectSendStream[Write[Op]] | None = None
-        self._receive: MemoryObjectReceiveStream[Write[Op]] | None = None
+        self._queue: deque[Write[Op]] = deque()
+        self._wake: anyio.Event | None = None
+        self._running = False
         self._writer_done = anyio.Event()
         self._closed = False
         self.durable_writes = 0  # awaited writes (the events riding along not counted)
         self.failed_writes = 0
+        self.superseded = 0  # queued checkpoints dropped for a newer one of their turn
         self._idempotent_keys: set[str] = set()
+        # Turn -> its queued checkpoint not yet taken for a commit.
+        self._queued_turns: dict[str, Write[Op]] = {}
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """The writer task. Runs until the store closes; commits everything queued before
         it ends."""
-        send, receive = anyio.create_memory_object_stream[Write[Op]](math.inf)
-        self._send, self._receive = send, receive
+        self._running = True
         task_status.started()
+        queue = self._queue
         try:
-            async with receive:
-                while True:
-                    try:
-                        first = await receive.receive()
-                    except anyio.EndOfStream:
+            while True:
+                if not queue:
+                    if self._closed:
                         return
-                    batch = [first]
-                    while len(batch) < MAX_BATCH:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
-                    with anyio.CancelScope(shield=True):
-                        await self._commit(batch)
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                    continue
+                batch: list[Write[Op]] = []
+                while queue and len(batch) < MAX_BATCH:
+                    w = queue.popleft()
+                    if w.turn is not None and self._queued_turns.get(w.turn) is w:
+                        del self._queued_turns[w.turn]
+                    batch.append(w)
+                with anyio.CancelScope(shield=True):
+                    await self._commit(batch)
         finally:
+            self._running = False
             self._writer_done.set()
+            # Cancelled with writes queued: whoever awaits one hears it was not made.
+            while queue:
+                self._answer([queue.popleft()], [StoreError(
+                    "state database writer has stopped: the write was not made")])
+            self._queued_turns.clear()
 
     async def _commit(self, batch: list[Write[Op]]) -> None:
         """Commit `batch` in order and answer each of its writes (`_answer`)."""
@@ -93,22 +114,43 @@ class GroupCommitWriter(Generic[Op]):
     async def _stop_writer(self) -> None:
         """No more writes; the writer commits what is queued and ends."""
         self._closed = True
-        if self._send is not None:
-            self._send.close()
+        if self._running:
+            self._notify()
             await self._writer_done.wait()
 
-    async def _write(self, ops: Sequence[Op]) -> None:
+    def _notify(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake.set()
+
+    def _push(self, w: Write[Op]) -> None:
+        self._queue.append(w)
+        if self._wake is not None:
+            self._notify()
+
+    def _supersede(self, turn: str) -> None:
+        """A newer checkpoint of `turn` is written: its queued one, if not yet taken for
+        a commit, keeps only its message rows."""
+        old = self._queued_turns.pop(turn, None)
+        if old is not None:
+            old.ops = old.ops[1:]
+            self.superseded += 1
+
+    async def _write(self, ops: Sequence[Op], *, supersedes: str | None = None) -> None:
         """`ops` in a transaction (with whatever else is queued), durable on return. A
-        StoreError of the backend's own is raised as it is; any other error wrapped."""
-        if self._send is None or self._closed:
-            raise StoreError("state database is closed: the write was not made")
+        StoreError of the backend's own is raised as it is; any other error wrapped.
+        `supersedes`: the turn whose queued checkpoint these ops make obsolete (their
+        first statement writes the turn's row and checkpoint)."""
+        if self._closed or not self._running:
+            stopped = not self._closed and self._writer_done.is_set()
+            raise StoreError("state database writer has stopped: the write was not made"
+                             if stopped else "state database is closed: the write was not made")
+        if supersedes is not None and self._queued_turns:
+            self._supersede(supersedes)
         w = Write(ops, anyio.Event())
         self.durable_writes += 1
-        try:
-            self._send.send_nowait(w)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise StoreError("state database writer has stopped: the write was not made"
-                             ) from None
+        self._push(w)
         assert w.done is not None
         await w.done.wait()
         if isinstance(w.error, StoreError):
@@ -118,9 +160,33 @@ class GroupCommitWriter(Generic[Op]):
 
     def _enqueue(self, ops: Sequence[Op]) -> None:
         """`ops` with the next durable write, in order; not awaited."""
-        if self._send is not None and not self._closed:
-            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._send.send_nowait(Write(ops))
+        if self._running and not self._closed:
+            self._push(Write(ops))
+
+    def _enqueue_event(self, op: Op) -> None:
+        """An event row with the next durable write, in order; not awaited. Event rows
+        queued back to back make one write."""
+        if self._running and not self._closed:
+            queue = self._queue
+            if queue and queue[-1].events:
+                ops = queue[-1].ops
+                assert isinstance(ops, list)
+                ops.append(op)
+            else:
+                self._push(Write([op], events=True))
+
+    def _enqueue_turn(self, turn: str, ops: Sequence[Op]) -> bool:
+        """A turn's checkpoint (`ops[0]` writes its row, the rest its message rows),
+        committed in order with the next durable write and not awaited; it supersedes the
+        turn's queued one. False when the writer takes no more writes (nothing queued)."""
+        if not self._running or self._closed:
+            return False
+        if self._queued_turns:
+            self._supersede(turn)
+        w = Write(ops, turn=turn)
+        self._queued_turns[turn] = w
+        self._push(w)
+        return True
 
     async def _journal_intent(self, key: str, ops: Sequence[Op], *, idempotent: bool
                               ) -> None:
