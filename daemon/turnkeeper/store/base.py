@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -145,6 +145,31 @@ def rows_of(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], MessageRows | N
     stored["count"] = len(messages)
     rows = tuple(json_text(m) for m in messages)
     return {**checkpoint, "conversation": stored}, MessageRows(0, rows)
+
+
+@runtime_checkable
+class QueuesTurns(Protocol):
+    """A store that can take a turn's checkpoint without the caller waiting for it.
+
+    `queue_turn` is `save_turn` of a record and its checkpoint (and message rows), queued
+    and not awaited: it commits in order, before any later write of the same turn, with
+    the next durable write; one superseded by a newer checkpoint of the turn before its
+    commit is dropped (its message rows are kept). It returns False when nothing was
+    queued (the store is closing); the caller then awaits `save_turn`.
+
+    What it promises, and so when a caller may use it: nothing that was acknowledged is
+    lost, because a queued checkpoint acknowledges nothing. A crash before it commits
+    leaves the turn at its previous checkpoint, and the turn runs that part again on
+    resume, under the journal's rules: an idempotent tool call runs again with the same
+    key, a non-idempotent one whose intent was stored without an outcome ends as outcome
+    unknown, one with a stored outcome is not run again. A user message is in the stored
+    inbox until a committed checkpoint holds it. So a caller queues a checkpoint only
+    where the next durable thing the turn does is awaited (the model reply's checkpoint,
+    a non-idempotent call's intent, the result), never before an effect that only that
+    checkpoint would record."""
+
+    def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                   messages: MessageRows | None = None) -> bool: ...
 
 
 class Store(Protocol):

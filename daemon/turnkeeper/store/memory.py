@@ -154,6 +154,19 @@ class MemoryStore:
             row.write_messages(messages)
         self._add_events(events)
 
+    def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                   messages: MessageRows | None = None) -> bool:
+        """`save_turn` without the await: applied at once (memory has nothing to queue
+        behind), so it is never superseded. False once the store is closed."""
+        if not self._open:
+            return False
+        row = self._turns.get(record["id"])
+        if row is not None:
+            row.state, row.updated_at = record["state"], record["updated_at"]
+            row.record, row.checkpoint = _copy(record), _copy(checkpoint)
+            row.write_messages(messages)
+        return True
+
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
         """The message joins the stored inbox; the rest of the stored record stays as of

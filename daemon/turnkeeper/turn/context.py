@@ -28,7 +28,7 @@ from turnkeeper.policy.restarts import RestartCounter
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
-from turnkeeper.store.base import Store
+from turnkeeper.store.base import QueuesTurns, Store
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
@@ -54,6 +54,8 @@ class TurnContext:
         self.runtime = runtime
         self.shared = shared
         self.store = store
+        # The store's queued checkpoint, when it has one (see `checkpoint`).
+        self._queue_turn = store.queue_turn if isinstance(store, QueuesTurns) else None
         self.bus = bus
         self.clock = clock
         self.rand = rand
@@ -214,9 +216,19 @@ class TurnContext:
         instead of leaving the turn in two places at once."""
         self.record.state = TurnState(self.record.state).to(new).value
 
-    async def checkpoint(self, state: TurnState | None = None) -> None:
-        if state is not None:
-            self.move(state)
+    async def checkpoint(self, state: TurnState | None = None, *, queued: bool = False
+                         ) -> None:
+        """Save the record and the checkpoint; durable on return, or with `queued` (and a
+        store that queues checkpoints) only queued, to commit before the turn's next
+        write. A queued checkpoint is for a point whose next durable write is awaited
+        anyway: a crash before it commits runs the step again from the checkpoint
+        before (see `QueuesTurns` in the store interface). An awaited checkpoint moves
+        the live record to `state` once the store holds it: what a reader of the live
+        turn sees in a parked or suspended state survives a crash."""
+        new = None if state is None else TurnState(self.record.state).to(state).value
+        queue = self._queue_turn if queued else None
+        if new is not None and queue is not None:
+            self.record.state = new
         self.sync_counters()
         if self._active_since is not None:  # fold the running active time into the record
             self.stop_active()
@@ -224,10 +236,14 @@ class TurnContext:
         self.record.updated_at = self.clock.time()
         # The messages go as rows, only those not stored yet; the checkpoint counts them.
         rows = self.conv.unsaved_rows()
-        await self.store.save_turn(
-            self.record.to_json(),
-            {"conversation": self.conv.stored_json(), **self._checkpoint_rest()},
-            messages=rows)
+        record = self.record.to_json()
+        checkpoint = {"conversation": self.conv.stored_json(), **self._checkpoint_rest()}
+        if queue is None or not queue(record, checkpoint, messages=rows):
+            if new is not None:
+                record["state"] = new
+            await self.store.save_turn(record, checkpoint, messages=rows)
+            if new is not None:
+                self.record.state = new
         self.conv.mark_saved()
 
     # -- ways out -----------------------------------------------------------------------

@@ -147,7 +147,11 @@ class TurnRunner:
                     ctx.gate(reached)
             if ctx.control.suspend_requested:
                 await ctx.suspend()
-            await ctx.checkpoint(TurnState.RUNNING)
+            # Queued, not awaited: the next durable write (the reply's checkpoint, or
+            # the result) is awaited and commits after it; a crash before then runs
+            # this step again from the checkpoint before, which nothing acknowledged
+            # since depends on.
+            await ctx.checkpoint(TurnState.RUNNING, queued=True)
             self._soft_warning()
             self._offered, note = ctx.runtime.toolbox.offer_note(self._offered)
             if note is not None:  # MCP tools left or came back: the agent is told
