@@ -154,8 +154,8 @@ class QueuesTurns(Protocol):
     `queue_turn` is `save_turn` of a record and its checkpoint (and message rows), queued
     and not awaited: it commits in order, before any later write of the same turn, with
     the next durable write; one superseded by a newer checkpoint of the turn before its
-    commit is dropped (its message rows are kept). It returns False when nothing was
-    queued (the store is closing); the caller then awaits `save_turn`.
+    commit is dropped (its message rows go with the newer one). It returns False when
+    nothing was queued (the store is closing); the caller then awaits `save_turn`.
 
     What it promises, and so when a caller may use it: nothing that was acknowledged is
     lost, because a queued checkpoint acknowledges nothing. A crash before it commits

@@ -349,9 +349,9 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
         """`save_turn` of a record and checkpoint, queued and not awaited: it commits
         with the next durable write, before any later write of the turn; a newer
         checkpoint of the turn arriving before it is taken for a commit drops it (its
-        message rows still go). False when the store takes no more writes (nothing was
-        queued: the caller awaits `save_turn` instead). See `queue_turn` in the store
-        interface for when a caller may leave a checkpoint unawaited."""
+        message rows go with the newer one). False when the store takes no more writes
+        (nothing was queued: the caller awaits `save_turn` instead). See `QueuesTurns`
+        in the store interface for when a caller may leave a checkpoint unawaited."""
         return self._enqueue_turn(record["id"], [(
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
             " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),

@@ -11,8 +11,8 @@ one write, not five.
 
 A turn's checkpoint may also be queued (`_enqueue_turn`): it commits in order, before any
 later write of the same turn. A queued checkpoint that a newer one of the same turn
-supersedes before it was taken for a commit is dropped (`superseded`), all but its
-message rows, which are appended in order and which the newer checkpoint counts.
+supersedes before it was taken for a commit is dropped (`superseded`); its message rows
+move into the newer write, which counts them.
 What a commit does (SQLite's transaction in a worker thread, PostgreSQL's over the
 network, and how each rides out its store's own failures) is the backend's `_commit`;
 it answers every write of the batch through `_answer`.
@@ -129,13 +129,17 @@ class GroupCommitWriter(Generic[Op]):
         if self._wake is not None:
             self._notify()
 
-    def _supersede(self, turn: str) -> None:
-        """A newer checkpoint of `turn` is written: its queued one, if not yet taken for
-        a commit, keeps only its message rows."""
+    def _supersede(self, turn: str, ops: Sequence[Op]) -> Sequence[Op]:
+        """A newer checkpoint of `turn` (`ops`, its row first) is written: the turn's
+        queued one, if not yet taken for a commit, is dropped, and its message rows move
+        into the newer write, ahead of its own (they commit with the checkpoint that
+        counts them, never without one)."""
         old = self._queued_turns.pop(turn, None)
-        if old is not None:
-            old.ops = old.ops[1:]
-            self.superseded += 1
+        if old is None:
+            return ops
+        moved, old.ops = old.ops[1:], ()
+        self.superseded += 1
+        return [ops[0], *moved, *ops[1:]] if moved else ops
 
     async def _write(self, ops: Sequence[Op], *, supersedes: str | None = None) -> None:
         """`ops` in a transaction (with whatever else is queued), durable on return. A
@@ -147,7 +151,7 @@ class GroupCommitWriter(Generic[Op]):
             raise StoreError("state database writer has stopped: the write was not made"
                              if stopped else "state database is closed: the write was not made")
         if supersedes is not None and self._queued_turns:
-            self._supersede(supersedes)
+            ops = self._supersede(supersedes, ops)
         w = Write(ops, anyio.Event())
         self.durable_writes += 1
         self._push(w)
@@ -182,7 +186,7 @@ class GroupCommitWriter(Generic[Op]):
         if not self._running or self._closed:
             return False
         if self._queued_turns:
-            self._supersede(turn)
+            ops = self._supersede(turn, ops)
         w = Write(ops, turn=turn)
         self._queued_turns[turn] = w
         self._push(w)

@@ -1,0 +1,152 @@
+"""A turn's checkpoint queued, not awaited (`queue_turn`), and the writer's queue that
+carries it: on SQLite (a real file, its writer task running) and the memory store.
+
+A queued checkpoint commits in order before any later write of its turn; one that a
+newer checkpoint of the turn supersedes before its commit is dropped and its message
+rows go with the newer one; event rows queued back to back make one write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from turnkeeper.events import Event
+from turnkeeper.store.base import MessageRows, QueuesTurns
+from turnkeeper.store.memory import MemoryStore
+from turnkeeper.store.sqlite import SQLiteStore
+
+BACKENDS: dict[str, Callable[[Path], Any]] = {
+    "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),
+    "memory": lambda tmp: MemoryStore(),
+}
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def store(request: pytest.FixtureRequest, tmp_path: Path
+                ) -> AsyncIterator[SQLiteStore | MemoryStore]:
+    backend = BACKENDS[request.param](tmp_path)
+    await backend.open()
+    async with anyio.create_task_group() as tg:
+        await tg.start(backend.run)
+        try:
+            yield backend
+        finally:
+            await backend.close()
+
+
+def record(state: str, at: float) -> dict[str, Any]:
+    return {"id": "t_a", "session": "t_a", "state": state, "message": "m",
+            "created_at": 1.0, "updated_at": at, "inbox": []}
+
+
+def checkpoint(count: int, step: int) -> dict[str, Any]:
+    return {"conversation": {"count": count, "turn_start": 0}, "step": step}
+
+
+def rows(start: int, *texts: str) -> MessageRows:
+    return MessageRows(start, tuple(json.dumps({"role": "user", "content": t})
+                                    for t in texts))
+
+
+def contents(cp: dict[str, Any] | None) -> list[str]:
+    assert cp is not None
+    return [m["content"] for m in cp["conversation"]["messages"]]
+
+
+async def test_both_stores_queue_checkpoints(store: SQLiteStore | MemoryStore) -> None:
+    assert isinstance(store, QueuesTurns)
+
+
+async def test_a_queued_checkpoint_is_stored_by_the_next_durable_write(
+        store: SQLiteStore | MemoryStore) -> None:
+    await store.insert_turn(record("queued", 1.0), {})
+    assert store.queue_turn(record("running", 2.0), checkpoint(2, 1),
+                            messages=rows(0, "task", "step 1"))
+    await store.flush()
+    got = await store.get_turn("t_a")
+    assert got is not None and got["state"] == "running" and got["updated_at"] == 2.0
+    cp = await store.get_checkpoint("t_a")
+    assert cp is not None and cp["step"] == 1 and contents(cp) == ["task", "step 1"]
+
+
+async def test_a_superseded_checkpoint_is_dropped_and_its_rows_go_with_the_newer_one(
+        store: SQLiteStore | MemoryStore) -> None:
+    await store.insert_turn(record("queued", 1.0), {})
+    # No await between them: the writer cannot take the first before the second comes.
+    store.queue_turn(record("running", 2.0), checkpoint(2, 1), messages=rows(0, "a", "b"))
+    store.queue_turn(record("running", 3.0), checkpoint(3, 2), messages=rows(2, "c"))
+    await store.save_turn(record("running", 4.0), checkpoint(4, 3), messages=rows(3, "d"))
+    if isinstance(store, SQLiteStore):
+        assert store.superseded == 2
+    cp = await store.get_checkpoint("t_a")
+    assert cp is not None and cp["step"] == 3 and contents(cp) == ["a", "b", "c", "d"]
+
+
+async def test_a_queued_checkpoint_commits_before_a_later_write_of_its_turn(
+        store: SQLiteStore | MemoryStore) -> None:
+    await store.insert_turn(record("queued", 1.0), {})
+    store.queue_turn(record("running", 2.0), checkpoint(1, 1), messages=rows(0, "task"))
+    message = {"kind": "steer", "text": "left", "redirect": False, "at": 3.0}
+    await store.append_message("t_a", message, updated_at=3.0)
+    got = await store.get_turn("t_a")
+    # The steer joined the inbox of the queued record, not of the one before it.
+    assert got is not None and got["state"] == "running"
+    assert [m["text"] for m in got["inbox"]] == ["left"]
+    assert contents(await store.get_checkpoint("t_a")) == ["task"]
+
+
+async def test_a_record_only_write_does_not_supersede_a_queued_checkpoint(
+        store: SQLiteStore | MemoryStore) -> None:
+    await store.insert_turn(record("queued", 1.0), {})
+    store.queue_turn(record("running", 2.0), checkpoint(1, 1), messages=rows(0, "task"))
+    await store.save_turn({**record("completed", 3.0), "result": {"status": "completed"}})
+    got = await store.get_turn("t_a")
+    assert got is not None and got["state"] == "completed"
+    cp = await store.get_checkpoint("t_a")
+    assert cp is not None and cp["step"] == 1 and contents(cp) == ["task"]
+
+
+async def test_nothing_is_queued_once_the_store_is_closed(tmp_path: Path) -> None:
+    for backend in (SQLiteStore(tmp_path / "closed.db"), MemoryStore()):
+        await backend.open()
+        async with anyio.create_task_group() as tg:
+            await tg.start(backend.run)
+            await backend.insert_turn(record("queued", 1.0), {})
+            await backend.close()
+        assert not backend.queue_turn(record("running", 2.0), checkpoint(0, 1))
+
+
+async def test_event_rows_queued_back_to_back_make_one_write(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.open()
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        try:
+            await store.insert_turn(record("queued", 1.0), {})
+            for seq in (1, 2, 3, 2, 4):  # a number is stored once
+                store.append_event(Event(seq=seq, ts=float(seq), type="turn.step",
+                                         turn="t_a", data={"n": seq}))
+            assert len(store._queue) == 1 and len(store._queue[0].ops) == 5
+            store.queue_turn(record("running", 2.0), checkpoint(0, 1))
+            store.append_event(Event(seq=5, ts=5.0, type="turn.step", turn="t_a",
+                                     data={"n": 5}))
+            assert len(store._queue) == 3  # an event after a checkpoint starts a write
+            await store.flush()
+            events = await store.events(turn="t_a")
+            assert [(e["seq"], e["n"]) for e in events] == [(1, 1), (2, 2), (3, 3),
+                                                              (4, 4), (5, 5)]
+        finally:
+            await store.close()
