@@ -188,7 +188,8 @@ class TurnRunner:
                 continue
             ctx.conv.add_assistant(reply.text, reply.tool_calls)
             if not reply.tool_calls:
-                await ctx.checkpoint()
+                # Queued too: the result, saved next, is awaited and commits after it.
+                await ctx.checkpoint(queued=True)
                 # Checked after the last await: nothing can slip in between this and the
                 # result (the supervisor refuses messages once the result is set).
                 if ctx.has_unread_steer():
