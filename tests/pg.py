@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from turnkeeper.store.postgres import PostgresStore
+
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -130,3 +132,21 @@ class CuttableProxy:
 
     async def close(self) -> None:
         await self.cut()
+
+
+class FreshPostgresStore(PostgresStore):
+    """The PostgreSQL store on a database of its own, created on open and dropped on
+    close: each test starts from an empty one."""
+
+    def __init__(self) -> None:
+        super().__init__("postgresql://unset/")
+
+    async def open(self) -> None:
+        self.url = await create_database()
+        await super().open()
+
+    async def close(self) -> None:
+        await super().close()
+        if self.url != "postgresql://unset/":
+            await drop_database(self.url)
+            self.url = "postgresql://unset/"

@@ -1,5 +1,6 @@
 """A turn's checkpoint queued, not awaited (`queue_turn`), and the writer's queue that
-carries it: on SQLite (a real file, its writer task running) and the memory store.
+carries it: on SQLite (a real file, its writer task running), PostgreSQL (a fresh
+database on the test server) and the memory store.
 
 A queued checkpoint commits in order before any later write of its turn; one that a
 newer checkpoint of the turn supersedes before its commit is dropped and its message
@@ -15,18 +16,23 @@ from typing import Any
 
 import anyio
 import pytest
+from tests.pg import FreshPostgresStore
 
 from turnkeeper.events import Event
 from turnkeeper.store.base import MessageRows, QueuesTurns
 from turnkeeper.store.memory import MemoryStore
+from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.sqlite import SQLiteStore
 
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),
     "memory": lambda tmp: MemoryStore(),
+    "postgres": lambda tmp: FreshPostgresStore(),
 }
 
 pytestmark = pytest.mark.anyio
+
+Queueing = SQLiteStore | MemoryStore | PostgresStore
 
 
 @pytest.fixture
@@ -36,7 +42,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(params=sorted(BACKENDS))
 async def store(request: pytest.FixtureRequest, tmp_path: Path
-                ) -> AsyncIterator[SQLiteStore | MemoryStore]:
+                ) -> AsyncIterator[Queueing]:
     backend = BACKENDS[request.param](tmp_path)
     await backend.open()
     async with anyio.create_task_group() as tg:
@@ -66,12 +72,12 @@ def contents(cp: dict[str, Any] | None) -> list[str]:
     return [m["content"] for m in cp["conversation"]["messages"]]
 
 
-async def test_both_stores_queue_checkpoints(store: SQLiteStore | MemoryStore) -> None:
+async def test_every_store_queues_checkpoints(store: Queueing) -> None:
     assert isinstance(store, QueuesTurns)
 
 
 async def test_a_queued_checkpoint_is_stored_by_the_next_durable_write(
-        store: SQLiteStore | MemoryStore) -> None:
+        store: Queueing) -> None:
     await store.insert_turn(record("queued", 1.0), {})
     assert store.queue_turn(record("running", 2.0), checkpoint(2, 1),
                             messages=rows(0, "task", "step 1"))
@@ -83,20 +89,20 @@ async def test_a_queued_checkpoint_is_stored_by_the_next_durable_write(
 
 
 async def test_a_superseded_checkpoint_is_dropped_and_its_rows_go_with_the_newer_one(
-        store: SQLiteStore | MemoryStore) -> None:
+        store: Queueing) -> None:
     await store.insert_turn(record("queued", 1.0), {})
     # No await between them: the writer cannot take the first before the second comes.
     store.queue_turn(record("running", 2.0), checkpoint(2, 1), messages=rows(0, "a", "b"))
     store.queue_turn(record("running", 3.0), checkpoint(3, 2), messages=rows(2, "c"))
     await store.save_turn(record("running", 4.0), checkpoint(4, 3), messages=rows(3, "d"))
-    if isinstance(store, SQLiteStore):
+    if not isinstance(store, MemoryStore):
         assert store.superseded == 2
     cp = await store.get_checkpoint("t_a")
     assert cp is not None and cp["step"] == 3 and contents(cp) == ["a", "b", "c", "d"]
 
 
 async def test_a_queued_checkpoint_commits_before_a_later_write_of_its_turn(
-        store: SQLiteStore | MemoryStore) -> None:
+        store: Queueing) -> None:
     await store.insert_turn(record("queued", 1.0), {})
     store.queue_turn(record("running", 2.0), checkpoint(1, 1), messages=rows(0, "task"))
     message = {"kind": "steer", "text": "left", "redirect": False, "at": 3.0}
@@ -109,7 +115,7 @@ async def test_a_queued_checkpoint_commits_before_a_later_write_of_its_turn(
 
 
 async def test_a_record_only_write_does_not_supersede_a_queued_checkpoint(
-        store: SQLiteStore | MemoryStore) -> None:
+        store: Queueing) -> None:
     await store.insert_turn(record("queued", 1.0), {})
     store.queue_turn(record("running", 2.0), checkpoint(1, 1), messages=rows(0, "task"))
     await store.save_turn({**record("completed", 3.0), "result": {"status": "completed"}})

@@ -19,34 +19,14 @@ from typing import Any
 
 import anyio
 import pytest
-from tests.pg import create_database, drop_database
+from tests.pg import FreshPostgresStore
 
 import turnkeeper
 from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.store.base import MessageRows, Store, StoreError, rows_of
 from turnkeeper.store.memory import MemoryStore
-from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.sqlite import SQLiteStore
-
-
-class FreshPostgresStore(PostgresStore):
-    """The PostgreSQL store on a database of its own, created on open and dropped on
-    close: each test starts from an empty one."""
-
-    def __init__(self) -> None:
-        super().__init__("postgresql://unset/")
-
-    async def open(self) -> None:
-        self.url = await create_database()
-        await super().open()
-
-    async def close(self) -> None:
-        await super().close()
-        if self.url != "postgresql://unset/":
-            await drop_database(self.url)
-            self.url = "postgresql://unset/"
-
 
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),

@@ -172,19 +172,35 @@ class PostgresStore(PostgresFleet):
         while its claim's epoch is still the turn's (StaleLease otherwise, nothing
         written)."""
         turn_id = record["id"]
-        epoch = self._fence(turn_id)
-        ops: list[Op] = [TurnUpdate(
-            turn_id, record["state"], record["updated_at"], dumps(record),
-            _stop_code(record), None if checkpoint is None else dumps(checkpoint),
-            None if epoch is None else self.node_id, epoch),
-            *_message_statements(turn_id, messages), *map(self._event_op, events)]
+        ops: list[Op] = [self._turn_update(record, checkpoint),
+                         *_message_statements(turn_id, messages), *map(self._event_op, events)]
         if record["state"] in TERMINAL_STATES:
             # Its end takes the turn's mail (a cancel waits there until now: see
             # `append_message`), in its transaction, and only if the claim holds.
             ops.append(("DELETE FROM mail WHERE turn = $1", (turn_id,)))
-        await self._write(ops)
+        await self._write(ops, supersedes=None if checkpoint is None else turn_id)
         if record["state"] in TERMINAL_STATES:
             self.claims.pop(turn_id, None)
+
+    def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                   messages: MessageRows | None = None) -> bool:
+        """`save_turn` of a record and checkpoint, queued and not awaited (the rules are
+        `QueuesTurns`' in the store interface): it commits with the next durable write,
+        before any later write of the turn, and a newer checkpoint of the turn arriving
+        first drops it. Fenced like `save_turn`: a turn this node lost raises StaleLease
+        here; one lost while it waits is refused in its commit, and the turn's next
+        awaited write hears it. False when the store takes no more writes."""
+        return self._enqueue_turn(record["id"], [
+            self._turn_update(record, checkpoint),
+            *_message_statements(record["id"], messages)])
+
+    def _turn_update(self, record: dict[str, Any], checkpoint: dict[str, Any] | None
+                     ) -> TurnUpdate:
+        """The turn's row, fenced by this node's claim when it holds the turn."""
+        epoch = self._fence(record["id"])
+        return TurnUpdate(record["id"], record["state"], record["updated_at"], dumps(record),
+                          _stop_code(record), None if checkpoint is None else dumps(checkpoint),
+                          None if epoch is None else self.node_id, epoch)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = (),
@@ -228,7 +244,7 @@ class PostgresStore(PostgresFleet):
     def append_event(self, event: Event) -> None:
         if event.turn is not None and event.turn in self.lost:
             return  # a turn another node now runs: its events are that node's
-        self._enqueue([self._event_op(event)])
+        self._enqueue_event(self._event_op(event))
 
     def _event_op(self, event: Event) -> Op:
         """An event row; one of a claimed turn is written only while the claim holds."""
