@@ -399,3 +399,15 @@ def test_a_second_daemon_on_the_same_socket_refuses_to_start(start: Any) -> None
     # The state directory's lock or the socket: whichever start-up meets first.
     assert "another turnkeeper" in other.stderr
     assert d.get("/v1/status")[0] == 200
+
+
+def test_the_daemon_serves_with_the_tuned_gc_thresholds(start: Any) -> None:
+    """A serving daemon's cyclic collector runs at `GC_THRESHOLD`, not CPython's default
+    (700, 10, 10): its ready line says what the process itself reports."""
+    from turnkeeper.daemon import GC_THRESHOLD
+
+    d = start()
+    ready = [r for r in d.log_records() if r.get("event") == "daemon.ready"]
+    assert len(ready) == 1
+    assert tuple(ready[0]["gc_threshold"]) == GC_THRESHOLD
+    assert GC_THRESHOLD[0] > 700
