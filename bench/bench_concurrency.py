@@ -15,6 +15,7 @@ daemon is overloaded (503) is sent again after its Retry-After; the refusals are
 
     python bench/bench_concurrency.py [--turns 5000] [--steps 3] [--latency 0.2]
                                       [--submit single|batch] [--batch 100]
+                                      [--profile FILE]
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--submit", choices=("single", "batch"), default="single")
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--profile", metavar="FILE", help="run the daemon under cProfile, its "
+                    "statistics written to FILE (`python -m pstats FILE`)")
     args = ap.parse_args()
     batch = 1 if args.submit == "single" else max(1, args.batch)
     try:
@@ -217,7 +220,9 @@ def main() -> None:
     d: Daemon | None = None
     try:
         asyncio.run(wait_port(port))
+        model_cpu0 = cpu_s(model.pid)
         bare_s, bare_cpu, bare_lags = asyncio.run(bare(port, args.turns, args.steps))
+        model_cpu_bare = cpu_s(model.pid) - model_cpu0
         d = Daemon(tmp, f"""
 [daemon]
 max_concurrent_turns = {args.turns}
@@ -240,12 +245,15 @@ timeout = 120.0
 name = "echo"
 kind = "echo"
 idempotent = true
-""")
+""", env={"TURNKEEPER_PROFILE": str(Path(args.profile).resolve())} if args.profile else None)
         d.start()
         assert d.proc is not None
         idle_kb = rss_kb(d.proc.pid, "VmRSS")
         cpu0 = cpu_s(d.proc.pid)
+        client_cpu0, model_cpu0 = time.process_time(), cpu_s(model.pid)
         res = asyncio.run(through_daemon(d, args.turns, batch))
+        client_cpu = time.process_time() - client_cpu0
+        model_cpu = cpu_s(model.pid) - model_cpu0
         overload = d.get("/v1/status")[1].get("overload", {})
         daemon_cpu = cpu_s(d.proc.pid) - cpu0
         peak_kb = rss_kb(d.proc.pid, "VmHWM")
@@ -267,6 +275,9 @@ idempotent = true
               f"{daemon_cpu:.2f} s ({daemon_cpu / calls * 1e3:.3f} ms/step), ratio "
               f"{daemon_cpu / bare_cpu:.2f}x (the daemon's includes the control socket: "
               f"submits, the /v1/events stream, status probes)")
+        print(f"  other CPU: model server {model_cpu_bare:.2f} s (bare run), {model_cpu:.2f} s "
+              f"(daemon run); this client in the daemon run {client_cpu:.2f} s (submits, "
+              f"the event stream, probes)")
         print(f"  status latency under load p50 {res['status_p50_ms']:.1f} ms, p99 "
               f"{res['status_p99_ms']:.1f} ms")
         print(f"  event-loop lag, daemon   {res['lag']}")

@@ -7,7 +7,9 @@ then READY=1. Signals only enqueue; one loop dispatches them (as gunicorn's arbi
 
 from __future__ import annotations
 
+import cProfile
 import gc
+import os
 import signal
 import sys
 from pathlib import Path
@@ -187,6 +189,22 @@ async def _watch(sup: Supervisor, path: Path) -> None:
     await watch_config(path, on_change, initial_hash=sup.policy.content_hash or None)
 
 
+def _run(policy: Policy, config_path: str | None, control: Path) -> None:
+    """The event loop until the daemon stops. With TURNKEEPER_PROFILE=FILE set, under
+    cProfile, its statistics written to FILE at the stop (for `python -m pstats`)."""
+    profile_to = os.environ.get("TURNKEEPER_PROFILE")
+    profiler = cProfile.Profile() if profile_to else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        anyio.run(_serve, policy, config_path, control, backend="asyncio",
+                  backend_options={"use_uvloop": True})
+    finally:
+        if profiler is not None and profile_to:
+            profiler.disable()
+            profiler.dump_stats(profile_to)
+
+
 def serve(config_option: str | None, socket_option: str | None = None) -> int:
     config_path = config_path_from_env(config_option)
     try:
@@ -200,9 +218,7 @@ def serve(config_option: str | None, socket_option: str | None = None) -> int:
     policy = Policy(version=1, config=config, source_path=config_path, content_hash=digest)
     tune_gc()
     try:
-        anyio.run(_serve, policy, config_path, socket_path(config, socket_option),
-                  backend="asyncio",
-                  backend_options={"use_uvloop": True})
+        _run(policy, config_path, socket_path(config, socket_option))
     except BootError as exc:
         log.error("daemon.boot_failed", error=str(exc), exit_code=exc.exit_code)
         print(f"turnkeeper: {exc}", file=sys.stderr)
