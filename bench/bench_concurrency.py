@@ -7,7 +7,11 @@ per step against the bare loop's per call, control-socket latency under load (a
 `GET /v1/status` every 50 ms: p50/p99), the daemon's event-loop lag during the run
 (p50/p99 from its /metrics histogram, read before and after) against the bare loop's own
 lag (the daemon's probe, run on the bare loop and put in the same buckets), peak RSS per
-turn (VmHWM over the idle RSS).
+turn (VmHWM over the idle RSS), and the CPU the model server and this client used (a run
+slowed by a starved machine shows there, not in the daemon's CPU).
+
+`--profile FILE` runs the daemon under cProfile (TURNKEEPER_PROFILE): read it with
+`python -m pstats FILE` (the profiler slows the daemon: its figures are not comparable).
 
 Submits go one per request (`--submit single`, 100 at a time) or as JSON lists of
 `--batch` turns (`--submit batch`, 10 requests at a time). A submit refused while the
