@@ -48,9 +48,10 @@ log = structlog.get_logger("turnkeeper.daemon")
 # messages, coroutine frames): at the default thresholds a generation-0 collection ran
 # every 700 of them and an older generation every 7,000 and 70,000, each walking more of
 # the live turns: under 5,000 concurrent turns, pauses of hundreds of milliseconds.
-# Measured with bench/bench_concurrency.py (5,000 turns x 3 steps, 200 ms model):
-# daemon CPU 1.95-2.08 ms a step instead of 2.28-2.46, event-loop lag p99 250-300 ms
-# instead of 500-750, `status` p99 298-343 ms instead of 541-596.
+# Measured with bench/bench_concurrency.py (5,000 turns x 3 steps, 200 ms model; two
+# rounds of each, alternating, on 2 busy shared cores): daemon CPU 0.79-0.87 ms a step
+# instead of 1.05-1.12 (-22%), event-loop lag p99 <= 200-750 ms instead of <= 400-750,
+# `status` p99 217-654 ms instead of 477-920.
 GC_THRESHOLD = (10_000, 20, 100)
 
 
