@@ -1,16 +1,22 @@
-"""When a node renews its leases, and when it must consider them lost.
+"""When a node renews its leases, when they have lapsed, and what a renewal tells it.
 
 A node holds its claimed turns under a lease of `lease_s` seconds, counted by the
 database from each renewal. The node cannot read the database's clock, but it knows a
 lower bound: a renewal the database accepted was made after the node sent it, so the
 lease runs at least until `sent_at + lease_s` on the node's own monotonic clock.
 
-The node considers its leases lost a `margin_s` before that bound: it stops its turns
-(no write, no effect) while they are still its own, so that another node, which may
-claim them only once the database sees them expired, never runs a turn this one still
-runs. The margin covers the difference between the two clocks' rates and the time the
-node takes to stop. Renewals come every `renew_every_s`, a third of the lease by
-default: two can fail (a restarting database) before the lease is lost.
+The node considers its leases lapsed a `margin_s` before that bound. A lapsed lease is
+not a lost claim: the database lets another node claim the turns from then on, but until
+one does, the claim (its epoch) is still this node's, and the next renewal that reaches
+the database takes it again. So while the lease is lapsed (the database unreachable
+for longer than a lease, or the node paused) the node sends no non-idempotent call: such
+a call waits for a renewal to confirm the lease. Everything else may go on, since every
+write of a claimed turn names its epoch and the database refuses it once another node
+took the turn (StaleLease). A renewal's answer sorts the held turns: the ones renewed
+under the epoch the node holds are kept, the others are lost and given up without a
+write or a call. The margin covers the difference between the two clocks' rates and the
+time a call takes to leave. Renewals come every `renew_every_s`, a third of the lease by
+default: two can fail (a restarting database) before the lease lapses.
 """
 
 from __future__ import annotations
@@ -36,9 +42,6 @@ class LeaseTiming:
         (local monotonic) is still this node's for sure, the margin taken off."""
         return sent_at + self.lease_s - self.margin_s
 
-    def lost(self, valid_until: float, now: float) -> bool:
-        return now >= valid_until
-
     def next_renewal(self, last_sent_at: float) -> float:
         return last_sent_at + self.renew_every_s
 
@@ -46,10 +49,13 @@ class LeaseTiming:
 @dataclass(frozen=True, slots=True)
 class RenewalOutcome:
     """What a renewal tells the node: the turns it still holds and those it lost (another
-    node claimed them after they expired, or they ended)."""
+    node claimed them after they expired, or they ended); `confirmed`: the answer came
+    in time for the renewed leases to count (a late one keeps and loses turns all the
+    same, but the lease stays lapsed until the next renewal)."""
 
     kept: frozenset[str]
     lost: frozenset[str]
+    confirmed: bool = True
 
 
 def sort_renewal(held: dict[str, int], renewed: dict[str, int]) -> RenewalOutcome:
@@ -57,3 +63,40 @@ def sort_renewal(held: dict[str, int], renewed: dict[str, int]) -> RenewalOutcom
     for this node. A turn renewed under another epoch is not the claim the node holds."""
     kept = frozenset(t for t, epoch in held.items() if renewed.get(t) == epoch)
     return RenewalOutcome(kept=kept, lost=frozenset(held) - kept)
+
+
+@dataclass(slots=True)
+class Lease:
+    """The node's leases as the node knows them: valid until `valid_until` (local
+    monotonic), lapsed from then until a renewal that answers in time. Pure: the caller
+    passes the clock's readings."""
+
+    timing: LeaseTiming
+    valid_until: float
+
+    @classmethod
+    def starting(cls, timing: LeaseTiming, now: float) -> Lease:
+        """A node that holds nothing yet: its first claims start their leases."""
+        return cls(timing=timing, valid_until=timing.valid_until(now))
+
+    def lapsed(self, now: float) -> bool:
+        """No renewal confirmed the leases in time: another node may claim the turns, so
+        no non-idempotent call may be sent until a renewal confirms them again."""
+        return now >= self.valid_until
+
+    def after_claim(self, sent_at: float) -> None:
+        """A claim sent at `sent_at` gave the node the only turns it holds: their leases
+        count from then."""
+        self.valid_until = self.timing.valid_until(sent_at)
+
+    def after_renewal(self, held: dict[str, int], renewed: dict[str, int], *,
+                      sent_at: float, now: float) -> RenewalOutcome:
+        """A renewal sent at `sent_at` answered `renewed` at `now`. Turns missing from it,
+        or renewed under another epoch, are lost whenever the answer came; the leases
+        count from `sent_at` only if the answer came before that lease lapsed."""
+        outcome = sort_renewal(held, renewed)
+        until = self.timing.valid_until(sent_at)
+        if now >= until:
+            return RenewalOutcome(kept=outcome.kept, lost=outcome.lost, confirmed=False)
+        self.valid_until = until
+        return outcome

@@ -157,15 +157,19 @@ class PostgresFleet(PostgresConnection):
         """Take up to `limit` runnable turns, oldest first, that no live node holds: each
         gets a lease and a new epoch. A session's turns are taken in order: a turn is not
         taken while an earlier unfinished turn of its session is held elsewhere or not
-        held at all (this node's local scheduler orders the ones it holds)."""
+        held at all (this node's local scheduler orders the ones it holds). A turn this
+        node holds is never taken again, even with its lease expired at the database:
+        that claim is the renewal's to re-take, under the epoch the node's writes carry."""
         if limit <= 0:
             return []
+        held = list(self.claims)
 
         async def take(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
             async with conn.transaction():
                 turns = await conn.fetch(
                     "WITH c AS (SELECT t.id FROM turns t WHERE t.state NOT IN"
                     f" {TERMINAL_SQL} AND (t.owner IS NULL OR t.lease_until < now())"
+                    " AND NOT t.id = ANY($4::text[])"
                     " AND NOT EXISTS (SELECT 1 FROM turns e WHERE e.session = t.session"
                     f" AND e.seq < t.seq AND e.state NOT IN {TERMINAL_SQL}"
                     " AND e.owner IS DISTINCT FROM $1)"
@@ -173,7 +177,7 @@ class PostgresFleet(PostgresConnection):
                     " UPDATE turns t SET owner = $1, epoch = t.epoch + 1,"
                     " lease_until = now() + make_interval(secs => $3) FROM c"
                     " WHERE t.id = c.id RETURNING t.id, t.seq, t.epoch, t.record,"
-                    " t.checkpoint", self.node_id, limit, self.lease_s)
+                    " t.checkpoint", self.node_id, limit, self.lease_s, held)
                 if not turns:
                     return [], []
                 rows = await conn.fetch(
@@ -198,17 +202,22 @@ class PostgresFleet(PostgresConnection):
 
     async def renew(self) -> dict[str, int]:
         """Extend the lease of every turn this node holds, and beat the node's heartbeat:
-        turn -> epoch of the claims the database renewed (a turn missing is lost)."""
-        held = list(self.claims)
+        turn -> epoch of the claims the database renewed (a turn missing is lost). A
+        claim is renewed only under the epoch the node holds, and then even after its
+        lease expired at the database (the database was unreachable, the node paused):
+        no other node claimed the turn meanwhile, so it is still this node's to run."""
+        held = dict(self.claims)
 
         async def beat(conn: Conn) -> list[asyncpg.Record]:
             async with conn.transaction():
                 await conn.execute("UPDATE nodes SET heartbeat_at = now(), turns = $2"
                                    " WHERE node_id = $1", self.node_id, len(held))
                 return await conn.fetch(
-                    "UPDATE turns SET lease_until = now() + make_interval(secs => $3)"
-                    " WHERE owner = $1 AND id = ANY($2::text[]) RETURNING id, epoch",
-                    self.node_id, held, self.lease_s)
+                    "UPDATE turns t SET lease_until = now() + make_interval(secs => $4)"
+                    " FROM unnest($2::text[], $3::bigint[]) AS h(id, epoch)"
+                    " WHERE t.id = h.id AND t.epoch = h.epoch AND t.owner = $1"
+                    " RETURNING t.id, t.epoch",
+                    self.node_id, list(held), list(held.values()), self.lease_s)
 
         return {r["id"]: r["epoch"] for r in await self._read(beat)}
 

@@ -4,15 +4,18 @@ A node runs only the turns it claimed. The claim loop takes runnable turns up to
 node's free slots (oldest first; the store keeps a session's turns in order across the
 fleet) when a turn is submitted here, when a slot frees, and every second, so a turn
 submitted on another node, or handed back by one, is picked up within a second. Each
-claim is a lease the heartbeat renews every third of `lease_seconds`; when renewals fail
+claim is a lease the heartbeat renews every third of `lease_seconds`. When renewals fail
 for too long (`policy/lease.py` says when, a margin before the lease can expire at the
-database) or the database reports a turn held by another node, the node abandons those
-turns: it writes nothing more for them and sends no call; the store refuses any write
-that still comes (StaleLease). A clean stop suspends the running turns as a reload would
-and hands every held turn back at once; a node that dies loses its turns when their
-leases expire, and the node that claims one resumes it from its last checkpoint with the
-crash rules (an idempotent call sent again with its key, a non-idempotent one in flight
-reported as outcome unknown, never sent again).
+database), the lease has lapsed: the node's turns go on, but a non-idempotent call waits
+(neither sent nor failed) until a renewal confirms the lease, and the heartbeat keeps
+trying. A renewal re-takes every claim whose epoch is still the turn's (no other node
+claimed it meanwhile); the turns the database reports held by another node are
+abandoned: the node writes nothing more for them and sends no call; the store refuses
+any write that still comes (StaleLease). A clean stop suspends the running turns as a
+reload would and hands every held turn back at once; a node that dies loses its turns
+when their leases expire, and the node that claims one resumes it from its last
+checkpoint with the crash rules (an idempotent call sent again with its key, a
+non-idempotent one in flight reported as outcome unknown, never sent again).
 """
 
 from __future__ import annotations
@@ -22,12 +25,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from turnkeeper import event_types as ev
-from turnkeeper.policy.lease import LeaseTiming, sort_renewal
+from turnkeeper.policy.lease import Lease, LeaseTiming
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
-from turnkeeper.store.fleet import CHANNEL_BREAKERS, CHANNEL_MAIL, FleetStore, MailTaken
-from turnkeeper.supervisor.core import LiveTurn, NotWaiting, TurnFinished
+from turnkeeper.store.fleet import (
+    CHANNEL_BREAKERS,
+    CHANNEL_MAIL,
+    FleetStore,
+    StaleLease,
+)
+from turnkeeper.supervisor.core import LiveTurn
+from turnkeeper.supervisor.fleet_mail import FleetMail
 from turnkeeper.turn.record import TurnRecord
 
 if TYPE_CHECKING:
@@ -47,9 +55,11 @@ class Fleet:
         self._claim_lock = anyio.Lock()
         self._stopping = False
         self._mail_due = False
+        self.mail = FleetMail(core, store)
         self._breakers_due = False
         self._breakers_shared: dict[str, float] = {}  # name -> open until (local clock)
-        self._valid_until = core.clock.monotonic() + self.timing.lease_s
+        self.lease = Lease.starting(self.timing, core.clock.monotonic())
+        self._renewed = anyio.Event()  # set (and replaced) by each confirming renewal
         self.claimed_total = 0
         self.lost_total = 0
         self.released_total = 0
@@ -75,9 +85,10 @@ class Fleet:
             {**n, "heartbeat_age_s": round(max(0.0, wall - n["heartbeat_at"]), 3)}
             for n in self._nodes]
         # The last renewal (or first claim) was sent when the leases' validity began.
-        renewed = self._valid_until - self.timing.valid_until(0.0)
+        renewed = self.lease.valid_until - self.timing.valid_until(0.0)
         return {"node_id": self.node_id, "lease_seconds": self.timing.lease_s,
                 "lease_renewed_s_ago": round(max(0.0, now - renewed), 3),
+                "lease_lapsed": self.lease.lapsed(now),
                 "held": len(self.store.claims), "claimed": self.claimed_total,
                 "lost": self.lost_total, "released": self.released_total,
                 "nodes": nodes,
@@ -118,7 +129,7 @@ class Fleet:
             # missed while the listener reconnected): not at each submit or freed slot.
             if core.state != "stopping" and (tick.cancelled_caught or self._mail_due):
                 self._mail_due = False
-                await self.deliver_mail()
+                await self.mail.deliver()
             if core.state != "stopping":
                 await self.share_breakers(read=tick.cancelled_caught or self._breakers_due)
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
@@ -141,7 +152,7 @@ class Fleet:
                 return 0
             if claimed and not self.store.claims.keys() - {c.record["id"] for c in claimed}:
                 # The only claims held are these: their leases count from now.
-                self._valid_until = self.timing.valid_until(sent_at)
+                self.lease.after_claim(sent_at)
             for c in claimed:
                 record = TurnRecord.from_json(c.record)
                 if record.state != TurnState.QUEUED:
@@ -210,86 +221,6 @@ class Fleet:
                 log.warning("fleet.breaker_opened_by_peer", node=self.node_id,
                             breaker=name, open_for_s=round(left, 3))
 
-    # -- messages for turns held elsewhere --------------------------------------------
-
-    async def send_message(self, turn_id: str, data: dict[str, Any], *, kind: str, text: str,
-                           redirect: bool) -> dict[str, Any]:
-        """A steer or an answer for a turn this node does not run: durable mail the node
-        holding it (or the next one to claim it) applies within a second."""
-        if data.get("result") is not None or TurnState(data["state"]).terminal:
-            raise TurnFinished(turn_id)
-        if kind == "answer" and data.get("question") is None:
-            raise NotWaiting(f"turn {turn_id} is {data['state']} and asked no question; "
-                             "send a steer instead")
-        await self.store.post_mail(turn_id, "message", {"kind": kind, "text": text,
-                                                        "redirect": redirect})
-        return {"turn": turn_id, "accepted": kind}
-
-    async def send_cancel(self, turn_id: str, data: dict[str, Any], *, now: bool
-                          ) -> dict[str, Any]:
-        if data.get("result") is not None or TurnState(data["state"]).terminal:
-            return {"turn": turn_id, "state": data["state"]}
-        await self.store.post_mail(turn_id, "cancel", {"now": now})
-        return {"turn": turn_id, "state": "cancelling"}
-
-    async def deliver_mail(self) -> None:
-        """Apply the mail for the turns this node holds, each exactly once, even across a
-        crash: a message is taken from the mailbox in the transaction that adds it to the
-        turn's stored inbox; a cancel stays in the mailbox until the turn's end commits
-        (which takes it), so a node that dies first leaves it for the next holder."""
-        core = self.core
-        try:
-            mail = await self.store.pending_mail()
-        except StoreError as exc:
-            log.warning("fleet.mail_failed", node=self.node_id, error=str(exc))
-            return
-        for mail_id, turn_id, kind, body in mail:
-            live = core.live.get(turn_id)
-            if live is None or turn_id not in self.store.claims:
-                continue
-            try:
-                if kind == "cancel":  # kept until the turn's end takes it: once a run
-                    now = bool(body.get("now"))
-                    if not live.control.cancel_requested or (
-                            now and not live.control.cancel_now):
-                        log.info("fleet.cancel_applied", node=self.node_id, turn=turn_id)
-                        await core.intake.cancel(turn_id, now=now)
-                else:
-                    await self._apply(live, mail_id, body)
-            except StoreError as exc:
-                log.warning("fleet.mail_failed", node=self.node_id, turn=turn_id,
-                            error=str(exc))
-
-    async def _apply(self, live: LiveTurn, mail_id: int, body: dict[str, Any]) -> None:
-        core = self.core
-        record = live.record
-        kind, text, redirect = str(body["kind"]), str(body["text"]), bool(body["redirect"])
-        if record.result is not None or record.terminal or (
-                kind == "answer" and record.question is None):
-            log.warning("fleet.mail_dropped", node=self.node_id, turn=record.id, kind=kind,
-                        state=record.state)
-            await self.store.drop_mail(mail_id)
-            return
-        now = core.clock.time()
-        message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
-        record.inbox.append(message)
-        record.updated_at = now
-        event = core.bus.prepare(ev.TurnMessage(kind=kind, text=text[:2000],
-                                                redirect=redirect), turn=record.id)
-        try:
-            await self.store.append_message(record.id, message, updated_at=now,
-                                            events=[event], mail_id=mail_id)
-        except StoreError as exc:  # not written: the mail is applied later, or was already
-            if message in record.inbox:
-                record.inbox.remove(message)
-            if isinstance(exc, MailTaken):
-                return
-            raise
-        core.bus.deliver(event)
-        log.info("turn.message", turn=record.id, kind=kind, redirect=redirect,
-                 node=self.node_id, via="mail")
-        live.control.message_arrived(redirect=redirect)
-
     # -- leases ---------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
@@ -299,9 +230,13 @@ class Fleet:
             await core.clock.sleep(timing.renew_every_s)
             if self._stopping:
                 return
-            if timing.lost(self._valid_until, core.clock.monotonic()):
-                # Paused (SIGSTOP, a long GC) or the database silent past the lease.
-                self.abandon(list(self.store.claims), reason="lease expired")
+            if self.lease.lapsed(core.clock.monotonic()) and self.store.claims:
+                # Paused (SIGSTOP, a long GC) or the database silent past the lease: the
+                # claims hold until another node takes a turn, and the next renewal
+                # that reaches the database re-takes the rest. Meanwhile no
+                # non-idempotent call leaves (`confirm_lease`).
+                log.warning("fleet.lease_lapsed", node=self.node_id,
+                            turns=len(self.store.claims))
             held = dict(self.store.claims)
             sent_at = core.clock.monotonic()
             renewed: dict[str, int] | None = None
@@ -312,15 +247,38 @@ class Fleet:
                     log.warning("fleet.renew_failed", node=self.node_id, error=str(exc))
             if renewed is None:
                 continue
-            if timing.lost(timing.valid_until(sent_at), core.clock.monotonic()):
-                continue  # the answer came too late to count on
-            self._valid_until = timing.valid_until(sent_at)
             # Turns that ended while the renewal ran are no longer held: not lost.
             still = {t: e for t, e in held.items() if self.store.claims.get(t) == e}
-            outcome = sort_renewal(still, renewed)
+            outcome = self.lease.after_renewal(still, renewed, sent_at=sent_at,
+                                               now=core.clock.monotonic())
             if outcome.lost:
                 self.abandon(outcome.lost, reason="claimed by another node")
+            if outcome.confirmed:
+                self._renewed.set()
+                self._renewed = anyio.Event()
             await self.share_budgets()
+
+    async def confirm_lease(self, turn_id: str) -> None:
+        """Before a non-idempotent call of `turn_id` is sent: wait while the lease has
+        lapsed, until a renewal confirms it (the call is neither sent nor failed
+        meanwhile). StaleLease when the renewal finds the turn taken by another node."""
+        core = self.core
+        waited = False
+        while True:
+            if turn_id in self.store.lost:
+                raise StaleLease(f"turn {turn_id}: node {self.node_id} lost its claim;"
+                                 " the call is not sent")
+            if turn_id not in self.store.claims or not self.lease.lapsed(
+                    core.clock.monotonic()):
+                if waited:
+                    log.info("fleet.lease_confirmed", node=self.node_id, turn=turn_id)
+                return
+            if not waited:
+                waited = True
+                log.info("fleet.call_waits_for_lease", node=self.node_id, turn=turn_id)
+            renewed = self._renewed
+            with core.clock.move_on_after(self.timing.renew_every_s):
+                await renewed.wait()
 
     async def share_budgets(self) -> None:
         """Each heartbeat: this node's retry budget counts out, the other nodes' in, so a

@@ -262,8 +262,8 @@ class Intake:
             if data is None:
                 raise UnknownTurn(turn_id)
             if core.fleet is not None:  # run by another node, or by none yet: mail it
-                return await core.fleet.send_message(turn_id, data, kind=kind, text=text,
-                                                     redirect=redirect)
+                return await core.fleet.mail.send_message(turn_id, data, kind=kind,
+                                                          text=text, redirect=redirect)
             raise TurnFinished(turn_id)
         record = live.record
         if record.result is not None or record.terminal:
@@ -297,7 +297,7 @@ class Intake:
             if data is None:
                 raise UnknownTurn(turn_id)
             if core.fleet is not None:  # run by another node, or by none yet: mail it
-                return await core.fleet.send_cancel(turn_id, data, now=now)
+                return await core.fleet.mail.send_cancel(turn_id, data, now=now)
             return {"turn": turn_id, "state": data["state"]}
         if live.running:
             live.control.cancel(now=now)

@@ -108,6 +108,9 @@ class Scheduling:
             control = live.control
             control.release_slot = lambda: self.release_slot(live)
             control.acquire_slot = lambda: self.acquire_slot(live)
+            fleet = core.fleet
+            if fleet is not None:
+                control.confirm_lease = lambda: fleet.confirm_lease(record.id)
             runner = TurnRunner(record, live.control, runtime=core.runtime,
                                 shared=core.shared, store=core.store, bus=core.bus,
                                 clock=core.clock, checkpoint=live.checkpoint,
@@ -127,6 +130,8 @@ class Scheduling:
             await self.finish(live, result)
         except StaleLease as exc:  # another node holds it now: nothing more is ours
             core.live.pop(record.id, None)
+            if core.fleet is not None:  # nor its claim: renewals stop holding it
+                core.fleet.abandon([record.id], reason="write refused")
             log.warning("turn.lease_lost", turn=record.id, error=str(exc))
         except Exception as exc:  # the store failed under us: the turn stays resumable
             log.error("turn.supervisor_error", turn=record.id,
