@@ -157,6 +157,28 @@ async def test_renew_reports_lost_claims_and_abandon_refuses_writes_locally(
         await a.save_turn(record("t_1"), {})
 
 
+async def test_after_an_outage_renew_retakes_the_claims_whose_epoch_is_still_ours(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for i in range(3):
+        await a.insert_turn(record(f"t_{i}"), {})
+    held = {c.record["id"]: c.epoch for c in await a.claim(3)}
+    for i in range(3):  # the database was unreachable past every lease
+        await expire(db, f"t_{i}")
+    # The node itself never claims anew a turn it holds (that would change the epoch
+    # its own writes carry); another node may take an expired one.
+    assert await a.claim(3) == []
+    [taken] = await b.claim(1)
+    assert taken.record["id"] == "t_0"
+    renewed = await a.renew()
+    assert renewed == {"t_1": held["t_1"], "t_2": held["t_2"]}
+    # Re-taken under the same epoch: the lease is live again, a call may be journalled.
+    await a.journal_intent("k", turn="t_1", tool="mail", arguments="{}",
+                           idempotent=False)
+    await a.save_turn({**record("t_1"), "state": "running"}, {"step": 1})
+    assert await b.claim(3) == []
+
+
 async def test_release_hands_turns_back_at_once(nodes: list[PostgresStore]) -> None:
     a, b, _ = nodes
     for i in range(3):
