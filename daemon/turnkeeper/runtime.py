@@ -5,11 +5,12 @@ providers)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from turnkeeper.concurrency import ProviderGates
 from turnkeeper.config import Config, Policy, ProviderConfig, ProviderSecrets, ToolConfig
-from turnkeeper.policy.breaker import CircuitBreaker
+from turnkeeper.policy.breaker import BreakerChange, CircuitBreaker
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.providers.base import Provider
 from turnkeeper.providers.prices import priced
@@ -87,6 +88,13 @@ class Shared:
     # The config each breaker was made for: a provider or tool whose config changed is a
     # new peer (another URL, model or key), and starts with a closed breaker.
     _made_for: dict[str, ProviderConfig | ToolConfig] = field(default_factory=dict)
+    # Hears every breaker's changes (in a fleet: to share the streak), new ones too.
+    breaker_observer: Callable[[BreakerChange], None] | None = None
+
+    def observe_breakers(self, observer: Callable[[BreakerChange], None] | None) -> None:
+        self.breaker_observer = observer
+        for breaker in self.breakers.values():
+            breaker.observer = observer
 
     def apply(self, config: Config) -> None:
         """Create or reconfigure the breaker and retry budget of every provider and http
@@ -107,6 +115,7 @@ class Shared:
                 self.breakers[name] = CircuitBreaker(
                     name, failure_threshold=cb.failure_threshold, cooldown_s=cb.cooldown,
                     half_open_probes=cb.half_open_probes)
+                self.breakers[name].observer = self.breaker_observer
             else:
                 breaker.reconfigure(failure_threshold=cb.failure_threshold,
                                     cooldown_s=cb.cooldown,

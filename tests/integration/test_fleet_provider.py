@@ -39,7 +39,9 @@ def faults() -> Iterator[FaultServer]:
         server.stop()
 
 
-def node_config(faults: FaultServer, db: str, node: str) -> str:
+def node_config(faults: FaultServer, db: str, node: str, *, slots: int = SLOTS,
+                threshold: int = THRESHOLD, retry_delay: float = 0.01,
+                jitter: str = "full") -> str:
     providers = "".join(f"""
 [[providers]]
 name = "{name}"
@@ -51,7 +53,7 @@ timeout = 10.0
 """ for name in ("primary", "fallback"))
     return f"""
 [daemon]
-max_concurrent_turns = {SLOTS}
+max_concurrent_turns = {slots}
 max_queued_turns = 1000
 shutdown_timeout = 10.0
 
@@ -63,11 +65,12 @@ node_id = "{node}"
 lease_seconds = 6.0
 
 [retry]
-base_delay = 0.01
-max_delay = 0.04
+base_delay = {retry_delay}
+max_delay = {retry_delay * 4}
+jitter = "{jitter}"
 
 [circuit_breaker]
-failure_threshold = {THRESHOLD}
+failure_threshold = {threshold}
 cooldown = 600.0
 
 [[tools]]
@@ -165,3 +168,47 @@ def test_a_dead_primary_costs_a_fleet_of_three_no_more_attempts_than_one_daemon(
     assert all(" up " in line and "heartbeat" in line for line in rows_shown.values())
     assert "n2 *" in rows_shown["n2"]
     assert "breakers     primary OPEN" in shown
+
+
+def test_three_nodes_meeting_a_dead_primary_at_once_share_one_failure_streak(
+        tmp_path: Path, faults: FaultServer, db: str) -> None:
+    """The three nodes meet the outage at the same instant, each with its slots full, so
+    none can wait for another's opening. They add their failures to one streak in the
+    database, which opens the breaker for the fleet when the streak reaches the
+    threshold and tells every node at once (NOTIFY). So the primary gets at most what
+    one daemon with all the fleet's slots would send: THRESHOLD outcomes, plus the calls
+    on the wire when it opened (M - 1, M = 3 nodes x slots), plus 2 for the time a
+    failure takes to reach the database and the opening to come back. With a streak per
+    node, each node sends its own THRESHOLD (seen: 10, 12, 11 requests for one bound).
+    Retries wait 0.2 s at least here (decorrelated jitter; the defaults wait up to 0.5 s,
+    with full jitter): an opening reaches the other nodes after a commit and a NOTIFY, a
+    few milliseconds on a busy machine, and a retry sent sooner than that would be on
+    the wire before any node could know."""
+    slots, threshold = 2, 8
+    bound = threshold + 3 * slots - 1 + 2
+    faults.script("primary", then=fail(503))
+    faults.script("fallback", then=ok("done", delay=0.2, tool_steps=STEPS - 1))
+    daemons = [Daemon(tmp_path, node_config(faults, db, f"n{i}", slots=slots,
+                                            threshold=threshold, retry_delay=0.2,
+                                            jitter="decorrelated"),
+                      name=f"n{i}").start()
+               for i in range(3)]
+    try:
+        for d in daemons:
+            assert d.post("/v1/intake", {"open": False})[0] == 200
+        ids = [daemons[0].submit(f"first {i}")["id"] for i in range(3 * slots)]
+        for d in daemons:  # each claims its slots' worth and meets the outage
+            assert d.post("/v1/intake", {"open": True})[0] == 200
+        wait_open(daemons)
+        wait_finished(db, len(ids), timeout=180)
+    finally:
+        for d in daemons:
+            d.kill()
+    rows = query(db, "SELECT state, owner, record FROM turns")
+    assert collections.Counter(r["state"] for r in rows) == {"completed": 3 * slots}
+    assert {json.loads(r["record"])["provider"] for r in rows} == {"fallback"}
+    assert {r["owner"] for r in rows} == {"n0", "n1", "n2"}  # all three met it
+    print(f"primary requests: {faults.count('primary')} (bound {bound})")
+    assert threshold <= faults.count("primary") <= bound, faults.count("primary")
+    [(streak,)] = query(db, "SELECT failures FROM breakers WHERE name = 'provider:primary'")
+    assert streak >= threshold

@@ -13,7 +13,7 @@ import pytest
 from tests.pg import fresh_database
 
 from turnkeeper.events import Event
-from turnkeeper.store.fleet import MailTaken, StaleLease
+from turnkeeper.store.fleet import MailTaken, StaleLease, read_breaker_notice
 from turnkeeper.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
@@ -255,3 +255,42 @@ async def test_a_cancel_by_mail_stays_until_the_turns_end_commits(
         assert await conn.fetchval("SELECT count(*) FROM mail") == 0
     finally:
         await conn.close()
+
+
+async def test_breaker_failures_add_up_across_nodes_and_open_for_the_fleet(
+        nodes: list[PostgresStore]) -> None:
+    a, b, c = nodes
+    heard: list[str] = []
+    announced = anyio.Event()
+
+    def on_notify(channel: str, payload: str) -> None:
+        heard.append(f"{channel}:{payload}")
+        announced.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(c.listen, on_notify)
+        await anyio.sleep(0.2)
+        add = {"threshold": 8, "cooldown_s": 30.0}
+        assert await a.add_breaker_failures("provider:p", 3, reset=False, **add) == (3, None)
+        assert await b.add_breaker_failures("provider:p", 2, reset=False, **add) == (5, None)
+        # A success on a node breaks the fleet's streak; its failures since count on.
+        assert await c.add_breaker_failures("provider:p", 1, reset=True, **add) == (1, None)
+        assert await a.add_breaker_failures("provider:p", 4, reset=False, **add) == (5, None)
+        assert heard == []
+        streak, left = await b.add_breaker_failures("provider:p", 3, reset=False, **add)
+        assert streak == 8 and left is not None and 29.0 < left <= 30.0
+        with anyio.fail_after(5):
+            await announced.wait()
+        [notice] = heard  # the name and the seconds it stays open: applied at once
+        assert notice.startswith("turnkeeper_breakers:provider:p ")
+        assert read_breaker_notice(notice.split(":", 1)[1])[0] == "provider:p"
+        # Open already: a straggler's failure neither opens it again nor announces it.
+        streak, left = await a.add_breaker_failures("provider:p", 1, reset=False, **add)
+        assert streak == 9 and left is not None
+        await anyio.sleep(0.2)
+        assert len(heard) == 1
+        tg.cancel_scope.cancel()
+    shared = await c.shared_breakers()
+    assert shared["provider:p"][0] == 9 and shared["provider:p"][1] is not None
+    await a.add_breaker_failures("tool:t", 1, reset=False, threshold=8, cooldown_s=30.0)
+    assert (await b.shared_breakers())["tool:t"] == (1, None)

@@ -26,11 +26,18 @@ any outcome reported in HALF_OPEN is evidence about the peer and is treated as t
 probe's; an outcome reported while OPEN (a straggler) changes nothing, so the cooldown
 stands. The cost is that a straggler can free a probe slot early, letting one extra
 probe through; the breaker never gets stuck.
+
+Several daemons sharing a store (a fleet) count one streak: `observer` hears every
+change of the streak and every opening (`BreakerChange`), for the node to publish; the
+shared streak comes back through `share_streak`, an opening by another node through
+`open_from_peer`. The decisions stay here; the sharing is I/O, done elsewhere.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -76,6 +83,21 @@ _TRANSITIONS: dict[tuple[BreakerState, _Outcome], _Action] = {
 }
 
 
+class ChangeKind(StrEnum):
+    FAILURE = "failure"  # the streak grew by one
+    RESET = "reset"  # the streak went back to zero (a success, an answer, a close)
+    OPENED = "opened"  # opened (or opened again) for `open_for_s`
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerChange:
+    """What changed in a breaker, for its observer (a fleet shares it)."""
+
+    name: str
+    kind: ChangeKind
+    open_for_s: float | None = None
+
+
 class BreakerSettings(Protocol):
     """What `CircuitBreaker.from_config` reads (`config.CircuitBreakerConfig` fits)."""
 
@@ -109,6 +131,7 @@ class CircuitBreaker:
         self._consecutive_failures = 0
         self._open_until: float | None = None  # None: closed; else open/half-open by clock
         self._probes_in_flight = 0
+        self.observer: Callable[[BreakerChange], None] | None = None
 
     @classmethod
     def from_config(cls, name: str, config: BreakerSettings) -> CircuitBreaker:
@@ -193,24 +216,39 @@ class CircuitBreaker:
         if state is not BreakerState.CLOSED and self._probes_in_flight > 0:
             self._probes_in_flight -= 1
         action = _TRANSITIONS[state, outcome]
-        if action is _Action.RESET_STREAK:
+        if action in (_Action.RESET_STREAK, _Action.CLOSE):
+            if self._consecutive_failures:
+                self._tell(ChangeKind.RESET)
             self._consecutive_failures = 0
+            if action is _Action.CLOSE:
+                self._open_until = None
+                self._probes_in_flight = 0
         elif action is _Action.COUNT_FAILURE:
             self._consecutive_failures += 1
+            self._tell(ChangeKind.FAILURE)
             if self._consecutive_failures >= self.failure_threshold:
                 self._open(now, retry_after_s)
-        elif action is _Action.CLOSE:
-            self._consecutive_failures = 0
-            self._open_until = None
-            self._probes_in_flight = 0
         elif action is _Action.REOPEN:
             self._consecutive_failures += 1
+            self._tell(ChangeKind.FAILURE)
             self._open(now, retry_after_s)
+
+    def _tell(self, kind: ChangeKind, open_for_s: float | None = None) -> None:
+        if self.observer is not None:
+            self.observer(BreakerChange(self.name, kind, open_for_s))
 
     def _open(self, now: float, retry_after_s: float | None) -> None:
         """Open for ``max(cooldown_s, retry_after_s or 0)`` seconds from `now`."""
         wait = max(self.cooldown_s, retry_after_s or 0.0)
         self._open_until = now + wait if math.isfinite(wait) else math.inf
+        self._tell(ChangeKind.OPENED, wait)
+
+    def share_streak(self, failures: int, now: float) -> None:
+        """The fleet's streak, as the store holds it after this node's failures were
+        added: a closed breaker counts on from it. Not told to the observer: it is not
+        this node's change."""
+        if self.state(now) is BreakerState.CLOSED and failures >= 0:
+            self._consecutive_failures = failures
 
     def open_from_peer(self, now: float, for_s: float) -> bool:
         """Another daemon sharing the work found the peer down: open for `for_s` seconds

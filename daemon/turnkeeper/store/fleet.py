@@ -23,7 +23,22 @@ from turnkeeper.store.base import StoreError
 NODE_ID_FILE = "node_id"
 CHANNEL_TURNS = "turnkeeper_turns"  # NOTIFY: a turn to claim (submitted, requeued, handed back)
 CHANNEL_MAIL = "turnkeeper_mail"  # NOTIFY: mail for a turn, the payload its id
-CHANNEL_BREAKERS = "turnkeeper_breakers"  # NOTIFY: a node opened a circuit breaker
+CHANNEL_BREAKERS = "turnkeeper_breakers"  # NOTIFY: a circuit breaker opened
+
+
+def breaker_notice(name: str, open_for_s: float) -> str:
+    """The NOTIFY payload of a breaker's opening: its name and the seconds it stays
+    open, so a node applies it at once, without reading the table."""
+    return f"{name} {open_for_s:.3f}"
+
+
+def read_breaker_notice(payload: str) -> tuple[str, float | None]:
+    """(name, seconds open, or None when the payload does not say)."""
+    name, _, seconds = payload.rpartition(" ")
+    try:
+        return name, float(seconds)
+    except ValueError:
+        return payload, None
 
 
 class StaleLease(StoreError):
@@ -90,7 +105,11 @@ class FleetStore(Protocol):
     async def share_budgets(self, budgets: dict[str, tuple[int, int]]
                             ) -> dict[str, tuple[int, int]]: ...
 
-    async def open_breakers(self) -> dict[str, float]: ...
+    async def add_breaker_failures(self, name: str, failures: int, *, reset: bool,
+                                   threshold: int, cooldown_s: float
+                                   ) -> tuple[int, float | None]: ...
+
+    async def shared_breakers(self) -> dict[str, tuple[int, float | None]]: ...
 
 
 def default_node_id(state_dir: Path) -> str:

@@ -29,6 +29,7 @@ from turnkeeper.store.fleet import (
     CHANNEL_TURNS,
     Claimed,
     StaleLease,
+    breaker_notice,
 )
 from turnkeeper.store.postgres_batch import Call, Conn
 from turnkeeper.store.postgres_conn import (
@@ -319,16 +320,49 @@ class PostgresFleet(PostgresConnection):
                     " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
                     " SET open_until = GREATEST(b.open_until, excluded.open_until),"
                     " node = excluded.node", name, for_s, self.node_id)
-                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS, name)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS,
+                                   breaker_notice(name, for_s))
 
         await self._read(publish)
 
-    async def open_breakers(self) -> dict[str, float]:
-        """The breakers some node holds open now: name -> seconds left (the database's
-        clock, so nodes' clocks need not agree)."""
-        rows = await self._fetch("SELECT name, extract(epoch FROM open_until - now()) AS s"
-                                 " FROM breakers WHERE open_until > now()")
-        return {r["name"]: float(r["s"]) for r in rows}
+    async def add_breaker_failures(self, name: str, failures: int, *, reset: bool,
+                                   threshold: int, cooldown_s: float
+                                   ) -> tuple[int, float | None]:
+        """Add this node's failures to the fleet's streak of a breaker (after setting it
+        back to zero if `reset`: a success here broke it). When the streak reaches
+        `threshold` and the breaker is not open, it opens for `cooldown_s` in the same
+        transaction and every node hears it at once (NOTIFY). Returns the streak and the
+        seconds the breaker stays open (None: not open), by the database's clock."""
+        async def add(conn: Conn) -> tuple[int, float | None]:
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    "INSERT INTO breakers AS b (name, open_until, node, failures)"
+                    " VALUES ($1, NULL, $2, $3) ON CONFLICT (name) DO UPDATE SET failures"
+                    " = CASE WHEN $4 THEN 0 ELSE b.failures END + excluded.failures"
+                    " RETURNING failures, CASE WHEN open_until > now() THEN extract(epoch"
+                    " FROM open_until - now()) END AS left_s",
+                    name, self.node_id, failures, reset)
+                assert row is not None  # an upsert returns its row
+                streak, left = int(row["failures"]), row["left_s"]
+                if left is None and streak >= threshold:
+                    left = await conn.fetchval(
+                        "UPDATE breakers SET open_until = now() + make_interval(secs =>"
+                        " $2), node = $3 WHERE name = $1 RETURNING extract(epoch FROM"
+                        " open_until - now())", name, cooldown_s, self.node_id)
+                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS,
+                                       breaker_notice(name, float(left)))
+                return streak, None if left is None else float(left)
+
+        return await self._read(add)
+
+    async def shared_breakers(self) -> dict[str, tuple[int, float | None]]:
+        """Every breaker the fleet shares: name -> (streak, seconds it stays open or
+        None), by the database's clock, so nodes' clocks need not agree."""
+        rows = await self._fetch(
+            "SELECT name, failures, CASE WHEN open_until > now() THEN extract(epoch FROM"
+            " open_until - now()) END AS s FROM breakers")
+        return {r["name"]: (int(r["failures"]), None if r["s"] is None else float(r["s"]))
+                for r in rows}
 
     async def nodes(self) -> list[dict[str, Any]]:
         """The fleet as the database sees it: each node, its heartbeat and its turns."""

@@ -17,7 +17,7 @@ from turnkeeper.store.base import StoreError
 if TYPE_CHECKING:
     import asyncpg
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -116,6 +116,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         # Retention deletes a finished turn's journal entries with it.
         "CREATE INDEX journal_turn ON journal (turn)",
+    ),
+    (
+        # The fleet's failure streak of each breaker, which every node adds to: a row
+        # may hold a streak and no opening yet.
+        "ALTER TABLE breakers ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE breakers ALTER COLUMN open_until DROP NOT NULL",
     ),
 )
 

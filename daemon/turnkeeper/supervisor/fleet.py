@@ -35,6 +35,7 @@ from turnkeeper.store.fleet import (
     StaleLease,
 )
 from turnkeeper.supervisor.core import LiveTurn
+from turnkeeper.supervisor.fleet_breakers import FleetBreakers
 from turnkeeper.supervisor.fleet_mail import FleetMail
 from turnkeeper.turn.record import TurnRecord
 
@@ -56,8 +57,7 @@ class Fleet:
         self._stopping = False
         self._mail_due = False
         self.mail = FleetMail(core, store)
-        self._breakers_due = False
-        self._breakers_shared: dict[str, float] = {}  # name -> open until (local clock)
+        self.breakers = FleetBreakers(core, store)
         self.lease = Lease.starting(self.timing, core.clock.monotonic())
         self._renewed = anyio.Event()  # set (and replaced) by each confirming renewal
         self.claimed_total = 0
@@ -96,7 +96,10 @@ class Fleet:
                 else round(now - self._nodes_read_at, 3)}
 
     async def run(self) -> None:
+        self.core.shared.observe_breakers(self.breakers.changed)
+        await self.breakers.read()  # a node that starts keeps open what the fleet holds open
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self.breakers.run, lambda: self._stopping, name="fleet breakers")
             tg.start_soon(self._claim_loop, name="fleet claims")
             tg.start_soon(self._heartbeat_loop, name="fleet heartbeat")
             tg.start_soon(self._listen_loop, name="fleet listener")
@@ -130,8 +133,8 @@ class Fleet:
             if core.state != "stopping" and (tick.cancelled_caught or self._mail_due):
                 self._mail_due = False
                 await self.mail.deliver()
-            if core.state != "stopping":
-                await self.share_breakers(read=tick.cancelled_caught or self._breakers_due)
+            if core.state != "stopping" and (tick.cancelled_caught or self.breakers.due):
+                await self.breakers.read()
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
                 continue
             # Parked turns (waiting, recovering) give their slot back, as on one daemon.
@@ -178,48 +181,14 @@ class Fleet:
 
     def _heard(self, channel: str, payload: str) -> None:
         if channel == CHANNEL_BREAKERS:
-            self._breakers_due = True
-        elif channel == CHANNEL_MAIL:
+            if not self.breakers.heard(payload):
+                self.wake()  # not applied at once: read the table at the next pass
+            return
+        if channel == CHANNEL_MAIL:
             if payload not in self.store.claims:
                 return
             self._mail_due = True
         self.wake()
-
-    # -- breakers shared by the fleet -------------------------------------------------
-
-    async def share_breakers(self, *, read: bool) -> None:
-        """A breaker this node opened is published (every node keeps the peer's breaker
-        open as long); with `read`, the breakers other nodes opened are applied here."""
-        core = self.core
-        now = core.clock.monotonic()
-        for name, breaker in list(core.shared.breakers.items()):
-            open_for = breaker.open_for(now)
-            if open_for is None or now + open_for <= self._breakers_shared.get(name, 0) + 0.5:
-                continue
-            self._breakers_shared[name] = now + open_for
-            try:
-                await self.store.open_breaker(name, open_for)
-            except StoreError as exc:
-                log.warning("fleet.breaker_share_failed", node=self.node_id, breaker=name,
-                            error=str(exc))
-                continue
-            log.info("fleet.breaker_shared", node=self.node_id, breaker=name,
-                     open_for_s=round(open_for, 3))
-        if not read:
-            return
-        self._breakers_due = False
-        try:
-            remote = await self.store.open_breakers()
-        except StoreError as exc:
-            log.warning("fleet.breaker_read_failed", node=self.node_id, error=str(exc))
-            return
-        now = core.clock.monotonic()
-        for name, left in remote.items():
-            local = core.shared.breakers.get(name)
-            if local is not None and local.open_from_peer(now, left):
-                self._breakers_shared[name] = now + left  # not ours to publish again
-                log.warning("fleet.breaker_opened_by_peer", node=self.node_id,
-                            breaker=name, open_for_s=round(left, 3))
 
     # -- leases ---------------------------------------------------------------------
 
