@@ -48,11 +48,15 @@ log = structlog.get_logger("turnkeeper.daemon")
 # messages, coroutine frames): at the default thresholds a generation-0 collection ran
 # every 700 of them and an older generation every 7,000 and 70,000, each walking more of
 # the live turns: under 5,000 concurrent turns, pauses of hundreds of milliseconds.
-# Measured with bench/bench_concurrency.py (5,000 turns x 3 steps, 200 ms model; two
-# rounds of each, alternating, on 2 busy shared cores): daemon CPU 0.79-0.87 ms a step
-# instead of 1.05-1.12 (-22%), event-loop lag p99 <= 200-750 ms instead of <= 400-750,
-# `status` p99 217-654 ms instead of 477-920.
-GC_THRESHOLD = (10_000, 20, 100)
+# Measured with bench/bench_concurrency.py (5,000 turns x 3 steps, 200 ms model; rounds
+# alternated, on 2 busy shared cores): against the default, 10,000 gave daemon CPU
+# 0.79-0.87 ms a step instead of 1.05-1.12 (-22%), `status` p99 217-654 ms instead of
+# 477-920. At 10,000 the collector still took 1.9-2.6 s of CPU a run (generation-1
+# passes of 70-145 ms: each walks every turn's state promoted since the last); at 50,000
+# it takes 0.4-0.6 s (generation-1 passes under 2 ms), daemon CPU 0.72-0.78 ms a step
+# instead of 0.78-0.93, peak RSS the same (114-125 MiB). 100,000 saved little more and
+# made the longest generation-0 pass longer (170 ms).
+GC_THRESHOLD = (50_000, 20, 100)
 
 
 def tune_gc() -> None:
