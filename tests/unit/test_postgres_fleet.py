@@ -80,6 +80,19 @@ async def test_claims_take_the_oldest_turns_once_each_across_nodes(
     assert await b.claim(5) == []
 
 
+async def test_the_backlog_counts_the_unfinished_turns_no_live_node_holds(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for i in range(5):
+        await a.insert_turn(record(f"t_{i}"), {})
+    assert await b.backlog() == 5
+    await a.claim(2)
+    assert await b.backlog() == 3
+    await a.save_turn({**record("t_0"), "state": "completed"})
+    await expire(db, "t_1")  # a lease run out: the turn waits for a claim again
+    assert await a.backlog() == 4
+
+
 async def test_a_sessions_turns_are_claimed_in_order_across_the_fleet(
         nodes: list[PostgresStore]) -> None:
     a, b, _ = nodes

@@ -129,7 +129,11 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         lines.append("intake       PAUSED: queued turns do not start until `turnkeeper "
                      "resume`")
     if q:
-        lines.append(f"queue        {q['depth']} waiting of {q['max']} allowed; at most "
+        fleet = data.get("fleet") or {}
+        # In a fleet the bound is on the turns no node holds yet (read each second).
+        depth, where = ((fleet["waiting"], " in the fleet") if "waiting" in fleet
+                        else (q["depth"], ""))
+        lines.append(f"queue        {depth} waiting{where} of {q['max']} allowed; at most "
                      f"{q['max_concurrent']} run at once")
     breakers = data.get("breakers") or {}
     lines.append("breakers     " + ("  ".join(

@@ -34,6 +34,17 @@ class Refusal:
     retry_after_s: int
 
 
+def queue_full(depth: int, *, max_queued: int, running: int) -> Refusal | None:
+    """A submit is refused while `depth` turns wait and the limit is `max_queued` (one
+    daemon's queue, or the turns a fleet holds unclaimed); Retry-After is the depth per
+    running turn, 1 to 60 s."""
+    if depth < max_queued:
+        return None
+    per_runner = depth // max(1, running)
+    return Refusal(f"the queue is full ({depth} turns waiting)",
+                   retry_after_s=max(1, min(MAX_RETRY_AFTER_S, per_runner)))
+
+
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """What to do now: wake these parked turns (they have their slot), start these."""
@@ -78,12 +89,7 @@ class SessionScheduler:
 
     def refusal(self) -> Refusal | None:
         """None when the queue has room for one more turn."""
-        depth = len(self.queue)
-        if depth < self.max_queued:
-            return None
-        per_runner = depth // max(1, self.running)
-        return Refusal(f"the queue is full ({depth} turns waiting)",
-                       retry_after_s=max(1, min(MAX_RETRY_AFTER_S, per_runner)))
+        return queue_full(len(self.queue), max_queued=self.max_queued, running=self.running)
 
     def enqueue(self, turn: str, session: str) -> None:
         self._session_of[turn] = session

@@ -201,6 +201,14 @@ class PostgresFleet(PostgresConnection):
                 epoch=t["epoch"]))
         return claimed
 
+    async def backlog(self) -> int:
+        """Unfinished turns no live node holds (never claimed, handed back, or their
+        lease run out): the fleet's queue."""
+        rows = await self._fetch(
+            f"SELECT count(*) FROM turns WHERE state NOT IN {TERMINAL_SQL}"
+            " AND (owner IS NULL OR lease_until < now())")
+        return int(rows[0][0])
+
     async def renew(self) -> dict[str, int]:
         """Extend the lease of every turn this node holds, and beat the node's heartbeat:
         turn -> epoch of the claims the database renewed (a turn missing is lost). A

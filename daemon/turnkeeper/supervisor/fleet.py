@@ -60,6 +60,10 @@ class Fleet:
         self.breakers = FleetBreakers(core, store)
         self.lease = Lease.starting(self.timing, core.clock.monotonic())
         self._renewed = anyio.Event()  # set (and replaced) by each confirming renewal
+        # The fleet's queue: turns no node holds, as read at the last claim tick, and the
+        # turns submitted here since (`waiting`): the bound `max_queued_turns` is on it.
+        self._backlog = 0
+        self._submitted = 0
         self.claimed_total = 0
         self.lost_total = 0
         self.released_total = 0
@@ -72,9 +76,24 @@ class Fleet:
     def node_id(self) -> str:
         return self.store.node_id
 
-    def wake(self) -> None:
-        """Claim now: a turn was submitted here, or a slot was freed."""
+    def wake(self, *, submitted: int = 0) -> None:
+        """Claim now: `submitted` turns were submitted here, or a slot was freed."""
+        self._submitted += submitted
         self._wake.set()
+
+    def waiting(self) -> int:
+        """The turns the fleet holds unclaimed, as of the last claim tick (a second at
+        most) plus those submitted here since: what a submit on this node is admitted
+        against, so `max_queued_turns` bounds the fleet's queue, not each node's."""
+        return self._backlog + self._submitted
+
+    async def read_backlog(self) -> None:
+        try:
+            backlog = await self.store.backlog()
+        except StoreError as exc:  # the last figure stands until the next tick
+            log.debug("fleet.backlog_read_failed", node=self.node_id, error=str(exc))
+            return
+        self._backlog, self._submitted = backlog, 0
 
     def status(self) -> dict[str, Any]:
         """This node, and every node as last read (`nodes_read_s_ago`): a node's
@@ -89,7 +108,8 @@ class Fleet:
         return {"node_id": self.node_id, "lease_seconds": self.timing.lease_s,
                 "lease_renewed_s_ago": round(max(0.0, now - renewed), 3),
                 "lease_lapsed": self.lease.lapsed(now),
-                "held": len(self.store.claims), "claimed": self.claimed_total,
+                "held": len(self.store.claims), "waiting": self.waiting(),
+                "claimed": self.claimed_total,
                 "lost": self.lost_total, "released": self.released_total,
                 "nodes": nodes,
                 "nodes_read_s_ago": None if nodes is None
@@ -98,6 +118,7 @@ class Fleet:
     async def run(self) -> None:
         self.core.shared.observe_breakers(self.breakers.changed)
         await self.breakers.read()  # a node that starts keeps open what the fleet holds open
+        await self.read_backlog()  # a node that starts admits against the fleet's queue
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.breakers.run, lambda: self._stopping, name="fleet breakers")
             tg.start_soon(self._claim_loop, name="fleet claims")
@@ -135,6 +156,8 @@ class Fleet:
                 await self.mail.deliver()
             if core.state != "stopping" and (tick.cancelled_caught or self.breakers.due):
                 await self.breakers.read()
+            if tick.cancelled_caught:
+                await self.read_backlog()
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
                 continue
             # Parked turns (waiting, recovering) give their slot back, as on one daemon.

@@ -33,7 +33,7 @@ from turnkeeper.policy.overload import (
     batch_refusal,
 )
 from turnkeeper.policy.replay import resume_state
-from turnkeeper.policy.scheduler import Refusal
+from turnkeeper.policy.scheduler import Refusal, queue_full
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import rows_of
 from turnkeeper.supervisor.core import (
@@ -113,10 +113,13 @@ class Intake:
             raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
         self.refuse_while_unwritable()
         refusal: Refusal | OverloadRefusal | None
+        # A fleet's queue is the turns no node holds yet, whichever node took them.
+        queued = len(core.queue) if core.fleet is None else core.fleet.waiting()
         if batch is None:
-            refusal = core.scheduler.refusal()
+            refusal = queue_full(queued, max_queued=core.scheduler.max_queued,
+                                 running=core.running)
         else:
-            refusal = batch_refusal(batch=batch, queued=len(core.queue),
+            refusal = batch_refusal(batch=batch, queued=queued,
                                     max_queued=core.scheduler.max_queued,
                                     running=core.running)
         if refusal is None:
@@ -185,7 +188,7 @@ class Intake:
             raise
         if core.fleet is not None:  # the fleet's: whichever node claims it runs it
             core.live.pop(record.id, None)
-            core.fleet.wake()
+            core.fleet.wake(submitted=1)
         elif record.id in core.live:  # not cancelled while the write ran
             core.scheduler.enqueue(record.id, record.session)
         core.bus.deliver(queued)
@@ -348,7 +351,7 @@ class Intake:
             raise
         if core.fleet is not None:  # the fleet's: whichever node claims it runs it
             core.live.pop(turn_id, None)
-            core.fleet.wake()
+            core.fleet.wake(submitted=1)
         elif turn_id in core.live:  # not cancelled while the write ran
             core.scheduler.enqueue(turn_id, record.session)
         core.bus.deliver(replayed)
