@@ -130,8 +130,11 @@ class Scheduling:
             await self.finish(live, result)
         except StaleLease as exc:  # another node holds it now: nothing more is ours
             core.live.pop(record.id, None)
-            if core.fleet is not None:  # nor its claim: renewals stop holding it
-                core.fleet.abandon([record.id], reason="write refused")
+            fleet = core.fleet
+            if fleet is not None and record.id in fleet.store.claims:
+                # Nor its claim: renewals stop holding it. A turn given up already
+                # (a renewal found it taken) is not counted or logged lost twice.
+                fleet.abandon([record.id], reason="write refused")
             log.warning("turn.lease_lost", turn=record.id, error=str(exc))
         except Exception as exc:  # the store failed under us: the turn stays resumable
             log.error("turn.supervisor_error", turn=record.id,
