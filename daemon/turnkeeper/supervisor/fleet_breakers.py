@@ -36,6 +36,9 @@ class FleetBreakers:
         self.due = False  # a notice that could not be applied as heard: read the table
         self._shared: dict[str, float] = {}  # name -> open until (local clock)
         self.streaks = StreakShare()  # this node's changes not yet in the store
+        # Flushes begun and ended per breaker: a read that overlapped one may answer a
+        # streak older than the flush's (a reset among them), and must not set it.
+        self._flushes: dict[str, int] = {}
         self._flush_due = anyio.Event()
 
     @property
@@ -82,6 +85,7 @@ class FleetBreakers:
             if breaker is None:
                 continue
             if delta.reset or delta.failures:
+                self._flushes[name] = self._flushes.get(name, 0) + 1
                 try:
                     streak, left = await self.store.add_breaker_failures(
                         name, delta.failures, reset=delta.reset,
@@ -91,6 +95,8 @@ class FleetBreakers:
                                 breaker=name, error=str(exc))
                     self.streaks.put_back(name, delta)
                     continue
+                finally:
+                    self._flushes[name] += 1
                 now = core.clock.monotonic()
                 if left is not None:
                     self._shared[name] = max(self._shared.get(name, 0), now + left)
@@ -131,6 +137,7 @@ class FleetBreakers:
         """Apply the fleet's breakers here: an opening by another node (at start, on
         NOTIFY, and every second in case one was missed), and each streak."""
         self.due = False
+        flushes = dict(self._flushes)
         try:
             shared = await self.store.shared_breakers()
         except StoreError as exc:
@@ -142,7 +149,8 @@ class FleetBreakers:
             if local is None:
                 continue
             if left is None:
-                self._count_on(name, streak, now)
+                if self._flushes.get(name) == flushes.get(name):  # else it may be stale
+                    self._count_on(name, streak, now)
             elif local.open_from_peer(now, left):
                 self._shared[name] = now + left  # not ours to publish again
                 log.warning("fleet.breaker_opened_by_peer", node=self.node_id,
