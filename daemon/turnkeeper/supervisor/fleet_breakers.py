@@ -149,7 +149,10 @@ class FleetBreakers:
             if local is None:
                 continue
             if left is None:
-                if self._flushes.get(name) == flushes.get(name):  # else it may be stale
+                # A flush under way (an odd count) or done since the read began: the
+                # read may predate it, and the flush's own answer is the newer.
+                before = flushes.get(name, 0)
+                if self._flushes.get(name, 0) == before and before % 2 == 0:
                     self._count_on(name, streak, now)
             elif local.open_from_peer(now, left):
                 self._shared[name] = now + left  # not ours to publish again
