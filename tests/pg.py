@@ -9,8 +9,11 @@ server fails them. TURNKEEPER_TEST_PG=skip turns them off on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import socket
+import threading
 import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -80,58 +83,87 @@ async def fresh_database() -> AsyncIterator[str]:
 
 
 class CuttableProxy:
-    """A TCP proxy in front of the server that a test can cut (every connection closed,
-    new ones refused) and restore on the same port: the database gone, then back."""
+    """A TCP proxy on 127.0.0.1 in front of the server `target_url` names, that a test
+    can cut (every connection closed, new ones refused) and restore on the same port:
+    the database gone, then back. Threads carry the bytes, so it serves a test's own
+    event loop and daemons in other processes alike."""
 
     def __init__(self, target_url: str) -> None:
         parts = urllib.parse.urlsplit(target_url)
         self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self.target_url = target_url
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
         self.port = 0
-        self._server: Any = None
-        self._writers: set[Any] = set()
+        self.accepted = 0
 
     def url(self) -> str:
+        """`target_url` through the proxy."""
         parts = urllib.parse.urlsplit(self.target_url)
         user = f"{parts.username}@" if parts.username else ""
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
 
-    async def start(self) -> None:
-        import asyncio
+    def start(self) -> CuttableProxy:
+        """Listen (again: on the same port after a cut)."""
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
 
-        async def pipe(reader: Any, writer: Any) -> None:
-            try:
-                while data := await reader.read(65536):
-                    writer.write(data)
-                    await writer.drain()
-            except (OSError, asyncio.CancelledError):
-                pass
-            finally:
-                writer.close()
+    restore = start
 
-        async def handle(reader: Any, writer: Any) -> None:
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
             try:
-                up_reader, up_writer = await asyncio.open_connection(*self.target)
+                client, _ = listener.accept()
             except OSError:
-                writer.close()
-                return
-            self._writers.update((writer, up_writer))
-            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-            self._writers.difference_update((writer, up_writer))
+                return  # cut
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns.update((client, upstream))
+                self.accepted += 1
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
-        self._server = await asyncio.start_server(handle, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
 
-    async def cut(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for writer in list(self._writers):
-            writer.transport.abort()
-        self._writers.clear()
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, set()
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
 
-    async def close(self) -> None:
-        await self.cut()
+    close = cut
 
 
 class FreshPostgresStore(PostgresStore):

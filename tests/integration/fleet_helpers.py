@@ -1,5 +1,6 @@
-"""What the fleet tests share: a fresh PostgreSQL database per test (the `db` fixture)
-and synchronous reads of it, to watch three real daemons from outside."""
+"""What the fleet tests share: a fresh PostgreSQL database per test (the `db` fixture), a
+tool server of the test's own (`server`) and synchronous reads of the database, to
+watch real daemons from outside."""
 
 from __future__ import annotations
 
@@ -11,9 +12,20 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests.integration.tool_server import ToolServer
 from tests.pg import create_database, drop_database
 
 FINISHED = "('completed', 'partial', 'failed', 'blocked', 'cancelled')"
+
+
+@pytest.fixture(name="server")
+def fleet_server() -> Iterator[ToolServer]:
+    """A tool server of the test's own (import `fleet_server`, ask for `server`)."""
+    s = ToolServer().start()
+    try:
+        yield s
+    finally:
+        s.stop()
 
 
 @pytest.fixture(name="db")

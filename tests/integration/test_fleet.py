@@ -14,14 +14,12 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.integration.fleet_helpers import (  # noqa: F401 - fleet_db: the `db` fixture
+from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `server`
     fleet_db,
+    fleet_server,
     query,
     wait_finished,
 )
@@ -39,15 +37,6 @@ tool_calls = [{{ name = "effect", arguments = {{ step = {n} }} }}]
 [[scenarios.steps]]
 reply = "done"
 """
-
-
-@pytest.fixture
-def server() -> Iterator[ToolServer]:
-    s = ToolServer().start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def fleet_config(tmp: Path, server: ToolServer, db: str, node: str, *,

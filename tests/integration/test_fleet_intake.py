@@ -7,12 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.integration.fleet_helpers import fleet_db, query, wait_finished  # noqa: F401
+from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `server`
+    fleet_db,
+    fleet_server,
+    query,
+    wait_finished,
+)
 from tests.integration.harness import Daemon
 from tests.integration.test_fleet import fleet_config
 from tests.integration.tool_server import ToolServer
@@ -20,15 +22,6 @@ from tests.integration.tool_server import ToolServer
 MAX_QUEUED = 4
 UNCLAIMED = ("SELECT count(*) FROM turns WHERE owner IS NULL AND state NOT IN"
              " ('completed', 'partial', 'failed', 'blocked', 'cancelled')")
-
-
-@pytest.fixture
-def server() -> Iterator[ToolServer]:
-    s = ToolServer().start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def burst(daemon: Daemon, n: int, tag: str) -> list[int]:

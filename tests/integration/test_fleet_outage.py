@@ -13,122 +13,31 @@ for them."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.integration.fleet_helpers import (  # noqa: F401 - fleet_db: the `db` fixture
+from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `server`
     fleet_db,
+    fleet_server,
     query,
     wait_finished,
 )
 from tests.integration.harness import Daemon
 from tests.integration.test_fleet import STEPS, effect_keys, fleet_config
 from tests.integration.tool_server import ToolServer
+from tests.pg import CuttableProxy
 
 LEASE = 3.0
 OUTAGE = 3 * LEASE  # the database unreachable for three leases
 
 
-class CuttableProxy:
-    """A TCP proxy on 127.0.0.1 to PostgreSQL. `cut()` closes every connection and stops
-    listening (a new connection is refused); `restore()` listens again on the same port."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self._lock = threading.Lock()
-        self._conns: set[socket.socket] = set()
-        self._listener: socket.socket | None = None
-        self.port = 0
-        self.accepted = 0
-
-    def start(self) -> CuttableProxy:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-        return self
-
-    def url(self, db: str) -> str:
-        parts = urlsplit(db)
-        netloc = parts.netloc.rsplit("@", 1)
-        host = f"127.0.0.1:{self.port}"
-        return urlunsplit(parts._replace(
-            netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # cut
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                if self._listener is not listener:
-                    client.close()
-                    upstream.close()
-                    return
-                self._conns.update((client, upstream))
-                self.accepted += 1
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        with self._lock:
-            listener, self._listener = self._listener, None
-            conns, self._conns = self._conns, set()
-        if listener is not None:
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)
-            listener.close()
-        for s in conns:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def restore(self) -> None:
-        self.start()
-
-
-@pytest.fixture
-def server() -> Iterator[ToolServer]:
-    s = ToolServer().start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
 @pytest.fixture
 def proxy(db: str) -> Iterator[CuttableProxy]:
-    parts = urlsplit(db)
-    p = CuttableProxy((parts.hostname or "127.0.0.1", parts.port or 5432)).start()
+    p = CuttableProxy(db).start()
     try:
         yield p
     finally:
@@ -143,7 +52,7 @@ def open_issues(db: str) -> list[str]:
 def test_an_outage_longer_than_the_lease_keeps_the_turns_and_their_calls_outcomes(
         tmp_path: Path, server: ToolServer, db: str, proxy: CuttableProxy) -> None:
     n = 4
-    node = Daemon(tmp_path, fleet_config(tmp_path, server, proxy.url(db), "n0",
+    node = Daemon(tmp_path, fleet_config(tmp_path, server, proxy.url(), "n0",
                                          lease=LEASE), name="n0")
     server.hold("/effect")  # every turn's first call stays on the wire
     node.start()
@@ -182,7 +91,7 @@ def test_an_outage_longer_than_the_lease_keeps_the_turns_and_their_calls_outcome
 def test_turns_another_node_took_during_the_outage_are_given_up_without_a_call(
         tmp_path: Path, server: ToolServer, db: str, proxy: CuttableProxy) -> None:
     n = 4
-    cut_off = Daemon(tmp_path, fleet_config(tmp_path, server, proxy.url(db), "n0",
+    cut_off = Daemon(tmp_path, fleet_config(tmp_path, server, proxy.url(), "n0",
                                             lease=LEASE), name="n0")
     server.hold("/effect")
     cut_off.start()

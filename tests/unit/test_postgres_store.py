@@ -246,11 +246,11 @@ def test_store_url_is_checked_and_picks_the_backend(tmp_path: Path) -> None:
 async def test_writes_wait_while_the_database_is_gone_and_commit_when_it_is_back(
         db: str) -> None:
     proxy = CuttableProxy(db)
-    await proxy.start()
+    proxy.start()
     try:
         async with Running(proxy.url()) as store:
             await store.insert_turn(record("t_a"), {})
-            await proxy.cut()
+            proxy.cut()
             committed = anyio.Event()
 
             async def save() -> None:
@@ -269,27 +269,27 @@ async def test_writes_wait_while_the_database_is_gone_and_commit_when_it_is_back
                     store.outage, now=store.clock.monotonic())})
                 assert len(problems) == 1 and problems[0].startswith("store unwritable")
                 assert "unreachable" in problems[0]
-                await proxy.start()  # back, on the same port
+                proxy.restore()  # back, on the same port
                 await committed.wait()
             assert store.degraded is None
             assert await store.get_checkpoint("t_a") == {"step": 1}
             assert [e["seq"] for e in await store.events()] == [1]
     finally:
-        await proxy.close()
+        proxy.close()
 
 
 async def test_writes_fail_after_fatal_after_without_a_database(db: str) -> None:
     proxy = CuttableProxy(db)
-    await proxy.start()
+    proxy.start()
     try:
         async with Running(proxy.url()) as store:
             store.outage.fatal_after_s = 0.3
-            await proxy.cut()
+            proxy.cut()
             with pytest.raises(StoreError, match="unreachable for"):
                 await store.insert_turn(record("t_a"), {})
             assert store.degraded is not None and store.failed_writes == 1
     finally:
-        await proxy.close()
+        proxy.close()
 
 
 async def test_a_stale_claim_inside_a_batch_fails_only_its_own_writes(db: str) -> None:
