@@ -17,7 +17,7 @@
    with SIGKILL; the time from the kill until every turn it held is finished elsewhere,
    against the lease (a node must wait for the lease to expire before it may claim).
 
-Rounds alternate the setups; medians. The default run takes about three minutes.
+Rounds alternate the setups; medians. The default run took 67 s when last run.
 
     python bench/bench_fleet.py [--turns 200] [--steps 5] [--rounds 2] [--lease 5]
                                 [--model-turns 150] [--slots 25] [--latency 0.2]
