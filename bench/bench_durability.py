@@ -24,11 +24,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,10 +35,13 @@ from typing import Any
 
 import anyio
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.daemon_proc import DaemonProc
+
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
-from turnkeeper.control.client import Client, ClientError
 from turnkeeper.events import Event
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.outcome import StopCode, TurnResult
@@ -239,76 +239,17 @@ reply = "thanks"
 """
 
 
-class Proc:
+class Proc(DaemonProc):
+    """A daemon whose turns park on a clarify question (the scripted provider)."""
+
     def __init__(self, root: Path, turns: int) -> None:
-        self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.socket = root / "run" / "control.sock"
         script = root / "script.toml"
         script.write_text(CLARIFY_SCRIPT)
-        self.config = root / "turnkeeper.toml"
-        self.config.write_text(
-            f'[daemon]\nsocket = "{self.socket}"\nstate_dir = "{root / "state"}"\n'
-            f'log_format = "json"\nlog_level = "warning"\nwatch_config = false\n'
-            f"max_concurrent_turns = {turns + 10}\nmax_queued_turns = {turns + 10}\n\n"
-            f'[[providers]]\nname = "scripted"\nkind = "scripted"\nscript = "{script}"\n')
-        self.client = Client(self.socket, timeout=30.0)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def events_after(self, seq: int, type_: str) -> tuple[int, float]:
-        """How many `type_` events after `seq` are on disk, and the time of the last."""
-        import sqlite3
-        conn = sqlite3.connect(self.root / "state" / "turnkeeper.sqlite3", timeout=30)
-        try:
-            n, ts = conn.execute("SELECT COUNT(*), MAX(ts) FROM events WHERE seq > ? AND"
-                                 " type = ?", (seq, type_)).fetchone()
-        finally:
-            conn.close()
-        return int(n), float(ts or 0.0)
-
-    def max_seq(self) -> int:
-        import sqlite3
-        conn = sqlite3.connect(self.root / "state" / "turnkeeper.sqlite3", timeout=30)
-        try:
-            return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
-        finally:
-            conn.close()
-
-    def spawn(self) -> float:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TURNKEEPER_", "NOTIFY_SOCKET", "WATCHDOG_", "LISTEN_"))}
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=open(self.root / "daemon.log", "ab"),  # noqa: SIM115
-            env=env)
-        return t0
-
-    def status(self) -> dict[str, Any] | None:
-        try:
-            code, data = self.client.request("GET", "/v1/status", timeout=5)
-        except ClientError:
-            return None
-        return data if code == 200 else None
-
-    def until(self, pred: Any, timeout: float = 120.0) -> float:
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}; see "
-                                   f"{self.root / 'daemon.log'}")
-            status = self.status()
-            if status is not None and pred(status):
-                return time.perf_counter()
-            time.sleep(0.005)
-        raise RuntimeError("timed out")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+        super().__init__(
+            root, f"max_concurrent_turns = {turns + 10}\nmax_queued_turns = {turns + 10}\n",
+            f'[[providers]]\nname = "scripted"\nkind = "scripted"\nscript = "{script}"\n',
+            timeout=30.0)
 
 
 def resume_time(turns: int, rounds: int) -> None:
@@ -340,7 +281,7 @@ def resume_time(turns: int, rounds: int) -> None:
             t0 = parked.spawn()
             resume_ready.append(parked.until(lambda s: s["state"] == "ready") - t0)
             deadline = time.monotonic() + 120
-            while (done := parked.events_after(before, "turn.waiting"))[0] < turns:
+            while (done := parked.count("turn.waiting", before))[0] < turns:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"only {done[0]} of {turns} turns resumed")
                 time.sleep(0.02)

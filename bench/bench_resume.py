@@ -24,10 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,32 +33,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.daemon_proc import DaemonProc
 from bench.fake_model import start_model
-
-from turnkeeper.control.client import Client, ClientError
 
 BATCH = 100
 
 
-class Node:
-    """One daemon process on its own state directory (spawned again after a kill)."""
+class Node(DaemonProc):
+    """One daemon on its own state directory against the loopback model."""
 
     def __init__(self, root: Path, port: int, turns: int) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        self.socket = root / "run" / "control.sock"
-        self.db = root / "state" / "turnkeeper.sqlite3"
-        self.config = root / "turnkeeper.toml"
-        self.config.write_text(f"""\
-[daemon]
-socket = "{self.socket}"
-state_dir = "{root / "state"}"
-log_format = "json"
-log_level = "warning"
-watch_config = false
-max_concurrent_turns = {turns}
-max_queued_turns = {turns * 2}
-
+        super().__init__(root, f"max_concurrent_turns = {turns}\n"
+                               f"max_queued_turns = {turns * 2}\n", f"""
 [budget]
 max_seconds = 600.0
 
@@ -79,35 +62,6 @@ name = "echo"
 kind = "echo"
 idempotent = true
 """)
-        self.client = Client(self.socket, timeout=60.0)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def spawn(self) -> float:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TURNKEEPER_", "NOTIFY_SOCKET", "WATCHDOG_", "LISTEN_"))}
-        t0 = time.time()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=open(self.root / "daemon.log", "ab"),  # noqa: SIM115
-            env=env)
-        return t0
-
-    def until_ready(self, timeout: float = 120.0) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}; see "
-                                   f"{self.root / 'daemon.log'}")
-            try:
-                code, data = self.client.request("GET", "/v1/status", timeout=5)
-            except ClientError:
-                code, data = 0, None
-            if code == 200 and data["state"] == "ready":
-                return time.time()
-            time.sleep(0.005)
-        raise RuntimeError("daemon not ready in time")
 
     def submit(self, turns: int) -> float:
         """Every turn, in batches; the time the first batch was sent."""
@@ -118,22 +72,6 @@ idempotent = true
             if code != 202:
                 raise RuntimeError(f"submit: {code} {data}")
         return t0
-
-    def query(self, sql: str, *args: Any) -> Any:
-        conn = sqlite3.connect(self.db, timeout=30)
-        try:
-            return conn.execute(sql, args).fetchone()
-        finally:
-            conn.close()
-
-    def max_seq(self) -> int:
-        return int(self.query("SELECT COALESCE(MAX(seq), 0) FROM events")[0])
-
-    def count(self, type_: str, after: int = 0) -> tuple[int, float]:
-        """How many `type_` events after seq `after`, and the time of the last."""
-        n, ts = self.query("SELECT COUNT(*), MAX(ts) FROM events WHERE seq > ? AND type = ?",
-                           after, type_)
-        return int(n), float(ts or 0.0)
 
     def first_steps(self, after: int) -> tuple[int, float]:
         """How many turns started a step after seq `after`, and when the last of them
@@ -161,19 +99,6 @@ idempotent = true
             n, ts = self.count("turn.finished")
             return ts if n >= turns else None
         return float(self.wait_for("every turn finished", done))
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def empty_round(root: Path, port: int, turns: int) -> dict[str, float]:
