@@ -45,6 +45,7 @@ from turnkeeper.config import Policy, build_config
 from turnkeeper.events import Event
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.outcome import StopCode, TurnResult
+from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.store.base import MessageRows
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor
@@ -59,6 +60,7 @@ class DiscardStore:
     def __init__(self) -> None:
         self._seq = 0
         self.writes = 0
+        self.outage = StoreOutage()  # never degraded: nothing can fail
 
     async def open(self) -> None:
         return None
