@@ -14,67 +14,34 @@ counters and positions, a few hundred bytes whatever the conversation's length. 
 put the messages back into the checkpoint inside one read transaction, so a checkpoint
 and its rows always come from the same commit.
 
-Under a crash (kill -9, power loss) the database holds exactly the transactions that
-committed: a write whose await returned, and every event enqueued before it. Events
-that must never be kept without their state (`turn.queued`, `turn.finished`,
-`turn.message`) are written in the same transaction as the turn's row. A transaction
-that fails takes none of its neighbours down with it: the batch is retried write by
-write and only the write that fails reports the error. A write that fails for the
-store's own reason (a full disk, an I/O error, a lock held elsewhere) is not reported at
-all: it is retried with backoff, in order, until it goes through, and the store reports
-the outage (`outage`) so the daemon can say it is degraded (`policy/store_outage.py`).
-One daemon at a time: an exclusive lock on the database file refuses a second one (exit
-69, like a socket another daemon listens on), which would otherwise resume the same
-turns and repeat their side effects. A database that cannot be read, fails its integrity check or
-comes from a newer schema stops start-up (StoreError, exit 74); it is never replaced by
-a new, empty one.
+`SQLiteStore` stands on `sqlite_conn.py`: the file and its lock, the commits and their
+retries while the store cannot be written (a crash, a full disk, a second daemon: see
+there), and the reader.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import random
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
-
-import anyio
-import structlog
-from anyio.abc import TaskGroup
+from collections.abc import Sequence
+from typing import Any
 
 from turnkeeper import jsonwire
-from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
-from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
     TERMINAL_SQL,
     MessageRows,
-    StoreError,
-    StoreUnavailable,
     dead_letter_entry,
     list_turns_sql,
     usage_of,
     with_messages,
 )
-from turnkeeper.store.sqlite_lock import lock_exclusive
+from turnkeeper.store.sqlite_conn import SQLiteConnection, Statement
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
-from turnkeeper.store.sqlite_schema import prepare
-from turnkeeper.store.writer import GroupCommitWriter, Write
 
-log = structlog.get_logger("turnkeeper.store")
-
-# SQLite's primary result codes that are the store's failure, not the write's: busy or
-# locked past the timeout, out of memory, read-only, I/O error, full, cannot open,
-# locking protocol. A constraint or a malformed statement is the write's own.
-_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
-# While the store is failing, one log line at most this often (and one when it recovers).
-OUTAGE_LOG_EVERY_S = 10.0
 DEAD_LETTERS_SHOWN = 1000
 
 
@@ -82,21 +49,7 @@ def _dumps(value: Any) -> str:
     return jsonwire.dumps_str(value)
 
 
-_Statement = tuple[str, Sequence[Any]]
-_T = TypeVar("_T")
-
-
-def store_unavailable(exc: BaseException) -> bool:
-    """True when `exc` is the store failing (retry the write later), not the write."""
-    if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", None)
-        if code is None:
-            return isinstance(exc, sqlite3.OperationalError)
-        return (int(code) & 0xFF) in _UNAVAILABLE_CODES
-    return isinstance(exc, OSError)
-
-
-def _event_statement(event: Event) -> _Statement:
+def _event_statement(event: Event) -> Statement:
     return ("INSERT OR IGNORE INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
             (event.seq, event.turn, event.ts, event.type, event.encoded()))
 
@@ -105,12 +58,12 @@ def _event_statement(event: Event) -> _Statement:
 _ROWS_PER_INSERT = 500
 
 
-def _message_statements(turn_id: str, messages: MessageRows | None) -> list[_Statement]:
+def _message_statements(turn_id: str, messages: MessageRows | None) -> list[Statement]:
     """Replace the turn's message rows from `messages.start` on; none for a turn with no
     row (as the UPDATE of its record, which matches nothing)."""
     if messages is None:
         return []
-    out: list[_Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
+    out: list[Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
                               (turn_id, messages.start))]
     rows = messages.rows
     for first in range(0, len(rows), _ROWS_PER_INSERT):
@@ -126,14 +79,7 @@ def _message_statements(turn_id: str, messages: MessageRows | None) -> list[_Sta
     return out
 
 
-def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) -> None:
-    if len(rows) == 1:
-        conn.execute(sql, rows[0])
-    elif rows:
-        conn.executemany(sql, rows)
-
-
-def _together(conn: sqlite3.Connection, queries: Sequence[_Statement]
+def _together(conn: sqlite3.Connection, queries: Sequence[Statement]
               ) -> list[list[tuple[Any, ...]]]:
     """Several queries in one read transaction: they see the same commit (a checkpoint
     and its message rows)."""
@@ -148,166 +94,9 @@ def _attach(checkpoint_json: str, rows: list[str]) -> dict[str, Any]:
     return with_messages(json.loads(checkpoint_json), rows)
 
 
-class SQLiteStore(GroupCommitWriter[_Statement]):
-    def __init__(self, path: Path, *, clock: Clock | None = None,
-                 fatal_after_s: float = DEFAULT_FATAL_AFTER_S) -> None:
-        super().__init__()
-        self.path = path
-        self._clock: Clock = clock or SystemClock()
-        self.outage = StoreOutage(fatal_after_s=fatal_after_s)
-        self._outage_logged_at: float | None = None
-        self._writer: sqlite3.Connection | None = None
-        self._reader: sqlite3.Connection | None = None
-        self._read_lock = anyio.Lock()
-        self._tg: TaskGroup | None = None
-        self._lock_fds: tuple[int, ...] = ()
-        self._next_seq = 0
-        self.commits = 0
-
+class SQLiteStore(SQLiteConnection):
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
-
-    # -- lifecycle ----------------------------------------------------------------
-
-    async def open(self) -> None:
-        await anyio.to_thread.run_sync(self._open_sync)
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                               timeout=30.0)
-        conn.execute("PRAGMA busy_timeout = 30000")
-        return conn
-
-    @property
-    def lock_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".lock")
-
-    def _lock_sync(self) -> None:
-        self._lock_fds = lock_exclusive(self.lock_path, self.path)
-
-    def _open_sync(self) -> None:
-        conn: sqlite3.Connection | None = None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-            self._lock_sync()
-            conn = self._connect()
-            prepare(conn, self.path)
-            row = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM turns").fetchone()
-            self._next_seq = int(row[0])
-            self._writer = conn
-            self._reader = self._connect()
-        except BaseException as exc:
-            if conn is not None:
-                conn.close()
-            self._unlock_sync()
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise StoreError(f"state database {self.path} cannot be opened: {exc} "
-                                 "(not a turnkeeper database, or damaged; restore it from "
-                                 "a backup or move it aside)") from None
-            if isinstance(exc, OSError):
-                raise StoreError(f"state directory {self.path.parent} is not usable: "
-                                 f"{exc.strerror or exc}") from None
-            raise
-
-    def _unlock_sync(self) -> None:
-        for fd in self._lock_fds:
-            os.close(fd)  # closing the descriptor releases the flock
-        self._lock_fds = ()
-
-    async def _commit(self, batch: list[Write[_Statement]]) -> None:
-        """Commit `batch` in order. The writes the store itself cannot take (see
-        `store_unavailable`) wait and are tried again, from the first of them on, until
-        they go through, the outage turns fatal, or the store closes."""
-        pending = batch
-        while pending:
-            try:
-                errors = await anyio.to_thread.run_sync(self._commit_sync, pending)
-            except Exception as exc:  # the thread itself failed
-                errors = [exc] * len(pending)
-            cut = next((i for i, e in enumerate(errors)
-                        if e is not None and store_unavailable(e)), len(pending))
-            self._answer(pending[:cut], errors[:cut])
-            if cut == len(pending):
-                if self.outage.recovered():
-                    log.warning("store.recovered", path=str(self.path))
-                    self._outage_logged_at = None
-                return
-            pending, error = pending[cut:], errors[cut]
-            now = self._clock.monotonic()
-            if self.outage.fatal(now=now) or self._closed:
-                why = ("unwritable for "
-                       f"{self.outage.failing_for(now=now):.0f} s" if not self._closed
-                       else "closing while unwritable")
-                self._answer(pending, [StoreUnavailable(
-                    f"state database {why}: {error}")] * len(pending))
-                return
-            delay = self.outage.failed(f"{type(error).__name__}: {error}", now=now,
-                                       rand=random.uniform)
-            if self._outage_logged_at is None or \
-                    now - self._outage_logged_at >= OUTAGE_LOG_EVERY_S:
-                self._outage_logged_at = now
-                log.error("store.unwritable", path=str(self.path), error=str(error),
-                          waiting_writes=len(pending),
-                          failing_for_s=round(self.outage.failing_for(now=now), 3),
-                          fatal_after_s=self.outage.fatal_after_s)
-            await self._clock.sleep(delay)
-
-    def _commit_sync(self, batch: list[Write[_Statement]]) -> list[BaseException | None]:
-        """One transaction for the batch. If it fails, each write gets its own, so one
-        bad write fails alone, never its neighbours. A write the store itself cannot take
-        ends the pass: it and the writes after it are left to retry in order (the events
-        that reach the disk stay a prefix of those published)."""
-        conn = self._writer
-        assert conn is not None, "store is not open"
-        try:
-            self._transaction(conn, [s for w in batch for s in w.ops])
-            self.commits += 1
-            return [None] * len(batch)
-        except Exception as exc:
-            if len(batch) == 1 or store_unavailable(exc):
-                return [exc] * len(batch)
-        errors: list[BaseException | None] = []
-        for w in batch:
-            try:
-                self._transaction(conn, w.ops)
-                self.commits += 1
-                errors.append(None)
-            except Exception as exc:
-                if store_unavailable(exc):
-                    return errors + [exc] * (len(batch) - len(errors))
-                errors.append(exc)
-        return errors
-
-    @staticmethod
-    def _transaction(conn: sqlite3.Connection, statements: Iterable[_Statement]) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            # A run of the same statement (event rows queued back to back) goes as one
-            # executemany: the statement is looked up once for the run.
-            run: list[Sequence[Any]] = []
-            run_sql = ""
-            for sql, params in statements:
-                if sql != run_sql:
-                    _execute_run(conn, run_sql, run)
-                    run, run_sql = [], sql
-                run.append(params)
-            _execute_run(conn, run_sql, run)
-            conn.execute("COMMIT")
-        except BaseException:
-            # SQLite may have rolled back by itself (a full disk, an I/O error): a second
-            # ROLLBACK would raise and hide the error that matters.
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
-
-    async def close(self) -> None:
-        await self._stop_writer()
-        for conn in (self._writer, self._reader):
-            if conn is not None:
-                await anyio.to_thread.run_sync(conn.close)
-        self._writer = self._reader = None
-        self._unlock_sync()
 
     # -- writing ------------------------------------------------------------------
 
@@ -332,7 +121,7 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
         transaction with `events`. The record and the checkpoint of a turn must describe
         the same moment: a write of the record alone is for a turn that ends (its
         checkpoint is no longer read)."""
-        stmt: _Statement
+        stmt: Statement
         if checkpoint is None:
             stmt = ("UPDATE turns SET state = ?, updated_at = ?, record = ? WHERE id = ?",
                     (record["state"], record["updated_at"], _dumps(record), record["id"]))
@@ -382,13 +171,13 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
         """Queued or awaited as `_journal_intent` says."""
-        statements: list[_Statement] = [(
+        statements: list[Statement] = [(
             "INSERT OR IGNORE INTO journal (key, turn, tool, arguments, idempotent)"
             " VALUES (?, ?, ?, ?, ?)", (key, turn, tool, arguments, int(idempotent)))]
         await self._journal_intent(key, statements, idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
-        statements: list[_Statement] = [("UPDATE journal SET outcome = ? WHERE key = ?",
+        statements: list[Statement] = [("UPDATE journal SET outcome = ? WHERE key = ?",
                                          (_dumps(outcome), key))]
         await self._journal_outcome(key, statements)
 
@@ -419,7 +208,7 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
         # queued again, and keeps everything.
         marks = ",".join("?" * len(ids))
         due = f"SELECT id FROM turns WHERE id IN ({marks}) AND state IN {TERMINAL_SQL}"
-        statements: list[_Statement] = [
+        statements: list[Statement] = [
             (f"DELETE FROM events WHERE turn IN ({due})", ids),
             (f"DELETE FROM journal WHERE turn IN ({due})", ids),
             (f"DELETE FROM messages WHERE turn IN ({due})", ids),
@@ -431,32 +220,6 @@ class SQLiteStore(GroupCommitWriter[_Statement]):
         return len(ids)
 
     # -- reading ------------------------------------------------------------------
-
-    async def _in_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """`work(reader)` in a worker thread, one read at a time. A row that is not the
-        JSON this store wrote (a damaged database that passed its quick check) is a
-        StoreError naming it, never a traceback."""
-        def run() -> _T:
-            assert self._reader is not None, "store is not open"
-            return work(self._reader)
-
-        async with self._read_lock:
-            try:
-                return await anyio.to_thread.run_sync(run)
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"state database read failed: {exc}") from exc
-            except ValueError as exc:  # json.JSONDecodeError
-                raise StoreError(f"state database {self.path} holds a damaged row ({exc}); "
-                                 "restore it from a backup") from exc
-
-    async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return await self._in_reader(lambda c: c.execute(sql, params).fetchall())
-
-    async def _read_json(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        """The first column of each row, decoded in the worker thread: 10,000 records
-        decoded on the event loop held every turn up for half a second."""
-        return await self._in_reader(
-            lambda c: [json.loads(r[0]) for r in c.execute(sql, params)])
 
     async def max_event_seq(self) -> int:
         rows = await self._read(
