@@ -4,7 +4,7 @@ Nothing in the turn runner calls a metric. Counters are derived from the events 
 runner and the supervisor already publish: `Metrics.on_event` is an EventBus listener,
 called synchronously as each event is published. State that already lives somewhere
 (turns by state, queue depth, breakers, policy version) is read from the supervisor at
-scrape time by a custom collector: derived, never stored twice.
+scrape time by a custom collector (`metrics_state.py`): derived, never stored twice.
 
 Served as `GET /metrics` on the control socket and, when `[metrics] listen` is set, on
 a TCP address for a Prometheus scrape. A small task measures event-loop lag (how late a
@@ -14,31 +14,22 @@ shows up there before it shows up anywhere else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
 
-from turnkeeper import __version__
 from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.events import Event
-from turnkeeper.policy.breaker import BreakerState
+from turnkeeper.metrics_state import StateCollector
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import StopCode, status_of
 from turnkeeper.supervisor import Supervisor
-from turnkeeper.turn.record import LIVE_STATES
 
 log = structlog.get_logger("turnkeeper.metrics")
 
@@ -47,7 +38,6 @@ LAG_INTERVAL_S = 0.1
 # from its neighbours (under 250 ms or not, under 500 ms or not).
 LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25,
                  0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
-DAEMON_STATES = ("starting", "ready", "reloading", "stopping")
 # Attempt outcomes: success, each failure class, a context overflow (a rebuild, not a
 # failure) and a call cut short by a redirect steer.
 ATTEMPT_CLASSES = ("success", *(c.value for c in FailureClass), "context_overflow",
@@ -133,7 +123,7 @@ class Metrics:
             "turnkeeper_overloaded",
             "1 while new submits are refused because the event loop's lag is over "
             "daemon.overload_lag, else 0", registry=r)
-        r.register(_StateCollector(supervisor, clock))
+        r.register(StateCollector(supervisor, clock))
         # Series that exist from the first scrape, so rate() and absent() work at once.
         for code in StopCode:
             self.turns_finished.labels(status_of(code).value, code.value)
@@ -326,132 +316,6 @@ class Metrics:
             raise
         log.info("metrics.listening", address=f"{host}:{port}")
         return runner
-
-
-class _StateCollector(Collector):
-    """Read at scrape time from the supervisor and the shared breakers."""
-
-    def __init__(self, supervisor: Supervisor, clock: Clock) -> None:
-        self.supervisor = supervisor
-        self.clock = clock
-
-    def describe(self) -> list[Metric]:
-        return []  # dynamic: no names reserved in the registry
-
-    def collect(self) -> Iterator[Metric]:
-        sup = self.supervisor
-        info = InfoMetricFamily("turnkeeper", "The daemon's version")
-        info.add_metric([], {"version": __version__})
-        yield info
-        state = GaugeMetricFamily("turnkeeper_daemon_state",
-                                  "1 for the daemon's current state", labels=["state"])
-        for name in DAEMON_STATES:
-            state.add_metric([name], 1.0 if sup.state == name else 0.0)
-        yield state
-        yield GaugeMetricFamily("turnkeeper_policy_version",
-                                "Version of the running policy", value=sup.policy.version)
-        yield GaugeMetricFamily("turnkeeper_last_reload_failed",
-                                "1 when the last reload was refused (the running policy "
-                                "is older than the config file)",
-                                value=1.0 if sup.last_reload_error else 0.0)
-        turns = GaugeMetricFamily("turnkeeper_turns", "Unfinished turns by state",
-                                  labels=["state"])
-        counts = sup.turn_counts()
-        for name in LIVE_STATES:
-            turns.add_metric([name], counts.get(name, 0))
-        yield turns
-        yield GaugeMetricFamily("turnkeeper_queue_depth", "Turns waiting to start (FIFO)",
-                                value=len(sup.queue))
-        yield GaugeMetricFamily("turnkeeper_queue_capacity", "daemon.max_queued_turns",
-                                value=sup.config.daemon.max_queued_turns)
-        yield GaugeMetricFamily("turnkeeper_turns_in_flight",
-                                "Turns holding a slot of max_concurrent_turns now (parked "
-                                "turns, waiting or recovering, give theirs back)",
-                                value=sup.active)
-        yield GaugeMetricFamily("turnkeeper_turns_in_flight_limit",
-                                "daemon.max_concurrent_turns",
-                                value=sup.config.daemon.max_concurrent_turns)
-        outage = sup.store.outage
-        yield GaugeMetricFamily("turnkeeper_store_writable",
-                                "1 while the store takes writes; 0 while they wait (a full "
-                                "disk, an unreachable database) and submits get 507",
-                                value=0.0 if outage.degraded else 1.0)
-        yield GaugeMetricFamily("turnkeeper_store_failing_seconds",
-                                "How long the store has failed every write (0 when it "
-                                "takes them); the daemon exits 74 at store.fatal_after",
-                                value=outage.failing_for(now=self.clock.monotonic()))
-        yield from self._breakers()
-        yield from self._in_flight()
-        yield from self._mcp_servers()
-        yield CounterMetricFamily("turnkeeper_event_subscribers_dropped",
-                                  "Event stream subscribers dropped for falling behind",
-                                  value=sup.bus.dropped_subscribers)
-        yield CounterMetricFamily("turnkeeper_event_listener_errors",
-                                  "Errors raised by in-process event listeners",
-                                  value=sup.bus.listener_errors)
-
-    def _mcp_servers(self) -> Iterator[Metric]:
-        servers = self.supervisor.runtime.toolbox.server_status()
-        up = GaugeMetricFamily("turnkeeper_mcp_server_up",
-                               "1 while an MCP server is connected and its tools offered",
-                               labels=["server"])
-        tools = GaugeMetricFamily("turnkeeper_mcp_server_tools",
-                                  "Tools an MCP server offers now", labels=["server"])
-        restarts = CounterMetricFamily("turnkeeper_mcp_server_restarts",
-                                       "Times the daemon restarted an MCP server",
-                                       labels=["server"])
-        for name, status in sorted(servers.items()):
-            is_up = status["state"] == "up"
-            up.add_metric([name], 1.0 if is_up else 0.0)
-            tools.add_metric([name], len(status["tools"]) if is_up else 0)
-            restarts.add_metric([name], status["restarts"])
-        yield up
-        yield tools
-        yield restarts
-
-    def _in_flight(self) -> Iterator[Metric]:
-        limit = GaugeMetricFamily("turnkeeper_provider_in_flight_limit",
-                                  "Model calls each provider may have in flight now (its "
-                                  "max_in_flight, or the adaptive limit)",
-                                  labels=["provider"])
-        in_flight = GaugeMetricFamily("turnkeeper_provider_in_flight",
-                                      "Model calls in flight against each provider",
-                                      labels=["provider"])
-        waiting = GaugeMetricFamily("turnkeeper_provider_in_flight_waiting",
-                                    "Model calls waiting for an in-flight slot",
-                                    labels=["provider"])
-        cuts = CounterMetricFamily("turnkeeper_provider_in_flight_decreases",
-                                   "Times the adaptive limit was cut after a 429, 529 or "
-                                   "Retry-After", labels=["provider"])
-        for name, gate in sorted(self.supervisor.shared.gates.gates.items()):
-            snap = gate.limit.snapshot()
-            if snap["limit"] is not None:
-                limit.add_metric([name], snap["limit"])
-            in_flight.add_metric([name], snap["in_flight"])
-            waiting.add_metric([name], gate.waiting)
-            cuts.add_metric([name], snap["decreases"])
-        yield limit
-        yield in_flight
-        yield waiting
-        yield cuts
-
-    def _breakers(self) -> Iterator[Metric]:
-        now = self.clock.monotonic()
-        state = GaugeMetricFamily("turnkeeper_breaker_state",
-                                  "1 for the current state of each circuit breaker",
-                                  labels=["kind", "name", "state"])
-        failures = GaugeMetricFamily("turnkeeper_breaker_consecutive_failures",
-                                     "Consecutive retryable/unknown failures counted by "
-                                     "each circuit breaker", labels=["kind", "name"])
-        for key, breaker in sorted(self.supervisor.shared.breakers.items()):
-            kind, _, name = key.partition(":")
-            current = breaker.state(now)
-            for s in BreakerState:
-                state.add_metric([kind, name, s.value], 1.0 if current is s else 0.0)
-            failures.add_metric([kind, name], breaker.consecutive_failures)
-        yield state
-        yield failures
-
 
 
 # What each event type counts; a type not listed counts nothing.

@@ -25,7 +25,7 @@ class _NoState:
 
 @pytest.fixture
 def bus(monkeypatch: pytest.MonkeyPatch) -> tuple[EventBus, Metrics]:
-    monkeypatch.setattr(metrics_module, "_StateCollector", _NoState)
+    monkeypatch.setattr(metrics_module, "StateCollector", _NoState)
     supervisor = SimpleNamespace(
         config=SimpleNamespace(providers=[SimpleNamespace(name="primary")]),
         runtime=SimpleNamespace(toolbox=SimpleNamespace(
