@@ -10,13 +10,15 @@ rows go with the newer one; event rows queued back to back make one write.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from tests.pg import FreshPostgresStore
+from tests.unit.test_store_conformance import (  # noqa: F401 - fixtures `anyio_backend`, `store`
+    anyio_backend,
+    every_store,
+)
 
 from turnkeeper.events import Event
 from turnkeeper.store.base import MessageRows, QueuesTurns
@@ -24,33 +26,9 @@ from turnkeeper.store.memory import MemoryStore
 from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.sqlite import SQLiteStore
 
-BACKENDS: dict[str, Callable[[Path], Any]] = {
-    "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),
-    "memory": lambda tmp: MemoryStore(),
-    "postgres": lambda tmp: FreshPostgresStore(),
-}
-
 pytestmark = pytest.mark.anyio
 
 Queueing = SQLiteStore | MemoryStore | PostgresStore
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-async def store(request: pytest.FixtureRequest, tmp_path: Path
-                ) -> AsyncIterator[Queueing]:
-    backend = BACKENDS[request.param](tmp_path)
-    await backend.open()
-    async with anyio.create_task_group() as tg:
-        await tg.start(backend.run)
-        try:
-            yield backend
-        finally:
-            await backend.close()
 
 
 def record(state: str, at: float) -> dict[str, Any]:

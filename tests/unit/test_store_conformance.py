@@ -40,8 +40,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+@pytest.fixture(params=sorted(BACKENDS), name="store")
+async def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """Each backend, open with its writer running (import `every_store`, ask for `store`)."""
     backend = BACKENDS[request.param](tmp_path)
     await backend.open()
     async with anyio.create_task_group() as tg:
