@@ -145,13 +145,7 @@ class MemoryStore:
                         messages: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
         self._check_open()
-        row = self._turns.get(record["id"])
-        if row is not None:  # as an UPDATE that matches no row: nothing changes
-            row.state, row.updated_at = record["state"], record["updated_at"]
-            row.record = _copy(record)
-            if checkpoint is not None:
-                row.checkpoint = _copy(checkpoint)
-            row.write_messages(messages)
+        self._write_turn(record, checkpoint, messages)
         self._add_events(events)
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
@@ -160,12 +154,18 @@ class MemoryStore:
         behind), so it is never superseded. False once the store is closed."""
         if not self._open:
             return False
-        row = self._turns.get(record["id"])
-        if row is not None:
-            row.state, row.updated_at = record["state"], record["updated_at"]
-            row.record, row.checkpoint = _copy(record), _copy(checkpoint)
-            row.write_messages(messages)
+        self._write_turn(record, checkpoint, messages)
         return True
+
+    def _write_turn(self, record: dict[str, Any], checkpoint: dict[str, Any] | None,
+                    messages: MessageRows | None) -> None:
+        row = self._turns.get(record["id"])
+        if row is not None:  # as an UPDATE that matches no row: nothing changes
+            row.state, row.updated_at = record["state"], record["updated_at"]
+            row.record = _copy(record)
+            if checkpoint is not None:
+                row.checkpoint = _copy(checkpoint)
+            row.write_messages(messages)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:

@@ -54,6 +54,16 @@ def _event_statement(event: Event) -> Statement:
             (event.seq, event.turn, event.ts, event.type, event.encoded()))
 
 
+def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -> Statement:
+    """The turn's row: its record, and its checkpoint when given."""
+    if checkpoint is None:
+        return ("UPDATE turns SET state = ?, updated_at = ?, record = ? WHERE id = ?",
+                (record["state"], record["updated_at"], _dumps(record), record["id"]))
+    return ("UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
+            " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
+                               _dumps(checkpoint), record["id"]))
+
+
 # Rows per INSERT statement (3 parameters each, far below SQLite's limit of 32,766).
 _ROWS_PER_INSERT = 500
 
@@ -121,15 +131,8 @@ class SQLiteStore(SQLiteConnection):
         transaction with `events`. The record and the checkpoint of a turn must describe
         the same moment: a write of the record alone is for a turn that ends (its
         checkpoint is no longer read)."""
-        stmt: Statement
-        if checkpoint is None:
-            stmt = ("UPDATE turns SET state = ?, updated_at = ?, record = ? WHERE id = ?",
-                    (record["state"], record["updated_at"], _dumps(record), record["id"]))
-        else:
-            stmt = ("UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
-                    " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
-                                       _dumps(checkpoint), record["id"]))
-        await self._write([stmt, *_message_statements(record["id"], messages),
+        await self._write([_turn_statement(record, checkpoint),
+                           *_message_statements(record["id"], messages),
                            *map(_event_statement, events)],
                           supersedes=None if checkpoint is None else record["id"])
 
@@ -141,11 +144,8 @@ class SQLiteStore(SQLiteConnection):
         message rows go with the newer one). False when the store takes no more writes
         (nothing was queued: the caller awaits `save_turn` instead). See `QueuesTurns`
         in the store interface for when a caller may leave a checkpoint unawaited."""
-        return self._enqueue_turn(record["id"], [(
-            "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
-            " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
-                              _dumps(checkpoint), record["id"])),
-            *_message_statements(record["id"], messages)])
+        return self._enqueue_turn(record["id"], [
+            _turn_statement(record, checkpoint), *_message_statements(record["id"], messages)])
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
