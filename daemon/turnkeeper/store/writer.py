@@ -126,8 +126,7 @@ class GroupCommitWriter(Generic[Op]):
 
     def _push(self, w: Write[Op]) -> None:
         self._queue.append(w)
-        if self._wake is not None:
-            self._notify()
+        self._notify()
 
     def _supersede(self, turn: str, ops: Sequence[Op]) -> Sequence[Op]:
         """A newer checkpoint of `turn` (`ops`, its row first) is written: the turn's
