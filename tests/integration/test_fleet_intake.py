@@ -24,6 +24,19 @@ UNCLAIMED = ("SELECT count(*) FROM turns WHERE owner IS NULL AND state NOT IN"
              " ('completed', 'partial', 'failed', 'blocked', 'cancelled')")
 
 
+def settle(db: str, daemons: list[Daemon], timeout: float = 10.0) -> None:
+    """Until every node admits against the fleet's queue as it stands in the database
+    (each has read it at a claim tick since the last submit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        [(unclaimed,)] = query(db, UNCLAIMED)
+        seen = [d.get("/v1/status")[1]["fleet"]["waiting"] for d in daemons]
+        if seen == [unclaimed] * len(daemons):
+            return
+        assert time.monotonic() < deadline, (unclaimed, seen)
+        time.sleep(0.1)
+
+
 def burst(daemon: Daemon, n: int, tag: str) -> list[int]:
     return [daemon.post("/v1/turns", {"message": f"work {tag}{i}"})[0] for i in range(n)]
 
@@ -42,9 +55,9 @@ def test_max_queued_turns_bounds_the_fleets_queue_not_each_nodes(
     try:
         first = burst(daemons[0], 12, "a")
         server.wait_for_calls("/effect", 2)  # both nodes' one slot is taken
-        time.sleep(2.5)  # both nodes have read the fleet's queue since
+        settle(db, daemons)
         second = burst(daemons[1], 12, "b")
-        time.sleep(2.5)
+        settle(db, daemons)
         last = burst(daemons[0], 2, "c") + burst(daemons[1], 2, "d")
         [(unclaimed,)] = query(db, UNCLAIMED)
         status = subprocess.run([sys.executable, "-m", "turnkeeper", "--socket",
