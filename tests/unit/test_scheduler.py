@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from turnkeeper.policy.scheduler import Dispatch, SessionScheduler
+from turnkeeper.policy.scheduler import Dispatch, Refusal, SessionScheduler, queue_full
 
 
 def scheduler(max_concurrent: int = 2, max_queued: int = 10) -> SessionScheduler:
@@ -66,26 +66,31 @@ def test_stop_wanting_withdraws_a_slot_request() -> None:
     assert s.dispatch(intake_open=True) == Dispatch()
 
 
+def queue_refusal(s: SessionScheduler) -> Refusal | None:
+    """What intake answers a submit with this scheduler's queue."""
+    return queue_full(len(s.queue), max_queued=s.max_queued, running=s.running)
+
+
 def test_the_queue_limit_refuses_with_a_retry_after_per_running_turn() -> None:
     s = scheduler(max_concurrent=1, max_queued=3)
-    assert s.refusal() is None
+    assert queue_refusal(s) is None
     for t in ("a", "b", "c", "d"):
         s.enqueue(t, t)
-    refusal = s.refusal()
+    refusal = queue_refusal(s)
     assert refusal is not None and refusal.retry_after_s == 4
     assert "4 turns waiting" in refusal.reason
     s.dispatch(intake_open=True)  # one running, three queued
-    refusal = s.refusal()
+    refusal = queue_refusal(s)
     assert refusal is not None and refusal.retry_after_s == 3
 
 
 def test_retry_after_is_between_one_second_and_a_minute() -> None:
     s = scheduler(max_concurrent=1, max_queued=0)
-    refusal = s.refusal()
+    refusal = queue_refusal(s)
     assert refusal is not None and refusal.retry_after_s == 1
     for i in range(500):
         s.enqueue(f"t{i}", f"s{i}")
-    refusal = s.refusal()
+    refusal = queue_refusal(s)
     assert refusal is not None and refusal.retry_after_s == 60
 
 
@@ -104,7 +109,7 @@ def test_new_limits_apply_from_the_next_decision() -> None:
     s.enqueue("a", "A")
     s.enqueue("b", "B")
     s.set_limits(max_concurrent=2, max_queued=5)
-    assert s.refusal() is None
+    assert queue_refusal(s) is None
     assert s.dispatch(intake_open=True).started == ("a", "b")
 
 
@@ -115,7 +120,7 @@ def test_a_pause_holds_queued_turns_not_woken_ones_and_the_queue_still_fills() -
     s.release_slot("p")
     s.paused = True
     s.enqueue("n", "N")
-    assert s.refusal() is None  # submits are still taken
+    assert queue_refusal(s) is None  # submits are still taken
     s.want_slot("p")
     assert s.dispatch(intake_open=True) == Dispatch(woken=("p",))
     assert list(s.queue) == ["n"]

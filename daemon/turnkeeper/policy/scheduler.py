@@ -85,12 +85,6 @@ class SessionScheduler:
     def holds_slot(self, turn: str) -> bool:
         return turn in self._slots
 
-    # -- intake ---------------------------------------------------------------------
-
-    def refusal(self) -> Refusal | None:
-        """None when the queue has room for one more turn."""
-        return queue_full(len(self.queue), max_queued=self.max_queued, running=self.running)
-
     def enqueue(self, turn: str, session: str) -> None:
         self._session_of[turn] = session
         self.queue.append(turn)
