@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
-from turnkeeper.policy.breaker import BreakerChange
+from turnkeeper.policy.breaker import BreakerChange, CircuitBreaker
 from turnkeeper.policy.breaker_share import StreakShare
 from turnkeeper.store.base import StoreError
 from turnkeeper.store.fleet import FleetStore, read_breaker_notice
@@ -53,11 +53,15 @@ class FleetBreakers:
         if left is None or local is None:
             self.due = True
             return False
-        if local.open_from_peer(now := self.core.clock.monotonic(), left):
-            self._shared[name] = now + left
-            log.warning("fleet.breaker_opened_by_peer", node=self.node_id, breaker=name,
-                        open_for_s=round(left, 3))
+        self._open_from_peer(local, left, self.core.clock.monotonic())
         return True
+
+    def _open_from_peer(self, local: CircuitBreaker, left: float, now: float) -> None:
+        """Another node opened the peer's breaker for `left` more seconds: so here."""
+        if local.open_from_peer(now, left):
+            self._shared[local.name] = now + left  # not ours to publish again
+            log.warning("fleet.breaker_opened_by_peer", node=self.node_id,
+                        breaker=local.name, open_for_s=round(left, 3))
 
     def changed(self, change: BreakerChange) -> None:
         """A breaker's streak grew, broke or it opened: flush it to the store now."""
@@ -154,7 +158,5 @@ class FleetBreakers:
                 before = flushes.get(name, 0)
                 if self._flushes.get(name, 0) == before and before % 2 == 0:
                     self._count_on(name, streak, now)
-            elif local.open_from_peer(now, left):
-                self._shared[name] = now + left  # not ours to publish again
-                log.warning("fleet.breaker_opened_by_peer", node=self.node_id,
-                            breaker=name, open_for_s=round(left, 3))
+            else:
+                self._open_from_peer(local, left, now)
