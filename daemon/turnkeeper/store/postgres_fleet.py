@@ -41,6 +41,9 @@ from turnkeeper.store.postgres_conn import (
 
 EVENT_BLOCK = 2**32
 EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
+# The seconds a breakers row stays open, by the database's clock (NULL: not open).
+OPEN_LEFT_S = ("CASE WHEN open_until > now() THEN extract(epoch FROM open_until - now())"
+               " END")
 
 
 def process_alive(pid: int) -> bool:
@@ -347,8 +350,7 @@ class PostgresFleet(PostgresConnection):
                     "INSERT INTO breakers AS b (name, open_until, node, failures)"
                     " VALUES ($1, NULL, $2, $3) ON CONFLICT (name) DO UPDATE SET failures"
                     " = CASE WHEN $4 THEN 0 ELSE b.failures END + excluded.failures"
-                    " RETURNING failures, CASE WHEN open_until > now() THEN extract(epoch"
-                    " FROM open_until - now()) END AS left_s",
+                    f" RETURNING failures, {OPEN_LEFT_S} AS left_s",
                     name, self.node_id, failures, reset)
                 assert row is not None  # an upsert returns its row
                 streak, left = int(row["failures"]), row["left_s"]
@@ -367,8 +369,7 @@ class PostgresFleet(PostgresConnection):
         """Every breaker the fleet shares: name -> (streak, seconds it stays open or
         None), by the database's clock, so nodes' clocks need not agree."""
         rows = await self._fetch(
-            "SELECT name, failures, CASE WHEN open_until > now() THEN extract(epoch FROM"
-            " open_until - now()) END AS s FROM breakers")
+            f"SELECT name, failures, {OPEN_LEFT_S} AS s FROM breakers")
         return {r["name"]: (int(r["failures"]), None if r["s"] is None else float(r["s"]))
                 for r in rows}
 
