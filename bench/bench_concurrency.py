@@ -40,7 +40,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.fake_model import start_model, wait_port
+from bench.fake_model import daemon_config, start_model, wait_port
 from tests.integration.harness import Daemon
 
 from turnkeeper.metrics import LAG_BUCKETS_S, LAG_INTERVAL_S
@@ -236,20 +236,9 @@ log_level = "warning"
 [budget]
 max_seconds = 600.0
 
-[[providers]]
-name = "loopback"
-kind = "openai"
-base_url = "http://127.0.0.1:{port}/v1"
-model = "bench"
-stream = false
-max_connections = {CONNECTIONS}
-timeout = 120.0
-
-[[tools]]
-name = "echo"
-kind = "echo"
-idempotent = true
-""", env={"TURNKEEPER_PROFILE": str(Path(args.profile).resolve())} if args.profile else None)
+""" + daemon_config(port, max_connections=CONNECTIONS),
+                   env={"TURNKEEPER_PROFILE": str(Path(args.profile).resolve())}
+                   if args.profile else None)
         d.start()
         assert d.proc is not None
         idle_kb = rss_kb(d.proc.pid, "VmRSS")

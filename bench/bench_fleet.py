@@ -43,7 +43,7 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_concurrency import cpu_s
-from bench.fake_model import start_model, wait_port
+from bench.fake_model import daemon_config, start_model, wait_port
 from tests.integration.harness import Daemon, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
 from tests.pg import create_database, drop_database
@@ -89,18 +89,7 @@ def model_config(port: int, slots: int, *, db: str | None, node: str, lease: flo
         max_concurrent_turns = {slots}
         max_queued_turns = 10000
         log_level = "warning"
-        [[providers]]
-        name = "loopback"
-        kind = "openai"
-        base_url = "http://127.0.0.1:{port}/v1"
-        model = "bench"
-        stream = false
-        timeout = 60.0
-        [[tools]]
-        name = "echo"
-        kind = "echo"
-        idempotent = true
-        """) + fleet_section(db, node, lease)
+        """) + daemon_config(port, timeout=60.0) + fleet_section(db, node, lease)
 
 
 def count_finished(db: str) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.daemon_proc import DaemonProc
-from bench.fake_model import start_model
+from bench.fake_model import daemon_config, start_model
 
 BATCH = 100
 
@@ -44,24 +44,9 @@ class Node(DaemonProc):
 
     def __init__(self, root: Path, port: int, turns: int) -> None:
         super().__init__(root, f"max_concurrent_turns = {turns}\n"
-                               f"max_queued_turns = {turns * 2}\n", f"""
-[budget]
-max_seconds = 600.0
-
-[[providers]]
-name = "loopback"
-kind = "openai"
-base_url = "http://127.0.0.1:{port}/v1"
-model = "bench"
-stream = false
-max_connections = {turns}
-timeout = 120.0
-
-[[tools]]
-name = "echo"
-kind = "echo"
-idempotent = true
-""")
+                               f"max_queued_turns = {turns * 2}\n",
+                         "[budget]\nmax_seconds = 600.0\n\n"
+                         + daemon_config(port, max_connections=turns))
 
     def submit(self, turns: int) -> float:
         """Every turn, in batches; the time the first batch was sent."""

@@ -51,6 +51,17 @@ def make_app(latency_s: float, steps: int) -> web.Application:
     return app
 
 
+def daemon_config(port: int, *, max_connections: int | None = None,
+                  timeout: float = 120.0) -> str:
+    """The daemon's provider and tool for this model: the `loopback` provider at `port`
+    and the `echo` tool its conversations call (TOML, to follow a `[daemon]` table)."""
+    connections = "" if max_connections is None else f"max_connections = {max_connections}\n"
+    return (f'[[providers]]\nname = "loopback"\nkind = "openai"\n'
+            f'base_url = "http://127.0.0.1:{port}/v1"\nmodel = "bench"\nstream = false\n'
+            f"{connections}timeout = {timeout}\n\n"
+            '[[tools]]\nname = "echo"\nkind = "echo"\nidempotent = true\n')
+
+
 def start_model(*, latency: float, steps: int) -> tuple[subprocess.Popen[str], int]:
     """This server as a child process (its CPU is not the caller's), and its port."""
     proc = subprocess.Popen([sys.executable, __file__, "--latency", str(latency),
