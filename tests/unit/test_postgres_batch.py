@@ -14,6 +14,7 @@ from tests.pg import fresh_database
 from turnkeeper.store import postgres_batch as pb
 from turnkeeper.store.fleet import StaleLease
 from turnkeeper.store.postgres_schema import prepare
+from turnkeeper.store.writer import MessageWrite
 
 
 def upd(turn: str, epoch: int | None = None, checkpoint: str | None = None) -> pb.TurnUpdate:
@@ -35,7 +36,7 @@ async def noop(conn: Any) -> None:
 
 
 def test_a_step_of_many_turns_is_one_segment() -> None:
-    writes = [[upd(f"t{n}", 1), pb.MessageWrite(f"t{n}", 2, ("{}",)), event(n, f"t{n}")]
+    writes = [[upd(f"t{n}", 1), MessageWrite(f"t{n}", 2, ("{}",)), event(n, f"t{n}")]
               for n in range(50)]
     writes.append([(JOURNAL, ("k", "t1", "echo", "{}", True))])
     parts = pb.segments(writes)
@@ -69,8 +70,8 @@ def test_the_turn_update_is_one_statement_with_a_column_per_field() -> None:
 
 
 def test_conversation_rows_of_every_turn_in_one_statement() -> None:
-    sql, args = pb.message_upsert([pb.MessageWrite("a", 2, ("x", "y")),
-                                   pb.MessageWrite("b", 0, ())])
+    sql, args = pb.message_upsert([MessageWrite("a", 2, ("x", "y")),
+                                   MessageWrite("b", 0, ())])
     assert sql.count("unnest(") == 2
     assert args == (["a", "b"], [4, 0], ["a", "a"], [2, 3], ["x", "y"])
 
@@ -113,8 +114,8 @@ async def conn() -> AsyncIterator[asyncpg.Connection]:
 async def test_a_stale_claim_fails_its_own_write_and_the_rest_commit(
         conn: asyncpg.Connection) -> None:
     writes: list[list[pb.Op]] = [
-        [upd("a", 1, '{"n":1}'), pb.MessageWrite("a", 0, ('"a0"', '"a1"')), event(1, "a")],
-        [upd("b", 7, '{"n":2}'), pb.MessageWrite("b", 0, ('"b0"',)), event(2, "b")],
+        [upd("a", 1, '{"n":1}'), MessageWrite("a", 0, ('"a0"', '"a1"')), event(1, "a")],
+        [upd("b", 7, '{"n":2}'), MessageWrite("b", 0, ('"b0"',)), event(2, "b")],
         [upd("c"), event(3, "c")],
     ]
     errors = await pb.commit(conn, writes)
@@ -133,11 +134,11 @@ async def test_a_stale_claim_fails_its_own_write_and_the_rest_commit(
 @pytest.mark.anyio
 async def test_conversation_rows_replace_from_start_and_drop_past_the_end(
         conn: asyncpg.Connection) -> None:
-    await pb.commit(conn, [[pb.MessageWrite("a", 0, ('"0"', '"1"', '"2"', '"3"'))]])
-    await pb.commit(conn, [[pb.MessageWrite("a", 1, ('"x"',))],
-                           [pb.MessageWrite("b", 0, ('"b"',))]])
-    await pb.commit(conn, [[pb.MessageWrite("b", 1, ('"c"',))],
-                           [pb.MessageWrite("b", 2, ('"d"',))]])  # same turn: in order
+    await pb.commit(conn, [[MessageWrite("a", 0, ('"0"', '"1"', '"2"', '"3"'))]])
+    await pb.commit(conn, [[MessageWrite("a", 1, ('"x"',))],
+                           [MessageWrite("b", 0, ('"b"',))]])
+    await pb.commit(conn, [[MessageWrite("b", 1, ('"c"',))],
+                           [MessageWrite("b", 2, ('"d"',))]])  # same turn: in order
     assert [tuple(r) for r in await conn.fetch(
         "SELECT turn, idx, data FROM messages ORDER BY turn, idx")] == [
         ("a", 0, '"0"'), ("a", 1, '"x"'), ("b", 0, '"b"'), ("b", 1, '"c"'),

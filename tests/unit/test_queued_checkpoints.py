@@ -25,6 +25,7 @@ from turnkeeper.store.base import MessageRows, QueuesTurns
 from turnkeeper.store.memory import MemoryStore
 from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.sqlite import SQLiteStore
+from turnkeeper.store.writer import MessageWrite, join_messages
 
 pytestmark = pytest.mark.anyio
 
@@ -134,3 +135,17 @@ async def test_event_rows_queued_back_to_back_make_one_write(tmp_path: Path) -> 
                                                               (4, 4), (5, 5)]
         finally:
             await store.close()
+
+
+def test_a_dropped_checkpoint_s_rows_join_the_newer_rows_they_run_on_to() -> None:
+    head = ("UPDATE turns ...", ())
+    a01, a2 = MessageWrite("t_a", 0, ("m0", "m1")), MessageWrite("t_a", 2, ("m2",))
+    # Running on, or rewriting the last of them: one conversation write.
+    assert join_messages([a01], [head, a2]) == [head, MessageWrite("t_a", 0, ("m0", "m1", "m2"))]
+    assert join_messages([a01], [head, MessageWrite("t_a", 1, ("x",))]) == [
+        head, MessageWrite("t_a", 0, ("m0", "x"))]
+    # A gap, a rewrite from before them, or rows that are not a MessageWrite: both go,
+    # the dropped ones first.
+    for newer in (MessageWrite("t_a", 3, ("m3",)), MessageWrite("t_b", 2, ("m2",))):
+        assert join_messages([a01], [head, newer]) == [head, a01, newer]
+    assert join_messages([("DELETE ...", ())], [head, a2]) == [head, ("DELETE ...", ()), a2]

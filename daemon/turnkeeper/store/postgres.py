@@ -58,7 +58,6 @@ from turnkeeper.store.postgres_batch import (
     EVENT_INSERT,
     EVENT_INSERT_FENCED,
     Conn,
-    MessageWrite,
     Op,
     Statement,
     TurnUpdate,
@@ -68,6 +67,7 @@ from turnkeeper.store.postgres_fleet import PostgresFleet
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
+from turnkeeper.store.writer import MessageWrite
 
 DEAD_LETTERS_SHOWN = 1000
 

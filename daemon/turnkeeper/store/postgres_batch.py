@@ -35,6 +35,7 @@ from typing import Any
 import asyncpg
 
 from turnkeeper.store.fleet import StaleLease
+from turnkeeper.store.writer import MessageWrite
 
 Statement = tuple[str, Sequence[Any]]
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
@@ -54,16 +55,6 @@ class TurnUpdate:
     checkpoint: str | None = None
     owner: str | None = None
     epoch: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MessageWrite:
-    """A turn's conversation rows from index `start`: after it the turn holds exactly
-    `start + len(rows)` rows."""
-
-    turn: str
-    start: int
-    rows: tuple[str, ...]
 
 
 Op = Statement | Call | TurnUpdate | MessageWrite

@@ -38,9 +38,10 @@ from turnkeeper.store.base import (
     usage_of,
     with_messages,
 )
-from turnkeeper.store.sqlite_conn import SQLiteConnection, Statement
+from turnkeeper.store.sqlite_conn import Op, SQLiteConnection, Statement
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
+from turnkeeper.store.writer import MessageWrite
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -64,29 +65,9 @@ def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -
                                _dumps(checkpoint), record["id"]))
 
 
-# Rows per INSERT statement (3 parameters each, far below SQLite's limit of 32,766).
-_ROWS_PER_INSERT = 500
-
-
-def _message_statements(turn_id: str, messages: MessageRows | None) -> list[Statement]:
-    """Replace the turn's message rows from `messages.start` on; none for a turn with no
-    row (as the UPDATE of its record, which matches nothing)."""
-    if messages is None:
-        return []
-    out: list[Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
-                              (turn_id, messages.start))]
-    rows = messages.rows
-    for first in range(0, len(rows), _ROWS_PER_INSERT):
-        chunk = rows[first:first + _ROWS_PER_INSERT]
-        params: list[Any] = []
-        for n, text in enumerate(chunk, messages.start + first):
-            params += (n, text)
-        params.append(turn_id)
-        out.append((
-            "INSERT INTO messages (turn, idx, data) SELECT t.id, v.column1, v.column2"
-            " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
-            " JOIN turns AS t ON t.id = ?", params))
-    return out
+def _message_write(turn_id: str, messages: MessageRows | None) -> list[Op]:
+    """The turn's message rows from `messages.start` on (see `message_statements`)."""
+    return [] if messages is None else [MessageWrite(turn_id, messages.start, messages.rows)]
 
 
 def _together(conn: sqlite3.Connection, queries: Sequence[Statement]
@@ -132,7 +113,7 @@ class SQLiteStore(SQLiteConnection):
         the same moment: a write of the record alone is for a turn that ends (its
         checkpoint is no longer read)."""
         await self._write([_turn_statement(record, checkpoint),
-                           *_message_statements(record["id"], messages),
+                           *_message_write(record["id"], messages),
                            *map(_event_statement, events)],
                           supersedes=None if checkpoint is None else record["id"])
 
@@ -145,7 +126,7 @@ class SQLiteStore(SQLiteConnection):
         (nothing was queued: the caller awaits `save_turn` instead). See `QueuesTurns`
         in the store interface for when a caller may leave a checkpoint unawaited."""
         return self._enqueue_turn(record["id"], [
-            _turn_statement(record, checkpoint), *_message_statements(record["id"], messages)])
+            _turn_statement(record, checkpoint), *_message_write(record["id"], messages)])
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -188,7 +169,7 @@ class SQLiteStore(SQLiteConnection):
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
             " replayed_by = NULL WHERE id = ?",
             (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
-             record["id"])), *_message_statements(record["id"], messages),
+             record["id"])), *_message_write(record["id"], messages),
             *map(_event_statement, events)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:

@@ -25,7 +25,7 @@ import json
 import os
 import random
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +38,7 @@ from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
 from turnkeeper.store.base import StoreError, StoreUnavailable
 from turnkeeper.store.sqlite_lock import lock_exclusive
 from turnkeeper.store.sqlite_schema import prepare
-from turnkeeper.store.writer import GroupCommitWriter, Write
+from turnkeeper.store.writer import GroupCommitWriter, MessageWrite, Write
 
 log = structlog.get_logger("turnkeeper.store")
 
@@ -50,6 +50,9 @@ _UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
 OUTAGE_LOG_EVERY_S = 10.0
 
 Statement = tuple[str, Sequence[Any]]
+# A write's ops: statements, and a turn's conversation rows (turned into statements when
+# they commit, so a dropped checkpoint's rows can join the newer write's: see the writer).
+Op = Statement | MessageWrite
 _T = TypeVar("_T")
 
 
@@ -70,7 +73,38 @@ def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) 
         conn.executemany(sql, rows)
 
 
-class SQLiteConnection(GroupCommitWriter[Statement]):
+# Rows per INSERT statement (3 parameters each, far below SQLite's limit of 32,766).
+_ROWS_PER_INSERT = 500
+
+
+def message_statements(m: MessageWrite) -> list[Statement]:
+    """Replace the turn's message rows from `m.start` on; none for a turn with no row (as
+    the UPDATE of its record, which matches nothing)."""
+    out: list[Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
+                              (m.turn, m.start))]
+    rows = m.rows
+    for first in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[first:first + _ROWS_PER_INSERT]
+        params: list[Any] = []
+        for n, text in enumerate(chunk, m.start + first):
+            params += (n, text)
+        params.append(m.turn)
+        out.append((
+            "INSERT INTO messages (turn, idx, data) SELECT t.id, v.column1, v.column2"
+            " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
+            " JOIN turns AS t ON t.id = ?", params))
+    return out
+
+
+def _statements(ops: Iterable[Op]) -> Iterator[Statement]:
+    for op in ops:
+        if isinstance(op, MessageWrite):
+            yield from message_statements(op)
+        else:
+            yield op
+
+
+class SQLiteConnection(GroupCommitWriter[Op]):
     """The file and its two connections; the store's calls are in `SQLiteStore`."""
 
     def __init__(self, path: Path, *, clock: Clock | None = None,
@@ -145,7 +179,7 @@ class SQLiteConnection(GroupCommitWriter[Statement]):
 
     # -- the writer's commits ---------------------------------------------------------
 
-    async def _commit(self, batch: list[Write[Statement]]) -> None:
+    async def _commit(self, batch: list[Write[Op]]) -> None:
         """Commit `batch` in order. The writes the store itself cannot take (see
         `store_unavailable`) wait and are tried again, from the first of them on, until
         they go through, the outage turns fatal, or the store closes."""
@@ -183,7 +217,7 @@ class SQLiteConnection(GroupCommitWriter[Statement]):
                           fatal_after_s=self.outage.fatal_after_s)
             await self._clock.sleep(delay)
 
-    def _commit_sync(self, batch: list[Write[Statement]]) -> list[BaseException | None]:
+    def _commit_sync(self, batch: list[Write[Op]]) -> list[BaseException | None]:
         """One transaction for the batch. If it fails, each write gets its own, so one
         bad write fails alone, never its neighbours. A write the store itself cannot take
         ends the pass: it and the writes after it are left to retry in order (the events
@@ -210,14 +244,14 @@ class SQLiteConnection(GroupCommitWriter[Statement]):
         return errors
 
     @staticmethod
-    def _transaction(conn: sqlite3.Connection, statements: Iterable[Statement]) -> None:
+    def _transaction(conn: sqlite3.Connection, ops: Iterable[Op]) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             # A run of the same statement (event rows queued back to back) goes as one
             # executemany: the statement is looked up once for the run.
             run: list[Sequence[Any]] = []
             run_sql = ""
-            for sql, params in statements:
+            for sql, params in _statements(ops):
                 if sql != run_sql:
                     _execute_run(conn, run_sql, run)
                     run, run_sql = [], sql

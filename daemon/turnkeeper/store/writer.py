@@ -12,7 +12,9 @@ one write, not five.
 A turn's checkpoint may also be queued (`_enqueue_turn`): it commits in order, before any
 later write of the same turn. A queued checkpoint that a newer one of the same turn
 supersedes before it was taken for a commit is dropped (`superseded`); its message rows
-move into the newer write, which counts them.
+move into the newer write, which counts them, joined with the newer rows into one
+`MessageWrite` where they run on (a step's checkpoint at the top of the step, dropped for
+the one after the model's reply: one conversation write, not two).
 What a commit does (SQLite's transaction in a worker thread, PostgreSQL's over the
 network, and how each rides out its store's own failures) is the backend's `_commit`;
 it answers every write of the batch through `_answer`.
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import anyio
 
@@ -36,6 +38,33 @@ MAX_BATCH = 1000
 MAX_PENDING_IDEMPOTENT = 100_000
 
 Op = TypeVar("Op")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageWrite:
+    """A turn's conversation rows from index `start`: after it the turn holds exactly
+    `start + len(rows)` rows."""
+
+    turn: str
+    start: int
+    rows: tuple[str, ...]
+
+
+def join_messages(moved: Sequence[Op], ops: Sequence[Op]) -> list[Op]:
+    """The message rows of a turn's dropped checkpoint (`moved`) put into the newer
+    checkpoint's write (`ops`, its row first), ahead of its own rows: they commit with
+    the checkpoint that counts them, never without one. Where the newer rows run on
+    from (or overlap) the dropped ones, the two become one `MessageWrite`."""
+    head, rest = ops[0], list(ops[1:])
+    if len(moved) == 1 and rest:
+        old, new = moved[0], rest[0]
+        if isinstance(old, MessageWrite) and isinstance(new, MessageWrite) \
+                and old.turn == new.turn and old.start <= new.start \
+                <= old.start + len(old.rows):
+            joined = MessageWrite(old.turn, old.start,
+                                  old.rows[:new.start - old.start] + new.rows)
+            return [head, cast(Op, joined), *rest[1:]]
+    return [head, *moved, *rest]
 
 
 @dataclass(slots=True)
@@ -131,14 +160,13 @@ class GroupCommitWriter(Generic[Op]):
     def _supersede(self, turn: str, ops: Sequence[Op]) -> Sequence[Op]:
         """A newer checkpoint of `turn` (`ops`, its row first) is written: the turn's
         queued one, if not yet taken for a commit, is dropped, and its message rows move
-        into the newer write, ahead of its own (they commit with the checkpoint that
-        counts them, never without one)."""
+        into the newer write (`join_messages`)."""
         old = self._queued_turns.pop(turn, None)
         if old is None:
             return ops
         moved, old.ops = old.ops[1:], ()
         self.superseded += 1
-        return [ops[0], *moved, *ops[1:]] if moved else ops
+        return join_messages(moved, ops) if moved else ops
 
     async def _write(self, ops: Sequence[Op], *, supersedes: str | None = None) -> None:
         """`ops` in a transaction (with whatever else is queued), durable on return. A
