@@ -111,7 +111,11 @@ class Harness:
         results: list[TurnResult | None] = []
 
         async def go() -> None:
-            results.append(await self.runner.run())
+            result = await self.runner.run()
+            held = self.runner.ctx.result_checkpoint
+            if held is not None:  # an answer's checkpoint, saved with the result
+                await self.store.save_turn(self.record.to_json(), held[0], messages=held[1])
+            results.append(result)
 
         await self.store.open()
         await self.store.insert_turn(self.record.to_json(), {})

@@ -40,7 +40,8 @@ async def test_the_stored_rows_are_the_conversation_after_a_step_and_a_compactio
     conv = h.runner.ctx.conv
     assert conv.turn_start < 8  # the overflow dropped history: every row moved
     assert await stored_messages(h) == [m.to_json() for m in conv.messages]
-    assert conv.stored == len(conv.messages)
+    held = h.runner.ctx.result_checkpoint  # written with the result: up to the answer
+    assert held is not None and held[1].start + len(held[1].rows) == len(conv.messages)
 
 
 async def test_a_checkpoint_with_its_messages_inline_is_written_as_rows_on_resume(

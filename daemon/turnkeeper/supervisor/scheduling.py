@@ -19,6 +19,7 @@ from turnkeeper import logging as tk_logging
 from turnkeeper.policy.history import bound_history
 from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.store.base import MessageRows
 from turnkeeper.store.fleet import StaleLease
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
 from turnkeeper.turn.runner import TurnControl, TurnRunner
@@ -127,7 +128,7 @@ class Scheduling:
                 if core.state != "stopping":
                     core.suspended_turns.append(record.id)
                 return
-            await self.finish(live, result)
+            await self.finish(live, result, checkpoint=runner.ctx.result_checkpoint)
         except StaleLease as exc:  # another node holds it now: nothing more is ours
             core.live.pop(record.id, None)
             fleet = core.fleet
@@ -152,7 +153,10 @@ class Scheduling:
             if core.fleet is not None:  # a slot is free: claim the next turn
                 core.fleet.wake()
 
-    async def finish(self, live: LiveTurn, result: TurnResult) -> None:
+    async def finish(self, live: LiveTurn, result: TurnResult, *,
+                     checkpoint: tuple[dict[str, Any], MessageRows] | None = None) -> None:
+        """Save the turn's result, with `checkpoint` (and its message rows) when the
+        runner left one for it, then tell everyone it finished."""
         core = self.core
         record = live.record
         before = (record.state, record.next_attempt_at, record.question, record.updated_at)
@@ -164,9 +168,11 @@ class Scheduling:
         # The result and its `turn.finished` event commit together: after any crash a
         # turn has both or neither (and then resumes), never one finish too many.
         finished = core.bus.prepare(ev.TurnFinished(result=result_json), turn=record.id)
+        stored, rows = checkpoint if checkpoint is not None else (None, None)
         try:
             with anyio.CancelScope(shield=True):
-                await core.store.save_turn(record.to_json(), events=[finished])
+                await core.store.save_turn(record.to_json(), stored, messages=rows,
+                                           events=[finished])
         except BaseException:
             # Not kept, not shown: the turn reads as the store holds it, without a result.
             record.result = None

@@ -28,7 +28,7 @@ from turnkeeper.policy.restarts import RestartCounter
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
-from turnkeeper.store.base import QueuesTurns, Store
+from turnkeeper.store.base import MessageRows, QueuesTurns, Store
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
@@ -138,6 +138,8 @@ class TurnContext:
         self.extension = Extension.from_config(guards.budget.extension).restore_state(
             checkpoint.get("extension") if self.resumed else None)
         self._active_since: float | None = None
+        # Set when the turn answers: what its result's write stores with it.
+        self.result_checkpoint: tuple[dict[str, Any], MessageRows] | None = None
 
     # -- time -----------------------------------------------------------------------
 
@@ -194,6 +196,19 @@ class TurnContext:
         """The whole state, messages inline: what a resume from memory starts from."""
         return {"conversation": self.conv.to_json(), **self._checkpoint_rest()}
 
+    def _stored_checkpoint(self) -> dict[str, Any]:
+        """The checkpoint as the store keeps it: the conversation's counts, not its
+        messages (they go as rows)."""
+        return {"conversation": self.conv.stored_json(), **self._checkpoint_rest()}
+
+    def checkpoint_with_result(self) -> None:
+        """The checkpoint of a turn that has just answered, kept for the write of its
+        result (`result_checkpoint`) instead of written on its own: the answer, the
+        checkpoint and the result then commit in one transaction, and a crash keeps all
+        three or none (the step is asked again)."""
+        self.sync_counters()
+        self.result_checkpoint = (self._stored_checkpoint(), self.conv.unsaved_rows())
+
     def _checkpoint_rest(self) -> dict[str, Any]:
         return {
             "budget": self.guard.snapshot(),
@@ -237,7 +252,7 @@ class TurnContext:
         # The messages go as rows, only those not stored yet; the checkpoint counts them.
         rows = self.conv.unsaved_rows()
         record = self.record.to_json()
-        checkpoint = {"conversation": self.conv.stored_json(), **self._checkpoint_rest()}
+        checkpoint = self._stored_checkpoint()
         if queue is None or not queue(record, checkpoint, messages=rows):
             if new is not None:
                 record["state"] = new

@@ -188,14 +188,15 @@ class TurnRunner:
                 continue
             ctx.conv.add_assistant(reply.text, reply.tool_calls)
             if not reply.tool_calls:
-                # Queued too: the result, saved next, is awaited and commits after it.
-                await ctx.checkpoint(queued=True)
-                # Checked after the last await: nothing can slip in between this and the
-                # result (the supervisor refuses messages once the result is set).
+                # Nothing is awaited from here to the result: a steer that arrived during
+                # the call is read now, or never slips in (the supervisor refuses messages
+                # once the result is set).
                 if ctx.has_unread_steer():
                     ctx.partial.append(f"step {step}: answered, then read a steer message")
                     continue
                 ctx.partial.append(f"step {step}: answered")
+                # The answer's checkpoint is written with the result, in one transaction.
+                ctx.checkpoint_with_result()
                 return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"),
                                   answer=reply.text or "")
             # Checkpoint the model's reply before any tool runs, so a crash here resumes
