@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Encoded", "dumps", "dumps_str"]
+__all__ = ["Encoded", "dumps", "dumps_any", "dumps_str"]
 
 
 class Encoded:
@@ -74,3 +74,19 @@ def dumps_str(value: Any) -> str:
         return orjson.dumps(value, default=_fragment).decode()
     except TypeError:
         return _STD_TEXT.encode(value)
+
+
+def _repr(value: Any) -> Any:
+    return value.fragment if isinstance(value, Encoded) else repr(value)
+
+
+_STD_REPR = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=repr)
+
+
+def dumps_any(value: Any) -> str:
+    """`dumps_str`, with any value JSON has no form for written as its `repr()`: for
+    a log line, which must never fail over what it carries."""
+    try:
+        return orjson.dumps(value, default=_repr).decode()
+    except TypeError:
+        return _STD_REPR.encode(value)
