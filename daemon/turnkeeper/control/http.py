@@ -22,6 +22,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 
+from turnkeeper import jsonwire
 from turnkeeper.config import DaemonConfig
 from turnkeeper.control.bodies import Body
 from turnkeeper.policy.admission import ControlLimits, default_max_connections
@@ -37,16 +38,23 @@ FOLLOWERS: web.AppKey[dict[int, int]] = web.AppKey("followers", dict)
 PEER_UID = "turnkeeper.peer_uid"  # request key: the uid the access check saw
 
 
+def json_response(data: Any, *, status: int = 200,
+                  headers: dict[str, str] | None = None) -> web.Response:
+    """`data` as a JSON answer, encoded as the daemon encodes its events (`jsonwire`)."""
+    return web.json_response(data, status=status, headers=headers,
+                             dumps=jsonwire.dumps_str)
+
+
 def _encode_in_pieces(data: dict[str, Any]) -> bytes:
-    """`data` as JSON, each item of its lists encoded on its own: one `json.dumps` holds
+    """`data` as JSON, each item of its lists encoded on its own: one encoder call holds
     the GIL until it returns, so a 10 MB answer encoded in one call would stop the event
     loop's thread as surely as encoding it there."""
     parts = []
     for key, value in data.items():
-        encoded = ("[" + ",".join(json.dumps(item) for item in value) + "]"
-                   if isinstance(value, list) else json.dumps(value))
-        parts.append(json.dumps(key) + ":" + encoded)
-    return ("{" + ",".join(parts) + "}").encode()
+        encoded = (b"[" + b",".join(jsonwire.dumps(item) for item in value) + b"]"
+                   if isinstance(value, list) else jsonwire.dumps(value))
+        parts.append(jsonwire.dumps(key) + b":" + encoded)
+    return b"{" + b",".join(parts) + b"}"
 
 
 async def large_json_response(data: dict[str, Any], *, status: int = 200) -> web.Response:
@@ -64,7 +72,7 @@ def error(status: int, message: str, *, field: str | None = None,
         body["field"] = field
     if index is not None:
         body["index"] = index
-    return web.json_response(body, status=status, headers=headers)
+    return json_response(body, status=status, headers=headers)
 
 
 async def _read(request: web.Request) -> bytes | web.Response:

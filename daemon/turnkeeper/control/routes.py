@@ -25,6 +25,7 @@ from turnkeeper.control.http import (
     SUPERVISOR,
     control_limits,
     error,
+    json_response,
     large_json_response,
     query_float,
     read_body,
@@ -57,13 +58,13 @@ async def status(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     out = sup.status()
     out["overload"] = sup.intake.overload.snapshot()
-    return web.json_response(out)
+    return json_response(out)
 
 
 async def health(request: web.Request) -> web.Response:
     """200 when ready; 503 when degraded, naming every reason."""
     out = request.app[SUPERVISOR].queries.health()
-    return web.json_response(out, status=200 if out["status"] == "ok" else 503)
+    return json_response(out, status=200 if out["status"] == "ok" else 503)
 
 
 async def intake(request: web.Request) -> web.Response:
@@ -74,7 +75,7 @@ async def intake(request: web.Request) -> web.Response:
     assert isinstance(body, IntakeBody)
     sup = request.app[SUPERVISOR]
     changed = sup.scheduling.set_paused(not body.open)
-    return web.json_response({"open": body.open, "changed": changed,
+    return json_response({"open": body.open, "changed": changed,
                               "queued": len(sup.queue)})
 
 
@@ -87,7 +88,7 @@ async def prune(request: web.Request) -> web.Response:
     assert isinstance(body, PruneBody)
     pruned = await request.app[SUPERVISOR].prune(
         older_than_s=parse_duration(body.older_than), dead_letters=body.dead_letters)
-    return web.json_response({"pruned": pruned, "older_than": body.older_than,
+    return json_response({"pruned": pruned, "older_than": body.older_than,
                               "dead_letters": body.dead_letters})
 
 
@@ -145,7 +146,7 @@ async def submit(request: web.Request) -> web.Response:
         return error(400, str(exc), field="model")
     except IntakeRefused as exc:
         return _refused(exc)
-    return web.json_response({"turn": record.to_json()}, status=202)
+    return json_response({"turn": record.to_json()}, status=202)
 
 
 async def submit_batch(request: web.Request, items: list[Any]) -> web.Response:
@@ -185,7 +186,7 @@ async def submit_batch(request: web.Request, items: list[Any]) -> web.Response:
             out.append({"status": _write_failed_status(result), "error": str(result)})
         else:
             out.append({"status": 202, "turn": result})
-    return web.json_response({"results": out}, status=202)
+    return json_response({"results": out}, status=202)
 
 
 def _write_failed_status(exc: Exception) -> int:
@@ -229,7 +230,7 @@ async def get_turn(request: web.Request) -> web.Response:
             turn = await sup.get_turn(turn_id)
     except UnknownTurn:
         return error(404, f"no turn {turn_id}")
-    return web.json_response({"turn": turn})
+    return json_response({"turn": turn})
 
 
 async def post_message(request: web.Request) -> web.Response:
@@ -252,7 +253,7 @@ async def post_message(request: web.Request) -> web.Response:
         return error(409, str(exc))
     except InboxFull as exc:
         return error(429, str(exc), field="max_pending_messages")
-    return web.json_response(out, status=202)
+    return json_response(out, status=202)
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -265,7 +266,7 @@ async def cancel(request: web.Request) -> web.Response:
         out = await request.app[SUPERVISOR].cancel(turn_id, now=body.now)
     except UnknownTurn:
         return error(404, f"no turn {turn_id}")
-    return web.json_response(out, status=202)
+    return json_response(out, status=202)
 
 
 async def fleet(request: web.Request) -> web.Response:
@@ -277,18 +278,18 @@ async def fleet(request: web.Request) -> web.Response:
         await sup.fleet.read_nodes()
     except StoreError as exc:
         return error(503, str(exc))
-    return web.json_response(sup.fleet.status())
+    return json_response(sup.fleet.status())
 
 
 async def reload(request: web.Request) -> web.Response:
     outcome = await request.app[SUPERVISOR].reload("api")
     if outcome.stopping:  # not the config's fault: 503, as for a submit while stopping
-        return web.json_response(outcome.to_json(), status=503)
-    return web.json_response(outcome.to_json(), status=200 if outcome.ok else 422)
+        return json_response(outcome.to_json(), status=503)
+    return json_response(outcome.to_json(), status=200 if outcome.ok else 422)
 
 
 async def dead_letters(request: web.Request) -> web.Response:
-    return web.json_response({"dead_letters": await request.app[SUPERVISOR].store.dead_letters()})
+    return json_response({"dead_letters": await request.app[SUPERVISOR].store.dead_letters()})
 
 
 async def replay(request: web.Request) -> web.Response:
@@ -301,7 +302,7 @@ async def replay(request: web.Request) -> web.Response:
         return error(409, str(exc))
     except IntakeRefused as exc:
         return _refused(exc)
-    return web.json_response({"turn": record.to_json()}, status=202)
+    return json_response({"turn": record.to_json()}, status=202)
 
 
 async def limits_report(request: web.Request) -> web.Response:
@@ -314,7 +315,7 @@ async def limits_report(request: web.Request) -> web.Response:
     assert factor is not None
     report = await request.app[SUPERVISOR].limits_report(
         profile=request.query.get("profile") or None, since_s=since, factor=factor)
-    return web.json_response(report)
+    return json_response(report)
 
 
 def add_routes(app: web.Application) -> None:
