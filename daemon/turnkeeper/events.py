@@ -43,8 +43,12 @@ class UnknownEventType(TurnkeeperError):
     """An event published under a type name the catalogue does not list."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
+    """One published event. Never changed once made (the wire form is filled in once, on
+    first use); not frozen only because a frozen dataclass pays a call per field to be
+    built, five events a step."""
+
     seq: int
     ts: float
     type: str
@@ -61,8 +65,7 @@ class Event:
         """`to_json()` as compact JSON in UTF-8, encoded once."""
         wire = self._wire
         if wire is None:
-            wire = jsonwire.dumps(self.to_json())
-            object.__setattr__(self, "_wire", wire)
+            wire = self._wire = jsonwire.dumps(self.to_json())
         return wire
 
     def encoded(self) -> str:
