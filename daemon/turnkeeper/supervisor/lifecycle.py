@@ -87,9 +87,12 @@ class Lifecycle:
 
     async def wait_started(self) -> None:
         """Until `start` has resumed the unfinished turns: what a request that arrives
-        earlier (systemd's socket accepts them before we run) waits for."""
-        core = self.core
-        await core.started_event.wait()
+        earlier (systemd's socket accepts them before we run) waits for. Once started,
+        it returns without yielding: anyio's `Event.wait` yields even on a set event, and
+        under load that cost every request one more turn of the event loop."""
+        started = self.core.started_event
+        if not started.is_set():
+            await started.wait()
 
     async def reload(self, trigger: str, *, unless_hash: str | None = None) -> ReloadOutcome:
         """Every trigger comes here. Triggers that arrive while a reload runs coalesce
