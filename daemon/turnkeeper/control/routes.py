@@ -76,7 +76,7 @@ async def intake(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     changed = sup.scheduling.set_paused(not body.open)
     return json_response({"open": body.open, "changed": changed,
-                              "queued": len(sup.queue)})
+                          "queued": len(sup.queue)})
 
 
 async def prune(request: web.Request) -> web.Response:
@@ -89,7 +89,7 @@ async def prune(request: web.Request) -> web.Response:
     pruned = await request.app[SUPERVISOR].prune(
         older_than_s=parse_duration(body.older_than), dead_letters=body.dead_letters)
     return json_response({"pruned": pruned, "older_than": body.older_than,
-                              "dead_letters": body.dead_letters})
+                          "dead_letters": body.dead_letters})
 
 
 # The most submits one `POST /v1/turns` may carry as a JSON list.

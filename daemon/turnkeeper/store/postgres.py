@@ -67,7 +67,7 @@ from turnkeeper.store.postgres_fleet import PostgresFleet
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
-from turnkeeper.store.writer import MessageWrite
+from turnkeeper.store.writer import message_write
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -94,10 +94,6 @@ def _event_statement(event: Event) -> Statement:
 
 
 _NOTIFY_TURNS: Statement = ("SELECT pg_notify($1, '')", (CHANNEL_TURNS,))
-
-
-def _message_statements(turn_id: str, messages: MessageRows | None) -> list[Op]:
-    return [] if messages is None else [MessageWrite(turn_id, messages.start, messages.rows)]
 
 
 class PostgresStore(PostgresFleet):
@@ -173,7 +169,7 @@ class PostgresStore(PostgresFleet):
         written)."""
         turn_id = record["id"]
         ops: list[Op] = [self._turn_update(record, checkpoint),
-                         *_message_statements(turn_id, messages), *map(self._event_op, events)]
+                         *message_write(turn_id, messages), *map(self._event_op, events)]
         if record["state"] in TERMINAL_STATES:
             # Its end takes the turn's mail (a cancel waits there until now: see
             # `append_message`), in its transaction, and only if the claim holds.
@@ -192,7 +188,7 @@ class PostgresStore(PostgresFleet):
         awaited write hears it. False when the store takes no more writes."""
         return self._enqueue_turn(record["id"], [
             self._turn_update(record, checkpoint),
-            *_message_statements(record["id"], messages)])
+            *message_write(record["id"], messages)])
 
     def _turn_update(self, record: dict[str, Any], checkpoint: dict[str, Any] | None
                      ) -> TurnUpdate:
@@ -287,7 +283,7 @@ class PostgresStore(PostgresFleet):
                            events: Sequence[Event] = ()) -> None:
         self.claims.pop(record["id"], None)
         self.lost.discard(record["id"])
-        await self._write([*_message_statements(record["id"], messages), (
+        await self._write([*message_write(record["id"], messages), (
             "UPDATE turns SET state = $1, updated_at = $2, record = $3, checkpoint = $4,"
             " stop_code = $5, replayed_by = NULL, owner = NULL, lease_until = NULL"
             " WHERE id = $6",

@@ -38,10 +38,10 @@ from turnkeeper.store.base import (
     usage_of,
     with_messages,
 )
-from turnkeeper.store.sqlite_conn import Op, SQLiteConnection, Statement
+from turnkeeper.store.sqlite_conn import SQLiteConnection, Statement
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
-from turnkeeper.store.writer import MessageWrite
+from turnkeeper.store.writer import message_write
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -63,11 +63,6 @@ def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -
     return ("UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
             " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
                                _dumps(checkpoint), record["id"]))
-
-
-def _message_write(turn_id: str, messages: MessageRows | None) -> list[Op]:
-    """The turn's message rows from `messages.start` on (see `message_statements`)."""
-    return [] if messages is None else [MessageWrite(turn_id, messages.start, messages.rows)]
 
 
 def _together(conn: sqlite3.Connection, queries: Sequence[Statement]
@@ -113,7 +108,7 @@ class SQLiteStore(SQLiteConnection):
         the same moment: a write of the record alone is for a turn that ends (its
         checkpoint is no longer read)."""
         await self._write([_turn_statement(record, checkpoint),
-                           *_message_write(record["id"], messages),
+                           *message_write(record["id"], messages),
                            *map(_event_statement, events)],
                           supersedes=None if checkpoint is None else record["id"])
 
@@ -126,7 +121,7 @@ class SQLiteStore(SQLiteConnection):
         (nothing was queued: the caller awaits `save_turn` instead). See `QueuesTurns`
         in the store interface for when a caller may leave a checkpoint unawaited."""
         return self._enqueue_turn(record["id"], [
-            _turn_statement(record, checkpoint), *_message_write(record["id"], messages)])
+            _turn_statement(record, checkpoint), *message_write(record["id"], messages)])
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -169,7 +164,7 @@ class SQLiteStore(SQLiteConnection):
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
             " replayed_by = NULL WHERE id = ?",
             (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
-             record["id"])), *_message_write(record["id"], messages),
+             record["id"])), *message_write(record["id"], messages),
             *map(_event_statement, events)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:

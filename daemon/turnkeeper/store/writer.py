@@ -29,7 +29,7 @@ from typing import Generic, TypeVar, cast
 
 import anyio
 
-from turnkeeper.store.base import StoreError
+from turnkeeper.store.base import MessageRows, StoreError
 
 # Writes in one transaction at most: a burst past it commits in several.
 MAX_BATCH = 1000
@@ -48,6 +48,11 @@ class MessageWrite:
     turn: str
     start: int
     rows: tuple[str, ...]
+
+
+def message_write(turn: str, messages: MessageRows | None) -> list[MessageWrite]:
+    """The op that writes a checkpoint's message rows (none when it has none)."""
+    return [] if messages is None else [MessageWrite(turn, messages.start, messages.rows)]
 
 
 def join_messages(moved: Sequence[Op], ops: Sequence[Op]) -> list[Op]:

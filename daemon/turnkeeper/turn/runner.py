@@ -229,7 +229,8 @@ class TurnRunner:
 
     def _resumed_answer(self) -> TurnResult | None:
         """A turn checkpointed with its final answer and stopped before its result was
-        saved ends with that answer: the step is not asked again."""
+        saved ends with that answer: the step is not asked again. (This version writes an
+        answer's checkpoint with the result; an earlier one queued it just before.)"""
         ctx = self.ctx
         msgs = ctx.conv.messages
         if (len(msgs) > ctx.conv.turn_start + 1 and msgs[-1].role == "assistant"
