@@ -225,8 +225,8 @@ class Fleet:
             if self.lease.lapsed(core.clock.monotonic()) and self.store.claims:
                 # Paused (SIGSTOP, a long GC) or the database silent past the lease: the
                 # claims hold until another node takes a turn, and the next renewal
-                # that reaches the database re-takes the rest. Meanwhile no
-                # non-idempotent call leaves (`confirm_lease`).
+                # that reaches the database re-takes the rest. Meanwhile no model
+                # request or tool call leaves (`confirm_lease`).
                 log.warning("fleet.lease_lapsed", node=self.node_id,
                             turns=len(self.store.claims))
             held = dict(self.store.claims)
@@ -251,9 +251,10 @@ class Fleet:
             await self.share_budgets()
 
     async def confirm_lease(self, turn_id: str) -> None:
-        """Before a non-idempotent call of `turn_id` is sent: wait while the lease has
-        lapsed, until a renewal confirms it (the call is neither sent nor failed
-        meanwhile). StaleLease when the renewal finds the turn taken by another node."""
+        """Before a call of `turn_id` leaves the node (a model request, a tool call): wait
+        while the lease has lapsed, until a renewal confirms it (the call is neither sent
+        nor failed meanwhile: another node may hold the turn by then and make it again).
+        StaleLease when the renewal finds the turn taken by another node."""
         core = self.core
         waited = False
         while True:

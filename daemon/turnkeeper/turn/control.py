@@ -34,8 +34,9 @@ class TurnControl:
     # work. Set by the supervisor; None: no slot accounting.
     release_slot: Callable[[], None] | None = None
     acquire_slot: Callable[[], Awaitable[None]] | None = None
-    # In a fleet: waits, before a non-idempotent call is sent, until the node's lease on
-    # the turn is confirmed (it may have lapsed while the database was unreachable).
+    # In a fleet: waits, before a model request or a tool call is sent, until the node's
+    # lease on the turn is confirmed (it may have lapsed while the database was
+    # unreachable, and another node may run the turn by now).
     confirm_lease: Callable[[], Awaitable[None]] | None = None
 
     def _wake(self) -> None:

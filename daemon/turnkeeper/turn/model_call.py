@@ -194,6 +194,10 @@ class ModelCall:
 
     async def _attempt(self, attempt: Attempt, claims: _Claims) -> ModelReply | Any | None:
         ctx = self.ctx
+        if ctx.control.confirm_lease is not None:
+            # A node whose lease lapsed asks nothing until a renewal confirms the lease:
+            # another node may run the turn by then, and would pay for the call again.
+            await ctx.control.confirm_lease()
         name = attempt.provider
         breaker = self._breaker(name)
         if not claims.acquire(breaker):

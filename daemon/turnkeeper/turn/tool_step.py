@@ -188,7 +188,7 @@ class ToolStep:
         cancel waits for it; one that cuts it anyway (cancel --now, the daemon's last
         resort) leaves the outcome unknown, journalled and reported before the cut goes on."""
         ctx = self.ctx
-        if not idempotent and ctx.control.confirm_lease is not None:
+        if ctx.control.confirm_lease is not None:
             await ctx.control.confirm_lease()  # a lapsed lease: wait, send nothing yet
         # Set before the intent's write, so a plain cancel cannot cut between the write
         # and the request; a cut during the write sends nothing (nothing to report).
