@@ -77,10 +77,18 @@ def dumps_str(value: Any) -> str:
 
 
 def _repr(value: Any) -> Any:
+    """orjson's hook for `dumps_any`: an `Encoded` is its fragment, anything else its repr."""
     return value.fragment if isinstance(value, Encoded) else repr(value)
 
 
-_STD_REPR = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=repr)
+def _value_or_repr(value: Any) -> Any:
+    """The standard library's hook for `dumps_any`: an `Encoded` is its value, as in
+    `dumps_str`, anything else its repr."""
+    return value.value if isinstance(value, Encoded) else repr(value)
+
+
+_STD_REPR = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False,
+                             default=_value_or_repr)
 
 
 def dumps_any(value: Any) -> str:
