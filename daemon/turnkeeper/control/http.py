@@ -81,8 +81,11 @@ async def _read(request: web.Request) -> bytes | web.Response:
     sup = request.app[SUPERVISOR]
     raw: bytes | None = None
     try:
-        with sup.clock.move_on_after(sup.config.daemon.body_read_timeout):
+        if request.content.is_eof():  # all of it came with the headers: nothing to wait on
             raw = await request.read()
+        else:
+            with sup.clock.move_on_after(sup.config.daemon.body_read_timeout):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise
     except (ConnectionError, web.HTTPException, HttpProcessingError) as exc:
