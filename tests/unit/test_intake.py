@@ -15,6 +15,7 @@ from tests.unit.test_supervisor import GatedModel, write_config
 from turnkeeper.clock import FakeClock
 from turnkeeper.config import Policy, load_config
 from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.store.base import StoreError
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import IntakeRefused, Supervisor
 from turnkeeper.supervisor.intake import BatchItemInvalid, SubmitRequest
@@ -124,3 +125,14 @@ async def test_a_batch_the_store_cannot_write_is_forgotten_and_answered_with_the
     assert [type(r).__name__ for r in results] == ["StoreError"] * 3
     assert "closed" in str(results[0])
     assert h.sup.live == {} and len(h.sup.queue) == 0  # nothing half-taken
+
+
+async def test_a_message_the_store_cannot_write_leaves_the_inbox_as_it_was(h: H) -> None:
+    record = await h.sup.submit(message="hello", session=None, budget={}, deadline=None)
+    live = h.sup.live[record.id]
+    await h.store.close()  # every write now fails: "state database is closed"
+    with pytest.raises(StoreError, match="closed"):
+        await h.sup.intake.post_message(record.id, kind="steer", text="and this",
+                                        redirect=False)
+    # The sender was told it was not taken: kept, the turn would act on it anyway.
+    assert live.record.inbox == []

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from turnkeeper import event_types as ev
+from turnkeeper.events import Event
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
 from turnkeeper.store.fleet import FleetStore, MailTaken
@@ -93,22 +93,13 @@ class FleetMail:
                         state=record.state)
             await self.store.drop_mail(mail_id)
             return
-        now = core.clock.time()
-        message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
-        record.inbox.append(message)
-        record.updated_at = now
-        event = core.bus.prepare(ev.TurnMessage(kind=kind, text=text[:2000],
-                                                redirect=redirect), turn=record.id)
-        try:
-            await self.store.append_message(record.id, message, updated_at=now,
+
+        async def write(message: dict[str, Any], at: float, event: Event) -> None:
+            await self.store.append_message(record.id, message, updated_at=at,
                                             events=[event], mail_id=mail_id)
-        except StoreError as exc:  # not written: the mail is applied later, or was already
-            if message in record.inbox:
-                record.inbox.remove(message)
-            if isinstance(exc, MailTaken):
-                return
-            raise
-        core.bus.deliver(event)
-        log.info("turn.message", turn=record.id, kind=kind, redirect=redirect,
-                 node=self.node_id, via="mail")
-        live.control.message_arrived(redirect=redirect)
+
+        try:
+            await core.intake.take_message(live, kind=kind, text=text, redirect=redirect,
+                                           write=write, node=self.node_id, via="mail")
+        except MailTaken:  # not written: applied already, or the turn's claim was lost
+            return

@@ -11,7 +11,7 @@ socket instead of taking work it cannot run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from turnkeeper.policy.overload import (
 from turnkeeper.policy.replay import resume_state
 from turnkeeper.policy.scheduler import Refusal, queue_full
 from turnkeeper.policy.turn_state import TurnState
-from turnkeeper.store.base import rows_of
+from turnkeeper.store.base import StoreError, rows_of
 from turnkeeper.supervisor.core import (
     InboxFull,
     IntakeRefused,
@@ -52,6 +52,9 @@ from turnkeeper.supervisor.core import (
 from turnkeeper.turn.record import TurnRecord
 
 log = structlog.get_logger("turnkeeper.supervisor")
+
+# Stores a message with its event: (message, at, event).
+AppendMessage = Callable[[dict[str, Any], float, Event], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,17 +281,39 @@ class Intake:
         if inbox_full(len(record.inbox), max_pending_messages=limit):
             raise InboxFull(f"turn {turn_id} holds {len(record.inbox)} messages its next "
                             f"step has not taken (daemon.max_pending_messages = {limit})")
+        await self.take_message(live, kind=kind, text=text, redirect=redirect)
+        return {"turn": turn_id, "accepted": kind}
+
+    async def take_message(self, live: LiveTurn, *, kind: str, text: str, redirect: bool,
+                           write: AppendMessage | None = None, **log_extra: Any) -> None:
+        """A steer or an answer into the turn's inbox, durable with its `turn.message`
+        event before the turn hears of it. `write` stores it (the store's
+        `append_message` unless given: fleet mail takes its mail in the same
+        transaction). A write that fails leaves the inbox as it was: the sender hears the
+        message was not taken, and kept, the turn would act on a message the sender may
+        well send again."""
+        core = self.core
+        record = live.record
         now = core.clock.time()
         message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
         record.inbox.append(message)
         record.updated_at = now
         event = core.bus.prepare(ev.TurnMessage(kind=kind, text=text[:2000], redirect=redirect),
-                                 turn=turn_id)
-        await core.store.append_message(turn_id, message, updated_at=now, events=[event])
+                                 turn=record.id)
+        try:
+            if write is None:
+                await core.store.append_message(record.id, message, updated_at=now,
+                                                events=[event])
+            else:
+                await write(message, now, event)
+        except StoreError:
+            if message in record.inbox:
+                record.inbox.remove(message)
+            raise
         core.bus.deliver(event)
-        log.info("turn.message", **log_context(record), kind=kind, redirect=redirect)
+        log.info("turn.message", **log_context(record), kind=kind, redirect=redirect,
+                 **log_extra)
         live.control.message_arrived(redirect=redirect)
-        return {"turn": turn_id, "accepted": kind}
 
     async def cancel(self, turn_id: str, *, now: bool = False) -> dict[str, Any]:
         """A running turn ends `cancelled` at once, except that a side effect in flight
