@@ -3,6 +3,9 @@
 Sans-I/O, in the manner of h11: the turn runner reports what happened (an event method)
 and gets back what to do next (a decision). The runner owns the I/O, the clock, the
 daemon-wide breakers and retry budgets; it asks them and reports their answers here.
+This module is the events and the rules; what they move (the settings, the counters
+below, the current pass) and its checkpoint form are `ChainState`'s
+(policy/chain_state.py).
 
 Counters, each with one meaning:
 
@@ -74,12 +77,10 @@ the event, and poisons the chain (every later event raises too), as h11 does.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from turnkeeper.policy.backoff import Backoff, Rand
-from turnkeeper.policy.chain_decisions import REASONS as _REASONS
+from turnkeeper.policy.backoff import Rand
 from turnkeeper.policy.chain_decisions import Attempt as Attempt
 from turnkeeper.policy.chain_decisions import ChainError as ChainError
 from turnkeeper.policy.chain_decisions import Decision as Decision
@@ -88,10 +89,9 @@ from turnkeeper.policy.chain_decisions import FailOverReason as FailOverReason
 from turnkeeper.policy.chain_decisions import Phase as Phase
 from turnkeeper.policy.chain_decisions import Recover as Recover
 from turnkeeper.policy.chain_decisions import RetryIn as RetryIn
+from turnkeeper.policy.chain_state import ChainState
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop, StopCode
-
-SNAPSHOT_VERSION = 1
 
 _D = TypeVar("_D")
 
@@ -137,81 +137,10 @@ def _upper_bound(a: float, b: float) -> float:
     return b
 
 
-class ProviderChain:
-    """One turn's walk through the provider chain. Create one per turn."""
-
-    def __init__(self, providers: Sequence[str], *, max_attempts: int = 4,
-                 backoff: Backoff | None = None, max_retry_after_s: float = 120.0,
-                 recovery_schedule: Sequence[float] = (15.0, 30.0, 60.0, 60.0, 60.0),
-                 recovery_jitter: float = 0.2, auto_recovery_cycles: int = 5,
-                 rand: Rand | None = None) -> None:
-        """`max_attempts` is ``agent.api_max_retries + 1``. `rand` is the default uniform
-        source for events that are not given one (none at all: waits take their upper
-        bound)."""
-        if not providers:
-            raise ValueError("a provider chain needs at least one provider")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        if not recovery_schedule:
-            raise ValueError("recovery_schedule needs at least one wait")
-        if any(not w >= 0 for w in recovery_schedule):
-            raise ValueError(f"recovery_schedule waits must be >= 0: {recovery_schedule!r}")
-        if not max_retry_after_s >= 0:
-            raise ValueError(f"max_retry_after_s must be >= 0, got {max_retry_after_s!r}")
-        if not recovery_jitter >= 0:
-            raise ValueError(f"recovery_jitter must be >= 0, got {recovery_jitter!r}")
-        if auto_recovery_cycles < 0:
-            raise ValueError(f"auto_recovery_cycles must be >= 0, got {auto_recovery_cycles}")
-        self.providers: tuple[str, ...] = tuple(providers)
-        self.max_attempts = max_attempts
-        self.backoff = backoff if backoff is not None else Backoff()
-        self.max_retry_after_s = max_retry_after_s
-        self.recovery_schedule: tuple[float, ...] = tuple(recovery_schedule)
-        self.recovery_jitter = recovery_jitter
-        self.auto_recovery_cycles = auto_recovery_cycles
-        self._rand = rand
-        self._phase = Phase.READY
-        self._provider_attempts = 0
-        self._recovery_cycles = 0
-        self._pass_exits: list[FailOverReason] = []  # why each provider of the pass was left
-        self._pass_retry_after_s: float | None = None
-        self._pass_reopen_s: float | None = None  # soonest breaker reopening in the pass
-        self._previous_delay_s: float | None = None  # for decorrelated jitter
-        self._pass_done = False  # a success ended the pass: the next call starts anew
-
-    def __repr__(self) -> str:
-        return (f"ProviderChain(phase={self._phase.value}, current={self.current_provider!r}, "
-                f"provider_attempts={self._provider_attempts}/{self.max_attempts}, "
-                f"fallback_hops={self.fallback_hops}/{len(self.providers)}, "
-                f"recovery_cycles={self._recovery_cycles}/{self.auto_recovery_cycles})")
-
-    # -- reading ---------------------------------------------------------------------
-
-    @property
-    def phase(self) -> Phase:
-        return self._phase
-
-    @property
-    def current_provider(self) -> str:
-        """The provider the turn is on; once the pass is spent, the last one tried."""
-        return self.providers[min(len(self._pass_exits), len(self.providers) - 1)]
-
-    @property
-    def provider_attempts(self) -> int:
-        return self._provider_attempts
-
-    @property
-    def fallback_hops(self) -> int:
-        return len(self._pass_exits)
-
-    @property
-    def recovery_cycles(self) -> int:
-        return self._recovery_cycles
-
-    @property
-    def pass_exits(self) -> tuple[FailOverReason, ...]:
-        """Why each provider of the current pass was left, in chain order."""
-        return tuple(self._pass_exits)
+class ProviderChain(ChainState):
+    """One turn's walk through the provider chain. Create one per turn. Its settings,
+    counters and checkpoint form (`snapshot`, `restore`, `carry_over`) are `ChainState`'s;
+    this class moves them, one event at a time."""
 
     # -- events in -------------------------------------------------------------------
 
@@ -394,83 +323,3 @@ class ProviderChain:
     def _enter(self, decision: _D) -> _D:
         self._phase = _PHASE_AFTER[type(decision)]
         return decision
-
-    # -- checkpoints -----------------------------------------------------------------
-
-    def snapshot(self) -> dict[str, Any]:
-        """The chain's counters, JSON-able, for the turn's checkpoint."""
-        return {"version": SNAPSHOT_VERSION, "providers": list(self.providers),
-                "phase": self._phase.value, "current_provider": self.current_provider,
-                "provider_attempts": self._provider_attempts,
-                "fallback_hops": self.fallback_hops,
-                "recovery_cycles": self._recovery_cycles,
-                "pass_exits": list(self._pass_exits),
-                "pass_retry_after_s": self._pass_retry_after_s,
-                "pass_reopen_s": self._pass_reopen_s,
-                "previous_delay_s": self._previous_delay_s,
-                "pass_done": self._pass_done}
-
-    @classmethod
-    def carry_over(cls, snapshot: dict[str, Any], providers: Sequence[str],
-                   **settings: Any) -> ProviderChain:
-        """A checkpointed chain brought to another provider list (a reload changed it).
-        Positions in the old list mean nothing in the new one, so the pass starts over at
-        the new primary; but the turn's history does not change with the list: its
-        recovery cycles are kept, and a turn parked in recovery stays parked in the same
-        cycle (its wake-up time lives in the turn's checkpoint). A stopped chain stays
-        stopped. `settings` are the constructor's keyword arguments."""
-        if snapshot.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"provider chain snapshot version {snapshot.get('version')!r} "
-                             f"is not {SNAPSHOT_VERSION}")
-        chain = cls(providers, **settings)
-        phase = Phase(snapshot["phase"])
-        chain._phase = phase if phase in (Phase.RECOVERING, Phase.STOPPED) else Phase.READY
-        chain._recovery_cycles = int(snapshot["recovery_cycles"])
-        return chain
-
-    @classmethod
-    def restore(cls, snapshot: dict[str, Any], providers: Sequence[str] | None = None, *,
-                max_attempts: int = 4, backoff: Backoff | None = None,
-                max_retry_after_s: float = 120.0,
-                recovery_schedule: Sequence[float] = (15.0, 30.0, 60.0, 60.0, 60.0),
-                recovery_jitter: float = 0.2, auto_recovery_cycles: int = 5,
-                rand: Rand | None = None) -> ProviderChain:
-        """A chain resumed from a checkpoint, built with the same arguments as the
-        original (the turn keeps its policy). A turn parked in recovery stays parked in
-        the same cycle (call `recovery_done()` when the wait is over); a call or a retry
-        sleep that was in flight died with the process, so it resumes ready for
-        `begin_call()`. A stopped chain stays stopped. `providers` defaults to the
-        snapshot's; when given, it must match."""
-        if providers is None:
-            providers = [str(p) for p in snapshot["providers"]]
-        chain = cls(providers, max_attempts=max_attempts, backoff=backoff,
-                    max_retry_after_s=max_retry_after_s, recovery_schedule=recovery_schedule,
-                    recovery_jitter=recovery_jitter,
-                    auto_recovery_cycles=auto_recovery_cycles, rand=rand)
-        if snapshot.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"provider chain snapshot version {snapshot.get('version')!r} "
-                             f"is not {SNAPSHOT_VERSION}")
-        if list(snapshot["providers"]) != list(chain.providers):
-            raise ValueError(f"provider chain snapshot is for {snapshot['providers']!r}, "
-                             f"not {list(chain.providers)!r}")
-        exits = list(snapshot["pass_exits"])
-        if len(exits) > len(chain.providers) or any(r not in _REASONS for r in exits):
-            raise ValueError(f"provider chain snapshot has invalid pass_exits {exits!r}")
-        phase = Phase(snapshot["phase"])
-        if phase not in (Phase.RECOVERING, Phase.STOPPED):
-            phase = Phase.READY
-        if len(exits) == len(chain.providers) and phase is Phase.READY:
-            raise ValueError("provider chain snapshot: the pass is spent but the chain is "
-                             "neither recovering nor stopped")
-        chain._phase = phase
-        chain._provider_attempts = int(snapshot["provider_attempts"])
-        chain._recovery_cycles = int(snapshot["recovery_cycles"])
-        chain._pass_exits = exits
-        ra = snapshot.get("pass_retry_after_s")
-        chain._pass_retry_after_s = None if ra is None else float(ra)
-        reopen = snapshot.get("pass_reopen_s")  # absent from older snapshots
-        chain._pass_reopen_s = None if reopen is None else float(reopen)
-        prev = snapshot.get("previous_delay_s")
-        chain._previous_delay_s = None if prev is None else float(prev)
-        chain._pass_done = bool(snapshot.get("pass_done", False))  # absent from older ones
-        return chain
