@@ -1,5 +1,6 @@
 """What the daemon makes of the tools an MCP server declares, and of the ways a call to
-one fails. Pure: the edge (`tools/mcp.py`) feeds in what the SDK reported.
+one fails. Pure: the edge (`tools/mcp.py`, `tools/mcp_session.py`) feeds in what the SDK
+reported.
 
 Traits (a non-idempotent call is never retried automatically, and never re-run on
 resume, because a second run could repeat its side effect). An MCP tool's annotations

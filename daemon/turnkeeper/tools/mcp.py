@@ -13,20 +13,22 @@ it again. While it is down its tools leave the offer (`offered`), calls fail fas
 retryable, and the ToolBox tells the agent in a note. What the annotations mean and how
 failures are classified is decided in `policy/tool_traits.py`.
 
+This module is the supervision: when a connection is opened, how it is watched (pings,
+relisting), when it is started again, and what is offered meanwhile. What is said over
+one connection (the transport, the handshake, the listing, a call and its answer) is
+`mcp_session.py`'s, and a tool as offered is `mcp_tool.py`'s.
+
 The SDK is imported only when a server starts, so the rest of the daemon (and the CLI)
 runs without it.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterable
-from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -34,39 +36,25 @@ from anyio.abc import TaskGroup
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from turnkeeper import __version__
 from turnkeeper.config import ToolConfig
 from turnkeeper.policy.backoff import Backoff
-from turnkeeper.policy.classify import CallFailure, exception_names
+from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.tool_traits import (
-    CALL_TIMED_OUT,
     NAME_SEPARATOR,
     SERVER_DOWN,
     RestartSchedule,
     exposed_names,
-    rpc_error_names,
     selected,
-    tool_error_names,
     tool_traits,
 )
-from turnkeeper.tools.outcome import ToolOutcome, truncate
+from turnkeeper.tools.mcp_session import call_tool, list_tools, open_session
+from turnkeeper.tools.mcp_tool import ConnectTimeout, McpTool, ServerGone, describe_error
+from turnkeeper.tools.outcome import ToolOutcome
 
 if TYPE_CHECKING:
     import mcp_types
     from mcp import ClientSession
     from mcp.client.session import IncomingMessage
-
-from turnkeeper.tools.mcp_tool import (
-    IDEMPOTENCY_META_KEY,
-    MAX_LIST_PAGES,
-    STDERR_LINE_CHARS,
-    ConnectTimeout,
-    McpTool,
-    ServerGone,
-    WatchedStream,
-    describe_error,
-    result_text,
-)
 
 log = structlog.get_logger("turnkeeper.mcp")
 
@@ -207,91 +195,19 @@ class McpServer:
         self._poke()
 
     async def _serve_once(self) -> None:
-        from mcp import ClientSession
-        from mcp_types import Implementation
+        ended = anyio.Event()
 
-        async with AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)
-            read, write = await self._open(stack, tg)
-            ended = anyio.Event()
+        def on_end() -> None:
+            ended.set()
+            self._connection_ended()
 
-            def on_end() -> None:
-                ended.set()
-                self._connection_ended()
-
-            session = ClientSession(
-                WatchedStream(read, on_end), write, message_handler=self._on_message,
-                client_info=Implementation(name="turnkeeper", version=__version__))
-            await stack.enter_async_context(session)
-            try:
-                with anyio.fail_after(self.cfg.connect_timeout):
-                    await session.initialize()
-                    listing = await self._list_tools(session)
-            except TimeoutError:
-                raise ConnectTimeout(f"no answer to the handshake within "
-                                     f"{self.cfg.connect_timeout:g} s") from None
+        async with open_session(self.cfg, on_end=on_end,
+                                on_message=self._on_message) as (session, listing):
             self._went_up(session, listing)
             try:
                 await self._watch(session, ended)
             finally:
                 self._session = None
-
-    async def _open(self, stack: AsyncExitStack, tg: TaskGroup) -> tuple[Any, Any]:
-        if self.cfg.command:
-            from mcp.client.stdio import StdioServerParameters, stdio_client
-
-            params = StdioServerParameters(command=self.cfg.command, args=list(self.cfg.args),
-                                           env=self.cfg.resolved_env() or None)
-            read_fd, write_fd = os.pipe()
-            os.set_blocking(read_fd, False)
-            errlog = os.fdopen(write_fd, "w")
-            try:
-                streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-            except BaseException:
-                os.close(read_fd)
-                raise
-            finally:
-                errlog.close()  # the server holds its own copy
-            tg.start_soon(self._pump_stderr, read_fd, name=f"mcp server {self.name} stderr")
-            return streams
-        import httpx2
-        from mcp.client.streamable_http import streamable_http_client
-
-        client = httpx2.AsyncClient(headers=self.cfg.resolved_headers(),
-                                    timeout=httpx2.Timeout(self.cfg.connect_timeout,
-                                                           read=300.0))
-        await stack.enter_async_context(client)
-        return await stack.enter_async_context(
-            streamable_http_client(self.cfg.url, http_client=client))
-
-    async def _pump_stderr(self, fd: int) -> None:
-        """A stdio server's stderr, line by line into the daemon's log (attributed)."""
-        pending = b""
-        try:
-            while True:
-                await anyio.wait_readable(fd)
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    break
-                *lines, pending = (pending + chunk).split(b"\n")
-                if len(pending) > 65536:
-                    lines.append(pending)
-                    pending = b""
-                for line in lines:
-                    self._log_stderr(line)
-        finally:
-            if pending:
-                self._log_stderr(pending)
-            os.close(fd)
-
-    def _log_stderr(self, line: bytes) -> None:
-        text = line.decode("utf-8", errors="replace").rstrip()
-        if text:
-            log.info("mcp.server_stderr", server=self.name, line=text[:STDERR_LINE_CHARS])
 
     async def _watch(self, session: ClientSession, ended: anyio.Event) -> None:
         """Hold the connection; relist on `tools/list_changed`; ping when idle or when a
@@ -310,7 +226,7 @@ class McpServer:
                 with anyio.fail_after(self.cfg.connect_timeout):
                     if self._relist:
                         self._relist = False
-                        self._set_tools(await self._list_tools(session))
+                        self._set_tools(await list_tools(session))
                     if ping:
                         self._suspect = False
                         await session.send_ping()
@@ -327,20 +243,6 @@ class McpServer:
         elif isinstance(message, mcp_types.ToolListChangedNotification):
             self._relist = True
             self._poke()
-
-    async def _list_tools(self, session: ClientSession) -> list[mcp_types.Tool]:
-        from mcp_types import PaginatedRequestParams
-
-        tools: list[mcp_types.Tool] = []
-        cursor: str | None = None
-        for _ in range(MAX_LIST_PAGES):
-            result = await session.list_tools(
-                params=PaginatedRequestParams(cursor=cursor) if cursor else None)
-            tools.extend(result.tools)
-            cursor = result.next_cursor
-            if not cursor:
-                break
-        return tools
 
     def _set_tools(self, listing: list[mcp_types.Tool]) -> None:
         cfg = self.cfg
@@ -419,40 +321,13 @@ class McpServer:
 
     async def call(self, tool: McpTool, args: dict[str, Any], *, idempotency_key: str,
                    timeout_s: float) -> ToolOutcome:
-        """One attempt. The idempotency key travels in the request's `_meta`, for servers
-        that want to deduplicate."""
+        """One attempt, on the connection that is up (`call_tool`); while none is, a
+        failure that never reached the server."""
         session = self._session
         if session is None:
             return ToolOutcome(content="", attempted=False, failure=CallFailure(
                 exception=SERVER_DOWN,
                 message=f"MCP server {self.name} is not available ({self.down_reason()})"))
-        from mcp import MCPError
-
-        try:
-            with anyio.move_on_after(timeout_s) as scope:
-                result = await session.call_tool(tool.remote, args, meta=cast(
-                    "mcp_types.RequestParamsMeta", {IDEMPOTENCY_META_KEY: idempotency_key}))
-        except MCPError as exc:
-            names, suspect = rpc_error_names(exc.code, exc.message)
-            if suspect:
-                self._suspect_connection()
-            return ToolOutcome(content="", failure=CallFailure(
-                exception=names, message=f"MCP server {self.name}: {exc.message}"[:1000]))
-        except Exception as exc:
-            return ToolOutcome(content="", failure=CallFailure(
-                exception=exception_names(exc),
-                message=f"MCP server {self.name}: {describe_error(exc)}"))
-        if scope.cancelled_caught:
-            # The request went out: a non-idempotent tool may have done it.
-            return ToolOutcome(content="", unknown=not tool.idempotent, failure=CallFailure(
-                exception=CALL_TIMED_OUT,
-                message=f"{tool.name} did not answer within {timeout_s:.3g} s; "
-                        "the request was cancelled"))
-        text = result_text(result.content, result.structured_content)
-        if result.is_error:
-            return ToolOutcome(content=truncate(text), failure=CallFailure(
-                exception=tool_error_names(text), message=text[:1000] or "isError"))
-        structured = result.structured_content
-        state = structured.get("state") if isinstance(structured, dict) else None
-        return ToolOutcome(content=truncate(text),
-                           state=None if state is None else json.dumps(state, sort_keys=True))
+        return await call_tool(session, tool, args, server=self.name,
+                               idempotency_key=idempotency_key, timeout_s=timeout_s,
+                               on_suspect=self._suspect_connection)
