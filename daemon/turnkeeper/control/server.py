@@ -26,6 +26,7 @@ import os
 import socket
 import stat
 import struct
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import cast
@@ -93,6 +94,11 @@ def peer_groups(sock: socket.socket, pid: int) -> frozenset[int]:
 def make_access_middleware(config: Config) -> Callable[..., Awaitable[web.StreamResponse]]:
     allowed_uids = {0, os.getuid(), *config.daemon.allowed_uids}
     allowed_gids = set(config.daemon.allowed_gids)
+    # A connection's peer credentials are those it had when it connected (SO_PEERCRED):
+    # read once per connection, not per request of a kept-alive one (uvloop wraps the
+    # descriptor in a new socket object for every getsockopt: 2.2 us a request).
+    peers: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int, int]] = \
+        weakref.WeakKeyDictionary()
 
     @web.middleware
     async def access(request: web.Request,
@@ -101,10 +107,14 @@ def make_access_middleware(config: Config) -> Callable[..., Awaitable[web.Stream
         transport = request.transport
         sock = transport.get_extra_info("socket") if transport is not None else None
         if sock is not None and sock.family == socket.AF_UNIX:
-            try:
-                pid, uid, gid = peer_credentials(sock)
-            except OSError:
-                return routes.error(403, "peer credentials unavailable")
+            assert transport is not None
+            creds = peers.get(transport)
+            if creds is None:
+                try:
+                    creds = peers[transport] = peer_credentials(sock)
+                except OSError:
+                    return routes.error(403, "peer credentials unavailable")
+            pid, uid, gid = creds
             request[routes.PEER_UID] = uid
             if uid not in allowed_uids and gid not in allowed_gids and not (
                     allowed_gids and allowed_gids & peer_groups(sock, pid)):
