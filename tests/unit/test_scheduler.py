@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 from turnkeeper.policy.scheduler import Dispatch, Refusal, SessionScheduler, queue_full
 
 
@@ -126,3 +128,32 @@ def test_a_pause_holds_queued_turns_not_woken_ones_and_the_queue_still_fills() -
     assert list(s.queue) == ["n"]
     s.paused = False
     assert s.dispatch(intake_open=True) == Dispatch(started=("n",))
+
+
+def test_the_busy_sessions_follow_every_start_and_finish() -> None:
+    """The sessions taken are kept as turns start and end, not recomputed: after any mix
+    of submits, dispatches, parks, wake-ups, cancels and finishes they are exactly the
+    sessions of the turns with a task, and no session ever runs two turns at once."""
+    rng = random.Random(7)
+    s = scheduler(max_concurrent=5, max_queued=1000)
+    running: dict[str, str] = {}
+    for i in range(3000):
+        op = rng.random()
+        if op < 0.35:
+            s.enqueue(f"t{i}", f"S{rng.randrange(8)}")
+        elif op < 0.5 and s.queue:
+            s.dequeue(rng.choice(list(s.queue)))
+        elif op < 0.75 and running:
+            turn = rng.choice(sorted(running))
+            s.finished(turn)
+            del running[turn]
+        elif op < 0.85 and running:
+            turn = rng.choice(sorted(running))
+            if not s.release_slot(turn):
+                s.want_slot(turn)
+        plan = s.dispatch(intake_open=True)
+        for turn in plan.started:
+            assert s._session_of[turn] not in running.values()
+            running[turn] = s._session_of[turn]
+        assert s.running_sessions == frozenset(running.values())
+        assert s.running == len(running)
