@@ -24,6 +24,7 @@ existed (messages inline, no "count") is read as it was stored.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -170,6 +171,13 @@ class QueuesTurns(Protocol):
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                    messages: MessageRows | None = None) -> bool: ...
+
+
+@functools.cache
+def queues_turns(store_type: type) -> bool:
+    """Whether stores of this type are `QueuesTurns`: asked for every turn, and the
+    protocol check walks its members each time (4.4 us)."""
+    return issubclass(store_type, QueuesTurns)
 
 
 class Store(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -28,7 +28,7 @@ from turnkeeper.policy.restarts import RestartCounter
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
-from turnkeeper.store.base import MessageRows, QueuesTurns, Store
+from turnkeeper.store.base import MessageRows, QueuesTurns, Store, queues_turns
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
@@ -55,7 +55,8 @@ class TurnContext:
         self.shared = shared
         self.store = store
         # The store's queued checkpoint, when it has one (see `checkpoint`).
-        self._queue_turn = store.queue_turn if isinstance(store, QueuesTurns) else None
+        self._queue_turn = (cast(QueuesTurns, store).queue_turn if queues_turns(type(store))
+                            else None)
         self.bus = bus
         self.clock = clock
         self.rand = rand
