@@ -25,6 +25,9 @@ at once, so what is measured is the runtime around it.
   pydantic-ai  Agent(FunctionModel(...)) with an async echo tool. It has no built-in
                checkpointer, so its figure carries no persistence at all.
 
+The process runs with the cyclic collector's thresholds the daemon serves with
+(`turnkeeper.daemon.GC_THRESHOLD`), every system and the baseline alike.
+
 All turns of a round run concurrently on one uvloop event loop; CPU is
 `time.process_time()` (every thread of the process: SQLite writer threads included)
 over the round divided by K x S. Rounds alternate the systems; each figure is the median
@@ -63,6 +66,7 @@ import anyio
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
+from turnkeeper.daemon import GC_THRESHOLD
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.outcome import StopCode, TurnResult
@@ -433,6 +437,8 @@ def main() -> None:
     args = ap.parse_args()
     with open(os.devnull, "w") as devnull:  # the daemon's default level, output discarded
         tk_logging.configure(log_format="json", log_level="info", stream=devnull)
+        # The collector's thresholds as the daemon sets them, for every system alike.
+        gc.set_threshold(*GC_THRESHOLD)
         model: subprocess.Popen[str] | None = None
         port: int | None = None
         try:
