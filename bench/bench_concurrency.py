@@ -263,7 +263,7 @@ max_seconds = 600.0
               f"completed)")
         print(f"  overload: {res['refused']} submits refused 503 and sent again; guard "
               f"{overload.get('state', 'absent')}, {overload.get('spells', 0)} spells, worst "
-              f"lag sample {overload.get('max_lag_s', 0.0):.3f} s")
+              f"lag in a spell {overload.get('max_lag_s', 0.0):.3f} s")
         print(f"  CPU: bare loop {bare_cpu:.2f} s ({bare_cpu / calls * 1e3:.3f} ms/call), daemon "
               f"{daemon_cpu:.2f} s ({daemon_cpu / calls * 1e3:.3f} ms/step), ratio "
               f"{daemon_cpu / bare_cpu:.2f}x (the daemon's includes the control socket: "
