@@ -96,6 +96,16 @@ class _Subscriber:
     turn: str | None
 
 
+def _offer(event: Event, subscribers: list[_Subscriber], dead: list[_Subscriber]) -> None:
+    """Send `event` to each of `subscribers`; one whose buffer is full, or whose reader
+    left, goes on `dead`."""
+    for sub in subscribers:
+        try:
+            sub.send.send_nowait(event)
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            dead.append(sub)
+
+
 class EventBus:
     def __init__(self, *, clock: Clock, start_seq: int = 0,
                  persist: Callable[[Event], None] | None = None,
@@ -107,7 +117,12 @@ class EventBus:
         self._reserve = reserve
         self._reserve_block = reserve_block
         self._reserved = start_seq
-        self._subscribers: list[_Subscriber] = []
+        self._subscribers: list[_Subscriber] = []  # every one, in the order they came
+        # The same, by what they follow: an event is offered to the followers of every
+        # turn and of its own turn, not to every follower there is (500 `submit --follow`
+        # clients made each event 500 checks).
+        self._of_all: list[_Subscriber] = []
+        self._of_turn: dict[str, list[_Subscriber]] = {}
         self._buffer = subscriber_buffer
         self.dropped_subscribers = 0
         self.listeners: list[Callable[[Event], None]] = []
@@ -171,29 +186,44 @@ class EventBus:
                 listener(event)
             except Exception:
                 self.listener_errors += 1
-        dead = []
-        for sub in self._subscribers:
-            if sub.turn is not None and sub.turn != event.turn:
-                continue
-            try:
-                sub.send.send_nowait(event)
-            except anyio.WouldBlock:
-                dead.append(sub)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                dead.append(sub)
+        dead: list[_Subscriber] = []
+        if self._of_all:
+            _offer(event, self._of_all, dead)
+        if self._of_turn and event.turn is not None:
+            of_turn = self._of_turn.get(event.turn)
+            if of_turn is not None:
+                _offer(event, of_turn, dead)
         for sub in dead:
-            self._drop(sub)
+            if self._remove(sub):
+                self.dropped_subscribers += 1
+            sub.send.close()
 
-    def _drop(self, sub: _Subscriber) -> None:
-        if sub in self._subscribers:
-            self._subscribers.remove(sub)
-            self.dropped_subscribers += 1
-        sub.send.close()
+    def _add(self, sub: _Subscriber) -> None:
+        self._subscribers.append(sub)
+        if sub.turn is None:
+            self._of_all.append(sub)
+        else:
+            self._of_turn.setdefault(sub.turn, []).append(sub)
+
+    def _remove(self, sub: _Subscriber) -> bool:
+        """False when it was gone already."""
+        if sub not in self._subscribers:
+            return False
+        self._subscribers.remove(sub)
+        if sub.turn is None:
+            self._of_all.remove(sub)
+        else:
+            followers = self._of_turn[sub.turn]
+            followers.remove(sub)
+            if not followers:
+                del self._of_turn[sub.turn]
+        return True
 
     def close_subscribers(self) -> None:
         """End every live stream, as the daemon stops: a reader sees its stream end (and
         reconnects to the next daemon) instead of holding the shutdown up."""
         subscribers, self._subscribers = self._subscribers, []
+        self._of_all, self._of_turn = [], {}
         for sub in subscribers:
             sub.send.close()
 
@@ -204,11 +234,10 @@ class EventBus:
         send, receive = anyio.create_memory_object_stream[Event](
             self._buffer if self._buffer > 0 else math.inf)
         sub = _Subscriber(send=send, turn=turn)
-        self._subscribers.append(sub)
+        self._add(sub)
         try:
             yield receive
         finally:
-            if sub in self._subscribers:
-                self._subscribers.remove(sub)
+            self._remove(sub)
             send.close()
             receive.close()
