@@ -18,6 +18,7 @@ fail a turn over how it reports it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -117,10 +118,9 @@ class EventBus:
         self._reserve = reserve
         self._reserve_block = reserve_block
         self._reserved = start_seq
-        self._subscribers: list[_Subscriber] = []  # every one, in the order they came
-        # The same, by what they follow: an event is offered to the followers of every
-        # turn and of its own turn, not to every follower there is (500 `submit --follow`
-        # clients made each event 500 checks).
+        # Live subscribers by what they follow: an event is offered to the followers of
+        # every turn and of its own turn, not to every follower there is (500 `submit
+        # --follow` clients made each event 500 checks).
         self._of_all: list[_Subscriber] = []
         self._of_turn: dict[str, list[_Subscriber]] = {}
         self._buffer = subscriber_buffer
@@ -199,7 +199,6 @@ class EventBus:
             sub.send.close()
 
     def _add(self, sub: _Subscriber) -> None:
-        self._subscribers.append(sub)
         if sub.turn is None:
             self._of_all.append(sub)
         else:
@@ -207,24 +206,20 @@ class EventBus:
 
     def _remove(self, sub: _Subscriber) -> bool:
         """False when it was gone already."""
-        if sub not in self._subscribers:
+        followers = self._of_all if sub.turn is None else self._of_turn.get(sub.turn)
+        if followers is None or sub not in followers:
             return False
-        self._subscribers.remove(sub)
-        if sub.turn is None:
-            self._of_all.remove(sub)
-        else:
-            followers = self._of_turn[sub.turn]
-            followers.remove(sub)
-            if not followers:
-                del self._of_turn[sub.turn]
+        followers.remove(sub)
+        if sub.turn is not None and not followers:
+            del self._of_turn[sub.turn]
         return True
 
     def close_subscribers(self) -> None:
         """End every live stream, as the daemon stops: a reader sees its stream end (and
         reconnects to the next daemon) instead of holding the shutdown up."""
-        subscribers, self._subscribers = self._subscribers, []
+        of_all, of_turn = self._of_all, self._of_turn
         self._of_all, self._of_turn = [], {}
-        for sub in subscribers:
+        for sub in itertools.chain(of_all, *of_turn.values()):
             sub.send.close()
 
     @contextmanager
