@@ -216,8 +216,8 @@ def test_a_node_paused_past_its_lease_is_fenced_and_sends_nothing_for_lost_turns
         # stopped); the renewal finds them taken and gives them up. The others may
         # finish everything before that renewal comes: wait for it, a few leases at most.
         deadline = time.monotonic() + 3 * 4.0
-        while not ("fleet.lease_lost" in paused.log_text()
-                   or "turn.lease_lost" in paused.log_text()):
+        while not ("fleet.lease_lost" in (log := paused.log_text())
+                   or "turn.lease_lost" in log):
             assert time.monotonic() < deadline, "n0 never gave up the turns it lost"
             time.sleep(0.1)
     finally:
