@@ -2,7 +2,10 @@
 
 Nothing in the turn runner calls a metric. Counters are derived from the events the
 runner and the supervisor already publish: `Metrics.on_event` is an EventBus listener,
-called synchronously as each event is published. State that already lives somewhere
+called synchronously as each event is published. What it counts is summed in a plain
+dict and added to the Prometheus counters when the registry is read (a scrape): a
+Prometheus `inc` takes a lock and checks its argument, and a step's five events made
+seven of them. State that already lives somewhere
 (turns by state, queue depth, breakers, policy version) is read from the supervisor at
 scrape time by a custom collector (`metrics_state.py`): derived, never stored twice.
 
@@ -54,6 +57,12 @@ class Metrics:
         self.clock = clock
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # Counts not yet added to their counters: (metric, label values) -> amount. The
+        # registry reads its collectors in the order they were registered, so with this
+        # one first a collection adds them before any counter is read: a scrape sees
+        # every event published before it. Bounded as the metrics' own series are.
+        self._pending: dict[tuple[Any, tuple[str, ...]], float] = {}
+        r.register(_Pending(self))
         self.turns_submitted = Counter(
             "turnkeeper_turns_submitted", "Turns accepted by submit (replays included)",
             registry=r)
@@ -129,10 +138,6 @@ class Metrics:
             self.turns_finished.labels(status_of(code).value, code.value)
         for result in ("ok", "failed"):
             self.reloads.labels(result)
-        # The child of each (metric, label values) a handler has counted, looked up once:
-        # `.labels()` validates and converts its values under a lock, a measurable part
-        # of each event. Bounded as the metrics' own series are.
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._label_providers()
         self._steps: dict[str, tuple[int, float]] = {}  # turn -> (step, monotonic start)
         self._errors_logged = 0
@@ -146,13 +151,26 @@ class Metrics:
             for cls in ATTEMPT_CLASSES:
                 self.provider_attempts.labels(p.name, cls)
 
-    def _child(self, metric: Any, *values: str) -> Any:
-        """`metric.labels(*values)`, cached."""
+    def _inc(self, metric: Any, *values: str, amount: float = 1.0) -> None:
+        """Count `amount` on `metric`'s series for the label `values`; it reaches the
+        counter at the next collection (`flush`)."""
+        if amount < 0:
+            raise ValueError(f"a counter only goes up (got {amount})")
         key = (metric, values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
+        pending = self._pending
+        pending[key] = pending.get(key, 0.0) + amount
+
+    def flush(self) -> None:
+        """Add the pending counts to their counters (every collection does it first)."""
+        pending, self._pending = self._pending, {}
+        for (metric, values), amount in pending.items():
+            try:
+                (metric.labels(*values) if values else metric).inc(amount)
+            except Exception as exc:  # a scrape must not fail over one series
+                if self._errors_logged < 10:
+                    self._errors_logged += 1
+                    log.error("metrics.count_failed", metric=repr(metric), labels=values,
+                              error=f"{type(exc).__name__}: {exc}")
 
     # -- events in -----------------------------------------------------------------
 
@@ -169,54 +187,56 @@ class Metrics:
     def _count(self, event: Event) -> None:
         # Looked up before the body is read: streamed text, the most frequent event,
         # counts nothing and is not worth parsing.
-        handler = _HANDLERS.get(ev.EVENT_TYPES.get(event.type, ev.EventBody))
-        body = event.body if handler is not None else None
-        if handler is not None and body is not None:
+        handler = _HANDLERS.get(event.type)
+        if handler is None:
+            return
+        body = event.typed or event.body
+        if body is not None:
             handler(self, body, event.turn)
 
     def _model_request(self, e: ev.ModelRequest, turn: str | None) -> None:
-        self._child(self.provider_requests, e.provider).inc()
+        self._inc(self.provider_requests, e.provider)
 
     def _model_response(self, e: ev.ModelResponse, turn: str | None) -> None:
-        self._child(self.provider_attempts, e.provider, "success").inc()
+        self._inc(self.provider_attempts, e.provider, "success")
         usage = e.usage or {}
-        self._child(self.tokens, e.provider, "input").inc(usage.get("input_tokens", 0))
-        self._child(self.tokens, e.provider, "output").inc(usage.get("output_tokens", 0))
+        self._inc(self.tokens, e.provider, "input", amount=usage.get("input_tokens", 0))
+        self._inc(self.tokens, e.provider, "output", amount=usage.get("output_tokens", 0))
         cost = e.cost_usd or 0.0
         if cost > 0:
-            self._child(self.cost, e.provider).inc(cost)
+            self._inc(self.cost, e.provider, amount=cost)
 
     def _attempt_failed(self, e: ev.ModelAttemptFailed, turn: str | None) -> None:
-        self._child(self.provider_attempts, e.provider, e.class_).inc()
+        self._inc(self.provider_attempts, e.provider, e.class_)
 
     def _redirected(self, e: ev.ModelRedirected, turn: str | None) -> None:
-        self._child(self.provider_attempts, e.provider, "redirected").inc()
+        self._inc(self.provider_attempts, e.provider, "redirected")
 
     def _retry_scheduled(self, e: ev.ModelRetryScheduled, turn: str | None) -> None:
-        self._child(self.retries_scheduled, e.provider, e.class_).inc()
+        self._inc(self.retries_scheduled, e.provider, e.class_)
 
     def _failover(self, e: ev.ModelFailover, turn: str | None) -> None:
-        self._child(self.failovers, e.from_, e.to, e.reason).inc()
+        self._inc(self.failovers, e.from_, e.to, e.reason)
 
     def _recovering(self, e: ev.TurnRecovering, turn: str | None) -> None:
-        self.recovery_cycles.inc()
+        self._inc(self.recovery_cycles)
 
     def _tool_result(self, e: ev.ToolResult, turn: str | None) -> None:
         outcome = "ok" if e.ok else ("outcome_unknown" if e.ok is None
                                      else str(e.class_ or "unknown"))
-        self._child(self.tool_calls, self._tool_label(e.tool), outcome).inc()
+        self._inc(self.tool_calls, self._tool_label(e.tool), outcome)
 
     def _outcome_unknown(self, e: ev.ToolOutcomeUnknown, turn: str | None) -> None:
-        self._child(self.tool_outcomes_unknown, self._tool_label(e.tool)).inc()
+        self._inc(self.tool_outcomes_unknown, self._tool_label(e.tool))
 
     def _tool_retry(self, e: ev.ToolRetryScheduled, turn: str | None) -> None:
-        self._child(self.tool_retries, self._tool_label(e.tool), e.class_).inc()
+        self._inc(self.tool_retries, self._tool_label(e.tool), e.class_)
 
     def _budget_warning(self, e: ev.BudgetWarning, turn: str | None) -> None:
-        self._child(self.guard_warnings, "budget").inc()
+        self._inc(self.guard_warnings, "budget")
 
     def _loop_warning(self, e: ev.LoopWarning, turn: str | None) -> None:
-        self._child(self.guard_warnings, "loop").inc()
+        self._inc(self.guard_warnings, "loop")
 
     def _step(self, e: ev.StepStarted, turn: str | None) -> None:
         if turn is not None:
@@ -230,7 +250,7 @@ class Metrics:
         if turn is not None:
             self._step_ended(turn)
             stop = e.result["stopped_because"]
-            self._child(self.turns_finished, e.result["status"], stop["code"]).inc()
+            self._inc(self.turns_finished, e.result["status"], stop["code"])
 
     def _resumed(self, e: ev.TurnResumed, turn: str | None) -> None:
         # Its last step was cut by a suspend or a restart: wall time that includes the
@@ -239,15 +259,15 @@ class Metrics:
             self._steps.pop(turn, None)
 
     def _queued(self, e: ev.TurnQueued, turn: str | None) -> None:
-        self.turns_submitted.inc()
+        self._inc(self.turns_submitted)
 
     def _reloaded(self, e: ev.DaemonReloaded, turn: str | None) -> None:
-        self._child(self.reloads, "ok").inc()
+        self._inc(self.reloads, "ok")
         self.reload_duration.observe(float(e.duration_s or 0.0))
         self._label_providers()
 
     def _reload_failed(self, e: ev.DaemonReloadFailed, turn: str | None) -> None:
-        self._child(self.reloads, "failed").inc()
+        self._inc(self.reloads, "failed")
 
     def _tool_label(self, name: str) -> str:
         return name if self.supervisor.runtime.toolbox.get(name) is not None else UNKNOWN_TOOL
@@ -318,8 +338,23 @@ class Metrics:
         return runner
 
 
-# What each event type counts; a type not listed counts nothing.
-_HANDLERS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] = {
+class _Pending:
+    """A collector that yields nothing: collected first, it adds the pending counts to
+    their counters before the registry reads them."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        self._metrics.flush()
+        return []
+
+
+# What each event type counts, by its wire type; a type not listed counts nothing.
+_BY_CLASS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] = {
     ev.ModelRequest: Metrics._model_request,
     ev.ModelResponse: Metrics._model_response,
     ev.ModelAttemptFailed: Metrics._attempt_failed,
@@ -340,3 +375,4 @@ _HANDLERS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] 
     ev.DaemonReloaded: Metrics._reloaded,
     ev.DaemonReloadFailed: Metrics._reload_failed,
 }
+_HANDLERS = {cls.TYPE: handler for cls, handler in _BY_CLASS.items()}

@@ -63,8 +63,10 @@ def test_model_events_count_requests_attempts_tokens_and_cost(
                   **{"class": "success"}) == 1
     assert _value(m, "turnkeeper_tokens_total", provider="primary", direction="input") == 10
     assert _value(m, "turnkeeper_cost_usd_total", provider="primary") == 0.25
-    assert m.failovers.labels("primary", "backup", "breaker_open")._value.get() == 1
-    assert m.retries_scheduled.labels("primary", "retryable")._value.get() == 1
+    assert _value(m, "turnkeeper_failovers_total", to="backup", reason="breaker_open",
+                  **{"from": "primary"}) == 1
+    assert _value(m, "turnkeeper_retries_scheduled_total", provider="primary",
+                  **{"class": "retryable"}) == 1
 
 
 def test_tool_results_by_outcome_and_unknown_tool_names(
@@ -75,9 +77,10 @@ def test_tool_results_by_outcome_and_unknown_tool_names(
     b.publish(ev.ToolResult(tool="echo", ok=None, outcome="unknown", **base))
     b.publish(ev.ToolResult(tool="made_up", ok=False, class_="deterministic", error="x",
                             failure_streak=1, limit=3, **base))
-    assert m.tool_calls.labels("echo", "ok")._value.get() == 1
-    assert m.tool_calls.labels("echo", "outcome_unknown")._value.get() == 1
-    assert m.tool_calls.labels(UNKNOWN_TOOL, "deterministic")._value.get() == 1
+    calls = "turnkeeper_tool_calls_total"
+    assert _value(m, calls, tool="echo", outcome="ok") == 1
+    assert _value(m, calls, tool="echo", outcome="outcome_unknown") == 1
+    assert _value(m, calls, tool=UNKNOWN_TOOL, outcome="deterministic") == 1
 
 
 def test_turn_lifecycle_counts_submitted_finished_and_step_durations(
@@ -87,8 +90,9 @@ def test_turn_lifecycle_counts_submitted_finished_and_step_durations(
     b.publish(ev.StepStarted(step=1, provider="primary"), turn="t")
     b.publish(ev.TurnFinished(result={"status": "completed", "stopped_because": {
         "code": "completed"}}), turn="t")
-    assert m.turns_submitted._value.get() == 1
-    assert m.turns_finished.labels("completed", "completed")._value.get() == 1
+    assert _value(m, "turnkeeper_turns_submitted_total") == 1
+    assert _value(m, "turnkeeper_turns_finished_total", status="completed",
+                  code="completed") == 1
     assert _value(m, "turnkeeper_step_duration_seconds_count") == 1
 
 
@@ -96,5 +100,32 @@ def test_old_string_form_counts_the_same(bus: tuple[EventBus, Metrics]) -> None:
     b, m = bus
     b.publish("model.failover", turn="t", **{"from": "a"}, to="b", reason="r")
     b.publish("daemon.reload_failed", trigger="sighup", error="bad", policy_version=1)
-    assert m.failovers.labels("a", "b", "r")._value.get() == 1
-    assert m.reloads.labels("failed")._value.get() == 1
+    assert _value(m, "turnkeeper_failovers_total", to="b", reason="r", **{"from": "a"}) == 1
+    assert _value(m, "turnkeeper_reloads_total", result="failed") == 1
+
+
+def test_counts_reach_every_scrape_that_follows_them(bus: tuple[EventBus, Metrics]) -> None:
+    """Counts are added to the counters when the registry is read: each scrape shows
+    every event published before it, and a count is added once, not at every scrape."""
+    b, m = bus
+    request = ev.ModelRequest(provider="primary", attempt=1, step=1, messages=2)
+    for _ in range(2):
+        b.publish(request, turn="t")
+    text, _ = m.render(None)
+    assert b'turnkeeper_provider_requests_total{provider="primary"} 2.0' in text
+    b.publish(request, turn="t")
+    for _ in range(2):  # a second read adds nothing more
+        text, _ = m.render(None)
+        assert b'turnkeeper_provider_requests_total{provider="primary"} 3.0' in text
+
+
+def test_a_negative_count_is_refused_at_the_event_and_the_scrape_still_works(
+        bus: tuple[EventBus, Metrics]) -> None:
+    b, m = bus
+    b.publish(ev.ModelResponse(provider="primary", usage={"input_tokens": -5,
+                                                          "output_tokens": 1},
+                               cost_usd=0.0, finish_reason="stop", tool_calls=0), turn="t")
+    assert b.listener_errors == 0  # the listener logs its own failures, never raises
+    text, _ = m.render(None)
+    assert b"turnkeeper_tokens_total" in text
+    assert _value(m, "turnkeeper_tokens_total", provider="primary", direction="input") == 0
