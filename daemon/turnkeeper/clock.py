@@ -18,6 +18,14 @@ from typing import Protocol
 import anyio
 
 
+def to_micros(seconds: float) -> float:
+    """`seconds` to the nearest microsecond, for the wire: `round(seconds * 1e6) / 1e6`,
+    a quarter of the cost of `round(seconds, 6)` and its exact decimal rounding. The two
+    agree on durations; on an epoch time they may differ in the last digit, where a
+    double holds the time to a quarter of a microsecond anyway."""
+    return round(seconds * 1_000_000) / 1_000_000
+
+
 class Clock(Protocol):
     def monotonic(self) -> float: ...
 

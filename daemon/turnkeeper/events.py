@@ -30,7 +30,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from turnkeeper import jsonwire
-from turnkeeper.clock import Clock
+from turnkeeper.clock import Clock, to_micros
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.event_types import EVENT_TYPES, EventBody, ModelDelta, TurnFinished
 
@@ -74,7 +74,7 @@ class Event:
         return self.encoded_bytes().decode()
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seq": self.seq, "ts": round(self.ts, 6)}
+        out: dict[str, Any] = {"seq": self.seq, "ts": to_micros(self.ts)}
         if self.turn is not None:
             out["turn"] = self.turn
         out["type"] = self.type

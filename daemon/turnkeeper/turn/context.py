@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import structlog
 
-from turnkeeper.clock import Clock
+from turnkeeper.clock import Clock, to_micros
 from turnkeeper.event_types import EventBody, GuardWouldStop, TurnSuspended
 from turnkeeper.events import EventBus
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
@@ -151,8 +151,8 @@ class TurnContext:
 
     def stop_active(self) -> None:
         if self._active_since is not None:
-            self.record.usage.seconds = round(
-                self.record.usage.seconds + self.clock.monotonic() - self._active_since, 6)
+            self.record.usage.seconds = to_micros(
+                self.record.usage.seconds + self.clock.monotonic() - self._active_since)
             self._active_since = None
             self.record.active_since = None
 
