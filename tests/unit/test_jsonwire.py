@@ -39,6 +39,33 @@ def test_the_same_values_as_the_standard_library(value: Any) -> None:
     assert json.loads(jsonwire.dumps_str(value)) == expected
 
 
+# What orjson reads differently from the standard library, or not at all.
+READ_BY_THE_STANDARD_LIBRARY = [
+    b'{"id": 123456789012345678901234567890}',  # orjson: a float
+    b'[-18446744073709551616, 1.00000000000000000000001]',
+    b'{"score": NaN, "limit": Infinity}',
+    b'"lone \\ud800 surrogate"',
+    b"[" * 300 + b"]" * 300,
+]
+
+
+@pytest.mark.parametrize("raw", [*(json.dumps(v, **_STD).encode()  # type: ignore[arg-type]
+                                   for v in VALUES), *READ_BY_THE_STANDARD_LIBRARY])
+def test_loads_reads_what_the_standard_library_reads(raw: bytes) -> None:
+    value = jsonwire.loads(raw)
+    assert repr(value) == repr(json.loads(raw))  # repr: an int stays an int, NaN is NaN
+
+
+@pytest.mark.parametrize("raw", [b"", b"[1,", b'{"a" 1}', b"\xff\xfe", b"[1] x"])
+def test_loads_fails_as_the_standard_library_fails(raw: bytes) -> None:
+    with pytest.raises(ValueError) as ours:
+        jsonwire.loads(raw)
+    with pytest.raises(ValueError) as std:
+        json.loads(raw)
+    assert type(ours.value) is type(std.value)
+    assert str(ours.value) == str(std.value)
+
+
 def test_compact_and_utf8() -> None:
     assert jsonwire.dumps({"a": [1, "é"]}) == '{"a":[1,"é"]}'.encode()
     assert jsonwire.dumps_str({"a": [1, "é"]}) == '{"a":[1,"é"]}'

@@ -15,7 +15,6 @@ Rules kept here so both adapters obey them alike:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -239,7 +238,7 @@ _BOM = b"\xef\xbb\xbf"
 def loads(data: bytes) -> Any:
     """JSON from the wire, or None when it is not valid JSON (the caller names the fault)."""
     try:
-        return json.loads(data)
+        return jsonwire.loads(data)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         return None
 
