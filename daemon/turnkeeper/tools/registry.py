@@ -80,6 +80,8 @@ class ToolBox:
                      parameters=t.parameters) for t in static)
         self._specs = self._static_specs
         self._specs_key: tuple[int, ...] | None = None
+        # The names of the last tuple `specs` returned, with it: one set a step otherwise.
+        self._offered: tuple[tuple[ToolSpec, ...], frozenset[str]] = ((), frozenset())
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
@@ -170,7 +172,10 @@ class ToolBox:
         """The names offered now, and a note for the agent when MCP tools left or came
         back since `previous` (None: the turn's first look, which reports servers that
         are down)."""
-        current = frozenset(s.name for s in self.specs)
+        specs = self.specs
+        if specs is not self._offered[0]:  # the offer changed (or this is the first look)
+            self._offered = (specs, frozenset(s.name for s in specs))
+        current = self._offered[1]
         if previous == current:
             return current, None
         notes: list[str] = []
