@@ -30,11 +30,14 @@ def event(obj: dict[str, Any]) -> bytes:
     return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode()
 
 
-async def sse(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+async def sse(request: web.Request, events: list[bytes], *, pause: float = 0.0
+              ) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     for e in events:
         await resp.write(e)
+        if pause:
+            await anyio.sleep(pause)
     return resp
 
 
@@ -149,6 +152,38 @@ async def test_headers_url_and_cached_usage(web_server: Serve, make_provider, ma
                     ("/v1/messages", None, "2023-06-01")]
 
 
+@pytest.mark.parametrize("pause", [0.0, 0.02], ids=["one-write", "a-write-a-piece"])
+async def test_streamed_text_is_one_delta_per_network_read(
+        web_server: Serve, make_provider, make_request, pause: float) -> None:
+    """What one read brings is one delta: a piece a read when the pieces come apart, far
+    fewer deltas than pieces when they arrive together (a busy daemon reading late)."""
+    words = [f"word{i} " for i in range(20)]
+    events = [START, event({"type": "content_block_start", "index": 0,
+                            "content_block": {"type": "text", "text": words[0]}}),
+              *(event({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "text_delta", "text": w}}) for w in words[1:]),
+              event({"type": "content_block_stop", "index": 0}),
+              event({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                     "usage": {"output_tokens": 20}}),
+              event({"type": "message_stop"})]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await sse(request, events if pause else [b"".join(events)], pause=pause)
+
+    deltas: list[str] = []
+
+    async def on_delta(text: str) -> None:
+        deltas.append(text)
+
+    p = make_provider("anthropic", await web_server(handler))
+    reply = await p.complete(make_request([Message(role="user", content="hi")]), on_delta)
+    assert "".join(deltas) == reply.text == "".join(words)
+    if pause:
+        assert deltas == words
+    else:
+        assert len(deltas) < len(words)
+
+
 async def test_stream_events_with_ping_and_thinking_are_read(web_server: Serve,
                                                              make_provider,
                                                              make_request) -> None:
@@ -192,7 +227,7 @@ async def test_stream_events_with_ping_and_thinking_are_read(web_server: Serve,
 
     p = make_provider("anthropic", await web_server(handler))
     reply = await p.complete(make_request([Message(role="user", content="x")]), on_delta)
-    assert reply.text == "Two calls." and deltas == ["Two ", "calls."]
+    assert reply.text == "Two calls." == "".join(deltas)  # one delta per network read
     assert reply.tool_calls == (ToolCall("a", "get_weather", '{"city":"Oslo"}'),
                                 ToolCall("b", "now", "{}"))
     assert reply.finish_reason == "tool_calls"

@@ -43,6 +43,7 @@ from turnkeeper.providers.http import (
     exchange,
     loads,
     request_headers,
+    send_new_text,
 )
 
 API_VERSION = "2023-06-01"
@@ -231,6 +232,7 @@ class AnthropicProvider:
         input_usage: dict[str, Any] = {}
         output_tokens = 0
         model = ""
+        sent = 0  # pieces of `text` handed to `on_delta`
         eof = False
         while not eof:
             try:
@@ -254,8 +256,6 @@ class AnthropicProvider:
                         piece = delta.get("text")
                         if piece:
                             text.append(piece)
-                            if on_delta is not None:
-                                await on_delta(piece)
                     elif dtype == "input_json_delta":
                         slot = blocks.get(obj.get("index", -1))
                         if slot is not None and delta.get("partial_json"):
@@ -267,10 +267,7 @@ class AnthropicProvider:
                         blocks[obj.get("index", len(blocks))] = [
                             str(block.get("id") or ""), str(block.get("name") or ""), []]
                     elif btype == "text" and block.get("text"):
-                        piece = block["text"]
-                        text.append(piece)
-                        if on_delta is not None:
-                            await on_delta(piece)
+                        text.append(block["text"])
                 elif kind == "message_delta":
                     d = obj.get("delta") or {}
                     if d.get("stop_reason"):
@@ -290,6 +287,7 @@ class AnthropicProvider:
                     calls = tuple(
                         ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
                         for _, slot in sorted(blocks.items()))
+                    await send_new_text(text, sent, on_delta)
                     return ModelReply(
                         text="".join(text) if text else None, tool_calls=calls,
                         usage=usage_of(input_usage, output_tokens),
@@ -298,5 +296,6 @@ class AnthropicProvider:
                 elif kind == "error":
                     raise ProviderError(client.stream_error_event(obj))
                 # ping, content_block_stop and event types added later: nothing to do.
+            sent = await send_new_text(text, sent, on_delta)
         raise ProviderError(client.stream_failure(
             INCOMPLETE, "stream ended without message_stop"))

@@ -248,6 +248,17 @@ def dumps(body: Mapping[str, Any]) -> bytes:
     return jsonwire.dumps(body)
 
 
+async def send_new_text(text: list[str], sent: int, on_delta: DeltaSink | None) -> int:
+    """Hand `on_delta` the pieces of `text` after the first `sent`, joined; return how
+    many pieces have been sent. A stream reader calls it once per network read (and
+    before it returns its reply), so what one read brought is one `model.delta` event:
+    a piece a read while the daemon keeps up, several when it is busy and reads fall
+    behind, instead of an event per token whatever the load."""
+    if on_delta is not None and len(text) > sent:
+        await on_delta("".join(text[sent:]))
+    return len(text)
+
+
 def shape_failure(what: str) -> CallFailure:
     return CallFailure(exception=CORRUPT, message=what)
 

@@ -41,6 +41,7 @@ from turnkeeper.providers.http import (
     exchange,
     loads,
     request_headers,
+    send_new_text,
 )
 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -196,6 +197,7 @@ class OpenAIProvider:
         finish: str | None = None
         usage: dict[str, Any] | None = None
         model = ""
+        sent = 0  # pieces of `text` handed to `on_delta`
         eof = False
         while not eof:
             try:
@@ -211,6 +213,7 @@ class OpenAIProvider:
                     if finish is None:
                         raise ProviderError(client.stream_failure(
                             INCOMPLETE, "[DONE] without a finish reason"))
+                    await send_new_text(text, sent, on_delta)
                     return self._stream_reply(text, calls, finish, usage, model)
                 obj = loads(data)
                 if not isinstance(obj, dict):
@@ -226,8 +229,6 @@ class OpenAIProvider:
                         piece = delta.get("content")
                         if piece:
                             text.append(piece)
-                            if on_delta is not None:
-                                await on_delta(piece)
                         tcs = delta.get("tool_calls")
                         if tcs:
                             for tc in tcs:
@@ -250,6 +251,7 @@ class OpenAIProvider:
                     usage = u
                 if not model and obj.get("model"):
                     model = obj["model"]
+            sent = await send_new_text(text, sent, on_delta)
         raise ProviderError(client.stream_failure(
             INCOMPLETE, "stream ended without [DONE]" if finish else
             "stream ended without a finish reason"))
