@@ -7,7 +7,11 @@ OpenAI chat completion, as one JSON body or as an SSE stream. In this process we
   (a) bare: a plain aiohttp loop posting the same request body and reading the JSON
       (for streams: reading the `data:` lines and parsing each one);
   (b) provider: `OpenAIProvider.complete` (request encoding, status check, parsing,
-      stream reassembly, usage, ModelReply).
+      stream reassembly, usage, ModelReply);
+  (c) for streams, the provider with the daemon's delta events: each piece of text it
+      hands on is published as a `model.delta` on an EventBus, as a turn does (the
+      "deltas/call" column counts them: one per network read, so fewer than the text's
+      40 pieces when reads bring several, as they do at 1,000 concurrent calls).
 
 at 10 and at 1,000 concurrent calls (both with the provider's connection pool of
 `max_connections` = 100, so at 1,000 most calls wait on the pool). Rounds alternate bare
@@ -32,7 +36,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from turnkeeper import event_types as ev
+from turnkeeper.clock import SystemClock
 from turnkeeper.config import ProviderConfig
+from turnkeeper.events import EventBus
 from turnkeeper.providers.base import Message, ModelRequest, ToolCall, ToolSpec
 from turnkeeper.providers.openai import OpenAIProvider
 
@@ -147,7 +154,7 @@ async def _run(call: Call, concurrency: int, total: int) -> tuple[float, float]:
     return time.process_time() - cpu0, time.perf_counter() - wall0
 
 
-Row = tuple[str, int, int, float, float, float, float, int, int]
+Row = tuple[str, int, int, float, float, float, float, int, int, float | None, float | None]
 
 
 async def bench_mode(port: int, stream: bool, rounds: int, plan: list[tuple[int, int]]
@@ -181,32 +188,53 @@ async def bench_mode(port: int, stream: bool, rounds: int, plan: list[tuple[int,
     async def via_provider() -> Any:
         return await provider.complete(request)
 
+    bus = EventBus(clock=SystemClock())
+    deltas = 0
+
+    async def on_delta(text: str) -> None:
+        nonlocal deltas
+        deltas += 1
+        bus.publish(ev.ModelDelta(text=text), turn="t_bench")
+
+    async def with_events() -> Any:
+        return await provider.complete(request, on_delta)
+
     async def connections_since_last() -> int:
         async with session.get(stats_url) as r:
             return int((await r.json())["connections"])
 
     bare = bare_stream if stream else bare_json
+    paths = [("bare", bare), ("provider", via_provider)]
+    if stream:
+        paths.append(("events", with_events))
     rows: list[Row] = []
     try:
-        # Warm both paths (connections, caches) before measuring.
-        await _run(bare, 10, 200)
-        await _run(via_provider, 10, 200)
+        # Warm every path (connections, caches) before measuring.
+        for _, fn in paths:
+            await _run(fn, 10, 200)
         await connections_since_last()
         for concurrency, total in plan:
-            cpu: dict[str, list[float]] = {"bare": [], "provider": []}
-            wall: dict[str, list[float]] = {"bare": [], "provider": []}
+            cpu: dict[str, list[float]] = {label: [] for label, _ in paths}
+            wall: dict[str, list[float]] = {label: [] for label, _ in paths}
             conns = {"bare": 0, "provider": 0}
+            deltas_per_call: list[float] = []
             for _ in range(rounds):
-                for label, fn in (("bare", bare), ("provider", via_provider)):
+                for label, fn in paths:
+                    deltas = 0
                     c, w = await _run(fn, concurrency, total)
                     cpu[label].append(c / total)
                     wall[label].append(w)
-                    conns[label] = max(conns[label], await connections_since_last())
+                    if label == "events":
+                        deltas_per_call.append(deltas / total)
+                    else:
+                        conns[label] = max(conns[label], await connections_since_last())
+            events_ms = statistics.median(cpu["events"]) * 1e3 if stream else None
             rows.append(("stream" if stream else "json", concurrency, total,
                          statistics.median(cpu["bare"]) * 1e3,
                          statistics.median(cpu["provider"]) * 1e3,
                          statistics.median(wall["bare"]), statistics.median(wall["provider"]),
-                         conns["bare"], conns["provider"]))
+                         conns["bare"], conns["provider"], events_ms,
+                         statistics.median(deltas_per_call) if stream else None))
     finally:
         await session.close()
         await provider.aclose()
@@ -219,10 +247,12 @@ async def bench(port: int, rounds: int, plan: list[tuple[int, int]]) -> None:
     print(f"loop: {'uvloop' if uvloop is not None else 'asyncio'}, aiohttp "
           f"{aiohttp.__version__}, pool limit {MAX_CONNECTIONS}, median of {rounds} rounds")
     print(f"{'mode':<7}{'conc':>6}{'calls':>7}{'bare ms/call':>14}{'provider ms/call':>18}"
-          f"{'ratio':>7}{'bare wall s':>13}{'prov wall s':>13}{'conns b/p':>11}")
-    for mode, conc, total, b, p, bw, pw, cb, cp in rows:
+          f"{'ratio':>7}{'bare wall s':>13}{'prov wall s':>13}{'conns b/p':>11}"
+          f"{'+events ms/call':>17}{'ratio':>7}{'deltas/call':>13}")
+    for mode, conc, total, b, p, bw, pw, cb, cp, e, d in rows:
+        events = "" if e is None or d is None else f"{e:>17.3f}{e / b:>7.2f}{d:>13.1f}"
         print(f"{mode:<7}{conc:>6}{total:>7}{b:>14.3f}{p:>18.3f}{p / b:>7.2f}"
-              f"{bw:>13.2f}{pw:>13.2f}{f'{cb}/{cp}':>11}")
+              f"{bw:>13.2f}{pw:>13.2f}{f'{cb}/{cp}':>11}{events}")
 
 
 def main() -> None:
