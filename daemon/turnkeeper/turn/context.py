@@ -157,12 +157,12 @@ class TurnContext:
             self.record.active_since = None
 
     def usage(self) -> BudgetUsage:
-        seconds = self.record.usage.seconds
+        u = self.record.usage
+        seconds = u.seconds
         if self._active_since is not None:
             seconds += self.clock.monotonic() - self._active_since
-        return BudgetUsage(tokens=self.record.usage.total_tokens, seconds=seconds,
-                           steps=self.record.counters.steps,
-                           cost_usd=self.record.usage.cost_usd)
+        return BudgetUsage(u.total_tokens, seconds,
+                           self.record.counters.steps, u.cost_usd)
 
     def remaining_s(self) -> float:
         return self.guard.remaining_seconds(self.usage(), now=self.clock.time())
