@@ -1,6 +1,5 @@
-"""Compact JSON for what the daemon encodes and decodes many times a second: events (their
-store row and the NDJSON streams), model requests and replies, tool arguments, request
-bodies and the store's rows.
+"""Compact JSON for what the daemon encodes and reads many times a second: events (their
+store row and the NDJSON streams), model requests, and the model's replies.
 
 orjson does the work (several times faster than the standard library's encoder); what it
 refuses, the standard library encodes instead, so a value `json.dumps` accepts is never

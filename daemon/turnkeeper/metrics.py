@@ -5,9 +5,9 @@ runner and the supervisor already publish: `Metrics.on_event` is an EventBus lis
 called synchronously as each event is published. What it counts is summed in a plain
 dict and added to the Prometheus counters when the registry is read (a scrape): a
 Prometheus `inc` takes a lock and checks its argument, and a step's five events made
-seven of them. State that already lives somewhere
-(turns by state, queue depth, breakers, policy version) is read from the supervisor at
-scrape time by a custom collector (`metrics_state.py`): derived, never stored twice.
+seven of them. State that already lives somewhere (turns by state, queue depth,
+breakers, policy version) is read from the supervisor at scrape time by a custom
+collector (`metrics_state.py`): derived, never stored twice.
 
 Served as `GET /metrics` on the control socket and, when `[metrics] listen` is set, on
 a TCP address for a Prometheus scrape. A small task measures event-loop lag (how late a
