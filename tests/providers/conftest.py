@@ -20,7 +20,7 @@ from aiohttp import web
 
 from turnkeeper.config import ProviderConfig
 from turnkeeper.providers.anthropic import AnthropicProvider
-from turnkeeper.providers.base import Message, ModelRequest, ToolSpec
+from turnkeeper.providers.base import Message, ModelReply, ModelRequest, ToolSpec
 from turnkeeper.providers.openai import OpenAIProvider
 
 SECRET = "sk-test-SECRET-never-shown-0123456789"
@@ -84,6 +84,23 @@ async def make_provider(api_key: str) -> AsyncIterator[MakeProvider]:
     yield make
     for p in made:
         await p.aclose()
+
+
+@pytest.fixture
+def complete_streaming() -> Callable[[Provider, ModelRequest],
+                                     Awaitable[tuple[ModelReply, list[str]]]]:
+    """`reply, deltas = await complete_streaming(provider, request)`: the reply and the
+    pieces of text the provider handed on while it read the stream."""
+    async def complete(provider: Provider, request: ModelRequest
+                       ) -> tuple[ModelReply, list[str]]:
+        deltas: list[str] = []
+
+        async def on_delta(text: str) -> None:
+            deltas.append(text)
+
+        return await provider.complete(request, on_delta), deltas
+
+    return complete
 
 
 @pytest.fixture

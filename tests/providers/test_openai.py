@@ -264,7 +264,8 @@ async def test_truncated_stream_is_incomplete(llmock, make_provider, make_reques
 
 @pytest.mark.parametrize("pause", [0.0, 0.02], ids=["one-write", "a-write-a-piece"])
 async def test_streamed_text_is_one_delta_per_network_read(
-        web_server: Serve, make_provider, make_request, pause: float) -> None:
+        web_server: Serve, make_provider, make_request, complete_streaming,
+        pause: float) -> None:
     """What one read brings is one delta: a piece a read when the pieces come apart, far
     fewer deltas than pieces when they arrive together (a busy daemon reading late)."""
     words = [f"word{i} " for i in range(20)]
@@ -274,13 +275,9 @@ async def test_streamed_text_is_one_delta_per_network_read(
     async def handler(request: web.Request) -> web.StreamResponse:
         return await sse(request, events if pause else [b"".join(events)], pause=pause)
 
-    deltas: list[str] = []
-
-    async def on_delta(text: str) -> None:
-        deltas.append(text)
-
     p = make_provider("openai", await web_server(handler) + "/v1")
-    reply = await p.complete(make_request([Message(role="user", content="hi")]), on_delta)
+    reply, deltas = await complete_streaming(
+        p, make_request([Message(role="user", content="hi")]))
     assert "".join(deltas) == reply.text == "".join(words)
     if pause:
         assert deltas == words
