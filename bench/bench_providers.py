@@ -224,10 +224,12 @@ async def bench_mode(port: int, stream: bool, rounds: int, plan: list[tuple[int,
                     c, w = await _run(fn, concurrency, total)
                     cpu[label].append(c / total)
                     wall[label].append(w)
+                    # Read after every path, so none's connections count for the next.
+                    used = await connections_since_last()
                     if label == "events":
                         deltas_per_call.append(deltas / total)
                     else:
-                        conns[label] = max(conns[label], await connections_since_last())
+                        conns[label] = max(conns[label], used)
             events_ms = statistics.median(cpu["events"]) * 1e3 if stream else None
             rows.append(("stream" if stream else "json", concurrency, total,
                          statistics.median(cpu["bare"]) * 1e3,
