@@ -54,16 +54,18 @@ log = structlog.get_logger("turnkeeper.daemon")
 # 477-920. At 10,000 the collector still took 1.9-2.6 s of CPU a run (generation-1
 # passes of 70-145 ms: each walks every turn's state promoted since the last); at 50,000
 # it takes 0.4-0.6 s (generation-1 passes under 2 ms), daemon CPU 0.72-0.78 ms a step
-# instead of 0.78-0.93, peak RSS the same (114-125 MiB). 100,000 saved little more and
+# instead of 0.78-0.93, peak RSS the same (114-125 MiB). 100,000 then saved little more and
 # made the longest generation-0 pass longer (170 ms). Since a finished turn no longer
 # leaves a reference cycle behind (the collector found 6,000-12,000 objects of them a
-# pass, now none), what it walks is live state: 200,000 runs it a quarter as often, and
-# with all 5,000 turns in flight at once (batch submits; two pairs of runs alternated)
-# its pauses over 10 ms summed 0.45-0.49 s a run instead of 0.98-1.21, the longest
-# 204-211 ms instead of 333-339, daemon CPU 10.0-10.8 s instead of 10.7-11.1, `status`
-# p99 511-619 ms instead of 695-824, peak RSS the same (234-240 MiB). With submits one
-# at a time (fewer turns in flight) the two are within the noise.
-GC_THRESHOLD = (200_000, 20, 100)
+# pass, now none), what it walks is live state, and a pass's length is set by how many
+# young objects it walks: with all 5,000 turns in flight at once (batch submits),
+# 200,000 against 50,000 summed its pauses over 10 ms to 0.45-0.49 s a run instead of
+# 0.98-1.21 (the longest 204-211 ms instead of 333-339). Against 200,000, 100,000 halves
+# each generation-0 pass for about the same total: the longest pause 132 ms instead of
+# 221, `status` p99 193-221 ms instead of 298-341 and the loop's lag p99 <= 200-250 ms
+# instead of <= 250-400 (five pairs alternated), daemon CPU 8.3-9.0 s against 7.9-9.1;
+# with submits one at a time, lag p99 <= 75-150 ms instead of <= 200.
+GC_THRESHOLD = (100_000, 20, 100)
 
 
 def tune_gc() -> None:
