@@ -174,6 +174,9 @@ def turnkeeper_round(provider: str) -> Round:
         config = build_config({
             "daemon": {"max_concurrent_turns": turns, "max_queued_turns": turns,
                        "state_dir": str(tmp), "log_level": "info"},
+            # Limits well past the run: the bench measures steps, not the guards' stops.
+            "budget": {"max_steps": max(40, 2 * steps), "max_tokens": 100 * 200_000,
+                       "max_seconds": 3600.0},
             "providers": [{"name": provider, "kind": kind, "script": str(script)}],
             "tools": [{"name": "echo", "kind": "echo", "idempotent": True,
                        "description": "Echo the arguments back",
