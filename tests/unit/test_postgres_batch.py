@@ -1,6 +1,7 @@
 """How a group commit on PostgreSQL is cut into set-based statements: the pure building
-(segments, the one UPDATE, the one conversation statement, which writes are stale), then
-`commit` itself against a real server, where a stale claim fails only its own write."""
+(segments, the one UPDATE, one rows statement per list (conversation, trail), which
+writes are stale), then `commit` itself against a real server, where a stale claim fails
+only its own write."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.pg import fresh_database
 from turnkeeper.store import postgres_batch as pb
 from turnkeeper.store.fleet import StaleLease
 from turnkeeper.store.postgres_schema import prepare
-from turnkeeper.store.writer import MessageWrite
+from turnkeeper.store.writer import TRAIL, MessageWrite
 
 
 def upd(turn: str, epoch: int | None = None, checkpoint: str | None = None) -> pb.TurnUpdate:
@@ -36,8 +37,9 @@ async def noop(conn: Any) -> None:
 
 
 def test_a_step_of_many_turns_is_one_segment() -> None:
-    writes = [[upd(f"t{n}", 1), MessageWrite(f"t{n}", 2, ("{}",)), event(n, f"t{n}")]
-              for n in range(50)]
+    writes: list[list[pb.Op]] = [
+        [upd(f"t{n}", 1), MessageWrite(f"t{n}", 2, ("{}",)), event(n, f"t{n}")]
+        for n in range(50)]
     writes.append([(JOURNAL, ("k", "t1", "echo", "{}", True))])
     parts = pb.segments(writes)
     assert len(parts) == 1
@@ -70,10 +72,57 @@ def test_the_turn_update_is_one_statement_with_a_column_per_field() -> None:
 
 
 def test_conversation_rows_of_every_turn_in_one_statement() -> None:
-    sql, args = pb.message_upsert([MessageWrite("a", 2, ("x", "y")),
-                                   MessageWrite("b", 0, ())])
-    assert sql.count("unnest(") == 2
+    [(sql, args)] = pb.message_upsert([MessageWrite("a", 2, ("x", "y")),
+                                       MessageWrite("b", 0, ())])
+    assert sql == pb.MESSAGE_UPSERT and sql.count("unnest(") == 2
     assert args == (["a", "b"], [4, 0], ["a", "a"], [2, 3], ["x", "y"])
+
+
+def test_a_turns_messages_and_trail_share_a_segment_and_get_one_statement_per_table(
+        ) -> None:
+    writes: list[list[pb.Op]] = [
+        [upd("a", 1), MessageWrite("a", 2, ("m2",)), MessageWrite("a", 0, ("p0", "p1"), TRAIL)],
+        [upd("b", 1), MessageWrite("b", 1, ("p1",), TRAIL), MessageWrite("b", 0, ("m0",))],
+    ]
+    [seg] = pb.segments(writes)
+    assert isinstance(seg, pb.Segment) and len(seg.messages) == 4
+    upserts = pb.message_upsert([m for _, m in seg.messages])
+    assert [sql for sql, _ in upserts] == [pb.MESSAGE_UPSERT, pb.TRAIL_UPSERT]
+    assert "INTO messages " in pb.MESSAGE_UPSERT and "trail" not in pb.MESSAGE_UPSERT
+    assert "INTO trail " in pb.TRAIL_UPSERT and "messages" not in pb.TRAIL_UPSERT
+    assert upserts[0][1] == (["a", "b"], [3, 1], ["a", "b"], [2, 0], ["m2", "m0"])
+    assert upserts[1][1] == (["a", "b"], [2, 2], ["a", "a", "b"], [0, 1, 1],
+                             ["p0", "p1", "p1"])
+
+
+def test_only_trail_rows_are_one_trail_statement() -> None:
+    [(sql, args)] = pb.message_upsert([MessageWrite("a", 3, ("x",), TRAIL)])
+    assert sql == pb.TRAIL_UPSERT
+    assert args == (["a"], [4], ["a"], [3], ["x"])
+    assert pb.message_upsert([]) == []
+
+
+def test_a_second_write_of_the_same_list_of_a_turn_starts_a_new_segment() -> None:
+    writes: list[list[pb.Op]] = [
+        [MessageWrite("a", 0, ("p0",), TRAIL)],
+        [MessageWrite("a", 0, ("m0",))],         # a's other list: same segment
+        [MessageWrite("a", 1, ("p1",), TRAIL)],  # a's trail again: a new one
+        [MessageWrite("b", 0, ("q0",), TRAIL)],
+        [MessageWrite("a", 2, ("p2",), TRAIL)],  # a's trail a third time: a third one
+    ]
+    parts = pb.segments(writes)
+    assert all(isinstance(p, pb.Segment) for p in parts)
+    assert [[(i, m.turn, m.table) for i, m in p.messages]  # type: ignore[union-attr]
+            for p in parts] == [
+        [(0, "a", "trail"), (1, "a", "messages")],
+        [(2, "a", "trail"), (3, "b", "trail")],
+        [(4, "a", "trail")],
+    ]
+
+
+def test_a_write_to_any_other_table_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown tables"):
+        pb.message_upsert([MessageWrite("a", 0, ("x",), "turns; DROP TABLE turns")])
 
 
 def test_only_fenced_updates_the_database_did_not_return_are_stale() -> None:
@@ -156,3 +205,41 @@ async def test_a_stale_claim_after_part_of_its_write_was_sent_rolls_back(
         await pb.commit(conn, [[mark, upd("b", 7)], [upd("a", 1)]])
     assert await conn.fetchval("SELECT count(*) FROM turns WHERE state = 'running'"
                                " OR stop_code IS NOT NULL") == 0
+
+
+async def _table(conn: asyncpg.Connection, table: str) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in await conn.fetch(
+        f"SELECT turn, idx, data FROM {table} ORDER BY turn, idx")]
+
+
+@pytest.mark.anyio
+async def test_a_turns_messages_and_trail_commit_together_each_in_its_table(
+        conn: asyncpg.Connection) -> None:
+    writes: list[list[pb.Op]] = [
+        [upd("a", 1, '{"n":1}'), MessageWrite("a", 0, ('"m0"',)),
+         MessageWrite("a", 0, ("pa", "pb"), TRAIL), event(1, "a")],
+        [upd("b", 7, '{"n":2}'), MessageWrite("b", 0, ('"b0"',)),
+         MessageWrite("b", 0, ("stale",), TRAIL), event(2, "b")],  # b's claim is stale
+        [upd("c"), MessageWrite("c", 0, ("pc",), TRAIL)],
+    ]
+    assert len(pb.segments(writes)) == 1
+    errors = await pb.commit(conn, writes)
+    assert errors[0] is None and errors[2] is None and isinstance(errors[1], StaleLease)
+    assert await _table(conn, "messages") == [("a", 0, '"m0"')]
+    assert await _table(conn, "trail") == [("a", 0, "pa"), ("a", 1, "pb"), ("c", 0, "pc")]
+
+
+@pytest.mark.anyio
+async def test_trail_rows_replace_from_start_and_drop_past_the_end_apart_from_messages(
+        conn: asyncpg.Connection) -> None:
+    await pb.commit(conn, [[MessageWrite("a", 0, ('"0"', '"1"', '"2"')),
+                            MessageWrite("a", 0, ("p0", "p1", "p2"), TRAIL)]])
+    # Two trail writes of a in one batch: in order, in two segments.
+    await pb.commit(conn, [[MessageWrite("a", 1, ("x",), TRAIL)],
+                           [MessageWrite("a", 2, ("y", "z"), TRAIL)]])
+    assert await _table(conn, "trail") == [("a", 0, "p0"), ("a", 1, "x"), ("a", 2, "y"),
+                                           ("a", 3, "z")]
+    await pb.commit(conn, [[MessageWrite("a", 1, ("q",), TRAIL)]])
+    assert await _table(conn, "trail") == [("a", 0, "p0"), ("a", 1, "q")]
+    assert await _table(conn, "messages") == [("a", 0, '"0"'), ("a", 1, '"1"'),
+                                              ("a", 2, '"2"')]  # untouched

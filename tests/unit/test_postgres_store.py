@@ -1,6 +1,6 @@
 """What only the PostgreSQL store has: its schema versions, one daemon per database until
-claims exist, conversation rows, the writer riding out lost connections, and a URL whose
-password never shows. Each test runs on a fresh database of a real server."""
+claims exist, conversation and trail rows, the writer riding out lost connections, and a
+URL whose password never shows. Each test runs on a fresh database of a real server."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from turnkeeper.events import Event
 from turnkeeper.store import open_store
 from turnkeeper.store.base import MessageRows, StoreError, StoreInUse
 from turnkeeper.store.postgres import PostgresStore
-from turnkeeper.store.postgres_schema import SCHEMA_VERSION
+from turnkeeper.store.postgres_schema import MIGRATIONS, SCHEMA_VERSION, prepare
 from turnkeeper.supervisor.queries import health_problems, store_status
 
 pytestmark = pytest.mark.anyio
@@ -118,6 +118,129 @@ async def test_requeue_writes_the_rows_it_is_given(db: str) -> None:
         await store.requeue_turn(rec, {"conversation": {"count": 2, "turn_start": 0}},
                                  messages=MessageRows(1, rows("B")))
         assert contents(await store.get_checkpoint("t_a")) == ["a", "B"]
+
+
+def trail_cp(messages: int, trail: int) -> dict[str, Any]:
+    return {"conversation": {"count": messages, "turn_start": 0}, "trail": {"count": trail}}
+
+
+async def table_rows(db: str, table: str) -> list[tuple[Any, ...]]:
+    conn = await asyncpg.connect(db)
+    try:
+        return [tuple(r) for r in await conn.fetch(
+            f"SELECT turn, idx, data FROM {table} ORDER BY turn, idx")]
+    finally:
+        await conn.close()
+
+
+async def test_trail_rows_are_written_replaced_and_come_back_with_the_checkpoint(
+        db: str) -> None:
+    async with Running(db) as store:
+        rec = record("t_a")
+        await store.insert_turn(rec, {})
+        await store.save_turn(rec, trail_cp(1, 2), messages=MessageRows(0, rows("x")),
+                              trail=MessageRows(0, ("pa", "pb")))
+        checkpoint = await store.get_checkpoint("t_a")
+        assert checkpoint is not None
+        assert checkpoint["trail"] == {"count": 2, "rows": ["pa", "pb"]}
+        assert contents(checkpoint) == ["x"]
+        # From index 1 on: the row there is replaced, the messages are left as they are.
+        await store.save_turn(rec, trail_cp(1, 2), trail=MessageRows(1, ("pc",)))
+        checkpoint = await store.get_checkpoint("t_a")
+        assert checkpoint is not None
+        assert checkpoint["trail"] == {"count": 2, "rows": ["pa", "pc"]}
+        assert contents(checkpoint) == ["x"]
+        # A checkpoint counts what it holds: trail rows beyond its count are not read.
+        await store.save_turn(rec, trail_cp(1, 1))
+        assert (await store.get_checkpoint("t_a") or {})["trail"] == {
+            "count": 1, "rows": ["pa"]}
+        assert await table_rows(db, "trail") == [("t_a", 0, "pa"), ("t_a", 1, "pc")]
+
+
+async def test_a_queued_checkpoints_trail_rows_are_kept_with_the_next_save(db: str) -> None:
+    async with Running(db) as store:
+        rec = record("t_a")
+        await store.insert_turn(rec, {})
+        assert store.queue_turn(rec, trail_cp(1, 1), messages=MessageRows(0, rows("x")),
+                                trail=MessageRows(0, ("p0",)))
+        await store.save_turn(rec, trail_cp(2, 3), messages=MessageRows(1, rows("y")),
+                              trail=MessageRows(1, ("p1", "p2")))
+        checkpoint = await store.get_checkpoint("t_a")
+        assert checkpoint is not None and contents(checkpoint) == ["x", "y"]
+        assert checkpoint["trail"]["rows"] == ["p0", "p1", "p2"]
+
+
+async def test_unfinished_turns_and_a_claim_give_each_turn_its_own_trail(db: str) -> None:
+    async with Running(db) as store:
+        for i in range(3):
+            rec = record(f"t_{i}")
+            await store.insert_turn(rec, {})
+            await store.save_turn(rec, trail_cp(1, i), messages=MessageRows(0, rows(str(i))),
+                                  trail=MessageRows(0, tuple(f"{i}.{n}" for n in range(i))))
+        legacy = {"conversation": {"count": 0, "turn_start": 0}}  # no trail: left so
+        await store.insert_turn(record("t_legacy"), legacy)
+        expected = [{"count": 0, "rows": []}, {"count": 1, "rows": ["1.0"]},
+                    {"count": 2, "rows": ["2.0", "2.1"]}]
+        unfinished = await store.unfinished_turns()
+        assert [r["id"] for r, _ in unfinished] == ["t_0", "t_1", "t_2", "t_legacy"]
+        assert [c["trail"] for _, c in unfinished[:3]] == expected
+        assert "trail" not in unfinished[3][1]
+        claimed = await store.claim(10)
+        assert [c.record["id"] for c in claimed] == ["t_0", "t_1", "t_2", "t_legacy"]
+        assert [c.checkpoint["trail"] for c in claimed[:3]] == expected
+        assert [contents(c.checkpoint) for c in claimed[:3]] == [["0"], ["1"], ["2"]]
+        assert "trail" not in claimed[3].checkpoint
+
+
+async def test_requeue_writes_the_trail_rows_it_is_given(db: str) -> None:
+    async with Running(db) as store:
+        rec = record("t_a")
+        await store.insert_turn(rec, {})
+        await store.save_turn(rec, trail_cp(0, 3), trail=MessageRows(0, ("a", "b", "c")))
+        await store.requeue_turn(rec, trail_cp(0, 2), trail=MessageRows(1, ("B",)))
+        assert (await store.get_checkpoint("t_a") or {})["trail"] == {
+            "count": 2, "rows": ["a", "B"]}
+        assert await table_rows(db, "trail") == [("t_a", 0, "a"), ("t_a", 1, "B")]
+
+
+async def test_prune_takes_a_turns_trail_rows_with_it(db: str) -> None:
+    async with Running(db) as store:
+        for turn_id in ("t_old", "t_live"):
+            rec = record(turn_id)
+            await store.insert_turn(rec, {})
+            await store.save_turn(rec, trail_cp(1, 1), messages=MessageRows(0, rows("m")),
+                                  trail=MessageRows(0, (f"{turn_id} line",)))
+        await store.save_turn({**record("t_old"), "state": "completed"})
+        assert await store.prune(finished_before=200.0, limit=10) == 1
+        assert await table_rows(db, "trail") == [("t_live", 0, "t_live line")]
+        assert [r[0] for r in await table_rows(db, "messages")] == ["t_live"]
+
+
+async def test_a_database_from_before_the_trail_gets_its_table_and_reads_as_before(
+        db: str) -> None:
+    conn = await asyncpg.connect(db)
+    try:
+        async with conn.transaction():  # the schema one version back, as it was left
+            await conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            for migration in MIGRATIONS[:SCHEMA_VERSION - 1]:
+                for stmt in migration:
+                    await conn.execute(stmt)
+            await conn.execute("INSERT INTO schema_version VALUES ($1)", SCHEMA_VERSION - 1)
+        assert await conn.fetchval("SELECT to_regclass('trail')") is None
+        await conn.execute(
+            "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
+            " checkpoint) VALUES ('t_a', 1, 't_a', 'queued', 0, 0, $1, $2)",
+            json.dumps(record("t_a")), json.dumps({"conversation": {"count": 1}}))
+        await conn.execute("INSERT INTO messages VALUES ('t_a', 0, $1)", rows("old")[0])
+        await prepare(conn, "test")
+        assert await conn.fetchval("SELECT version FROM schema_version") == SCHEMA_VERSION
+        assert await conn.fetchval("SELECT to_regclass('trail')::text") == "trail"
+    finally:
+        await conn.close()
+    async with Running(db) as store:
+        checkpoint = await store.get_checkpoint("t_a")
+        assert checkpoint is not None and contents(checkpoint) == ["old"]
+        assert "trail" not in checkpoint
 
 
 async def test_reopening_keeps_the_data_and_numbers_go_on(db: str) -> None:

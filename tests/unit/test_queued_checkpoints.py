@@ -25,7 +25,7 @@ from turnkeeper.store.base import MessageRows, QueuesTurns
 from turnkeeper.store.memory import MemoryStore
 from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.sqlite import SQLiteStore
-from turnkeeper.store.writer import MessageWrite, join_messages
+from turnkeeper.store.writer import TRAIL, MessageWrite, join_messages
 
 pytestmark = pytest.mark.anyio
 
@@ -149,3 +149,32 @@ def test_a_dropped_checkpoint_s_rows_join_the_newer_rows_they_run_on_to() -> Non
     for newer in (MessageWrite("t_a", 3, ("m3",)), MessageWrite("t_b", 2, ("m2",))):
         assert join_messages([a01], [head, newer]) == [head, a01, newer]
     assert join_messages([("DELETE ...", ())], [head, a2]) == [head, ("DELETE ...", ()), a2]
+
+
+def test_a_dropped_checkpoint_s_trail_rows_join_the_newer_trail_rows() -> None:
+    """Each list joins its own: the dropped messages with the newer messages, the dropped
+    trail lines with the newer trail lines, never one list's rows with the other's."""
+    head = ("UPDATE turns ...", ())
+    m01, m2 = MessageWrite("t_a", 0, ("m0", "m1")), MessageWrite("t_a", 2, ("m2",))
+    t0, t1 = MessageWrite("t_a", 0, ("pa",), TRAIL), MessageWrite("t_a", 1, ("lb",), TRAIL)
+    assert join_messages([m01, t0], [head, m2, t1]) == [
+        head, MessageWrite("t_a", 0, ("m0", "m1", "m2")),
+        MessageWrite("t_a", 0, ("pa", "lb"), TRAIL)]
+    # The newer checkpoint added no trail line: the dropped ones still go, ahead of it.
+    assert join_messages([m01, t0], [head, m2]) == [
+        head, t0, MessageWrite("t_a", 0, ("m0", "m1", "m2"))]
+    # Trail rows never join message rows at the same index.
+    assert join_messages([MessageWrite("t_a", 2, ("x",), TRAIL)], [head, m2]) == [
+        head, MessageWrite("t_a", 2, ("x",), TRAIL), m2]
+
+
+async def test_a_superseded_checkpoint_s_trail_goes_with_the_newer_one(
+        store: Queueing) -> None:
+    await store.insert_turn(record("queued", 1.0), {})
+    store.queue_turn(record("running", 2.0), {**checkpoint(2, 1), "trail": {"count": 2}},
+                     messages=rows(0, "a", "b"), trail=MessageRows(0, ("pa", "lb")))
+    await store.save_turn(record("running", 3.0), {**checkpoint(3, 2), "trail": {"count": 3}},
+                          messages=rows(2, "c"), trail=MessageRows(2, ("ec",)))
+    cp = await store.get_checkpoint("t_a")
+    assert cp is not None and cp["trail"]["rows"] == ["pa", "lb", "ec"]
+    assert contents(cp) == ["a", "b", "c"]

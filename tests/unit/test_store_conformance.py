@@ -438,9 +438,9 @@ async def test_a_replay_requeues_the_messages_it_read_as_rows(store: Store) -> N
     await store.save_turn(done)
     read = await store.get_checkpoint("t_0")
     assert read is not None
-    checkpoint, again_rows = rows_of({**read, "chain": None})
+    checkpoint, again_rows, no_trail = rows_of({**read, "chain": None})
     assert checkpoint["conversation"] == {"count": 2, "turn_start": 0}
-    assert again_rows is not None and again_rows.start == 0
+    assert again_rows is not None and again_rows.start == 0 and no_trail is None
     again = {**done, "state": "queued", "result": None, "updated_at": 300.0}
     await store.requeue_turn(again, checkpoint, messages=again_rows,
                              events=[event(7, "t_0", "turn.replayed")])
@@ -458,13 +458,73 @@ async def test_a_replay_of_a_checkpoint_from_before_rows_stores_its_rows(store: 
                                "held_notes": ["note"]}}
     rec = record("t_0", state="failed")
     await store.insert_turn(rec, legacy)
-    checkpoint, again_rows = rows_of(legacy)
+    checkpoint, again_rows, _ = rows_of(legacy)
     assert checkpoint["conversation"] == {"count": 2, "turn_start": 0,
                                           "held_notes": ["note"]}
     await store.requeue_turn({**rec, "state": "queued"}, checkpoint, messages=again_rows)
     got = await store.get_checkpoint("t_0")
     assert got is not None and contents(got) == ["task", "old"]
     assert got["conversation"]["held_notes"] == ["note"]
+
+
+def trail_cp(messages: int, lines: int) -> dict[str, Any]:
+    return {**conv_cp(messages), "trail": {"count": lines}}
+
+
+def trail_of(checkpoint: dict[str, Any] | None) -> list[str]:
+    assert checkpoint is not None
+    return list(checkpoint["trail"]["rows"])
+
+
+async def test_trail_rows_are_appended_and_read_back_with_the_checkpoint(store: Store
+                                                                        ) -> None:
+    """A turn's trail is a second list of rows beside its messages: each save writes
+    the lines added since the last one, and every read gives back the rows the
+    checkpoint counts, in order."""
+    rec = record("t_0", state="running")
+    await store.insert_turn(rec, {})
+    await store.save_turn(rec, trail_cp(1, 2), messages=rows(0, "task"),
+                          trail=MessageRows(0, ("pa", "lrb")))
+    await store.save_turn(rec, trail_cp(1, 3), trail=MessageRows(2, ("ec",)))
+    got = await store.get_checkpoint("t_0")
+    assert trail_of(got) == ["pa", "lrb", "ec"] and contents(got) == ["task"]
+    [(_, resumed)] = await store.unfinished_turns()
+    assert trail_of(resumed) == ["pa", "lrb", "ec"]
+    # Rows past the checkpoint's count are not read: the count is what the turn holds.
+    await store.save_turn(rec, trail_cp(1, 2))
+    assert trail_of(await store.get_checkpoint("t_0")) == ["pa", "lrb"]
+    # A write from an index replaces the rows from there.
+    await store.save_turn(rec, trail_cp(1, 3), trail=MessageRows(2, ("pd",)))
+    assert trail_of(await store.get_checkpoint("t_0")) == ["pa", "lrb", "pd"]
+
+
+async def test_a_replay_requeues_the_trail_it_read_as_rows(store: Store) -> None:
+    rec = record("t_0", state="running")
+    await store.insert_turn(rec, {})
+    await store.save_turn(rec, trail_cp(1, 2), messages=rows(0, "task"),
+                          trail=MessageRows(0, ("pa", "pb")))
+    await store.save_turn(finished(rec, "partial", "providers.exhausted"))
+    read = await store.get_checkpoint("t_0")
+    assert read is not None
+    checkpoint, _, lines = rows_of(read)
+    assert checkpoint["trail"] == {"count": 2}
+    assert lines == MessageRows(0, ("pa", "pb"))
+    await store.requeue_turn({**rec, "state": "queued"}, checkpoint,
+                             trail=MessageRows(0, ("pz",)))
+    assert trail_of(await store.get_checkpoint("t_0")) == ["pz"]
+
+
+async def test_prune_takes_a_turns_trail_with_it(store: Store) -> None:
+    rec = record("t_0", state="running")
+    await store.insert_turn(rec, {})
+    await store.save_turn(rec, trail_cp(1, 1), messages=rows(0, "task"),
+                          trail=MessageRows(0, ("pa",)))
+    await store.save_turn(finished(rec, "completed", "completed"))
+    assert await store.prune(finished_before=10**12, limit=10) == 1
+    # A turn of the same id inserted again starts with no trail.
+    await store.insert_turn(record("t_0", state="running"), {})
+    await store.save_turn(record("t_0", state="running"), trail_cp(0, 0))
+    assert trail_of(await store.get_checkpoint("t_0")) == []
 
 
 # -- SQLite: what a crash leaves, and how a resume reads ------------------------------------
@@ -548,7 +608,7 @@ async def test_a_crash_between_saves_leaves_checkpoints_and_rows_that_agree(
         await store.close()
 
 
-async def test_unfinished_turns_are_read_in_two_queries_however_many_there_are(
+async def test_unfinished_turns_are_read_in_three_queries_however_many_there_are(
         tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "state.db")
     await store.open()
@@ -565,6 +625,7 @@ async def test_unfinished_turns_are_read_in_two_queries_however_many_there_are(
             unfinished = await store.unfinished_turns()
             store._reader.set_trace_callback(None)
             assert [contents(c)[2] for _, c in unfinished] == [str(i) for i in range(50)]
-            assert len([s for s in statements if s.lstrip().startswith("SELECT")]) == 2
+            # the turns, their message rows, their trail rows
+            assert len([s for s in statements if s.lstrip().startswith("SELECT")]) == 3
         finally:
             await store.close()

@@ -11,15 +11,18 @@ A turn's record and checkpoint are written together and describe the same moment
 user message reaches the stored record through `append_message`, which touches nothing
 else, so the stored inbox always holds every message the stored checkpoint has not.
 
-A step's writes are appended, not rewritten. The conversation is kept as one row per
-message, each written once: a checkpoint holds counters and positions (its
-"conversation" value is `{"count", "turn_start", "held_notes"}`), and `save_turn` /
-`requeue_turn` take the `MessageRows` that changed since the last save, in the same
-transaction. A step that adds two messages writes two small rows and a checkpoint of a
-few hundred bytes, whatever the length of the conversation. Reading a checkpoint gives
-the messages back inline (`conversation["messages"]`, rows `0 .. count-1` in order), so
-the turn rebuilds from it as from one written whole; a checkpoint written before rows
-existed (messages inline, no "count") is read as it was stored.
+A step's writes are appended, not rewritten. A turn keeps two lists as rows, each row
+written once: its conversation (one row per message) and its trail (one line per thing
+the turn must remember for the rest of its run: a partial-work line, a loop guard's key,
+a side effect's outcome). A checkpoint holds counters and positions: its "conversation"
+value is `{"count", "turn_start", "held_notes"}` and its "trail" value `{"count"}`.
+`save_turn` / `requeue_turn` take the `MessageRows` of each list that changed since the
+last save, in the same transaction. A step that adds two messages and three trail lines
+writes five small rows and a checkpoint of a few hundred bytes, whatever the length of
+the turn. Reading a checkpoint gives the rows back inline (`conversation["messages"]`,
+`trail["rows"]`, rows `0 .. count-1` in order), so the turn rebuilds from it as from one
+written whole; a checkpoint written before rows existed (messages inline, no "count";
+no "trail") is read as it was stored.
 """
 
 from __future__ import annotations
@@ -112,50 +115,67 @@ def usage_of(profile: str, state: str, code: str, tokens: Any, seconds: Any, ste
 
 @dataclass(frozen=True, slots=True)
 class MessageRows:
-    """The conversation rows a checkpoint writes. After the write the turn holds exactly
-    `start + len(rows)` message rows: rows at index >= start are replaced by `rows`."""
+    """The rows of one of a turn's lists (its conversation, or its trail) a checkpoint
+    writes. After the write the turn holds exactly `start + len(rows)` rows of that list:
+    rows at index >= start are replaced by `rows`."""
 
     start: int
-    rows: tuple[str, ...]  # each message as JSON text, encoded once
+    rows: tuple[str, ...]  # a message as JSON text (encoded once), or a trail line
 
 
-def with_messages(checkpoint: dict[str, Any], rows: Sequence[str]) -> dict[str, Any]:
+# A checkpoint as the store keeps it, with its message rows and its trail rows.
+SavedCheckpoint = tuple[dict[str, Any], MessageRows | None, MessageRows | None]
+
+
+def _counted(rows: Sequence[str], count: object) -> Sequence[str]:
+    return rows[:count] if isinstance(count, int) and len(rows) > count else rows
+
+
+def with_messages(checkpoint: dict[str, Any], rows: Sequence[str],
+                  trail: Sequence[str] = ()) -> dict[str, Any]:
     """`checkpoint` (as read back, a fresh dict the caller owns) with its conversation's
-    messages re-attached from the turn's message rows (all of them, in index order: those
-    at index 0 .. count-1 are kept). A checkpoint with no "count" (written before rows
-    existed) is returned unchanged."""
+    messages re-attached from the turn's message rows and its trail lines from its trail
+    rows (all of each, in index order: those at index 0 .. count-1 are kept). A
+    checkpoint with no "count" in a list (written before rows existed) keeps that list
+    as it was stored."""
     conv = checkpoint.get("conversation")
-    if not isinstance(conv, dict) or "count" not in conv:
-        return checkpoint
-    count = conv["count"]
-    if isinstance(count, int) and len(rows) > count:
-        rows = rows[:count]
-    conv["messages"] = orjson.loads("[" + ",".join(rows) + "]")
+    if isinstance(conv, dict) and "count" in conv:
+        conv["messages"] = orjson.loads("[" + ",".join(_counted(rows, conv["count"])) + "]")
+    kept = checkpoint.get("trail")
+    if isinstance(kept, dict) and "count" in kept:
+        kept["rows"] = list(_counted(trail, kept["count"]))
     return checkpoint
 
 
-def rows_of(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], MessageRows | None]:
-    """A checkpoint holding its messages inline (as read back) in the shape a write
-    takes: the checkpoint with "count" in place of the messages, and every message as a
-    row from index 0. A checkpoint without a conversation comes back as it is."""
+def rows_of(checkpoint: dict[str, Any]
+            ) -> tuple[dict[str, Any], MessageRows | None, MessageRows | None]:
+    """A checkpoint holding its rows inline (as read back) in the shape a write takes:
+    the checkpoint with counts in place of its messages and trail lines, and every
+    message and every trail line as a row from index 0. A checkpoint without a
+    conversation (or a trail) comes back without rows for it."""
+    out = dict(checkpoint)
+    messages = trail = None
     conv = checkpoint.get("conversation")
-    if not isinstance(conv, dict) or "messages" not in conv:
-        return checkpoint, None
-    messages = conv["messages"]
-    stored = {k: v for k, v in conv.items() if k not in ("messages", "saved")}
-    stored["count"] = len(messages)
-    rows = tuple(json_text(m) for m in messages)
-    return {**checkpoint, "conversation": stored}, MessageRows(0, rows)
+    if isinstance(conv, dict) and "messages" in conv:
+        stored = {k: v for k, v in conv.items() if k not in ("messages", "saved")}
+        stored["count"] = len(conv["messages"])
+        out["conversation"] = stored
+        messages = MessageRows(0, tuple(json_text(m) for m in conv["messages"]))
+    kept = checkpoint.get("trail")
+    if isinstance(kept, dict) and "rows" in kept:
+        out["trail"] = {"count": len(kept["rows"])}
+        trail = MessageRows(0, tuple(str(r) for r in kept["rows"]))
+    return out, messages, trail
 
 
 @runtime_checkable
 class QueuesTurns(Protocol):
     """A store that can take a turn's checkpoint without the caller waiting for it.
 
-    `queue_turn` is `save_turn` of a record and its checkpoint (and message rows), queued
-    and not awaited: it commits in order, before any later write of the same turn, with
-    the next durable write; one superseded by a newer checkpoint of the turn before its
-    commit is dropped (its message rows go with the newer one). It returns False when
+    `queue_turn` is `save_turn` of a record and its checkpoint (and rows), queued and not
+    awaited: it commits in order, before any later write of the same turn, with the next
+    durable write; one superseded by a newer checkpoint of the turn before its commit is
+    dropped (its rows go with the newer one). It returns False when
     nothing was queued (the store is closing); the caller then awaits `save_turn`.
 
     What it promises, and so when a caller may use it: nothing that was acknowledged is
@@ -170,7 +190,8 @@ class QueuesTurns(Protocol):
     checkpoint would record."""
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                   messages: MessageRows | None = None) -> bool: ...
+                   messages: MessageRows | None = None,
+                   trail: MessageRows | None = None) -> bool: ...
 
 
 @functools.cache
@@ -204,10 +225,11 @@ class Store(Protocol):
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
                         messages: MessageRows | None = None,
+                        trail: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
-        """The record, the checkpoint when given and the message rows when given (rows at
-        index >= `messages.start` replaced), in one transaction with `events`. Nothing is
-        written for a turn that was never inserted."""
+        """The record, the checkpoint when given and the message and trail rows when
+        given (rows at index >= `start` replaced, in each list), in one transaction with
+        `events`. Nothing is written for a turn that was never inserted."""
         ...
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
@@ -216,7 +238,8 @@ class Store(Protocol):
     async def get_turn(self, turn_id: str) -> dict[str, Any] | None: ...
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
-        """The turn's checkpoint with its messages re-attached (see `with_messages`)."""
+        """The turn's checkpoint with its messages and trail re-attached (see
+        `with_messages`)."""
         ...
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
@@ -259,10 +282,11 @@ class Store(Protocol):
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
+                           trail: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         """Put a finished turn back in the queue (a dead letter replayed): its record
-        (queued, no result), the checkpoint it resumes from and its message rows (the
-        same rule as `save_turn`), in one transaction with `events` (`turn.replayed`), so
+        (queued, no result), the checkpoint it resumes from and its rows (the same rule
+        as `save_turn`), in one transaction with `events` (`turn.replayed`), so
         a crash leaves it either finished or queued with its event. It leaves the
         dead-letter list, which reads the record's result."""
         ...
@@ -270,7 +294,7 @@ class Store(Protocol):
     async def prune(self, *, finished_before: float, dead_letters: bool = False,
                     limit: int) -> int:
         """Delete up to `limit` turns that finished before `finished_before` (oldest
-        first) with everything kept for them (checkpoint, events, journal), in one
+        first) with everything kept for them (checkpoint, rows, events, journal), in one
         transaction, and the daemon's own events older than that; dead letters only when
         `dead_letters`. Returns how many turns went: fewer than `limit` when no more are
         due."""

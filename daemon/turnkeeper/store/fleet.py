@@ -54,8 +54,8 @@ class MailTaken(StoreError):
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """A turn a claim gave this node: its record and checkpoint (conversation attached)
-    and the epoch its writes carry."""
+    """A turn a claim gave this node: its record and checkpoint (messages and trail
+    attached) and the epoch its writes carry."""
 
     record: dict[str, Any]
     checkpoint: dict[str, Any]

@@ -62,18 +62,21 @@ class _Row:
     checkpoint: dict[str, Any]
     replayed_by: str | None = None
     messages: dict[int, str] = field(default_factory=dict)  # index -> JSON text
+    trail: dict[int, str] = field(default_factory=dict)  # index -> line
 
-    def write_messages(self, messages: MessageRows | None) -> None:
-        if messages is None:
-            return
-        for idx in [i for i in self.messages if i >= messages.start]:
-            del self.messages[idx]
-        for idx, text in enumerate(messages.rows, messages.start):
-            self.messages[idx] = text
+    def write_rows(self, messages: MessageRows | None, trail: MessageRows | None) -> None:
+        for table, rows in ((self.messages, messages), (self.trail, trail)):
+            if rows is None:
+                continue
+            for idx in [i for i in table if i >= rows.start]:
+                del table[idx]
+            for idx, text in enumerate(rows.rows, rows.start):
+                table[idx] = text
 
     def read_checkpoint(self) -> dict[str, Any]:
-        rows = [self.messages[i] for i in sorted(self.messages)]
-        return with_messages(_copy(self.checkpoint), rows)
+        return with_messages(_copy(self.checkpoint),
+                             [self.messages[i] for i in sorted(self.messages)],
+                             [self.trail[i] for i in sorted(self.trail)])
 
 
 class MemoryStore:
@@ -143,29 +146,31 @@ class MemoryStore:
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
                         messages: MessageRows | None = None,
+                        trail: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
         self._check_open()
-        self._write_turn(record, checkpoint, messages)
+        self._write_turn(record, checkpoint, messages, trail)
         self._add_events(events)
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                   messages: MessageRows | None = None) -> bool:
+                   messages: MessageRows | None = None,
+                   trail: MessageRows | None = None) -> bool:
         """`save_turn` without the await: applied at once (memory has nothing to queue
         behind), so it is never superseded. False once the store is closed."""
         if not self._open:
             return False
-        self._write_turn(record, checkpoint, messages)
+        self._write_turn(record, checkpoint, messages, trail)
         return True
 
     def _write_turn(self, record: dict[str, Any], checkpoint: dict[str, Any] | None,
-                    messages: MessageRows | None) -> None:
+                    messages: MessageRows | None, trail: MessageRows | None) -> None:
         row = self._turns.get(record["id"])
         if row is not None:  # as an UPDATE that matches no row: nothing changes
             row.state, row.updated_at = record["state"], record["updated_at"]
             row.record = _copy(record)
             if checkpoint is not None:
                 row.checkpoint = _copy(checkpoint)
-            row.write_messages(messages)
+            row.write_rows(messages, trail)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -202,6 +207,7 @@ class MemoryStore:
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
+                           trail: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         self._check_open()
         row = self._turns.get(record["id"])
@@ -209,7 +215,7 @@ class MemoryStore:
             row.state, row.updated_at = record["state"], record["updated_at"]
             row.record, row.checkpoint = _copy(record), _copy(checkpoint)
             row.replayed_by = None
-            row.write_messages(messages)
+            row.write_rows(messages, trail)
         self._add_events(events)
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:

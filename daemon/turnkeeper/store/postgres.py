@@ -4,15 +4,21 @@ The same calls and the same write semantics as the embedded SQLite store. One wr
 task commits in groups: every write queued while the previous transaction was
 committing goes into the next one, so concurrent turns share a commit, and the commit
 sends a few set-based statements, not one per write (`store/postgres_batch.py`): every
-turn row of the batch in one UPDATE, every conversation row in one statement, the rest
-(journal entries, events) as pipelined `executemany`. A caller that awaits a write
-resumes only after its transaction committed. `append_event`, and the journal of an
-idempotent call, are not awaited: they commit, in order, with the next durable write.
+turn row of the batch in one UPDATE, every conversation row in one statement and every
+trail row in another, the rest (journal entries, events) as pipelined `executemany`. A
+caller that awaits a write resumes only after its transaction committed. `append_event`,
+and the journal of an idempotent call, are not awaited: they commit, in order, with the
+next durable write.
 Events that must never be kept without their state (`turn.queued`, `turn.finished`,
 `turn.message`) are in the row's transaction. A transaction that fails takes none of its
 neighbours down: a write whose claim no longer holds fails alone inside it, and when the
 server refuses the transaction the batch is retried write by write, and only the write
 that fails reports the error.
+
+A turn keeps two lists as rows, each row written once: its conversation (`messages`, one
+row per message) and its trail (`trail`, one line per partial-work line, loop guard key
+or side effect's outcome). Its checkpoint counts the rows of each; reads put them back
+into the checkpoint from the same snapshot as the checkpoint itself.
 
 Event numbers: an event row keeps the number the daemon's bus gave it as its key, as
 in SQLite, so `events(after_seq=...)` reads the same on both backends and a client
@@ -63,11 +69,11 @@ from turnkeeper.store.postgres_batch import (
     TurnUpdate,
 )
 from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, dumps
-from turnkeeper.store.postgres_fleet import PostgresFleet
+from turnkeeper.store.postgres_fleet import PostgresFleet, rows_by_turn
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
-from turnkeeper.store.writer import message_write
+from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -81,11 +87,16 @@ def _stop_code(record: dict[str, Any]) -> str | None:
     return code if isinstance(code, str) else None
 
 
-def _message_count(checkpoint_json: str) -> int | None:
-    conversation = json.loads(checkpoint_json).get("conversation")
-    if isinstance(conversation, dict) and "count" in conversation:
-        return int(conversation["count"])
-    return None
+def _row_counts(checkpoint_json: str) -> dict[str, int]:
+    """How many rows of each list (table -> count) the checkpoint holds; a list without
+    a count (a checkpoint from before rows existed) is left out, and its rows not read."""
+    checkpoint = json.loads(checkpoint_json)
+    counts: dict[str, int] = {}
+    for table, key in ((MESSAGES, "conversation"), (TRAIL, "trail")):
+        value = checkpoint.get(key)
+        if isinstance(value, dict) and "count" in value:
+            counts[table] = int(value["count"])
+    return counts
 
 
 def _event_statement(event: Event) -> Statement:
@@ -162,14 +173,16 @@ class PostgresStore(PostgresFleet):
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
                         messages: MessageRows | None = None,
+                        trail: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
-        """The record (and the checkpoint and the conversation's changed rows, when
-        given) in one transaction with `events`. A turn this node claimed is written only
-        while its claim's epoch is still the turn's (StaleLease otherwise, nothing
-        written)."""
+        """The record (and the checkpoint and the changed rows of its conversation and
+        its trail, when given) in one transaction with `events`. A turn this node
+        claimed is written only while its claim's epoch is still the turn's (StaleLease
+        otherwise, nothing written)."""
         turn_id = record["id"]
         ops: list[Op] = [self._turn_update(record, checkpoint),
-                         *message_write(turn_id, messages), *map(self._event_op, events)]
+                         *message_write(turn_id, messages, trail),
+                         *map(self._event_op, events)]
         if record["state"] in TERMINAL_STATES:
             # Its end takes the turn's mail (a cancel waits there until now: see
             # `append_message`), in its transaction, and only if the claim holds.
@@ -179,7 +192,8 @@ class PostgresStore(PostgresFleet):
             self.claims.pop(turn_id, None)
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                   messages: MessageRows | None = None) -> bool:
+                   messages: MessageRows | None = None,
+                   trail: MessageRows | None = None) -> bool:
         """`save_turn` of a record and checkpoint, queued and not awaited (the rules are
         `QueuesTurns`' in the store interface): it commits with the next durable write,
         before any later write of the turn, and a newer checkpoint of the turn arriving
@@ -188,7 +202,7 @@ class PostgresStore(PostgresFleet):
         awaited write hears it. False when the store takes no more writes."""
         return self._enqueue_turn(record["id"], [
             self._turn_update(record, checkpoint),
-            *message_write(record["id"], messages)])
+            *message_write(record["id"], messages, trail)])
 
     def _turn_update(self, record: dict[str, Any], checkpoint: dict[str, Any] | None
                      ) -> TurnUpdate:
@@ -280,10 +294,11 @@ class PostgresStore(PostgresFleet):
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
+                           trail: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         self.claims.pop(record["id"], None)
         self.lost.discard(record["id"])
-        await self._write([*message_write(record["id"], messages), (
+        await self._write([*message_write(record["id"], messages, trail), (
             "UPDATE turns SET state = $1, updated_at = $2, record = $3, checkpoint = $4,"
             " stop_code = $5, replayed_by = NULL, owner = NULL, lease_until = NULL"
             " WHERE id = $6",
@@ -314,19 +329,25 @@ class PostgresStore(PostgresFleet):
         return record
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
-        async def read(conn: Conn) -> tuple[str | None, list[str]]:
+        """The checkpoint with its messages and trail lines, read from one snapshot: of
+        each list only the rows the checkpoint counts."""
+        async def read(conn: Conn) -> tuple[str | None, dict[str, list[str]]]:
             async with conn.transaction(isolation="repeatable_read", readonly=True):
                 stored = await conn.fetchval("SELECT checkpoint FROM turns WHERE id = $1",
                                              turn_id)
-                count = None if stored is None else _message_count(stored)
-                if count is None:
-                    return stored, []
-                rows = await conn.fetch("SELECT data FROM messages WHERE turn = $1"
-                                        " AND idx < $2 ORDER BY idx", turn_id, count)
-                return stored, [r[0] for r in rows]
+                lists: dict[str, list[str]] = {}
+                if stored is None:
+                    return stored, lists
+                for table, count in _row_counts(stored).items():
+                    # `table` is MESSAGES or TRAIL: never a value read from the database.
+                    rows = await conn.fetch(f"SELECT data FROM {table} WHERE turn = $1"
+                                            " AND idx < $2 ORDER BY idx", turn_id, count)
+                    lists[table] = [r[0] for r in rows]
+                return stored, lists
 
-        stored, rows = await self._read(read)
-        return None if stored is None else with_messages(json.loads(stored), rows)
+        stored, lists = await self._read(read)
+        return None if stored is None else with_messages(
+            json.loads(stored), lists.get(MESSAGES, []), lists.get(TRAIL, []))
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
                          limit: int = 100, since: float | None = None,
@@ -336,24 +357,25 @@ class PostgresStore(PostgresFleet):
         return [json.loads(r[0]) for r in await self._fetch(sql, *params, limit)]
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """Every unfinished turn with its checkpoint, in two queries (the turns, then the
-        message rows of all of them) read from one snapshot."""
-        async def read(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
+        """Every unfinished turn with its checkpoint, in three queries (the turns, then
+        the message rows and the trail rows of all of them) read from one snapshot."""
+        async def read(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record],
+                                            list[asyncpg.Record]]:
             async with conn.transaction(isolation="repeatable_read", readonly=True):
                 turns = await conn.fetch(
                     "SELECT id, record, checkpoint FROM turns WHERE state NOT IN"
                     f" {TERMINAL_SQL} ORDER BY seq")
-                rows = await conn.fetch(
-                    "SELECT m.turn, m.data FROM messages m JOIN turns t ON t.id = m.turn"
-                    f" WHERE t.state NOT IN {TERMINAL_SQL} ORDER BY m.turn, m.idx")
-                return turns, rows
+                messages, trail = [await conn.fetch(
+                    f"SELECT r.turn, r.data FROM {table} r JOIN turns t ON t.id = r.turn"
+                    f" WHERE t.state NOT IN {TERMINAL_SQL} ORDER BY r.turn, r.idx")
+                    for table in (MESSAGES, TRAIL)]
+                return turns, messages, trail
 
-        turns, rows = await self._read(read)
-        by_turn: dict[str, list[str]] = {}
-        for turn_id, data in rows:
-            by_turn.setdefault(turn_id, []).append(data)
+        turns, messages, trail = await self._read(read)
+        rows, lines = rows_by_turn(messages), rows_by_turn(trail)
         return [(json.loads(record), with_messages(json.loads(checkpoint),
-                                                   by_turn.get(turn_id, [])))
+                                                   rows.get(turn_id, []),
+                                                   lines.get(turn_id, [])))
                 for turn_id, record, checkpoint in turns]
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
@@ -416,6 +438,7 @@ class PostgresStore(PostgresFleet):
             (f"DELETE FROM events WHERE turn IN ({due})", (ids,)),
             (f"DELETE FROM journal WHERE turn IN ({due})", (ids,)),
             (f"DELETE FROM messages WHERE turn IN ({due})", (ids,)),
+            (f"DELETE FROM trail WHERE turn IN ({due})", (ids,)),
             (f"DELETE FROM mail WHERE turn IN ({due})", (ids,)),
             (f"DELETE FROM turns WHERE id IN ({due})", (ids,)),
         ] if ids else []

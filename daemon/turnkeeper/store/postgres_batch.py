@@ -1,26 +1,27 @@
 """A group commit on PostgreSQL as a handful of set-based statements.
 
 The writes of a batch are built from a few kinds of op: a turn's row (`TurnUpdate`), a
-turn's conversation rows (`MessageWrite`), a plain statement (an event, a journal
-entry, ...) and, for what needs a value back mid-transaction, a call on the connection.
+turn's rows of one of its two lists, its conversation or its trail (`MessageWrite`), a
+plain statement (an event, a journal entry, ...) and, for what needs a value back
+mid-transaction, a call on the connection.
 Instead of a statement per op, one transaction sends
 
 - every turn update of the batch as ONE `UPDATE turns ... FROM unnest(...)`; an update
   of a claimed turn names its epoch, and the rows it returns tell which claims no longer
   hold: the writes of those turns are left out of the rest of the transaction and fail
   alone (StaleLease), the others commit;
-- every conversation row as ONE statement (the rows past each write's end deleted, the
-  written ones upserted, from `unnest`);
+- every conversation row as ONE statement, and every trail row as one more (the rows
+  past each write's end deleted, the written ones upserted, from `unnest`);
 - each run of statements of one shape (journal entries, ...) as one pipelined
   `executemany`, and the event rows last, one `executemany` per shape (an event row
   depends on no other write of the transaction).
 
 Order is kept where it matters: the ops are cut into segments, and only within a
-segment are turn and conversation rows written ahead of the plain statements queued
-before them. A call, a statement that is not known to be independent of those rows, or
-a second write of a turn already in the segment starts a new one. A batch where every
-turn steps once (the common case) is one segment: about five statements, whatever the
-number of turns.
+segment are turn, conversation and trail rows written ahead of the plain statements
+queued before them. A call, a statement that is not known to be independent of those
+rows, or a second write of a turn's row (or of the same list of a turn) already in the
+segment starts a new one. A batch where every turn steps once (the common case) is one
+segment: a statement or two per kind of row, whatever the number of turns.
 
 Building the statements is pure (`segments`, `turn_update`, `message_upsert`,
 `stale_writes`); `commit` runs them on a connection inside one transaction.
@@ -35,7 +36,7 @@ from typing import Any
 import asyncpg
 
 from turnkeeper.store.fleet import StaleLease
-from turnkeeper.store.writer import MessageWrite
+from turnkeeper.store.writer import MESSAGES, TRAIL, MessageWrite
 
 Statement = tuple[str, Sequence[Any]]
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
@@ -68,8 +69,8 @@ EVENT_INSERT_FENCED = (
     " ON CONFLICT (seq) DO NOTHING")
 EVENT_SQL = frozenset({EVENT_INSERT, EVENT_INSERT_FENCED})
 
-# Statements that write neither a turn's row nor its conversation rows, so the turn and
-# conversation rows of their segment may be written before them.
+# Statements that write neither a turn's row nor its conversation or trail rows, so the
+# turn, conversation and trail rows of their segment may be written before them.
 _INDEPENDENT = ("INSERT INTO events ", "INSERT INTO journal ", "UPDATE journal ",
                 "INSERT INTO meta ", "INSERT INTO mail ", "DELETE FROM mail ",
                 "SELECT pg_notify(")
@@ -83,12 +84,23 @@ TURN_UPDATE = (
     " WHERE t.id = u.id AND (u.epoch IS NULL OR (t.owner = u.owner AND t.epoch = u.epoch))"
     " RETURNING t.id")
 
-MESSAGE_UPSERT = (
-    "WITH gone AS (DELETE FROM messages m USING unnest($1::text[], $2::int[]) AS e(turn,"
-    " stop) WHERE m.turn = e.turn AND m.idx >= e.stop)"
-    " INSERT INTO messages (turn, idx, data)"
-    " SELECT * FROM unnest($3::text[], $4::int[], $5::text[])"
-    " ON CONFLICT (turn, idx) DO UPDATE SET data = excluded.data")
+
+def _rows_upsert(table: str) -> str:
+    """The statement that writes the rows of many turns into `table` (messages or trail):
+    the rows past each write's end deleted, the written ones inserted or replaced."""
+    return (
+        f"WITH gone AS (DELETE FROM {table} m USING unnest($1::text[], $2::int[]) AS"
+        " e(turn, stop) WHERE m.turn = e.turn AND m.idx >= e.stop)"
+        f" INSERT INTO {table} (turn, idx, data)"
+        " SELECT * FROM unnest($3::text[], $4::int[], $5::text[])"
+        " ON CONFLICT (turn, idx) DO UPDATE SET data = excluded.data")
+
+
+# One statement per list, in the order a segment sends them. The table name in the SQL
+# comes from these constants only: a write naming any other table is refused.
+ROWS_UPSERT: dict[str, str] = {MESSAGES: _rows_upsert(MESSAGES), TRAIL: _rows_upsert(TRAIL)}
+MESSAGE_UPSERT = ROWS_UPSERT[MESSAGES]
+TRAIL_UPSERT = ROWS_UPSERT[TRAIL]
 
 
 def independent(sql: str) -> bool:
@@ -103,15 +115,17 @@ class Segment:
     messages: list[tuple[int, MessageWrite]] = field(default_factory=list)
     statements: list[tuple[int, Statement]] = field(default_factory=list)
     _turns_updated: set[str] = field(default_factory=set)
-    _turns_written: set[str] = field(default_factory=set)
+    _lists_written: set[tuple[str, str]] = field(default_factory=set)  # (turn, table)
     _ordered: bool = False  # holds a statement the turn rows must not pass
 
     def takes(self, op: TurnUpdate | MessageWrite) -> bool:
+        """Whether `op` may join: a turn's row once, and each list of a turn once (its
+        conversation write and its trail write may share a segment)."""
         if self._ordered:
             return False
         if isinstance(op, TurnUpdate):
             return op.turn not in self._turns_updated
-        return op.turn not in self._turns_written
+        return (op.turn, op.table) not in self._lists_written
 
     def add(self, i: int, op: TurnUpdate | MessageWrite | Statement) -> None:
         if isinstance(op, TurnUpdate):
@@ -119,7 +133,7 @@ class Segment:
             self._turns_updated.add(op.turn)
         elif isinstance(op, MessageWrite):
             self.messages.append((i, op))
-            self._turns_written.add(op.turn)
+            self._lists_written.add((op.turn, op.table))
         else:
             self.statements.append((i, op))
             if not independent(op[0]):
@@ -131,8 +145,9 @@ class Segment:
 
 def segments(writes: Sequence[Sequence[Op]]) -> list[Segment | tuple[int, Call]]:
     """The batch's ops, in order, cut where a segment must end: before a call (run on its
-    own, in place), before a turn or conversation row that would pass a statement not
-    known to be independent of it, before a second write of a turn's row (or rows)."""
+    own, in place), before a turn, conversation or trail row that would pass a statement
+    not known to be independent of it, before a second write of a turn's row (or of the
+    same list of its rows)."""
     out: list[Segment | tuple[int, Call]] = []
     current = Segment()
     for i, ops in enumerate(writes):
@@ -162,18 +177,30 @@ def turn_update(updates: Sequence[TurnUpdate]) -> Statement:
                          [u.owner for u in updates], [u.epoch for u in updates])
 
 
-def message_upsert(messages: Sequence[MessageWrite]) -> Statement:
-    """One statement for every conversation row of a segment (each turn at most once):
-    rows past each write's end deleted, the written ones inserted or replaced."""
-    turns: list[str] = []
-    idx: list[int] = []
-    data: list[str] = []
+def message_upsert(messages: Sequence[MessageWrite]) -> list[Statement]:
+    """One statement per list present in a segment's row writes (each list of a turn at
+    most once): every conversation row in one, every trail row in another. In each,
+    rows past each write's end are deleted and the written ones inserted or replaced."""
+    by_table: dict[str, list[MessageWrite]] = {}
     for m in messages:
-        turns += [m.turn] * len(m.rows)
-        idx += range(m.start, m.start + len(m.rows))
-        data += m.rows
-    return MESSAGE_UPSERT, ([m.turn for m in messages],
-                            [m.start + len(m.rows) for m in messages], turns, idx, data)
+        by_table.setdefault(m.table, []).append(m)
+    out: list[Statement] = []
+    for table, sql in ROWS_UPSERT.items():
+        writes = by_table.pop(table, [])
+        if not writes:
+            continue
+        turns: list[str] = []
+        idx: list[int] = []
+        data: list[str] = []
+        for m in writes:
+            turns += [m.turn] * len(m.rows)
+            idx += range(m.start, m.start + len(m.rows))
+            data += m.rows
+        out.append((sql, ([m.turn for m in writes],
+                          [m.start + len(m.rows) for m in writes], turns, idx, data)))
+    if by_table:
+        raise ValueError(f"row writes to unknown tables: {sorted(by_table)}")
+    return out
 
 
 def stale_writes(updates: Sequence[tuple[int, TurnUpdate]], written: set[str]
@@ -233,8 +260,8 @@ async def commit(conn: Conn, writes: Sequence[Sequence[Op]]) -> list[BaseExcepti
                 started.update(i for i, _ in updates)
             messages = [m for i, m in part.messages if errors[i] is None]
             started.update(i for i, _ in part.messages if errors[i] is None)
-            if messages:
-                await conn.execute(*_flat(message_upsert(messages)))
+            for upsert in message_upsert(messages):
+                await conn.execute(*_flat(upsert))
             plain: list[Statement] = []
             for i, (sql, args) in part.statements:
                 if errors[i] is not None:

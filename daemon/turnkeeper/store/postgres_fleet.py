@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import anyio
@@ -38,12 +38,22 @@ from turnkeeper.store.postgres_conn import (
     PostgresConnection,
     dumps,
 )
+from turnkeeper.store.writer import MESSAGES, TRAIL
 
 EVENT_BLOCK = 2**32
 EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
 # The seconds a breakers row stays open, by the database's clock (NULL: not open).
 OPEN_LEFT_S = ("CASE WHEN open_until > now() THEN extract(epoch FROM open_until - now())"
                " END")
+
+
+def rows_by_turn(rows: Sequence[asyncpg.Record]) -> dict[str, list[str]]:
+    """(turn, data) rows of one list (messages or trail), in index order within each
+    turn, as each turn's list of data."""
+    out: dict[str, list[str]] = {}
+    for turn_id, data in rows:
+        out.setdefault(turn_id, []).append(data)
+    return out
 
 
 def process_alive(pid: int) -> bool:
@@ -163,12 +173,15 @@ class PostgresFleet(PostgresConnection):
         taken while an earlier unfinished turn of its session is held elsewhere or not
         held at all (this node's local scheduler orders the ones it holds). A turn this
         node holds is never taken again, even with its lease expired at the database:
-        that claim is the renewal's to re-take, under the epoch the node's writes carry."""
+        that claim is the renewal's to re-take, under the epoch the node's writes carry.
+        Each claimed turn comes with its checkpoint, its messages and trail lines put
+        back from rows read in the claim's transaction."""
         if limit <= 0:
             return []
         held = list(self.claims)
 
-        async def take(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
+        async def take(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record],
+                                            list[asyncpg.Record]]:
             async with conn.transaction():
                 turns = await conn.fetch(
                     "WITH c AS (SELECT t.id FROM turns t WHERE t.state NOT IN"
@@ -183,16 +196,15 @@ class PostgresFleet(PostgresConnection):
                     " WHERE t.id = c.id RETURNING t.id, t.seq, t.epoch, t.record,"
                     " t.checkpoint", self.node_id, limit, self.lease_s, held)
                 if not turns:
-                    return [], []
-                rows = await conn.fetch(
-                    "SELECT turn, data FROM messages WHERE turn = ANY($1::text[])"
-                    " ORDER BY turn, idx", [t["id"] for t in turns])
-                return turns, rows
+                    return [], [], []
+                ids = [t["id"] for t in turns]
+                messages, trail = [await conn.fetch(
+                    f"SELECT turn, data FROM {table} WHERE turn = ANY($1::text[])"
+                    " ORDER BY turn, idx", ids) for table in (MESSAGES, TRAIL)]
+                return turns, messages, trail
 
-        turns, rows = await self._read(take)
-        by_turn: dict[str, list[str]] = {}
-        for turn_id, data in rows:
-            by_turn.setdefault(turn_id, []).append(data)
+        turns, messages, trail = await self._read(take)
+        rows, lines = rows_by_turn(messages), rows_by_turn(trail)
         claimed = []
         for t in sorted(turns, key=lambda t: t["seq"]):
             self.claims[t["id"]] = t["epoch"]
@@ -200,7 +212,7 @@ class PostgresFleet(PostgresConnection):
             claimed.append(Claimed(
                 record=json.loads(t["record"]),
                 checkpoint=with_messages(json.loads(t["checkpoint"]),
-                                            by_turn.get(t["id"], ())),
+                                         rows.get(t["id"], ()), lines.get(t["id"], ())),
                 epoch=t["epoch"]))
         return claimed
 

@@ -17,7 +17,7 @@ from turnkeeper.store.base import StoreError
 if TYPE_CHECKING:
     import asyncpg
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -122,6 +122,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # may hold a streak and no opening yet.
         "ALTER TABLE breakers ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE breakers ALTER COLUMN open_until DROP NOT NULL",
+    ),
+    (
+        # A turn's trail: one line per partial-work line, loop guard key or side
+        # effect's outcome, written once (a checkpoint holds their count).
+        """CREATE TABLE trail (
+            turn TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (turn, idx)
+        )""",
     ),
 )
 

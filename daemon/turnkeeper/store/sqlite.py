@@ -9,9 +9,10 @@ the writer. All SQLite calls run in worker threads, never on the event loop.
 
 A step's writes are appended: the conversation is a table of message rows, one per
 message, inserted once (a compaction deletes the rows from the first one it changed and
-inserts their replacements); the turn's row holds the record and a checkpoint of
-counters and positions, a few hundred bytes whatever the conversation's length. Reads
-put the messages back into the checkpoint inside one read transaction, so a checkpoint
+inserts their replacements), and the trail a table of lines, one per partial-work line,
+loop guard key or side effect's outcome; the turn's row holds the record and a
+checkpoint of counters and positions, a few hundred bytes whatever the turn's length.
+Reads put the rows back into the checkpoint inside one read transaction, so a checkpoint
 and its rows always come from the same commit.
 
 `SQLiteStore` stands on `sqlite_conn.py`: the file and its lock, the commits and their
@@ -41,7 +42,7 @@ from turnkeeper.store.base import (
 from turnkeeper.store.sqlite_conn import SQLiteConnection, Statement
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
-from turnkeeper.store.writer import message_write
+from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
 
 DEAD_LETTERS_SHOWN = 1000
 
@@ -76,8 +77,16 @@ def _together(conn: sqlite3.Connection, queries: Sequence[Statement]
         conn.execute("COMMIT")
 
 
-def _attach(checkpoint_json: str, rows: list[str]) -> dict[str, Any]:
-    return with_messages(json.loads(checkpoint_json), rows)
+def _attach(checkpoint_json: str, rows: list[str], trail: list[str]) -> dict[str, Any]:
+    return with_messages(json.loads(checkpoint_json), rows, trail)
+
+
+def _by_turn(rows: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """(turn, data) rows in index order, as each turn's list of data."""
+    out: dict[str, list[str]] = {}
+    for turn_id, data in rows:
+        out.setdefault(turn_id, []).append(data)
+    return out
 
 
 class SQLiteStore(SQLiteConnection):
@@ -102,26 +111,29 @@ class SQLiteStore(SQLiteConnection):
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
                         messages: MessageRows | None = None,
+                        trail: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
-        """The record (and the checkpoint and message rows, when given) in one
+        """The record (and the checkpoint, message and trail rows, when given) in one
         transaction with `events`. The record and the checkpoint of a turn must describe
         the same moment: a write of the record alone is for a turn that ends (its
         checkpoint is no longer read)."""
         await self._write([_turn_statement(record, checkpoint),
-                           *message_write(record["id"], messages),
+                           *message_write(record["id"], messages, trail),
                            *map(_event_statement, events)],
                           supersedes=None if checkpoint is None else record["id"])
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                   messages: MessageRows | None = None) -> bool:
+                   messages: MessageRows | None = None,
+                   trail: MessageRows | None = None) -> bool:
         """`save_turn` of a record and checkpoint, queued and not awaited: it commits
         with the next durable write, before any later write of the turn; a newer
         checkpoint of the turn arriving before it is taken for a commit drops it (its
-        message rows go with the newer one). False when the store takes no more writes
-        (nothing was queued: the caller awaits `save_turn` instead). See `QueuesTurns`
-        in the store interface for when a caller may leave a checkpoint unawaited."""
+        rows go with the newer one). False when the store takes no more writes (nothing
+        was queued: the caller awaits `save_turn` instead). See `QueuesTurns` in the
+        store interface for when a caller may leave a checkpoint unawaited."""
         return self._enqueue_turn(record["id"], [
-            _turn_statement(record, checkpoint), *message_write(record["id"], messages)])
+            _turn_statement(record, checkpoint),
+            *message_write(record["id"], messages, trail)])
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -159,12 +171,13 @@ class SQLiteStore(SQLiteConnection):
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
+                           trail: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         await self._write([(
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
             " replayed_by = NULL WHERE id = ?",
             (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
-             record["id"])), *message_write(record["id"], messages),
+             record["id"])), *message_write(record["id"], messages, trail),
             *map(_event_statement, events)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
@@ -188,6 +201,7 @@ class SQLiteStore(SQLiteConnection):
             (f"DELETE FROM events WHERE turn IN ({due})", ids),
             (f"DELETE FROM journal WHERE turn IN ({due})", ids),
             (f"DELETE FROM messages WHERE turn IN ({due})", ids),
+            (f"DELETE FROM trail WHERE turn IN ({due})", ids),
             (f"DELETE FROM turns WHERE id IN ({due})", ids),
         ] if ids else []
         statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
@@ -215,10 +229,12 @@ class SQLiteStore(SQLiteConnection):
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
         def read(c: sqlite3.Connection) -> dict[str, Any] | None:
-            turns, messages = _together(c, [
+            turns, messages, trail = _together(c, [
                 ("SELECT checkpoint FROM turns WHERE id = ?", (turn_id,)),
-                ("SELECT data FROM messages WHERE turn = ? ORDER BY idx", (turn_id,))])
-            return _attach(turns[0][0], [r[0] for r in messages]) if turns else None
+                ("SELECT data FROM messages WHERE turn = ? ORDER BY idx", (turn_id,)),
+                ("SELECT data FROM trail WHERE turn = ? ORDER BY idx", (turn_id,))])
+            return (_attach(turns[0][0], [r[0] for r in messages], [r[0] for r in trail])
+                    if turns else None)
 
         return await self._in_reader(read)
 
@@ -231,15 +247,15 @@ class SQLiteStore(SQLiteConnection):
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         def read(c: sqlite3.Connection) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-            turns, messages = _together(c, [
+            turns, messages, trail = _together(c, [
                 (f"SELECT id, record, checkpoint FROM turns WHERE state NOT IN"
                  f" {TERMINAL_SQL} ORDER BY seq", ()),
-                ("SELECT m.turn, m.data FROM turns AS t JOIN messages AS m ON m.turn = t.id"
-                 f" WHERE t.state NOT IN {TERMINAL_SQL} ORDER BY t.seq, m.idx", ())])
-            rows: dict[str, list[str]] = {}
-            for turn_id, data in messages:
-                rows.setdefault(turn_id, []).append(data)
-            return [(json.loads(record), _attach(checkpoint, rows.get(turn_id, [])))
+                *((f"SELECT r.turn, r.data FROM turns AS t JOIN {table} AS r ON"
+                   f" r.turn = t.id WHERE t.state NOT IN {TERMINAL_SQL}"
+                   " ORDER BY t.seq, r.idx", ()) for table in (MESSAGES, TRAIL))])
+            rows, lines = _by_turn(messages), _by_turn(trail)
+            return [(json.loads(record), _attach(checkpoint, rows.get(turn_id, []),
+                                                 lines.get(turn_id, [])))
                     for turn_id, record, checkpoint in turns]
 
         return await self._in_reader(read)

@@ -78,9 +78,10 @@ _ROWS_PER_INSERT = 500
 
 
 def message_statements(m: MessageWrite) -> list[Statement]:
-    """Replace the turn's message rows from `m.start` on; none for a turn with no row (as
-    the UPDATE of its record, which matches nothing)."""
-    out: list[Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
+    """Replace the turn's rows in `m.table` (its messages, or its trail) from `m.start`
+    on; none for a turn with no row (as the UPDATE of its record, which matches
+    nothing)."""
+    out: list[Statement] = [(f"DELETE FROM {m.table} WHERE turn = ? AND idx >= ?",
                               (m.turn, m.start))]
     rows = m.rows
     for first in range(0, len(rows), _ROWS_PER_INSERT):
@@ -90,7 +91,7 @@ def message_statements(m: MessageWrite) -> list[Statement]:
             params += (n, text)
         params.append(m.turn)
         out.append((
-            "INSERT INTO messages (turn, idx, data) SELECT t.id, v.column1, v.column2"
+            f"INSERT INTO {m.table} (turn, idx, data) SELECT t.id, v.column1, v.column2"
             " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
             " JOIN turns AS t ON t.id = ?", params))
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from turnkeeper.store.base import StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Migrations: index i brings the schema from version i to i + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -64,6 +64,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # A turn's conversation, one row per message, written once (a checkpoint holds
         # their count). Clustered by turn: a turn's rows are read in one range scan.
         """CREATE TABLE messages (
+            turn TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (turn, idx)
+        ) WITHOUT ROWID""",
+    ),
+    (
+        # A turn's trail: one line per partial-work line, loop guard key or side
+        # effect's outcome, written once (a checkpoint holds their count).
+        """CREATE TABLE trail (
             turn TEXT NOT NULL,
             idx INTEGER NOT NULL,
             data TEXT NOT NULL,

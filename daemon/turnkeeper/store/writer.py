@@ -11,10 +11,11 @@ one write, not five.
 
 A turn's checkpoint may also be queued (`_enqueue_turn`): it commits in order, before any
 later write of the same turn. A queued checkpoint that a newer one of the same turn
-supersedes before it was taken for a commit is dropped (`superseded`); its message rows
-move into the newer write, which counts them, joined with the newer rows into one
-`MessageWrite` where they run on (a step's checkpoint at the top of the step, dropped for
-the one after the model's reply: one conversation write, not two).
+supersedes before it was taken for a commit is dropped (`superseded`); its message and
+trail rows move into the newer write, which counts them, joined with the newer rows of
+the same list into one `MessageWrite` where they run on (a step's checkpoint at the top
+of the step, dropped for the one after the model's reply: one write of each list, not
+two).
 What a commit does (SQLite's transaction in a worker thread, PostgreSQL's over the
 network, and how each rides out its store's own failures) is the backend's `_commit`;
 it answers every write of the batch through `_answer`.
@@ -57,36 +58,58 @@ def _wake(waiters: list[asyncio.Future[None]], start: int) -> None:
         asyncio.get_running_loop().call_soon(_wake, waiters, end)
 
 
+# The tables of a turn's two row lists: its conversation and its trail.
+MESSAGES = "messages"
+TRAIL = "trail"
+
+
 @dataclass(frozen=True, slots=True)
 class MessageWrite:
-    """A turn's conversation rows from index `start`: after it the turn holds exactly
-    `start + len(rows)` rows."""
+    """A turn's rows of one list (`table`: MESSAGES or TRAIL) from index `start`: after
+    it the turn holds exactly `start + len(rows)` rows in that table."""
 
     turn: str
     start: int
     rows: tuple[str, ...]
+    table: str = MESSAGES
 
 
-def message_write(turn: str, messages: MessageRows | None) -> list[MessageWrite]:
-    """The op that writes a checkpoint's message rows (none when it has none)."""
-    return [] if messages is None else [MessageWrite(turn, messages.start, messages.rows)]
+def message_write(turn: str, messages: MessageRows | None,
+                  trail: MessageRows | None = None) -> list[MessageWrite]:
+    """The ops that write a checkpoint's message and trail rows (none for a list it
+    leaves as it is)."""
+    ops = [] if messages is None else [MessageWrite(turn, messages.start, messages.rows)]
+    if trail is not None:
+        ops.append(MessageWrite(turn, trail.start, trail.rows, TRAIL))
+    return ops
+
+
+def _joined(old: MessageWrite, new: MessageWrite) -> MessageWrite | None:
+    """`old` and then `new` as one write, when `new` runs on from (or overlaps) `old`."""
+    if old.turn == new.turn and old.table == new.table \
+            and old.start <= new.start <= old.start + len(old.rows):
+        return MessageWrite(old.turn, old.start, old.rows[:new.start - old.start] + new.rows,
+                            old.table)
+    return None
 
 
 def join_messages(moved: Sequence[Op], ops: Sequence[Op]) -> list[Op]:
-    """The message rows of a turn's dropped checkpoint (`moved`) put into the newer
-    checkpoint's write (`ops`, its row first), ahead of its own rows: they commit with
-    the checkpoint that counts them, never without one. Where the newer rows run on
-    from (or overlap) the dropped ones, the two become one `MessageWrite`."""
+    """The rows of a turn's dropped checkpoint (`moved`) put into the newer checkpoint's
+    write (`ops`, its row first), ahead of its own rows: they commit with the checkpoint
+    that counts them, never without one. Where the newer rows of a list run on from (or
+    overlap) the dropped ones, the two become one `MessageWrite`."""
     head, rest = ops[0], list(ops[1:])
-    if len(moved) == 1 and rest:
-        old, new = moved[0], rest[0]
-        if isinstance(old, MessageWrite) and isinstance(new, MessageWrite) \
-                and old.turn == new.turn and old.start <= new.start \
-                <= old.start + len(old.rows):
-            joined = MessageWrite(old.turn, old.start,
-                                  old.rows[:new.start - old.start] + new.rows)
-            return [head, cast(Op, joined), *rest[1:]]
-    return [head, *moved, *rest]
+    ahead: list[Op] = []
+    for old in moved:
+        for i, new in enumerate(rest):
+            if isinstance(old, MessageWrite) and isinstance(new, MessageWrite):
+                joined = _joined(old, new)
+                if joined is not None:
+                    rest[i] = cast(Op, joined)
+                    break
+        else:
+            ahead.append(old)
+    return [head, *ahead, *rest]
 
 
 @dataclass(slots=True)
@@ -185,8 +208,8 @@ class GroupCommitWriter(Generic[Op]):
 
     def _supersede(self, turn: str, ops: Sequence[Op]) -> Sequence[Op]:
         """A newer checkpoint of `turn` (`ops`, its row first) is written: the turn's
-        queued one, if not yet taken for a commit, is dropped, and its message rows move
-        into the newer write (`join_messages`)."""
+        queued one, if not yet taken for a commit, is dropped, and its rows move into the
+        newer write (`join_messages`)."""
         old = self._queued_turns.pop(turn, None)
         if old is None:
             return ops
@@ -234,7 +257,7 @@ class GroupCommitWriter(Generic[Op]):
                 self._push(Write([op], events=True))
 
     def _enqueue_turn(self, turn: str, ops: Sequence[Op]) -> bool:
-        """A turn's checkpoint (`ops[0]` writes its row, the rest its message rows),
+        """A turn's checkpoint (`ops[0]` writes its row, the rest its rows),
         committed in order with the next durable write and not awaited; it supersedes the
         turn's queued one. False when the writer takes no more writes (nothing queued)."""
         if not self._running or self._closed:

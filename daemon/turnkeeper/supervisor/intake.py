@@ -367,10 +367,11 @@ class Intake:
                                                     policy_version=core.policy.version),
                                     turn=turn_id)
         try:
-            # The checkpoint read back holds its messages inline: they go back as rows.
-            stored, rows = rows_of(checkpoint)
+            # The checkpoint read back holds its messages and trail lines inline: they
+            # go back as rows.
+            stored, rows, lines = rows_of(checkpoint)
             await core.store.requeue_turn(record.to_json(), stored, messages=rows,
-                                          events=[replayed])
+                                          trail=lines, events=[replayed])
         except BaseException:
             core.live.pop(turn_id, None)
             raise
