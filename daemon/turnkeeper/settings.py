@@ -8,7 +8,7 @@ whole config. Guard limits stay per turn: they depend on the turn's budget profi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -140,13 +140,13 @@ class TurnSettings:
                           for name in cfg.model_names()})
 
 
-def loop_detector(cfg: LoopDetectionConfig, snapshot: Mapping[str, Any] | None = None
-                  ) -> LoopDetector:
+def loop_detector(cfg: LoopDetectionConfig, snapshot: Mapping[str, Any] | None = None,
+                  lines: Sequence[str] = ()) -> LoopDetector:
     kwargs = {"warn_repeats": cfg.warn_repeats, "max_repeats": cfg.max_repeats,
               "max_state_revisits": cfg.max_state_revisits,
               "max_no_progress": cfg.max_no_progress}
-    return LoopDetector(**kwargs) if snapshot is None else LoopDetector.restore(snapshot,
-                                                                                **kwargs)
+    return (LoopDetector(**kwargs) if snapshot is None
+            else LoopDetector.restore(snapshot, lines, **kwargs))
 
 
 def failure_loop(cfg: FailureLoopConfig, snapshot: Mapping[str, Any] | None = None

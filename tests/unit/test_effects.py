@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from turnkeeper.policy.classify import FailureClass, classify
 from turnkeeper.policy.effects import EffectLedger, EffectOutcome, Refuse, Send, effect_key
+from turnkeeper.policy.loops import action_key
 
 
 def _send(plan: object) -> Send:
@@ -103,12 +106,52 @@ def test_snapshot_restore_round_trip_through_json() -> None:
     ledger = EffectLedger("t1")
     ledger.record("create_ticket", {"title": "x"}, "ok")
     ledger.record("create_ticket", {"title": "y"}, "unknown")
-    restored = EffectLedger.restore(json.loads(json.dumps(ledger.snapshot())))
-    assert restored.snapshot() == ledger.snapshot()
+    restored = EffectLedger.restore(json.loads(json.dumps(ledger.snapshot())),
+                                    json.loads(json.dumps(ledger.lines)))
+    assert restored.snapshot() == ledger.snapshot() and restored.lines == ledger.lines
     assert _send(restored.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key \
         .endswith(".2")
     assert isinstance(restored.plan("create_ticket", {"title": "y"}, dedupes_keys=False),
                       Refuse)
+
+
+def test_the_snapshot_stays_small_and_each_outcome_is_one_line() -> None:
+    """What grows with the turn is in `lines`, one per outcome recorded, never
+    rewritten: the snapshot names the turn and nothing else."""
+    ledger = EffectLedger("t1")
+    for n in range(50):
+        ledger.record("create_ticket", {"title": str(n)}, "ok")
+    ledger.record("create_ticket", {"title": "0"}, "unknown")
+    assert ledger.snapshot() == {"turn": "t1"}
+    assert len(ledger.lines) == 51 and ledger.lines[-1].startswith("u")
+    first = list(ledger.lines[:10])
+    ledger.record("create_ticket", {"title": "0"}, "ok")
+    assert ledger.lines[:10] == first
+
+
+def test_a_snapshot_from_before_the_lines_restores_the_same_ledger() -> None:
+    """A checkpoint written before the trail existed held the actions themselves: the
+    restored ledger plans the same keys, and holds them as lines for its next save."""
+    ledger = EffectLedger("t1")
+    ledger.record("create_ticket", {"title": "x"}, "ok")
+    ledger.record("create_ticket", {"title": "x"}, "failed")
+    ledger.record("create_ticket", {"title": "y"}, "unknown")
+    ledger.record("create_ticket", {"title": "z"}, "ok")
+    ledger.record("create_ticket", {"title": "z"}, "unknown")
+    older = {"turn": "t1", "actions": {
+        action_key("create_ticket", {"title": t}): [ordinal, unknown]
+        for t, ordinal, unknown in (("x", 3, False), ("y", 1, True), ("z", 2, True))}}
+    restored = EffectLedger.restore(older)
+    for title in ("x", "y", "z"):
+        for dedupes in (False, True):
+            assert restored.plan("create_ticket", {"title": title}, dedupes_keys=dedupes) \
+                == ledger.plan("create_ticket", {"title": title}, dedupes_keys=dedupes)
+    assert sorted(restored.lines) == sorted(ledger.lines)
+
+
+def test_a_line_that_is_not_the_ledgers_is_refused() -> None:
+    with pytest.raises(ValueError, match="not an effect ledger line"):
+        EffectLedger.restore({"turn": "t1"}, ["x123"])
 
 
 def test_repr_names_turn_and_open_unknowns() -> None:

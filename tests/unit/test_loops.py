@@ -269,8 +269,8 @@ def test_loop_detector_snapshot_restore_continues_exactly() -> None:
         det.after_step([s])
     assert det.after_step(["B"]) is None
     data = json.loads(json.dumps(det.snapshot()))
-    back = LoopDetector.restore(data, **kwargs)
-    assert back.snapshot() == det.snapshot()
+    back = LoopDetector.restore(data, json.loads(json.dumps(det.lines)), **kwargs)
+    assert back.snapshot() == det.snapshot() and back.lines == det.lines
     # the retry after a retryable failure is still a retry
     assert back.before_action(search("flaky")) is None
     # the second search is the second repeat
@@ -398,3 +398,52 @@ def test_policy_modules_import_no_io() -> None:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names.add(node.module.split(".")[0])
         assert not names & banned, (module.__name__, names & banned)
+
+
+def test_what_grows_with_the_turn_is_appended_as_lines_and_the_snapshot_stays_small(
+        ) -> None:
+    """Every key the detector counts is one line, appended once and never rewritten;
+    the snapshot holds only the failing calls' outcomes and the streak."""
+    det = LoopDetector(max_no_progress=1000, max_state_revisits=1000)
+    for n in range(100):
+        det.before_action(search(f"q{n}"))
+        det.after_action(search(f"q{n}"), None)
+        det.after_step([f"result {n}", "the same footer"])
+    # each step: the call, the state, its new observations (the footer only once)
+    assert len(det.lines) == 100 * 3 + 1
+    first = list(det.lines[:30])
+    det.before_action(search("q0"))
+    assert det.lines[:30] == first and det.lines[-1].startswith("r")
+    assert det.snapshot() == {"last_outcome": {}, "no_progress": 0}
+
+
+def test_a_snapshot_from_before_the_lines_restores_the_same_detector() -> None:
+    """A checkpoint written before the trail held the counts themselves: the restored
+    detector judges the next calls and steps alike, and holds its counts as lines."""
+    det = LoopDetector(max_no_progress=3)
+    det.before_action(search())
+    det.after_action(search(), None)
+    for s in ("A", "B", "A"):
+        det.after_step([s])
+    lines = det.lines
+    older = {"repeats": {line[1:]: 1 for line in lines if line[0] == "r"},
+             "state_visits": _visits(lines),
+             "seen": sorted(line[1:] for line in lines if line[0] == "o"),
+             "last_outcome": {}, "no_progress": 1}
+    back = LoopDetector.restore(older, max_no_progress=3)
+    assert sorted(back.lines) == sorted(det.lines)
+    assert back.before_action(search()) == det.before_action(search())
+    assert back.after_step(["A"]) == det.after_step(["A"])
+
+
+def _visits(lines: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in lines:
+        if line[0] == "v":
+            out[line[1:]] = out.get(line[1:], 0) + 1
+    return out
+
+
+def test_a_line_that_is_not_the_detectors_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a loop detector line"):
+        LoopDetector.restore({}, ["x0123456789abcdef"])

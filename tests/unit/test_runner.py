@@ -114,7 +114,8 @@ class Harness:
             result = await self.runner.run()
             held = self.runner.ctx.result_checkpoint
             if held is not None:  # an answer's checkpoint, saved with the result
-                await self.store.save_turn(self.record.to_json(), held[0], messages=held[1])
+                await self.store.save_turn(self.record.to_json(), held[0], messages=held[1],
+                                           trail=held[2])
             results.append(result)
 
         await self.store.open()

@@ -11,9 +11,10 @@ import pytest
 from tests.unit.test_runner import Harness, answer, calls
 
 from turnkeeper.policy.classify import CallFailure
-from turnkeeper.policy.effects import effect_key
+from turnkeeper.policy.effects import EffectLedger, effect_key
 from turnkeeper.policy.outcome import StopCode
 from turnkeeper.tools.outcome import ToolOutcome
+from turnkeeper.turn.trail import read as read_trail
 
 pytestmark = pytest.mark.anyio
 
@@ -67,11 +68,15 @@ async def test_an_unknown_outcome_is_an_open_issue_and_a_repeat_is_refused() -> 
 
 
 async def test_the_effect_ledger_is_saved_in_the_checkpoint() -> None:
+    """Its outcome is a line of the turn's trail: the ledger restored from the stored
+    checkpoint holds the action open, as the live one did."""
     h, _ = harness([calls("ticket", ARGS), answer()], LATE)
     await h.run()
     checkpoint = await h.store.get_checkpoint("t1")
     assert checkpoint is not None
-    assert [v[1] for v in checkpoint["effects"]["actions"].values()] == [True]
+    _, _, effect_lines, _ = read_trail(checkpoint["trail"])
+    ledger = EffectLedger.restore(checkpoint["effects"], effect_lines)
+    assert ledger.unknown_count() == 1 and len(effect_lines) == 1
 
 
 async def test_a_plain_cancel_waits_for_the_effect_in_flight() -> None:

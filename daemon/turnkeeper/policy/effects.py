@@ -19,12 +19,13 @@ deterministic failure, so the failure loop stops a model that insists.
 Wiring, per non-idempotent call: `plan()` before sending; on `Send(key)` send with that
 key and then `record()` the attempt's `ToolOutcome.kind`; on `Refuse(failure)` send
 nothing and report the failure as the call's result. A call cut by a cancel or a stop
-while in flight is recorded "unknown". `snapshot()` goes into the turn's checkpoint.
+while in flight is recorded "unknown". Each outcome recorded is also a line of `lines`,
+appended once: the turn's trail keeps them, and `restore(snapshot, lines)` replays them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -83,14 +84,16 @@ def effect_key(turn_id: str, tool: str, arguments: object, ordinal: int) -> str:
 
 class EffectLedger:
     """One turn's memory of its non-idempotent actions: their ordinal and whether the
-    last attempt's outcome is unknown. Kept in the turn's checkpoint (snapshot/restore),
-    so a resumed turn refuses the same repeats."""
+    last attempt's outcome is unknown. Kept in the turn's checkpoint (`snapshot`, which
+    names the turn) and its trail (`lines`: one per outcome recorded, a tag and the
+    action's hash), so a resumed turn refuses the same repeats."""
 
-    __slots__ = ("_actions", "_turn_id")
+    __slots__ = ("_actions", "_lines", "_turn_id")
 
     def __init__(self, turn_id: str) -> None:
         self._turn_id = turn_id
         self._actions: dict[str, _Action] = {}
+        self._lines: list[str] = []
 
     def plan(self, tool: str, arguments: object, *, dedupes_keys: bool) -> Plan:
         """What to do with a call about to be sent. Pure: nothing changes until record()."""
@@ -109,28 +112,53 @@ class EffectLedger:
         """A known outcome (ok or failed) closes the action's ordinal; unknown keeps it
         open, so the next plan() of the same action repeats the key or refuses."""
         kind = EffectOutcome(outcome)
-        action = self._actions.setdefault(action_key(tool, arguments), _Action())
-        if kind is EffectOutcome.UNKNOWN:
+        self._apply((_UNKNOWN if kind is EffectOutcome.UNKNOWN else _KNOWN)
+                    + action_key(tool, arguments))
+
+    def _apply(self, line: str) -> None:
+        tag, key = line[:1], line[1:]
+        if tag not in (_KNOWN, _UNKNOWN) or not key:
+            raise ValueError(f"not an effect ledger line: {line!r}")
+        action = self._actions.setdefault(key, _Action())
+        if tag == _UNKNOWN:
             action.unknown = True
         else:
             action.ordinal += 1
             action.unknown = False
+        self._lines.append(line)
+
+    @property
+    def lines(self) -> list[str]:
+        """Every outcome recorded this turn, oldest first, as `restore` replays them
+        (appended to, never changed: read it, do not modify it)."""
+        return self._lines
 
     def unknown_count(self) -> int:
         return sum(1 for a in self._actions.values() if a.unknown)
 
     def snapshot(self) -> dict[str, Any]:
-        """JSON-safe: action hash -> [ordinal, unknown]."""
-        return {"turn": self._turn_id,
-                "actions": {k: [a.ordinal, a.unknown] for k, a in self._actions.items()}}
+        """JSON-safe: the turn (the actions are in `lines`)."""
+        return {"turn": self._turn_id}
 
     @classmethod
-    def restore(cls, snapshot: Mapping[str, Any]) -> EffectLedger:
+    def restore(cls, snapshot: Mapping[str, Any], lines: Sequence[str] = ()) -> EffectLedger:
+        """The ledger of `snapshot()` and `lines`. A snapshot written before the lines
+        existed holds its actions (hash -> [ordinal, unknown]): they become lines that
+        rebuild the same state, so the turn's next checkpoint writes them as such."""
         ledger = cls(str(snapshot["turn"]))
+        older: list[str] = []
         for key, (ordinal, unknown) in dict(snapshot.get("actions") or {}).items():
-            ledger._actions[str(key)] = _Action(int(ordinal), bool(unknown))
+            older += [_KNOWN + str(key)] * (int(ordinal) - 1)
+            if unknown:
+                older.append(_UNKNOWN + str(key))
+        for line in (*older, *lines):
+            ledger._apply(line)
         return ledger
 
     def __repr__(self) -> str:
         return (f"EffectLedger(turn={self._turn_id!r}, actions={len(self._actions)}, "
                 f"unknown={self.unknown_count()})")
+
+
+# The ledger's lines: an outcome known (ok or failed) or unknown, then the action's hash.
+_KNOWN, _UNKNOWN = "k", "u"

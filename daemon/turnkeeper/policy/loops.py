@@ -81,12 +81,16 @@ def state_key(observations: Sequence[str]) -> str:
     return _state_of_keys([observation_key(o) for o in observations])
 
 
-# What the detector keeps of each key: the first 64 bits of the sha256, in hex. Its
-# snapshot is in every checkpoint (three a step) and grows by a few keys a step, so full
-# 256-bit keys were most of the guards' cost per step with the SQLite store; within one
-# turn's few thousand keys a 64-bit collision has odds of about 1e-13. A full key from an
-# older checkpoint shortens to the same prefix.
+# What the detector keeps of each key: the first 64 bits of the sha256, in hex. Every
+# key it keeps is a line of the turn's trail (below), a few a step; within one turn's few
+# thousand keys a 64-bit collision has odds of about 1e-13. A full key from an older
+# checkpoint shortens to the same prefix.
 KEPT_KEY_CHARS = 16
+
+# The detector's lines, each a tag and a kept key: an action counted as a repeat, a
+# state visited, an observation new to the turn. Replayed in order they rebuild its
+# counts, so its snapshot holds only what is bounded and the lines are appended once.
+_REPEAT, _VISIT, _SEEN = "r", "v", "o"
 
 
 def _kept(key: str) -> str:
@@ -145,6 +149,10 @@ class LoopDetector:
       `max_no_progress` consecutive steps with no observation new to the turn stop it
       (`loop.no_progress`). Steps without observations (a final answer) and steps made
       only of polling calls are not recorded: they neither count nor reset.
+
+    What grows with the turn (the keys it has counted) is kept as `lines`, appended
+    once each; `snapshot()` holds the rest, which stays small. `restore(snapshot,
+    lines)` rebuilds the detector from both.
     """
 
     def __init__(self, *, warn_repeats: int = 2, max_repeats: int = 3,
@@ -163,6 +171,7 @@ class LoopDetector:
         self._state_visits: dict[str, int] = {}
         self._seen: set[str] = set()
         self._no_progress = 0
+        self._lines: list[str] = []
         # The checkpoint asks for a snapshot several times a step; rebuilt only after a
         # change (a new dict each time, never mutated: callers may keep it).
         self._snapshot: dict[str, Any] | None = None
@@ -200,6 +209,12 @@ class LoopDetector:
         """Distinct states this turn has been in."""
         return len(self._state_visits)
 
+    @property
+    def lines(self) -> list[str]:
+        """Every key counted this turn, as the lines `restore` replays, oldest first
+        (appended to, never changed: read it, do not modify it)."""
+        return self._lines
+
     def state_revisits(self, key: str) -> int:
         return max(0, self._state_visits.get(_kept(key), 0) - 1)
 
@@ -212,7 +227,7 @@ class LoopDetector:
             return None
         count = self._repeats.get(key, 0) + 1
         self._repeats[key] = count
-        self._snapshot = None
+        self._lines.append(_REPEAT + key)
         if count >= self.max_repeats:
             return Stop(StopCode.LOOP_REPEATED_ACTION,
                         f"{action.tool} called with the same arguments {count} times "
@@ -254,9 +269,15 @@ class LoopDetector:
                     else _state_of_keys(obs_keys))
         visits = self._state_visits.get(key, 0) + 1
         self._state_visits[key] = visits
-        seen, before = self._seen, len(self._seen)
-        seen.update(obs_keys)
-        self._no_progress = 0 if len(seen) > before else self._no_progress + 1
+        lines, seen = self._lines, self._seen
+        lines.append(_VISIT + key)
+        progress = False
+        for k in obs_keys:
+            if k not in seen:
+                seen.add(k)
+                lines.append(_SEEN + k)
+                progress = True
+        self._no_progress = 0 if progress else self._no_progress + 1
         revisits = visits - 1
         if revisits >= self.max_state_revisits:
             return Stop(StopCode.LOOP_STATE_CYCLE,
@@ -271,30 +292,48 @@ class LoopDetector:
         return None
 
     def snapshot(self) -> dict[str, Any]:
+        """What `lines` does not hold: the failing calls' last outcomes and the current
+        streak without progress."""
         if self._snapshot is None:
             self._snapshot = {
-                "repeats": dict(self._repeats),
                 "last_outcome": {k: (None if v is None else v.value)
                                  for k, v in self._last_outcome.items()},
-                "state_visits": dict(self._state_visits),
-                "seen": sorted(self._seen),
                 "no_progress": self._no_progress,
             }
         return self._snapshot
 
     @classmethod
-    def restore(cls, data: Mapping[str, Any], *, warn_repeats: int = 2, max_repeats: int = 3,
-                max_state_revisits: int = 2, max_no_progress: int = 5) -> LoopDetector:
+    def restore(cls, data: Mapping[str, Any], lines: Sequence[str] = (), *,
+                warn_repeats: int = 2, max_repeats: int = 3, max_state_revisits: int = 2,
+                max_no_progress: int = 5) -> LoopDetector:
+        """The detector of `snapshot()` and `lines`. A snapshot written before the lines
+        existed holds the counts themselves ("repeats", "state_visits", "seen"): they
+        become lines, so the turn's next checkpoint writes them as such."""
         det = cls(warn_repeats=warn_repeats, max_repeats=max_repeats,
                   max_state_revisits=max_state_revisits, max_no_progress=max_no_progress)
-        det._repeats = {_kept(str(k)): int(v) for k, v in data.get("repeats", {}).items()}
         det._last_outcome = {_kept(str(k)): FailureClass(v)
                              for k, v in data.get("last_outcome", {}).items() if v is not None}
-        det._state_visits = {_kept(str(k)): int(v)
-                             for k, v in data.get("state_visits", {}).items()}
-        det._seen = {_kept(str(k)) for k in data.get("seen", ())}
         det._no_progress = int(data.get("no_progress", 0))
+        older = [*(_REPEAT + _kept(str(k)) for k, n in data.get("repeats", {}).items()
+                   for _ in range(int(n))),
+                 *(_VISIT + _kept(str(k)) for k, n in data.get("state_visits", {}).items()
+                   for _ in range(int(n))),
+                 *(_SEEN + _kept(str(k)) for k in data.get("seen", ()))]
+        for line in (*older, *lines):
+            det._replay(line)
         return det
+
+    def _replay(self, line: str) -> None:
+        tag, key = line[:1], _kept(line[1:])
+        if tag == _REPEAT:
+            self._repeats[key] = self._repeats.get(key, 0) + 1
+        elif tag == _VISIT:
+            self._state_visits[key] = self._state_visits.get(key, 0) + 1
+        elif tag == _SEEN:
+            self._seen.add(key)
+        else:
+            raise ValueError(f"not a loop detector line: {line!r}")
+        self._lines.append(tag + key)
 
 
 _FAILURE_CODES = {

@@ -19,7 +19,7 @@ from turnkeeper import logging as tk_logging
 from turnkeeper.policy.history import bound_history
 from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.turn_state import TurnState
-from turnkeeper.store.base import MessageRows
+from turnkeeper.store.base import SavedCheckpoint
 from turnkeeper.store.fleet import StaleLease
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
 from turnkeeper.turn.runner import TurnControl, TurnRunner
@@ -159,9 +159,9 @@ class Scheduling:
                 core.fleet.wake()
 
     async def finish(self, live: LiveTurn, result: TurnResult, *,
-                     checkpoint: tuple[dict[str, Any], MessageRows] | None = None) -> None:
-        """Save the turn's result, with `checkpoint` (and its message rows) when the
-        runner left one for it, then tell everyone it finished."""
+                     checkpoint: SavedCheckpoint | None = None) -> None:
+        """Save the turn's result, with `checkpoint` (and its message and trail rows)
+        when the runner left one for it, then tell everyone it finished."""
         core = self.core
         record = live.record
         before = (record.state, record.next_attempt_at, record.question, record.updated_at)
@@ -173,11 +173,11 @@ class Scheduling:
         # The result and its `turn.finished` event commit together: after any crash a
         # turn has both or neither (and then resumes), never one finish too many.
         finished = core.bus.prepare(ev.TurnFinished(result=result_json), turn=record.id)
-        stored, rows = checkpoint if checkpoint is not None else (None, None)
+        stored, rows, lines = checkpoint if checkpoint is not None else (None, None, None)
         try:
             with anyio.CancelScope(shield=True):
                 await core.store.save_turn(record.to_json(), stored, messages=rows,
-                                           events=[finished])
+                                           trail=lines, events=[finished])
         except BaseException:
             # Not kept, not shown: the turn reads as the store holds it, without a result.
             record.result = None

@@ -5,7 +5,8 @@ The rooms of a turn (the step loop in `runner`, the model call, the tool step, t
 builtin tools) each hold this context and never each other's methods from below: they
 meet here. The state is either fresh (a new turn) or restored from a checkpoint, and
 `to_checkpoint()` is its exact inverse. A checkpoint written to the store holds the
-conversation's counts, not its messages: those go as rows, each written once.
+conversation's and the trail's counts, not their messages and lines: those go as rows,
+each written once.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from turnkeeper.policy.restarts import RestartCounter
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
-from turnkeeper.store.base import MessageRows, QueuesTurns, Store, queues_turns
+from turnkeeper.store.base import QueuesTurns, SavedCheckpoint, Store, queues_turns
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
+from turnkeeper.turn.trail import Trail
+from turnkeeper.turn.trail import read as read_trail
 
 log = structlog.get_logger("turnkeeper.turn")
 
@@ -42,6 +45,17 @@ class Suspended(Exception):
 
 class Redirected(Exception):
     """Internal: a steer with redirect cut the model call; the step starts over."""
+
+
+def _salvaged_partial(checkpoint: dict[str, Any]) -> list[str]:
+    """The partial-work lines of a checkpoint that cannot be restored, when they can be
+    read on their own (none otherwise): what the turn's result still reports."""
+    try:
+        if "trail" in checkpoint:
+            return [str(x) for x in read_trail(checkpoint["trail"])[0]]
+        return [str(x) for x in checkpoint.get("partial") or ()]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return []
 
 
 class TurnContext:
@@ -102,10 +116,17 @@ class TurnContext:
                 if enforced is not limits:
                     self.watch = BudgetGuard.restore(
                         checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
-                self.loops = loop_detector(guards.loop_detection, checkpoint["loops"])
+                # A checkpoint from before the trail existed holds the partial work, the
+                # loop guard's counts and the ledger's actions itself: its first save
+                # writes them all as trail rows.
+                partial, loop_lines, effect_lines, saved = (
+                    read_trail(checkpoint["trail"]) if "trail" in checkpoint
+                    else (list(checkpoint.get("partial", ())), [], [], (0, 0, 0)))
+                self.loops = loop_detector(guards.loop_detection, checkpoint["loops"],
+                                           loop_lines)
                 self.failures = failure_loop(guards.failure_loop, checkpoint["failures"])
                 self.chain = chain_settings.restore_chain(checkpoint.get("chain"), rand)
-                self.partial: list[str] = list(checkpoint.get("partial", ()))
+                self.partial: list[str] = [str(x) for x in partial]
                 self.open_issues: list[str] = list(checkpoint.get("open_issues", ()))
                 self.waiting_since: float | None = checkpoint.get("waiting_since")
                 self.recover_until: float | None = checkpoint.get("recover_until")
@@ -113,11 +134,13 @@ class TurnContext:
                 self.pending_stop = Stop.from_json(pending) if pending else None
                 # A checkpoint from before the ledger existed starts an empty one.
                 effects = checkpoint.get("effects")
-                self.effects = (EffectLedger.restore(effects) if effects
+                self.effects = (EffectLedger.restore(effects, effect_lines) if effects
                                 else EffectLedger(record.id))
+                self.trail = Trail(self.partial, self.loops.lines, self.effects.lines,
+                                   saved=saved)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 self.restore_error = f"checkpoint unreadable: {type(exc).__name__}: {exc}"
-                checkpoint = {"partial": checkpoint.get("partial")}
+                checkpoint = {"partial": _salvaged_partial(checkpoint)}
         if self.restore_error is None and checkpoint.get("conversation"):
             self.resumed = True
         else:
@@ -134,13 +157,15 @@ class TurnContext:
             self.effects = EffectLedger(record.id)
             self.resumed = False
             if self.restore_error is not None:
-                self.partial = [str(x) for x in checkpoint.get("partial") or ()]
+                self.partial = list(checkpoint["partial"])
+            self.trail = Trail(self.partial, self.loops.lines, self.effects.lines)
         # Extensions earned by progress, and the agent's plan (applied by the runner).
         self.extension = Extension.from_config(guards.budget.extension).restore_state(
             checkpoint.get("extension") if self.resumed else None)
         self._active_since: float | None = None
-        # Set when the turn answers: what its result's write stores with it.
-        self.result_checkpoint: tuple[dict[str, Any], MessageRows] | None = None
+        # Set when the turn answers: what its result's write stores with it (the
+        # checkpoint, its message rows and its trail rows).
+        self.result_checkpoint: SavedCheckpoint | None = None
 
     # -- time -----------------------------------------------------------------------
 
@@ -194,13 +219,16 @@ class TurnContext:
                 "seconds": round(u.seconds, 3), "cost_usd": round(u.cost_usd, 6)}
 
     def to_checkpoint(self) -> dict[str, Any]:
-        """The whole state, messages inline: what a resume from memory starts from."""
-        return {"conversation": self.conv.to_json(), **self._checkpoint_rest()}
+        """The whole state, messages and trail lines inline: what a resume from memory
+        starts from."""
+        return {"conversation": self.conv.to_json(), "trail": self.trail.to_json(),
+                **self._checkpoint_rest()}
 
     def _stored_checkpoint(self) -> dict[str, Any]:
-        """The checkpoint as the store keeps it: the conversation's counts, not its
-        messages (they go as rows)."""
-        return {"conversation": self.conv.stored_json(), **self._checkpoint_rest()}
+        """The checkpoint as the store keeps it: the conversation's and the trail's
+        counts, not their messages and lines (they go as rows)."""
+        return {"conversation": self.conv.stored_json(), "trail": self.trail.stored_json(),
+                **self._checkpoint_rest()}
 
     def checkpoint_with_result(self) -> None:
         """The checkpoint of a turn that has just answered, kept for the write of its
@@ -208,7 +236,8 @@ class TurnContext:
         checkpoint and the result then commit in one transaction, and a crash keeps all
         three or none (the step is asked again)."""
         self.sync_counters()
-        self.result_checkpoint = (self._stored_checkpoint(), self.conv.unsaved_rows())
+        self.result_checkpoint = (self._stored_checkpoint(), self.conv.unsaved_rows(),
+                                  self.trail.unsaved_rows())
 
     def _checkpoint_rest(self) -> dict[str, Any]:
         return {
@@ -218,7 +247,6 @@ class TurnContext:
             "failures": self.failures.snapshot(),
             "chain": {**self.chain.snapshot(),
                       "providers": list(self.chain.providers)},
-            "partial": list(self.partial),
             "open_issues": list(self.open_issues),
             "waiting_since": self.waiting_since,
             "recover_until": self.recover_until,
@@ -250,17 +278,19 @@ class TurnContext:
             self.stop_active()
             self.start_active()
         self.record.updated_at = self.clock.time()
-        # The messages go as rows, only those not stored yet; the checkpoint counts them.
-        rows = self.conv.unsaved_rows()
+        # The messages and trail lines go as rows, only those not stored yet; the
+        # checkpoint counts them.
+        rows, lines = self.conv.unsaved_rows(), self.trail.unsaved_rows()
         record = self.record.to_json()
         checkpoint = self._stored_checkpoint()
-        if queue is None or not queue(record, checkpoint, messages=rows):
+        if queue is None or not queue(record, checkpoint, messages=rows, trail=lines):
             if new is not None:
                 record["state"] = new
-            await self.store.save_turn(record, checkpoint, messages=rows)
+            await self.store.save_turn(record, checkpoint, messages=rows, trail=lines)
             if new is not None:
                 self.record.state = new
         self.conv.mark_saved()
+        self.trail.mark_saved()
 
     # -- ways out -----------------------------------------------------------------------
 
