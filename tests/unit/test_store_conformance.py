@@ -509,9 +509,9 @@ async def test_a_replay_requeues_the_trail_it_read_as_rows(store: Store) -> None
     checkpoint, _, lines = rows_of(read)
     assert checkpoint["trail"] == {"count": 2}
     assert lines == MessageRows(0, ("pa", "pb"))
-    await store.requeue_turn({**rec, "state": "queued"}, checkpoint,
-                             trail=MessageRows(0, ("pz",)))
-    assert trail_of(await store.get_checkpoint("t_0")) == ["pz"]
+    await store.requeue_turn({**rec, "state": "queued"}, {**checkpoint, "trail": {"count": 3}},
+                             trail=MessageRows(0, ("pa", "pb", "pz")))
+    assert trail_of(await store.get_checkpoint("t_0")) == ["pa", "pb", "pz"]
 
 
 async def test_prune_takes_a_turns_trail_with_it(store: Store) -> None:

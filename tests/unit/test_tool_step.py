@@ -74,7 +74,7 @@ async def test_the_effect_ledger_is_saved_in_the_checkpoint() -> None:
     await h.run()
     checkpoint = await h.store.get_checkpoint("t1")
     assert checkpoint is not None
-    _, _, effect_lines, _ = read_trail(checkpoint["trail"])
+    (_, _, effect_lines), _, _ = read_trail(checkpoint["trail"])
     ledger = EffectLedger.restore(checkpoint["effects"], effect_lines)
     assert ledger.unknown_count() == 1 and len(effect_lines) == 1
 

@@ -13,7 +13,7 @@ from tests.unit.test_runner import Harness, answer, calls
 
 from turnkeeper.store.base import MessageRows
 from turnkeeper.turn.runner import TurnRunner
-from turnkeeper.turn.trail import Trail, read, split
+from turnkeeper.turn.trail import TAIL_CHARS, Trail, read, split
 
 pytestmark = pytest.mark.anyio
 
@@ -25,60 +25,83 @@ def anyio_backend() -> str:
 
 # -- the trail on its own -----------------------------------------------------------------
 
-def test_a_save_writes_the_lines_added_since_the_last_one_after_the_stored_rows() -> None:
-    partial, loops, effects = ["step 1: a"], ["rk1", "vk2"], []
-    trail = Trail(partial, loops, effects)
-    assert trail.unsaved_rows() == MessageRows(0, ("pstep 1: a", "lrk1", "lvk2"))
+def fresh() -> tuple[Trail, list[str], list[str], list[str]]:
+    partial: list[str] = []
+    loops: list[str] = []
+    effects: list[str] = []
+    return Trail((partial, loops, effects)), partial, loops, effects
+
+
+def test_a_short_trail_rides_in_the_checkpoint_and_writes_no_row() -> None:
+    trail, partial, loops, _ = fresh()
+    partial.append("step 1: a")
+    loops += ["rk1", "vk2"]
+    assert trail.save() == ({"count": 0, "tail": ["pstep 1: a", "lrk1", "lvk2"]}, None)
     trail.mark_saved()
-    assert trail.unsaved_rows() is None
-    trail.mark_saved()
-    partial.append("step 2: b")
+    assert trail.save() == ({"count": 0, "tail": ["pstep 1: a", "lrk1", "lvk2"]}, None)
+
+
+def test_a_tail_that_reaches_its_size_is_written_as_one_row_and_starts_again() -> None:
+    trail, partial, _, effects = fresh()
+    line, n = "x" * 99, TAIL_CHARS // 100 + 1
+    partial.extend([line] * n)
     effects.append("kabc")
-    assert trail.unsaved_rows() == MessageRows(3, ("pstep 2: b", "ekabc"))
-    assert trail.stored_json() == {"count": 5}
-
-
-def test_a_save_that_did_not_return_is_written_again_with_what_came_since() -> None:
-    partial: list[str] = []
-    trail = Trail(partial, [], [])
-    partial.append("one")
-    assert trail.unsaved_rows() == MessageRows(0, ("pone",))
-    # the write failed: no mark_saved()
-    partial.append("two")
-    assert trail.unsaved_rows() == MessageRows(0, ("pone", "ptwo"))
-
-
-def test_lines_added_while_a_save_is_in_flight_stay_unsaved() -> None:
-    partial: list[str] = []
-    trail = Trail(partial, [], [])
-    partial.append("one")
-    rows = trail.unsaved_rows()
-    partial.append("two")  # after the rows were taken, before the write returned
+    part, row = trail.save()
+    assert row is not None and row.start == 0 and len(row.rows) == 1
+    assert json.loads(row.rows[0]) == ["p" + line] * n + ["ekabc"]
+    assert part == {"count": 1, "tail": []}
     trail.mark_saved()
-    assert rows == MessageRows(0, ("pone",))
-    assert trail.unsaved_rows() == MessageRows(1, ("ptwo",))
+    partial.append("step 42: b")
+    assert trail.save() == ({"count": 1, "tail": ["pstep 42: b"]}, None)
+    trail.mark_saved()
+    partial.extend([line] * n)
+    again = trail.save()[1]
+    assert again is not None and again.start == 1
 
 
-def test_rows_read_back_split_into_the_three_lists_in_their_order() -> None:
-    rows = ["pa", "lr1", "ek2", "pb", "lv3"]
-    assert split(rows) == (["a", "b"], ["r1", "v3"], ["k2"])
-    assert read({"count": 5, "rows": rows})[3] == (2, 2, 1)
-    with pytest.raises(ValueError, match="not a trail row"):
+def test_a_row_whose_write_did_not_return_is_written_again_with_what_came_since() -> None:
+    trail, partial, _, _ = fresh()
+    partial.extend(["y" * 99] * (TAIL_CHARS // 100 + 1))
+    first = trail.save()[1]
+    assert first is not None
+    # the write failed: no mark_saved()
+    partial.append("more")
+    second = trail.save()[1]
+    assert second is not None and second.start == first.start == 0
+    assert json.loads(second.rows[0])[-1] == "pmore"
+
+
+def test_lines_added_while_a_save_is_in_flight_stay_in_the_next_tail() -> None:
+    trail, partial, _, _ = fresh()
+    partial.extend(["z" * 99] * (TAIL_CHARS // 100 + 1))
+    assert trail.save()[1] is not None
+    partial.append("late")  # after the row was taken, before the write returned
+    trail.mark_saved()
+    assert trail.save() == ({"count": 1, "tail": ["plate"]}, None)
+
+
+def test_rows_and_tail_read_back_as_the_three_lists_in_their_order() -> None:
+    stored = {"count": 2, "rows": ['["pa","lr1"]', '["ek2","pb"]'], "tail": ["lv3", "pc"]}
+    assert read(stored) == ((["a", "b", "c"], ["r1", "v3"], ["k2"]), 2, (2, 1, 1))
+    with pytest.raises(ValueError, match="not a trail line"):
         split(["pa", "zq"])
-    with pytest.raises(ValueError, match="not a trail row"):
+    with pytest.raises(ValueError, match="not a trail line"):
         split([""])
+    with pytest.raises(ValueError, match="not a trail row"):
+        read({"count": 1, "rows": ['{"p": 1}'], "tail": []})
 
 
 def test_the_in_memory_form_keeps_what_the_store_holds() -> None:
-    partial, loops = ["a"], ["r1"]
-    trail = Trail(partial, loops, [])
-    trail.unsaved_rows()
+    trail, partial, loops, _ = fresh()
+    partial.extend(["w" * 99] * (TAIL_CHARS // 100 + 1))
+    loops.append("r1")
+    trail.save()
     trail.mark_saved()
     partial.append("b")
-    again = json.loads(json.dumps(trail.to_json()))
-    p, lo, e, saved = read(again)
-    resumed = Trail(p, lo, e, saved=saved)
-    assert resumed.unsaved_rows() == MessageRows(2, ("pb",))
+    lists, rows, spilled = read(json.loads(json.dumps(trail.to_json())))
+    assert lists == (partial, loops, []) and rows == 1
+    resumed = Trail(lists, rows=rows, spilled=spilled)
+    assert resumed.save() == ({"count": 1, "tail": ["pb"]}, None)
 
 
 # -- a turn's checkpoints ------------------------------------------------------------------
@@ -105,21 +128,24 @@ def record_writes(h: Harness) -> list[tuple[dict[str, Any], MessageRows | None]]
     return writes
 
 
-async def test_a_long_turn_s_checkpoints_stay_the_same_size() -> None:
-    """Thirty steps: the last checkpoint is no bigger than the tenth (give or take the
-    digits of its counters), and each step's trail rows are only the lines it added."""
-    h = long_turn(30)
+async def test_a_long_turn_s_checkpoints_stay_small_and_its_lines_go_in_a_few_rows() -> None:
+    """A hundred steps: no checkpoint carries more than one tail of lines, the lines go to
+    the store a row at a time (a step of one call adds about 100 characters of lines: a
+    row every 40 steps or so), and nothing is written twice."""
+    h = long_turn(100)
     writes = record_writes(h)
     result = await h.run()
     assert result is not None and result.answer == "done"
     sizes = [len(json.dumps(cp)) for cp, _ in writes]
-    assert max(sizes[10:]) - min(sizes[10:]) < 100, sizes
-    assert "partial" not in writes[-1][0]
-    assert set(writes[-1][0]["loops"]) == {"last_outcome", "no_progress"}
-    written = [r for _, rows in writes if rows is not None for r in rows.rows]
-    assert len(written) == writes[-1][0]["trail"]["count"]
-    assert max(len(rows.rows) for _, rows in writes if rows is not None) <= 4
-    assert len(result.partial) == 31
+    assert max(sizes) < TAIL_CHARS + 2000, max(sizes)
+    last = writes[-1][0]
+    assert "partial" not in last
+    assert set(last["loops"]) == {"last_outcome", "no_progress"}
+    rows = [r for _, written in writes if written is not None for r in written.rows]
+    assert len(rows) == last["trail"]["count"] == 2
+    lines = [line for row in rows for line in json.loads(row)] + last["trail"]["tail"]
+    assert split(lines) == (h.runner.ctx.partial, h.runner.ctx.loops.lines, [])
+    assert len(result.partial) == 101
 
 
 async def test_a_turn_rebuilt_from_the_store_holds_the_same_lines() -> None:
@@ -136,11 +162,14 @@ async def test_a_turn_rebuilt_from_the_store_holds_the_same_lines() -> None:
     assert again.loops.lines == live.loops.lines
     assert again.loops.snapshot() == live.loops.snapshot()
     assert again.loops.observations_seen == live.loops.observations_seen == 12
-    # the rebuilt turn's next save writes only what it adds
-    assert again.trail.unsaved_rows() is None
+    # the rebuilt turn's next save carries what it adds after the stored tail
+    part, row = again.trail.save()
+    assert row is None and part["count"] == stored["trail"]["count"] == 0
+    assert sorted(part["tail"]) == sorted(stored["trail"]["tail"])
     again.partial.append("one more")
-    assert again.trail.unsaved_rows() == MessageRows(stored["trail"]["count"],
-                                                     ("pone more",))
+    after, row = again.trail.save()
+    assert row is None and after["count"] == stored["trail"]["count"]
+    assert sorted(after["tail"]) == sorted([*stored["trail"]["tail"], "pone more"])
 
 
 async def test_a_checkpoint_from_before_the_trail_resumes_and_its_first_save_writes_it(
@@ -169,8 +198,8 @@ async def test_a_checkpoint_from_before_the_trail_resumes_and_its_first_save_wri
     await again.checkpoint()
     reread = await h.store.get_checkpoint("t1")
     assert reread is not None and "partial" not in reread
-    assert reread["trail"]["count"] == len(live.partial) + len(live.loops.lines)
-    assert read(reread["trail"])[0] == live.partial
+    assert len(reread["trail"]["tail"]) == len(live.partial) + len(live.loops.lines)
+    assert read(reread["trail"])[0][0] == live.partial
 
 
 async def test_a_damaged_trail_ends_the_turn_internal_with_its_partial_work() -> None:
@@ -178,9 +207,9 @@ async def test_a_damaged_trail_ends_the_turn_internal_with_its_partial_work() ->
     await h.run()
     stored = await h.store.get_checkpoint("t1")
     assert stored is not None
-    stored["trail"]["rows"].append("?not a row")
+    stored["trail"]["tail"].append("?not a line")
     again = TurnRunner(h.record, h.control, runtime=h.runtime, shared=h.shared,
                        store=h.store, bus=h.bus, clock=h.clock, checkpoint=stored,
                        history=[]).ctx
-    assert again.restore_error is not None and "not a trail row" in again.restore_error
-    assert again.partial == []  # the rows could not be read apart: none are claimed
+    assert again.restore_error is not None and "not a trail line" in again.restore_error
+    assert again.partial == []  # the lines could not be read apart: none are claimed

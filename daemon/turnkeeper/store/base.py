@@ -12,17 +12,17 @@ user message reaches the stored record through `append_message`, which touches n
 else, so the stored inbox always holds every message the stored checkpoint has not.
 
 A step's writes are appended, not rewritten. A turn keeps two lists as rows, each row
-written once: its conversation (one row per message) and its trail (one line per thing
-the turn must remember for the rest of its run: a partial-work line, a loop guard's key,
-a side effect's outcome). A checkpoint holds counters and positions: its "conversation"
-value is `{"count", "turn_start", "held_notes"}` and its "trail" value `{"count"}`.
-`save_turn` / `requeue_turn` take the `MessageRows` of each list that changed since the
-last save, in the same transaction. A step that adds two messages and three trail lines
-writes five small rows and a checkpoint of a few hundred bytes, whatever the length of
-the turn. Reading a checkpoint gives the rows back inline (`conversation["messages"]`,
-`trail["rows"]`, rows `0 .. count-1` in order), so the turn rebuilds from it as from one
-written whole; a checkpoint written before rows existed (messages inline, no "count";
-no "trail") is read as it was stored.
+written once: its conversation (one row per message) and its trail (what the turn must
+remember for the rest of its run: partial-work lines, loop guard keys, side effects'
+outcomes, a few kilobytes of them to a row). A checkpoint holds counters and positions:
+its "conversation" value is `{"count", "turn_start", "held_notes"}`, its "trail" value
+`{"count", "tail"}` (the lines not yet in a row). `save_turn` / `requeue_turn` take the
+`MessageRows` of each list that changed since the last save, in the same transaction. A
+step that adds two messages writes two small rows and a checkpoint of a few kilobytes at
+most, whatever the length of the turn. Reading a checkpoint gives the rows back inline
+(`conversation["messages"]`, `trail["rows"]`, rows `0 .. count-1` in order), so the turn
+rebuilds from it as from one written whole; a checkpoint written before rows existed
+(messages inline, no "count"; no "trail") is read as it was stored.
 """
 
 from __future__ import annotations
@@ -163,7 +163,8 @@ def rows_of(checkpoint: dict[str, Any]
         messages = MessageRows(0, tuple(json_text(m) for m in conv["messages"]))
     kept = checkpoint.get("trail")
     if isinstance(kept, dict) and "rows" in kept:
-        out["trail"] = {"count": len(kept["rows"])}
+        out["trail"] = {**{k: v for k, v in kept.items() if k != "rows"},
+                        "count": len(kept["rows"])}
         trail = MessageRows(0, tuple(str(r) for r in kept["rows"]))
     return out, messages, trail
 

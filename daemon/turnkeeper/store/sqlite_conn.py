@@ -38,7 +38,7 @@ from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
 from turnkeeper.store.base import StoreError, StoreUnavailable
 from turnkeeper.store.sqlite_lock import lock_exclusive
 from turnkeeper.store.sqlite_schema import prepare
-from turnkeeper.store.writer import GroupCommitWriter, MessageWrite, Write
+from turnkeeper.store.writer import TRAIL, GroupCommitWriter, MessageWrite, Write
 
 log = structlog.get_logger("turnkeeper.store")
 
@@ -77,11 +77,20 @@ def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) 
 _ROWS_PER_INSERT = 500
 
 
+# A trail row of a turn that has a row. The trail only grows (a checkpoint never counts
+# fewer lines than the one before it), so its rows are only added, one statement for
+# all of them: a row at an index already there (a write that failed, sent again) is
+# replaced, and nothing past the rows written is ever left to delete.
+_TRAIL_ROW = ("INSERT OR REPLACE INTO trail (turn, idx, data) SELECT id, ?, ? FROM turns"
+              " WHERE id = ?")
+
+
 def message_statements(m: MessageWrite) -> list[Statement]:
-    """Replace the turn's rows in `m.table` (its messages, or its trail) from `m.start`
-    on; none for a turn with no row (as the UPDATE of its record, which matches
-    nothing)."""
-    out: list[Statement] = [(f"DELETE FROM {m.table} WHERE turn = ? AND idx >= ?",
+    """Replace the turn's message rows from `m.start` on, or add its trail rows; none
+    for a turn with no row (as the UPDATE of its record, which matches nothing)."""
+    if m.table == TRAIL:
+        return [(_TRAIL_ROW, (n, text, m.turn)) for n, text in enumerate(m.rows, m.start)]
+    out: list[Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
                               (m.turn, m.start))]
     rows = m.rows
     for first in range(0, len(rows), _ROWS_PER_INSERT):
@@ -91,7 +100,7 @@ def message_statements(m: MessageWrite) -> list[Statement]:
             params += (n, text)
         params.append(m.turn)
         out.append((
-            f"INSERT INTO {m.table} (turn, idx, data) SELECT t.id, v.column1, v.column2"
+            "INSERT INTO messages (turn, idx, data) SELECT t.id, v.column1, v.column2"
             " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
             " JOIN turns AS t ON t.id = ?", params))
     return out

@@ -52,7 +52,7 @@ def _salvaged_partial(checkpoint: dict[str, Any]) -> list[str]:
     read on their own (none otherwise): what the turn's result still reports."""
     try:
         if "trail" in checkpoint:
-            return [str(x) for x in read_trail(checkpoint["trail"])[0]]
+            return [str(x) for x in read_trail(checkpoint["trail"])[0][0]]
         return [str(x) for x in checkpoint.get("partial") or ()]
     except (KeyError, TypeError, ValueError, AttributeError):
         return []
@@ -119,9 +119,9 @@ class TurnContext:
                 # A checkpoint from before the trail existed holds the partial work, the
                 # loop guard's counts and the ledger's actions itself: its first save
                 # writes them all as trail rows.
-                partial, loop_lines, effect_lines, saved = (
+                (partial, loop_lines, effect_lines), rows, spilled = (
                     read_trail(checkpoint["trail"]) if "trail" in checkpoint
-                    else (list(checkpoint.get("partial", ())), [], [], (0, 0, 0)))
+                    else ((list(checkpoint.get("partial", ())), [], []), 0, (0, 0, 0)))
                 self.loops = loop_detector(guards.loop_detection, checkpoint["loops"],
                                            loop_lines)
                 self.failures = failure_loop(guards.failure_loop, checkpoint["failures"])
@@ -136,8 +136,8 @@ class TurnContext:
                 effects = checkpoint.get("effects")
                 self.effects = (EffectLedger.restore(effects, effect_lines) if effects
                                 else EffectLedger(record.id))
-                self.trail = Trail(self.partial, self.loops.lines, self.effects.lines,
-                                   saved=saved)
+                self.trail = Trail((self.partial, self.loops.lines, self.effects.lines),
+                                   rows=rows, spilled=spilled)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 self.restore_error = f"checkpoint unreadable: {type(exc).__name__}: {exc}"
                 checkpoint = {"partial": _salvaged_partial(checkpoint)}
@@ -158,7 +158,7 @@ class TurnContext:
             self.resumed = False
             if self.restore_error is not None:
                 self.partial = list(checkpoint["partial"])
-            self.trail = Trail(self.partial, self.loops.lines, self.effects.lines)
+            self.trail = Trail((self.partial, self.loops.lines, self.effects.lines))
         # Extensions earned by progress, and the agent's plan (applied by the runner).
         self.extension = Extension.from_config(guards.budget.extension).restore_state(
             checkpoint.get("extension") if self.resumed else None)
@@ -224,10 +224,10 @@ class TurnContext:
         return {"conversation": self.conv.to_json(), "trail": self.trail.to_json(),
                 **self._checkpoint_rest()}
 
-    def _stored_checkpoint(self) -> dict[str, Any]:
-        """The checkpoint as the store keeps it: the conversation's and the trail's
-        counts, not their messages and lines (they go as rows)."""
-        return {"conversation": self.conv.stored_json(), "trail": self.trail.stored_json(),
+    def _stored_checkpoint(self, trail: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint as the store keeps it: the conversation's counts, not its
+        messages, and the trail's part (`Trail.save`) (their rows go on their own)."""
+        return {"conversation": self.conv.stored_json(), "trail": trail,
                 **self._checkpoint_rest()}
 
     def checkpoint_with_result(self) -> None:
@@ -236,8 +236,9 @@ class TurnContext:
         checkpoint and the result then commit in one transaction, and a crash keeps all
         three or none (the step is asked again)."""
         self.sync_counters()
-        self.result_checkpoint = (self._stored_checkpoint(), self.conv.unsaved_rows(),
-                                  self.trail.unsaved_rows())
+        trail, lines = self.trail.save()
+        self.result_checkpoint = (self._stored_checkpoint(trail), self.conv.unsaved_rows(),
+                                  lines)
 
     def _checkpoint_rest(self) -> dict[str, Any]:
         return {
@@ -280,9 +281,9 @@ class TurnContext:
         self.record.updated_at = self.clock.time()
         # The messages and trail lines go as rows, only those not stored yet; the
         # checkpoint counts them.
-        rows, lines = self.conv.unsaved_rows(), self.trail.unsaved_rows()
+        rows, (trail, lines) = self.conv.unsaved_rows(), self.trail.save()
         record = self.record.to_json()
-        checkpoint = self._stored_checkpoint()
+        checkpoint = self._stored_checkpoint(trail)
         if queue is None or not queue(record, checkpoint, messages=rows, trail=lines):
             if new is not None:
                 record["state"] = new

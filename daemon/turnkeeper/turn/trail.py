@@ -1,18 +1,22 @@
 """The turn's trail: what a turn remembers for the rest of its run and that grows with
-every step, kept as lines appended once.
+every step, kept so that a checkpoint stays the same size however long the turn runs.
 
 Three lists grow with a turn besides its conversation: its partial-work lines (one per
 tool call and answer), the loop guard's keys (the calls it counted, the states and
 observations it saw) and the side-effect ledger's outcomes. Written whole into every
-checkpoint they made a checkpoint grow with the turn: 200 steps in, a few kilobytes
-encoded and stored twice a step. As a trail, a checkpoint holds their count, and writes
-only the lines added since the last save, as rows, the way the conversation's messages
-go (`Conversation.unsaved_rows`).
+checkpoint, they made a checkpoint grow with the turn: 200 steps in, about 30 KB encoded
+and stored twice a step.
 
-A row is a tag and a line: "p" a partial-work line, "l" a loop guard line, "e" an
-effect ledger line. The three lists keep their own order; the rows of one checkpoint
-are the new lines of each list in turn, so rows of different lists interleave in the
-store, and reading them back splits them by tag.
+A checkpoint now carries only the lines added since the last spill (its "tail", at most
+about `TAIL_CHARS` characters); once the tail reaches that, the next checkpoint writes
+it as one trail row (a JSON array of lines, written once) and starts an empty tail. A
+turn of a few steps never writes a row (its lines ride in the checkpoint, as before, and
+cost no statement of their own); a long one writes a row every 40 steps or so (a step of
+one tool call adds four lines, about 100 characters), and its checkpoint stays under
+a few kilobytes.
+
+A line is a tag and its text: "p" a partial-work line, "l" a loop guard line, "e" an
+effect ledger line. Each list keeps its own order: rows, then the tail, split by tag.
 """
 
 from __future__ import annotations
@@ -20,77 +24,109 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from turnkeeper.store.base import MessageRows
 
 _PARTIAL, _LOOPS, _EFFECTS = "p", "l", "e"
 _TAGS = (_PARTIAL, _LOOPS, _EFFECTS)
 
+# The tail's size (characters of its lines) at which a checkpoint writes it as a row: a
+# step of one tool call adds four lines of 18-60 characters, so a row every 40 steps.
+TAIL_CHARS = 4096
 
-def split(rows: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-    """The rows of a trail, in order, as its three lists (partial work, loop guard,
-    effect ledger). Raises ValueError for a row with no known tag."""
+Lists = tuple[list[str], list[str], list[str]]
+
+
+def split(lines: Sequence[str]) -> Lists:
+    """Tagged lines, in order, as the three lists (partial work, loop guard, effect
+    ledger). Raises ValueError for a line with no known tag."""
     lists: dict[str, list[str]] = {tag: [] for tag in _TAGS}
-    for row in rows:
-        lines = lists.get(row[:1]) if isinstance(row, str) else None
-        if lines is None:
-            raise ValueError(f"not a trail row: {row!r}")
-        lines.append(row[1:])
+    for line in lines:
+        found = lists.get(line[:1]) if isinstance(line, str) else None
+        if found is None:
+            raise ValueError(f"not a trail line: {line!r}")
+        found.append(line[1:])
     return lists[_PARTIAL], lists[_LOOPS], lists[_EFFECTS]
 
 
-def read(stored: Mapping[str, Any]) -> tuple[list[str], list[str], list[str],
-                                              tuple[int, int, int]]:
-    """A checkpoint's "trail" value as read back (`{"count", "rows"}`, every row in the
-    store) or as `Trail.to_json` gave it (with "saved"): the three lists, and how many
-    lines of each the store holds."""
-    partial, loops, effects = split(stored["rows"])
-    saved = stored.get("saved")
-    if saved is None:
-        return partial, loops, effects, (len(partial), len(loops), len(effects))
-    p, lo, e = (int(n) for n in saved)
-    return partial, loops, effects, (p, lo, e)
+def read(stored: Mapping[str, Any]) -> tuple[Lists, int, tuple[int, ...]]:
+    """A checkpoint's "trail" value, as read back from the store (`{"count", "tail",
+    "rows"}`) or as `Trail.to_json` gave it (`{"count", "lines", "spilled"}`): the three
+    lists, how many rows the store holds, and how many lines of each list are in them."""
+    count = int(stored["count"])
+    if "lines" in stored:
+        return split(stored["lines"]), count, tuple(int(n) for n in stored["spilled"])
+    in_rows: list[str] = []
+    for row in stored["rows"]:
+        lines = orjson.loads(row)
+        if not isinstance(lines, list):
+            raise ValueError(f"not a trail row: {row[:80]!r}")
+        in_rows += lines
+    spilled = tuple(len(lines) for lines in split(in_rows))
+    return split([*in_rows, *stored["tail"]]), count, spilled
 
 
 class Trail:
-    """The three growing lists of a live turn (the very lists its parts append to) and
-    how many lines of each the store holds."""
+    """The three growing lists of a live turn (the very lists its parts append to), how
+    many trail rows the store holds and how many lines of each list are in them. The
+    tail is kept as lines are taken from the lists, so a checkpoint costs the lines it
+    adds, not the tail's length."""
 
-    __slots__ = ("_lists", "_saved", "_saving")
+    __slots__ = ("_chars", "_lists", "_rows", "_saving", "_spilled", "_tail", "_taken")
 
-    def __init__(self, partial: list[str], loops: list[str], effects: list[str], *,
-                 saved: tuple[int, int, int] = (0, 0, 0)) -> None:
-        self._lists = (partial, loops, effects)
-        self._saved = tuple(min(n, len(lines)) for n, lines in zip(saved, self._lists, strict=True))
-        self._saving: tuple[int, ...] | None = None
+    def __init__(self, lists: Lists, *, rows: int = 0,
+                 spilled: tuple[int, ...] = (0, 0, 0)) -> None:
+        self._lists = lists
+        self._rows = rows
+        self._spilled = spilled
+        # The lines not in a row, tagged, and their characters; `_taken`: how many lines
+        # of each list are in a row or in the tail.
+        self._tail: list[str] = []
+        self._chars = 0
+        self._taken = spilled
+        # While a save is in flight: the rows and spilled lines it leaves, and whether it
+        # writes the tail as a row.
+        self._saving: tuple[int, tuple[int, ...], bool] | None = None
 
-    @property
-    def count(self) -> int:
-        """Lines in all three lists: the rows the store holds once they are saved."""
-        return sum(len(lines) for lines in self._lists)
+    def _take(self) -> None:
+        """Move the lines added to the lists since the last call into the tail."""
+        now = tuple(map(len, self._lists))
+        if now == self._taken:
+            return
+        new = [tag + line for tag, lines, n in zip(_TAGS, self._lists, self._taken, strict=True)
+               for line in lines[n:]]
+        self._tail += new
+        self._chars += sum(map(len, new))
+        self._taken = now
 
-    def unsaved_rows(self) -> MessageRows | None:
-        """The rows a checkpoint writes: the lines added since the last save, after the
-        rows the store holds (None when there are none). Call `mark_saved()` once that
-        write has returned."""
-        saved = self._saved
-        self._saving = tuple(len(lines) for lines in self._lists)
-        rows = [tag + line for tag, lines, n in zip(_TAGS, self._lists, saved, strict=True)
-                for line in lines[n:]]
-        return MessageRows(sum(saved), tuple(rows)) if rows else None
+    def save(self) -> tuple[dict[str, Any], MessageRows | None]:
+        """What a checkpoint writes of the trail: its part of the checkpoint (how many
+        rows the store holds with it, and the lines not in them) and the row it adds,
+        the tail, once the tail has reached `TAIL_CHARS` (None before). Call
+        `mark_saved()` once that write has returned."""
+        self._take()
+        if self._chars < TAIL_CHARS:
+            self._saving = (self._rows, self._spilled, False)
+            return {"count": self._rows, "tail": list(self._tail)}, None
+        self._saving = (self._rows + 1, self._taken, True)
+        row = MessageRows(self._rows, (orjson.dumps(self._tail).decode(),))
+        return {"count": self._rows + 1, "tail": []}, row
 
     def mark_saved(self) -> None:
-        """The rows of the last `unsaved_rows()` are stored."""
-        if self._saving is not None:
-            self._saved, self._saving = self._saving, None
-
-    def stored_json(self) -> dict[str, Any]:
-        """The checkpoint's part: how many rows the trail has."""
-        return {"count": self.count}
+        """The write of the last `save()` has returned."""
+        if self._saving is None:
+            return
+        self._rows, spilled, spills = self._saving
+        self._saving = None
+        if spills:  # the lines taken since are in the lists, past `spilled`
+            self._spilled = self._taken = spilled
+            self._tail, self._chars = [], 0
 
     def to_json(self) -> dict[str, Any]:
-        """Every line inline, and how many of each list the store holds (for a resume in
-        the same process, from memory)."""
-        return {"count": self.count,
-                "rows": [tag + line for tag, lines in zip(_TAGS, self._lists, strict=True)
-                         for line in lines],
-                "saved": list(self._saved)}
+        """Every line inline, and what the store holds (for a resume in the same
+        process, from memory)."""
+        return {"count": self._rows,
+                "lines": [tag + line for tag, lines in zip(_TAGS, self._lists, strict=True)
+                          for line in lines],
+                "spilled": list(self._spilled)}
