@@ -81,7 +81,8 @@ class Trail:
         self._rows = rows
         self._spilled = spilled
         # The lines not in a row, tagged, and their characters; `_taken`: how many lines
-        # of each list are in a row or in the tail.
+        # of each list are in a row or in the tail. The tail list is replaced, never
+        # changed, so the checkpoints that hold it need no copy of their own.
         self._tail: list[str] = []
         self._chars = 0
         self._taken = spilled
@@ -96,7 +97,7 @@ class Trail:
             return
         new = [tag + line for tag, lines, n in zip(_TAGS, self._lists, self._taken, strict=True)
                for line in lines[n:]]
-        self._tail += new
+        self._tail = self._tail + new  # a new list: a checkpoint may hold the old one
         self._chars += sum(map(len, new))
         self._taken = now
 
@@ -108,7 +109,7 @@ class Trail:
         self._take()
         if self._chars < TAIL_CHARS:
             self._saving = (self._rows, self._spilled, False)
-            return {"count": self._rows, "tail": list(self._tail)}, None
+            return {"count": self._rows, "tail": self._tail}, None
         self._saving = (self._rows + 1, self._taken, True)
         row = MessageRows(self._rows, (orjson.dumps(self._tail).decode(),))
         return {"count": self._rows + 1, "tail": []}, row
