@@ -425,9 +425,14 @@ async def test_a_checkpoint_from_before_rows_reads_back_as_stored(store: Store) 
 
 async def test_rows_for_a_turn_never_inserted_are_not_kept(store: Store) -> None:
     ghost = record("t_ghost", state="running")
-    await store.save_turn(ghost, conv_cp(1), messages=rows(0, "lost"))
+    await store.save_turn(ghost, trail_cp(1, 1), messages=rows(0, "lost"),
+                          trail=MessageRows(0, ("plost",)))
     await store.insert_turn(ghost, conv_cp(0))
-    assert contents(await store.get_checkpoint("t_ghost")) == []
+    # A checkpoint that counts a row no write gave it: had the ghost's rows been kept,
+    # they would be read back here.
+    await store.save_turn(ghost, trail_cp(1, 1))
+    got = await store.get_checkpoint("t_ghost")
+    assert contents(got) == [] and trail_of(got) == []
 
 
 async def test_a_replay_requeues_the_messages_it_read_as_rows(store: Store) -> None:

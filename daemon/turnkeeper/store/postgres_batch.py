@@ -87,12 +87,14 @@ TURN_UPDATE = (
 
 def _rows_upsert(table: str) -> str:
     """The statement that writes the rows of many turns into `table` (messages or trail):
-    the rows past each write's end deleted, the written ones inserted or replaced."""
+    the rows past each write's end deleted, the written ones inserted or replaced; none
+    for a turn with no row (as the UPDATE of its record, which matches nothing)."""
     return (
         f"WITH gone AS (DELETE FROM {table} m USING unnest($1::text[], $2::int[]) AS"
         " e(turn, stop) WHERE m.turn = e.turn AND m.idx >= e.stop)"
         f" INSERT INTO {table} (turn, idx, data)"
-        " SELECT * FROM unnest($3::text[], $4::int[], $5::text[])"
+        " SELECT r.turn, r.idx, r.data FROM unnest($3::text[], $4::int[], $5::text[])"
+        " AS r(turn, idx, data) JOIN turns t ON t.id = r.turn"
         " ON CONFLICT (turn, idx) DO UPDATE SET data = excluded.data")
 
 
