@@ -120,7 +120,7 @@ class MessageRows:
     rows at index >= start are replaced by `rows`."""
 
     start: int
-    rows: tuple[str, ...]  # a message as JSON text (encoded once), or a trail line
+    rows: tuple[str, ...]  # a message as JSON text (encoded once), or a trail row
 
 
 # A checkpoint as the store keeps it, with its message rows and its trail rows.
@@ -134,8 +134,8 @@ def _counted(rows: Sequence[str], count: object) -> Sequence[str]:
 def with_messages(checkpoint: dict[str, Any], rows: Sequence[str],
                   trail: Sequence[str] = ()) -> dict[str, Any]:
     """`checkpoint` (as read back, a fresh dict the caller owns) with its conversation's
-    messages re-attached from the turn's message rows and its trail lines from its trail
-    rows (all of each, in index order: those at index 0 .. count-1 are kept). A
+    messages re-attached from the turn's message rows and its trail's rows (all of each,
+    in index order: those at index 0 .. count-1 are kept). A
     checkpoint with no "count" in a list (written before rows existed) keeps that list
     as it was stored."""
     conv = checkpoint.get("conversation")
@@ -150,8 +150,8 @@ def with_messages(checkpoint: dict[str, Any], rows: Sequence[str],
 def rows_of(checkpoint: dict[str, Any]
             ) -> tuple[dict[str, Any], MessageRows | None, MessageRows | None]:
     """A checkpoint holding its rows inline (as read back) in the shape a write takes:
-    the checkpoint with counts in place of its messages and trail lines, and every
-    message and every trail line as a row from index 0. A checkpoint without a
+    the checkpoint with counts in place of its messages and trail rows, and every
+    message and every trail row as a row from index 0. A checkpoint without a
     conversation (or a trail) comes back without rows for it."""
     out = dict(checkpoint)
     messages = trail = None

@@ -16,9 +16,10 @@ server refuses the transaction the batch is retried write by write, and only the
 that fails reports the error.
 
 A turn keeps two lists as rows, each row written once: its conversation (`messages`, one
-row per message) and its trail (`trail`, one line per partial-work line, loop guard key
-or side effect's outcome). Its checkpoint counts the rows of each; reads put them back
-into the checkpoint from the same snapshot as the checkpoint itself.
+row per message) and its trail (`trail`, its partial-work lines, loop guard keys and
+side effects' outcomes, a few kilobytes of them a row). Its checkpoint counts the rows of
+each; reads put them back into the checkpoint from the same snapshot as the checkpoint
+itself.
 
 Event numbers: an event row keeps the number the daemon's bus gave it as its key, as
 in SQLite, so `events(after_seq=...)` reads the same on both backends and a client
@@ -329,7 +330,7 @@ class PostgresStore(PostgresFleet):
         return record
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
-        """The checkpoint with its messages and trail lines, read from one snapshot: of
+        """The checkpoint with its messages and trail rows, read from one snapshot: of
         each list only the rows the checkpoint counts."""
         async def read(conn: Conn) -> tuple[str | None, dict[str, list[str]]]:
             async with conn.transaction(isolation="repeatable_read", readonly=True):

@@ -174,7 +174,7 @@ class PostgresFleet(PostgresConnection):
         held at all (this node's local scheduler orders the ones it holds). A turn this
         node holds is never taken again, even with its lease expired at the database:
         that claim is the renewal's to re-take, under the epoch the node's writes carry.
-        Each claimed turn comes with its checkpoint, its messages and trail lines put
+        Each claimed turn comes with its checkpoint, its messages and trail rows put
         back from rows read in the claim's transaction."""
         if limit <= 0:
             return []

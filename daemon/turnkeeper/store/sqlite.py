@@ -9,9 +9,10 @@ the writer. All SQLite calls run in worker threads, never on the event loop.
 
 A step's writes are appended: the conversation is a table of message rows, one per
 message, inserted once (a compaction deletes the rows from the first one it changed and
-inserts their replacements), and the trail a table of lines, one per partial-work line,
-loop guard key or side effect's outcome; the turn's row holds the record and a
-checkpoint of counters and positions, a few hundred bytes whatever the turn's length.
+inserts their replacements), and the trail a table of rows of a few kilobytes of
+partial-work lines, loop guard keys and side effects' outcomes; the turn's row holds the
+record and a checkpoint of counters and positions, a few kilobytes at most whatever the
+turn's length.
 Reads put the rows back into the checkpoint inside one read transaction, so a checkpoint
 and its rows always come from the same commit.
 

@@ -71,8 +71,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID""",
     ),
     (
-        # A turn's trail: one line per partial-work line, loop guard key or side
-        # effect's outcome, written once (a checkpoint holds their count).
+        # A turn's trail: its partial-work lines, loop guard keys and side effects'
+        # outcomes, a few kilobytes of them a row, each row written once (a checkpoint
+        # holds their count).
         """CREATE TABLE trail (
             turn TEXT NOT NULL,
             idx INTEGER NOT NULL,

@@ -5,8 +5,8 @@ The rooms of a turn (the step loop in `runner`, the model call, the tool step, t
 builtin tools) each hold this context and never each other's methods from below: they
 meet here. The state is either fresh (a new turn) or restored from a checkpoint, and
 `to_checkpoint()` is its exact inverse. A checkpoint written to the store holds the
-conversation's and the trail's counts, not their messages and lines: those go as rows,
-each written once.
+conversation's counts, not its messages (those go as rows, each written once), and the
+trail's tail (see `turn/trail.py`).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class TurnContext:
                         checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
                 # A checkpoint from before the trail existed holds the partial work, the
                 # loop guard's counts and the ledger's actions itself: its first save
-                # writes them all as trail rows.
+                # writes them as the trail's tail.
                 (partial, loop_lines, effect_lines), rows, spilled = (
                     read_trail(checkpoint["trail"]) if "trail" in checkpoint
                     else ((list(checkpoint.get("partial", ())), [], []), 0, (0, 0, 0)))
@@ -279,8 +279,8 @@ class TurnContext:
             self.stop_active()
             self.start_active()
         self.record.updated_at = self.clock.time()
-        # The messages and trail lines go as rows, only those not stored yet; the
-        # checkpoint counts them.
+        # The messages go as rows, only those not stored yet, and the checkpoint counts
+        # them; the trail's lines ride in its tail until they make a row.
         rows, (trail, lines) = self.conv.unsaved_rows(), self.trail.save()
         record = self.record.to_json()
         checkpoint = self._stored_checkpoint(trail)
