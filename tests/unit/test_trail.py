@@ -89,6 +89,9 @@ def test_rows_and_tail_read_back_as_the_three_lists_in_their_order() -> None:
         split([""])
     with pytest.raises(ValueError, match="not a trail row"):
         read({"count": 1, "rows": ['{"p": 1}'], "tail": []})
+    # A row the checkpoint counts and the store lost: the turn must not go on without it.
+    with pytest.raises(ValueError, match="counts 2 trail rows but the store gave back 1"):
+        read({"count": 2, "rows": ['["pa"]'], "tail": []})
 
 
 def test_the_in_memory_form_keeps_what_the_store_holds() -> None:

@@ -57,6 +57,9 @@ def read(stored: Mapping[str, Any]) -> tuple[Lists, int, tuple[int, ...]]:
     count = int(stored["count"])
     if "lines" in stored:
         return split(stored["lines"]), count, tuple(int(n) for n in stored["spilled"])
+    if len(stored["rows"]) != count:
+        raise ValueError(f"the checkpoint counts {count} trail rows but the store gave "
+                         f"back {len(stored['rows'])}")
     in_rows: list[str] = []
     for row in stored["rows"]:
         lines = orjson.loads(row)
