@@ -771,6 +771,49 @@ max_steps = 8
     assert after and min(after) > seen_live, (min(after), seen_live)
 
 
+# Fifty steps of an echo call: a turn's trail (its partial-work lines and loop guard
+# keys, about 100 characters a step) spills a row of 4 KB before step 50.
+LONG_STEPS = 50
+LONG_SCRIPT = "[[scenarios]]\n" + """
+[[scenarios.steps]]
+delay = 0.03
+tool_calls = [{ name = "echo", arguments = { text = "$turn step $step" } }]
+""" * (LONG_STEPS - 1) + """
+[[scenarios.steps]]
+reply = "done $turn"
+"""
+
+
+def test_a_long_turn_killed_after_its_trail_spilled_a_row_resumes_with_every_line_once(
+        tmp_path: Path, daemons: list[Daemon]) -> None:
+    """A checkpoint carries what grows with the turn only until it reaches 4 KB; then
+    it is written as a row of the turn's trail. A `kill -9` after that loses none of it
+    and repeats none of it: each turn ends with every step's partial line once."""
+    d = daemon(tmp_path, daemons, config(tmp_path, LONG_SCRIPT))
+    d.start()
+    ids = [d.submit(f"long {i}", budget={"max_steps": LONG_STEPS + 10})["id"]
+           for i in range(3)]
+    db = d.state_dir / DB_NAME
+
+    def spilled() -> bool:
+        conn = sqlite3.connect(db)
+        try:
+            return bool(conn.execute("SELECT COUNT(DISTINCT turn) FROM trail").fetchone()[0]
+                        == len(ids))
+        finally:
+            conn.close()
+
+    wait_for(spilled, timeout=30, what="every turn's first trail row")
+    assert any(turn_of(d, t)["state"] == "running" for t in ids)
+    d.kill()
+    d.start()
+    for tid in ids:
+        done = d.wait(tid, timeout=60)
+        assert done["state"] == "completed" and done["counters"]["steps"] == LONG_STEPS
+        steps = [int(line.split(":")[0].split()[1]) for line in done["result"]["partial"]]
+        assert steps == list(range(1, LONG_STEPS + 1)), done["result"]["partial"]
+
+
 def test_a_store_from_the_previous_schema_is_migrated_and_its_turns_resume(
         tmp_path: Path, daemons: list[Daemon]) -> None:
     import json
