@@ -147,6 +147,16 @@ def with_messages(checkpoint: dict[str, Any], rows: Sequence[str],
     return checkpoint
 
 
+def rows_by_turn(rows: Iterable[Iterable[Any]]) -> dict[str, list[str]]:
+    """(turn, data) rows of one list (messages or trail), in index order within each
+    turn, as each turn's list of data: what `with_messages` takes, for many turns read in
+    one query."""
+    out: dict[str, list[str]] = {}
+    for turn_id, data in rows:
+        out.setdefault(turn_id, []).append(data)
+    return out
+
+
 def rows_of(checkpoint: dict[str, Any]
             ) -> tuple[dict[str, Any], MessageRows | None, MessageRows | None]:
     """A checkpoint holding its rows inline (as read back) in the shape a write takes:

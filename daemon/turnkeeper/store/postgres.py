@@ -57,6 +57,7 @@ from turnkeeper.store.base import (
     StoreError,
     dead_letter_entry,
     list_turns_sql,
+    rows_by_turn,
     usage_of,
     with_messages,
 )
@@ -70,7 +71,7 @@ from turnkeeper.store.postgres_batch import (
     TurnUpdate,
 )
 from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, dumps
-from turnkeeper.store.postgres_fleet import PostgresFleet, rows_by_turn
+from turnkeeper.store.postgres_fleet import PostgresFleet
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare

@@ -15,14 +15,20 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
 import asyncpg
 
 from turnkeeper.clock import Clock
-from turnkeeper.store.base import TERMINAL_SQL, StoreError, StoreInUse, with_messages
+from turnkeeper.store.base import (
+    TERMINAL_SQL,
+    StoreError,
+    StoreInUse,
+    rows_by_turn,
+    with_messages,
+)
 from turnkeeper.store.fleet import (
     CHANNEL_BREAKERS,
     CHANNEL_MAIL,
@@ -45,15 +51,6 @@ EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
 # The seconds a breakers row stays open, by the database's clock (NULL: not open).
 OPEN_LEFT_S = ("CASE WHEN open_until > now() THEN extract(epoch FROM open_until - now())"
                " END")
-
-
-def rows_by_turn(rows: Sequence[asyncpg.Record]) -> dict[str, list[str]]:
-    """(turn, data) rows of one list (messages or trail), in index order within each
-    turn, as each turn's list of data."""
-    out: dict[str, list[str]] = {}
-    for turn_id, data in rows:
-        out.setdefault(turn_id, []).append(data)
-    return out
 
 
 def process_alive(pid: int) -> bool:

@@ -37,6 +37,7 @@ from turnkeeper.store.base import (
     MessageRows,
     dead_letter_entry,
     list_turns_sql,
+    rows_by_turn,
     usage_of,
     with_messages,
 )
@@ -80,14 +81,6 @@ def _together(conn: sqlite3.Connection, queries: Sequence[Statement]
 
 def _attach(checkpoint_json: str, rows: list[str], trail: list[str]) -> dict[str, Any]:
     return with_messages(json.loads(checkpoint_json), rows, trail)
-
-
-def _by_turn(rows: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
-    """(turn, data) rows in index order, as each turn's list of data."""
-    out: dict[str, list[str]] = {}
-    for turn_id, data in rows:
-        out.setdefault(turn_id, []).append(data)
-    return out
 
 
 class SQLiteStore(SQLiteConnection):
@@ -254,7 +247,7 @@ class SQLiteStore(SQLiteConnection):
                 *((f"SELECT r.turn, r.data FROM turns AS t JOIN {table} AS r ON"
                    f" r.turn = t.id WHERE t.state NOT IN {TERMINAL_SQL}"
                    " ORDER BY t.seq, r.idx", ()) for table in (MESSAGES, TRAIL))])
-            rows, lines = _by_turn(messages), _by_turn(trail)
+            rows, lines = rows_by_turn(messages), rows_by_turn(trail)
             return [(json.loads(record), _attach(checkpoint, rows.get(turn_id, []),
                                                  lines.get(turn_id, [])))
                     for turn_id, record, checkpoint in turns]
