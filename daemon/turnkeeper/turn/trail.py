@@ -50,6 +50,12 @@ def split(lines: Sequence[str]) -> Lists:
     return lists[_PARTIAL], lists[_LOOPS], lists[_EFFECTS]
 
 
+def _tagged(lists: Lists, starts: Sequence[int]) -> list[str]:
+    """The lines of each list from its start on, tagged, list after list."""
+    return [tag + line for tag, lines, n in zip(_TAGS, lists, starts, strict=True)
+            for line in lines[n:]]
+
+
 def read(stored: Mapping[str, Any]) -> tuple[Lists, int, tuple[int, ...]]:
     """A checkpoint's "trail" value, as read back from the store (`{"count", "tail",
     "rows"}`) or as `Trail.to_json` gave it (`{"count", "lines", "spilled"}`): the three
@@ -66,8 +72,9 @@ def read(stored: Mapping[str, Any]) -> tuple[Lists, int, tuple[int, ...]]:
         if not isinstance(lines, list):
             raise ValueError(f"not a trail row: {row[:80]!r}")
         in_rows += lines
-    spilled = tuple(len(lines) for lines in split(in_rows))
-    return split([*in_rows, *stored["tail"]]), count, spilled
+    spilled, tail = split(in_rows), split(stored["tail"])
+    lists = (spilled[0] + tail[0], spilled[1] + tail[1], spilled[2] + tail[2])
+    return lists, count, tuple(map(len, spilled))
 
 
 class Trail:
@@ -76,7 +83,7 @@ class Trail:
     tail is kept as lines are taken from the lists, so a checkpoint costs the lines it
     adds, not the tail's length."""
 
-    __slots__ = ("_chars", "_lists", "_rows", "_saving", "_spilled", "_tail", "_taken")
+    __slots__ = ("_chars", "_lists", "_rows", "_spilled", "_spilling", "_tail", "_taken")
 
     def __init__(self, lists: Lists, *, rows: int = 0,
                  spilled: tuple[int, ...] = (0, 0, 0)) -> None:
@@ -89,17 +96,16 @@ class Trail:
         self._tail: list[str] = []
         self._chars = 0
         self._taken = spilled
-        # While a save is in flight: the rows and spilled lines it leaves, and whether it
-        # writes the tail as a row.
-        self._saving: tuple[int, tuple[int, ...], bool] | None = None
+        # While a save that writes the tail as a row is in flight: the lines of each list
+        # that row holds.
+        self._spilling: tuple[int, ...] | None = None
 
     def _take(self) -> None:
         """Move the lines added to the lists since the last call into the tail."""
         now = tuple(map(len, self._lists))
         if now == self._taken:
             return
-        new = [tag + line for tag, lines, n in zip(_TAGS, self._lists, self._taken, strict=True)
-               for line in lines[n:]]
+        new = _tagged(self._lists, self._taken)
         self._tail = self._tail + new  # a new list: a checkpoint may hold the old one
         self._chars += sum(map(len, new))
         self._taken = now
@@ -111,26 +117,23 @@ class Trail:
         `mark_saved()` once that write has returned."""
         self._take()
         if self._chars < TAIL_CHARS:
-            self._saving = (self._rows, self._spilled, False)
+            self._spilling = None
             return {"count": self._rows, "tail": self._tail}, None
-        self._saving = (self._rows + 1, self._taken, True)
+        self._spilling = self._taken
         row = MessageRows(self._rows, (orjson.dumps(self._tail).decode(),))
         return {"count": self._rows + 1, "tail": []}, row
 
     def mark_saved(self) -> None:
         """The write of the last `save()` has returned."""
-        if self._saving is None:
+        if self._spilling is None:
             return
-        self._rows, spilled, spills = self._saving
-        self._saving = None
-        if spills:  # the lines taken since are in the lists, past `spilled`
-            self._spilled = self._taken = spilled
-            self._tail, self._chars = [], 0
+        self._rows += 1
+        self._spilled, self._spilling = self._spilling, None
+        self._tail, self._chars = [], 0
 
     def to_json(self) -> dict[str, Any]:
         """Every line inline, and what the store holds (for a resume in the same
         process, from memory)."""
         return {"count": self._rows,
-                "lines": [tag + line for tag, lines in zip(_TAGS, self._lists, strict=True)
-                          for line in lines],
+                "lines": _tagged(self._lists, (0, 0, 0)),
                 "spilled": list(self._spilled)}
