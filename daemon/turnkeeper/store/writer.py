@@ -84,9 +84,11 @@ def message_write(turn: str, messages: MessageRows | None,
     return ops
 
 
-def _joined(old: MessageWrite, new: MessageWrite) -> MessageWrite | None:
-    """`old` and then `new` as one write, when `new` runs on from (or overlaps) `old`."""
-    if old.turn == new.turn and old.table == new.table \
+def _joined(old: object, new: object) -> MessageWrite | None:
+    """`old` and then `new` as one write, when both write rows of the same list of a turn
+    and `new` runs on from (or overlaps) `old`."""
+    if isinstance(old, MessageWrite) and isinstance(new, MessageWrite) \
+            and old.turn == new.turn and old.table == new.table \
             and old.start <= new.start <= old.start + len(old.rows):
         return MessageWrite(old.turn, old.start, old.rows[:new.start - old.start] + new.rows,
                             old.table)
@@ -102,11 +104,10 @@ def join_messages(moved: Sequence[Op], ops: Sequence[Op]) -> list[Op]:
     ahead: list[Op] = []
     for old in moved:
         for i, new in enumerate(rest):
-            if isinstance(old, MessageWrite) and isinstance(new, MessageWrite):
-                joined = _joined(old, new)
-                if joined is not None:
-                    rest[i] = cast(Op, joined)
-                    break
+            joined = _joined(old, new)
+            if joined is not None:
+                rest[i] = cast(Op, joined)
+                break
         else:
             ahead.append(old)
     return [head, *ahead, *rest]
