@@ -90,13 +90,15 @@ def _stop_code(record: dict[str, Any]) -> str | None:
 
 
 def _row_counts(checkpoint_json: str) -> dict[str, int]:
-    """How many rows of each list (table -> count) the checkpoint holds; a list without
-    a count (a checkpoint from before rows existed) is left out, and its rows not read."""
+    """How many rows of each list (table -> count) the checkpoint holds, for the lists
+    whose rows are to be read: a list without a count (a checkpoint from before rows
+    existed) is left out, and so is one that counts none (a trail still all in the
+    checkpoint's tail), which would be a query for nothing."""
     checkpoint = json.loads(checkpoint_json)
     counts: dict[str, int] = {}
     for table, key in ((MESSAGES, "conversation"), (TRAIL, "trail")):
         value = checkpoint.get(key)
-        if isinstance(value, dict) and "count" in value:
+        if isinstance(value, dict) and value.get("count"):
             counts[table] = int(value["count"])
     return counts
 
