@@ -42,6 +42,10 @@ REFUSAL_EXCEPTION = "OutcomeUnknown"
 REFUSAL_MESSAGE = "outcome unknown; not repeated; verify first"
 
 
+# The ledger's lines: an outcome known (ok or failed) or unknown, then the action's hash.
+_KNOWN, _UNKNOWN = "k", "u"
+
+
 class EffectOutcome(StrEnum):
     OK = "ok"
     FAILED = "failed"
@@ -159,6 +163,3 @@ class EffectLedger:
         return (f"EffectLedger(turn={self._turn_id!r}, actions={len(self._actions)}, "
                 f"unknown={self.unknown_count()})")
 
-
-# The ledger's lines: an outcome known (ok or failed) or unknown, then the action's hash.
-_KNOWN, _UNKNOWN = "k", "u"

@@ -135,9 +135,8 @@ def with_messages(checkpoint: dict[str, Any], rows: Sequence[str],
                   trail: Sequence[str] = ()) -> dict[str, Any]:
     """`checkpoint` (as read back, a fresh dict the caller owns) with its conversation's
     messages re-attached from the turn's message rows and its trail's rows (all of each,
-    in index order: those at index 0 .. count-1 are kept). A
-    checkpoint with no "count" in a list (written before rows existed) keeps that list
-    as it was stored."""
+    in index order: those at index 0 .. count-1 are kept). A checkpoint with no "count"
+    in a list (written before rows existed) keeps that list as it was stored."""
     conv = checkpoint.get("conversation")
     if isinstance(conv, dict) and "count" in conv:
         conv["messages"] = orjson.loads("[" + ",".join(_counted(rows, conv["count"])) + "]")

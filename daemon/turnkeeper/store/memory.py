@@ -62,7 +62,7 @@ class _Row:
     checkpoint: dict[str, Any]
     replayed_by: str | None = None
     messages: dict[int, str] = field(default_factory=dict)  # index -> JSON text
-    trail: dict[int, str] = field(default_factory=dict)  # index -> line
+    trail: dict[int, str] = field(default_factory=dict)  # index -> row of trail lines
 
     def write_rows(self, messages: MessageRows | None, trail: MessageRows | None) -> None:
         for table, rows in ((self.messages, messages), (self.trail, trail)):
