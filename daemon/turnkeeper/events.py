@@ -169,8 +169,8 @@ class EventBus:
             # renumbered after the restart, and a client deduplicating by seq misses none.
             self._reserved = self._seq + self._reserve_block
             self._reserve(self._reserved)
-        return Event(seq=self._seq, ts=self._clock.time(), type=type, turn=turn, data=data,
-                     typed=typed)
+        # seq, ts, type, turn, data, typed: by position, 0.3 us less than by keyword
+        return Event(self._seq, self._clock.time(), type, turn, data, typed)
 
     def _unknown(self, type: str) -> None:
         self.unknown_types += 1
