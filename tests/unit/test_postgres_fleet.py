@@ -62,9 +62,10 @@ async def test_claims_take_the_oldest_turns_once_each_across_nodes(
         nodes: list[PostgresStore]) -> None:
     a, b, c = nodes
     for i in range(10):
-        await a.insert_turn(record(f"t_{i}"), {"i": i})
+        await a.insert_turn(record(f"t_{i}", message=f"task {i}"), {"i": i})
     first = await b.claim(3)
     assert [x.record["id"] for x in first] == ["t_0", "t_1", "t_2"]
+    assert [x.record["message"] for x in first] == ["task 0", "task 1", "task 2"]
     assert [x.checkpoint for x in first] == [{"i": 0}, {"i": 1}, {"i": 2}]
     assert {x.epoch for x in first} == {1}
     taken: list[str] = [x.record["id"] for x in first]

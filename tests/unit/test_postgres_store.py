@@ -1,6 +1,7 @@
 """What only the PostgreSQL store has: its schema versions, one daemon per database until
-claims exist, conversation and trail rows, the writer riding out lost connections, and a
-URL whose password never shows. Each test runs on a fresh database of a real server."""
+claims exist, conversation and trail rows, a turn's message in a column of its own, the
+writer riding out lost connections, and a URL whose password never shows. Each test runs
+on a fresh database of a real server."""
 
 from __future__ import annotations
 
@@ -216,16 +217,63 @@ async def test_prune_takes_a_turns_trail_rows_with_it(db: str) -> None:
         assert [r[0] for r in await table_rows(db, "messages")] == ["t_live"]
 
 
+async def turn_row(db: str, turn_id: str) -> tuple[dict[str, Any], str | None]:
+    """The turn's row as stored: its `record` column and its `message`, read as JSON."""
+    conn = await asyncpg.connect(db)
+    try:
+        row = await conn.fetchrow("SELECT record, message FROM turns WHERE id = $1", turn_id)
+    finally:
+        await conn.close()
+    assert row is not None
+    message = row["message"]
+    return json.loads(row["record"]), None if message is None else json.loads(message)
+
+
+async def test_a_turns_message_is_written_once_apart_and_every_read_puts_it_back(
+        db: str) -> None:
+    async with Running(db) as store:
+        rec = record("t_a", message="the task")
+        await store.insert_turn(rec, {})
+        stored, message = await turn_row(db, "t_a")
+        assert stored["id"] == "t_a" and "message" not in stored and message == "the task"
+        await store.save_turn({**rec, "state": "running", "updated_at": 110.0}, {"step": 1})
+        assert store.queue_turn({**rec, "state": "running", "updated_at": 111.0}, {"step": 2})
+        await store.append_message("t_a", {"kind": "steer", "text": "left"}, updated_at=112.0)
+        stored, message = await turn_row(db, "t_a")
+        assert stored["updated_at"] == 112.0 and stored["inbox"] == [
+            {"kind": "steer", "text": "left"}]
+        assert "message" not in stored and message == "the task"
+        got = await store.get_turn("t_a")
+        assert got is not None and got["message"] == "the task"
+        assert [r["message"] for r in await store.list_turns()] == ["the task"]
+        [(got, _)] = await store.unfinished_turns()
+        assert got["message"] == "the task"
+        await store.requeue_turn({**rec, "state": "queued", "updated_at": 120.0}, {})
+        stored, message = await turn_row(db, "t_a")
+        assert "message" not in stored and message == "the task"
+        await store.save_turn({**rec, "state": "failed", "updated_at": 130.0, "result": {
+            "status": "failed", "stopped_because": {"code": "internal"}}})
+        [history] = await store.session_history("t_a", before_seq=2)
+        assert history["message"] == "the task"
+        [letter] = await store.dead_letters()
+        assert letter["message"] == "the task"
+
+
+async def schema_at(conn: asyncpg.Connection, version: int) -> None:
+    """An empty database's schema at `version`, as a turnkeeper of that version left it."""
+    async with conn.transaction():
+        await conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for migration in MIGRATIONS[:version]:
+            for stmt in migration:
+                await conn.execute(stmt)
+        await conn.execute("INSERT INTO schema_version VALUES ($1)", version)
+
+
 async def test_a_database_from_before_the_trail_gets_its_table_and_reads_as_before(
         db: str) -> None:
     conn = await asyncpg.connect(db)
     try:
-        async with conn.transaction():  # the schema one version back, as it was left
-            await conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-            for migration in MIGRATIONS[:SCHEMA_VERSION - 1]:
-                for stmt in migration:
-                    await conn.execute(stmt)
-            await conn.execute("INSERT INTO schema_version VALUES ($1)", SCHEMA_VERSION - 1)
+        await schema_at(conn, 7)  # the last version without the trail
         assert await conn.fetchval("SELECT to_regclass('trail')") is None
         await conn.execute(
             "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
@@ -241,6 +289,34 @@ async def test_a_database_from_before_the_trail_gets_its_table_and_reads_as_befo
         checkpoint = await store.get_checkpoint("t_a")
         assert checkpoint is not None and contents(checkpoint) == ["old"]
         assert "trail" not in checkpoint
+
+
+async def test_a_database_from_before_the_message_column_fills_it_and_reads_as_before(
+        db: str) -> None:
+    conn = await asyncpg.connect(db)
+    try:
+        await schema_at(conn, 8)  # the last version with the message in the record only
+        await conn.execute(
+            "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record)"
+            " VALUES ('t_a', 1, 't_a', 'queued', 0, 0, $1)",
+            # A NUL character in the record: PostgreSQL's JSON operators refuse the row.
+            json.dumps(record("t_a", message="the\x00task")))
+        await prepare(conn, "test")
+        assert await conn.fetchval("SELECT version FROM schema_version") == SCHEMA_VERSION
+    finally:
+        await conn.close()
+    stored, message = await turn_row(db, "t_a")
+    assert stored["message"] == message == "the\x00task"  # the record keeps its own copy
+    async with Running(db) as store:
+        got = await store.get_turn("t_a")
+        assert got is not None and got["message"] == "the\x00task"
+        [(got, _)] = await store.unfinished_turns()
+        assert got["message"] == "the\x00task"
+        await store.save_turn({**got, "state": "running"}, {"step": 1})
+        stored, message = await turn_row(db, "t_a")
+        assert "message" not in stored and message == "the\x00task"
+        got = await store.get_turn("t_a")
+        assert got is not None and got["message"] == "the\x00task"
 
 
 async def test_reopening_keeps_the_data_and_numbers_go_on(db: str) -> None:

@@ -209,6 +209,32 @@ async def test_session_history_is_the_finished_turns_before_a_seq(store: Store) 
     assert await store.session_history("s", before_seq=seqs[0]) == []
 
 
+async def test_a_turns_message_is_written_once_and_every_read_gives_it_back(
+        store: Store) -> None:
+    """The message is the one the turn was inserted with: later saves of its record (a
+    checkpoint's, twice a step; a replay's) do not write it, and every read has it."""
+    rec = record("t_0", session="s")
+    seq = await store.insert_turn(rec, {})
+    running = {**rec, "state": "running", "updated_at": 150.0, "message": "not stored"}
+    await store.save_turn(running, {"step": 1})
+    got = await store.get_turn("t_0")
+    assert got is not None and got["state"] == "running"
+    assert got["message"] == "message of t_0"
+    assert [r["message"] for r, _ in await store.unfinished_turns()] == ["message of t_0"]
+    assert [r["message"] for r in await store.list_turns()] == ["message of t_0"]
+    await store.save_turn(finished(running, "failed", "providers.rejected"))
+    assert [r["message"] for r in await store.session_history("s", before_seq=seq + 1)
+            ] == ["message of t_0"]
+    assert [x["message"] for x in await store.dead_letters()] == ["message of t_0"]
+    await store.requeue_turn({**running, "state": "queued", "updated_at": 300.0}, {})
+    got = await store.get_turn("t_0")
+    assert got is not None and got["message"] == "message of t_0"
+    # Any text, a NUL character included (PostgreSQL's text refuses one unescaped).
+    await store.insert_turn(record("t_1", message="a\x00b \u00e9 \U0001f600"), {})
+    got = await store.get_turn("t_1")
+    assert got is not None and got["message"] == "a\x00b \u00e9 \U0001f600"
+
+
 async def test_journal_keeps_the_first_intent_and_its_outcome(store: Store) -> None:
     await store.journal_intent("k1", turn="t_a", tool="write", arguments='{"x":1}',
                                idempotent=False)
@@ -634,3 +660,72 @@ async def test_unfinished_turns_are_read_in_three_queries_however_many_there_are
             assert len([s for s in statements if s.lstrip().startswith("SELECT")]) == 3
         finally:
             await store.close()
+
+
+async def test_sqlite_writes_a_turns_message_once_and_no_record_carries_it(
+        tmp_path: Path) -> None:
+    """A checkpoint rewrites the turn's row (SQLite writes a row whole): the message is
+    in `turn_input`, written with the insert, and in no record."""
+    db = tmp_path / "state.db"
+    store = SQLiteStore(db)
+    await store.open()
+    long = "x" * 20_000
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        try:
+            rec = record("t_0", message=long)
+            await store.insert_turn(rec, {})
+            for step in range(3):
+                await store.save_turn({**rec, "state": "running"}, {"step": step})
+            got = await store.get_turn("t_0")
+            assert got is not None and got["message"] == long
+        finally:
+            await store.close()
+    raw = sqlite3.connect(db)
+    try:
+        assert raw.execute("SELECT json_extract(record, '$.message') FROM turns"
+                           ).fetchall() == [(None,)]
+        assert raw.execute("SELECT turn, message FROM turn_input").fetchall() == [
+            ("t_0", json.dumps(long))]
+    finally:
+        raw.close()
+
+
+async def test_a_sqlite_store_of_schema_5_gets_its_messages_apart_and_reads_the_same(
+        tmp_path: Path) -> None:
+    from turnkeeper.store.sqlite import MIGRATIONS
+
+    db = tmp_path / "state.db"
+    raw = sqlite3.connect(db)
+    for migration in MIGRATIONS[:5]:  # the store as schema 5 left it, with a turn
+        for stmt in migration:
+            raw.execute(stmt)
+    # A NUL character in a message: SQLite's json_extract would stop at it.
+    old = record("t_0", state="running", message="before\x00after")
+    raw.execute("INSERT INTO turns (id, seq, session, state, created_at, updated_at,"
+                " record) VALUES (?, 1, ?, 'running', 100.0, 100.0, ?)",
+                (old["id"], old["session"], json.dumps(old)))
+    raw.execute("PRAGMA user_version = 5")
+    raw.commit()
+    raw.close()
+    store = SQLiteStore(db)
+    await store.open()
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        try:
+            [(unfinished, _)] = await store.unfinished_turns()
+            assert unfinished == old
+            await store.save_turn({**old, "updated_at": 150.0}, {"step": 1})
+            got = await store.get_turn("t_0")
+            assert got is not None and got["message"] == "before\x00after"
+        finally:
+            await store.close()
+    raw = sqlite3.connect(db)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert raw.execute("SELECT turn, message FROM turn_input").fetchall() == [
+            ("t_0", json.dumps("before\x00after"))]
+        assert raw.execute("SELECT json_extract(record, '$.message') FROM turns"
+                           ).fetchone()[0] is None
+    finally:
+        raw.close()

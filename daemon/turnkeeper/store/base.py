@@ -23,11 +23,18 @@ most, whatever the length of the turn. Reading a checkpoint gives the rows back 
 (`conversation["messages"]`, `trail["rows"]`, rows `0 .. count-1` in order), so the turn
 rebuilds from it as from one written whole; a checkpoint written before rows existed
 (messages inline, no "count"; no "trail") is read as it was stored.
+
+A turn's message (what it was submitted with) never changes, and may be long. The store
+writes it once, when the turn is inserted, apart from the record and as JSON
+(`stored_message`); a record saved later (twice a step, with each checkpoint) is written
+without it (`stored_record`), and every read puts it back (`record_of`). A record written
+before the message was kept apart holds it itself.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -55,11 +62,13 @@ DEAD_LETTER_SQL = sql_set(DEAD_LETTER_CODES)
 
 
 def list_turns_sql(*, state: str | None, session: str | None, since: float | None,
-                   before_seq: int | None, placeholder: Callable[[int], str]
-                   ) -> tuple[str, list[Any]]:
+                   before_seq: int | None, placeholder: Callable[[int], str],
+                   source: str = "turns") -> tuple[str, list[Any]]:
     """The query of a turn listing (newest first, its LIMIT the last parameter) and its
     parameters but the limit, for either SQL store; `placeholder(n)` is the marker of
-    the n-th parameter (`?` for SQLite, `$n` for PostgreSQL)."""
+    the n-th parameter (`?` for SQLite, `$n` for PostgreSQL). It selects each turn's
+    `record` and `message` (for `record_of`) from `source`, the store's turns and where
+    it keeps their messages."""
     where: list[str] = []
     params: list[Any] = []
     for condition, value in (("state =", state), ("session =", session),
@@ -67,7 +76,8 @@ def list_turns_sql(*, state: str | None, session: str | None, since: float | Non
         if value is not None and value != "":
             params.append(value)
             where.append(f"{condition} {placeholder(len(params))}")
-    sql = "SELECT record FROM turns" + (" WHERE " + " AND ".join(where) if where else "")
+    sql = f"SELECT record, message FROM {source}" + (" WHERE " + " AND ".join(where)
+                                                     if where else "")
     return sql + f" ORDER BY seq DESC LIMIT {placeholder(len(params) + 1)}", params
 
 
@@ -121,6 +131,30 @@ class MessageRows:
 
     start: int
     rows: tuple[str, ...]  # a message as JSON text (encoded once), or a trail row
+
+
+def stored_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` as a turn's row holds it: without the turn's message, which the store
+    writes once, apart, when the turn is inserted."""
+    out = dict(record)
+    out.pop("message", None)
+    return out
+
+
+def stored_message(record: Mapping[str, Any]) -> str:
+    """The turn's message as the store keeps it apart: a JSON string, which any text
+    column holds (PostgreSQL's text refuses a NUL character, JSON escapes it)."""
+    return orjson.dumps(record["message"]).decode()
+
+
+def record_of(record_json: str, message_json: str | None) -> dict[str, Any]:
+    """A turn's record read back: its row's JSON, with the turn's message (`stored_message`)
+    put back; None for a row written before the message was kept apart, which holds it
+    itself."""
+    record: dict[str, Any] = json.loads(record_json)
+    if message_json is not None:
+        record["message"] = json.loads(message_json)
+    return record
 
 
 # A checkpoint as the store keeps it, with its message rows and its trail rows.

@@ -73,6 +73,14 @@ class _Row:
             for idx, text in enumerate(rows.rows, rows.start):
                 table[idx] = text
 
+    def saved(self, record: dict[str, Any]) -> dict[str, Any]:
+        """`record` as a later save stores it: with the message the turn was inserted
+        with, as the SQL stores keep it (written once, apart)."""
+        out: dict[str, Any] = _copy(record)
+        if "message" in self.record:
+            out["message"] = self.record["message"]
+        return out
+
     def read_checkpoint(self) -> dict[str, Any]:
         return with_messages(_copy(self.checkpoint),
                              [self.messages[i] for i in sorted(self.messages)],
@@ -167,7 +175,7 @@ class MemoryStore:
         row = self._turns.get(record["id"])
         if row is not None:  # as an UPDATE that matches no row: nothing changes
             row.state, row.updated_at = record["state"], record["updated_at"]
-            row.record = _copy(record)
+            row.record = row.saved(record)
             if checkpoint is not None:
                 row.checkpoint = _copy(checkpoint)
             row.write_rows(messages, trail)
@@ -213,7 +221,7 @@ class MemoryStore:
         row = self._turns.get(record["id"])
         if row is not None:
             row.state, row.updated_at = record["state"], record["updated_at"]
-            row.record, row.checkpoint = _copy(record), _copy(checkpoint)
+            row.record, row.checkpoint = row.saved(record), _copy(checkpoint)
             row.replayed_by = None
             row.write_rows(messages, trail)
         self._add_events(events)

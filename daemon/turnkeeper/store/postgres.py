@@ -19,7 +19,9 @@ A turn keeps two lists as rows, each row written once: its conversation (`messag
 row per message) and its trail (`trail`, its partial-work lines, loop guard keys and
 side effects' outcomes, a few kilobytes of them a row). Its checkpoint counts the rows of
 each; reads put them back into the checkpoint from the same snapshot as the checkpoint
-itself.
+itself. The message the turn was submitted with is a column of its row (`message`),
+written when the row is inserted and never after: an UPDATE of the rest of the row
+leaves it as stored, not rewritten.
 
 Event numbers: an event row keeps the number the daemon's bus gave it as its key, as
 in SQLite, so `events(after_seq=...)` reads the same on both backends and a client
@@ -57,7 +59,10 @@ from turnkeeper.store.base import (
     StoreError,
     dead_letter_entry,
     list_turns_sql,
+    record_of,
     rows_by_turn,
+    stored_message,
+    stored_record,
     usage_of,
     with_messages,
 )
@@ -160,11 +165,11 @@ class PostgresStore(PostgresFleet):
             record["seq"] = int(await conn.fetchval("SELECT nextval('turn_seq')"))
             inserted = await conn.fetchval(
                 "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
-                " checkpoint, stop_code) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-                " ON CONFLICT (id) DO NOTHING RETURNING seq",
+                " message, checkpoint, stop_code) VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
+                " $9, $10) ON CONFLICT (id) DO NOTHING RETURNING seq",
                 record["id"], record["seq"], record["session"], record["state"],
-                record["created_at"], record["updated_at"], dumps(record), checkpoint_json,
-                _stop_code(record))
+                record["created_at"], record["updated_at"], dumps(stored_record(record)),
+                stored_message(record), checkpoint_json, _stop_code(record))
             if inserted is None:
                 # Committed by an attempt whose answer the lost connection never brought
                 # back: the row that is there is this turn's.
@@ -212,8 +217,9 @@ class PostgresStore(PostgresFleet):
                      ) -> TurnUpdate:
         """The turn's row, fenced by this node's claim when it holds the turn."""
         epoch = self._fence(record["id"])
-        return TurnUpdate(record["id"], record["state"], record["updated_at"], dumps(record),
-                          _stop_code(record), None if checkpoint is None else dumps(checkpoint),
+        return TurnUpdate(record["id"], record["state"], record["updated_at"],
+                          dumps(stored_record(record)), _stop_code(record),
+                          None if checkpoint is None else dumps(checkpoint),
                           None if epoch is None else self.node_id, epoch)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
@@ -306,9 +312,9 @@ class PostgresStore(PostgresFleet):
             "UPDATE turns SET state = $1, updated_at = $2, record = $3, checkpoint = $4,"
             " stop_code = $5, replayed_by = NULL, owner = NULL, lease_until = NULL"
             " WHERE id = $6",
-            (record["state"], record["updated_at"], dumps(record), dumps(checkpoint),
-             _stop_code(record), record["id"])), *map(self._event_op, events),
-            _NOTIFY_TURNS])
+            (record["state"], record["updated_at"], dumps(stored_record(record)),
+             dumps(checkpoint), _stop_code(record), record["id"])),
+            *map(self._event_op, events), _NOTIFY_TURNS])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         await self._write([("UPDATE turns SET replayed_by = $1 WHERE id = $2",
@@ -323,13 +329,14 @@ class PostgresStore(PostgresFleet):
         return int(rows[0][0])
 
     async def get_turn(self, turn_id: str) -> dict[str, Any] | None:
-        rows = await self._fetch("SELECT record, replayed_by FROM turns WHERE id = $1",
-                                 turn_id)
+        rows = await self._fetch(
+            "SELECT record, message, replayed_by FROM turns WHERE id = $1", turn_id)
         if not rows:
             return None
-        record: dict[str, Any] = json.loads(rows[0][0])
-        if rows[0][1]:
-            record["replayed_by"] = rows[0][1]
+        record_json, message, replayed_by = rows[0]
+        record = record_of(record_json, message)
+        if replayed_by:
+            record["replayed_by"] = replayed_by
         return record
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
@@ -358,7 +365,8 @@ class PostgresStore(PostgresFleet):
                          before_seq: int | None = None) -> list[dict[str, Any]]:
         sql, params = list_turns_sql(state=state, session=session, since=since,
                                      before_seq=before_seq, placeholder=lambda n: f"${n}")
-        return [json.loads(r[0]) for r in await self._fetch(sql, *params, limit)]
+        return [record_of(record_json, message)
+                for record_json, message in await self._fetch(sql, *params, limit)]
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every unfinished turn with its checkpoint, in three queries (the turns, then
@@ -367,7 +375,7 @@ class PostgresStore(PostgresFleet):
                                             list[asyncpg.Record]]:
             async with conn.transaction(isolation="repeatable_read", readonly=True):
                 turns = await conn.fetch(
-                    "SELECT id, record, checkpoint FROM turns WHERE state NOT IN"
+                    "SELECT id, record, message, checkpoint FROM turns WHERE state NOT IN"
                     f" {TERMINAL_SQL} ORDER BY seq")
                 messages, trail = [await conn.fetch(
                     f"SELECT r.turn, r.data FROM {table} r JOIN turns t ON t.id = r.turn"
@@ -377,16 +385,16 @@ class PostgresStore(PostgresFleet):
 
         turns, messages, trail = await self._read(read)
         rows, lines = rows_by_turn(messages), rows_by_turn(trail)
-        return [(json.loads(record), with_messages(json.loads(checkpoint),
-                                                   rows.get(turn_id, []),
-                                                   lines.get(turn_id, [])))
-                for turn_id, record, checkpoint in turns]
+        return [(record_of(record_json, message),
+                 with_messages(json.loads(checkpoint), rows.get(turn_id, []),
+                               lines.get(turn_id, [])))
+                for turn_id, record_json, message, checkpoint in turns]
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
         rows = await self._fetch(
-            f"SELECT record FROM turns WHERE session = $1 AND seq < $2 AND state IN"
-            f" {TERMINAL_SQL} ORDER BY seq", session, before_seq)
-        return [json.loads(r[0]) for r in rows]
+            f"SELECT record, message FROM turns WHERE session = $1 AND seq < $2 AND state"
+            f" IN {TERMINAL_SQL} ORDER BY seq", session, before_seq)
+        return [record_of(record_json, message) for record_json, message in rows]
 
     async def events(self, *, turn: str | None = None, after_seq: int = 0,
                      limit: int = 10_000) -> list[dict[str, Any]]:
@@ -452,7 +460,7 @@ class PostgresStore(PostgresFleet):
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         rows = await self._fetch(
-            f"SELECT record, replayed_by FROM turns WHERE stop_code IN {DEAD_LETTER_SQL}"
-            f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
-        return [dead_letter_entry(json.loads(record_json), replayed_by)
-                for record_json, replayed_by in rows]
+            "SELECT record, message, replayed_by FROM turns WHERE stop_code IN"
+            f" {DEAD_LETTER_SQL} ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
+        return [dead_letter_entry(record_of(record_json, message), replayed_by)
+                for record_json, message, replayed_by in rows]

@@ -45,8 +45,9 @@ Call = Callable[[Conn], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class TurnUpdate:
-    """A turn's row: its record (and checkpoint when given). With an `epoch`, written
-    only while `owner`'s claim of that epoch is the turn's."""
+    """A turn's row: its record as the row holds it (`stored_record`), and its checkpoint
+    when given. With an `epoch`, written only while `owner`'s claim of that epoch is the
+    turn's."""
 
     turn: str
     state: str

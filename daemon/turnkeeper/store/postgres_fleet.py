@@ -26,6 +26,7 @@ from turnkeeper.store.base import (
     TERMINAL_SQL,
     StoreError,
     StoreInUse,
+    record_of,
     rows_by_turn,
     with_messages,
 )
@@ -191,7 +192,7 @@ class PostgresFleet(PostgresConnection):
                     " UPDATE turns t SET owner = $1, epoch = t.epoch + 1,"
                     " lease_until = now() + make_interval(secs => $3) FROM c"
                     " WHERE t.id = c.id RETURNING t.id, t.seq, t.epoch, t.record,"
-                    " t.checkpoint", self.node_id, limit, self.lease_s, held)
+                    " t.message, t.checkpoint", self.node_id, limit, self.lease_s, held)
                 if not turns:
                     return [], [], []
                 ids = [t["id"] for t in turns]
@@ -207,7 +208,7 @@ class PostgresFleet(PostgresConnection):
             self.claims[t["id"]] = t["epoch"]
             self.lost.discard(t["id"])
             claimed.append(Claimed(
-                record=json.loads(t["record"]),
+                record=record_of(t["record"], t["message"]),
                 checkpoint=with_messages(json.loads(t["checkpoint"]),
                                          rows.get(t["id"], ()), lines.get(t["id"], ())),
                 epoch=t["epoch"]))

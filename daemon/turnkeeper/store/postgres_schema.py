@@ -10,20 +10,37 @@ written to it.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from turnkeeper.store.base import StoreError
+from turnkeeper.store.base import StoreError, stored_message
 
 if TYPE_CHECKING:
     import asyncpg
 
-SCHEMA_VERSION = 8
+    Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+SCHEMA_VERSION = 9
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
 
-# Migrations: index i brings the schema from version i to i + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+
+async def _messages_apart(conn: Conn) -> None:
+    """Every turn's message into its `message` column, from its record. Read here, not
+    with `->>`, which fails on a whole row (and so the migration) for a NUL character
+    (`\\u0000`) anywhere in its record."""
+    rows = await conn.fetch("SELECT id, record FROM turns")
+    await conn.executemany("UPDATE turns SET message = $2 WHERE id = $1", [
+        (turn, stored_message(record)) for turn, record in (
+            (row["id"], json.loads(row["record"])) for row in rows)
+        if "message" in record])
+
+
+# Migrations: index i brings the schema from version i to i + 1; a step is a statement,
+# or a function of the connection for what SQL cannot do.
+MIGRATIONS: tuple[tuple[str | Callable[[Conn], Awaitable[None]], ...], ...] = (
     (
         # Turns are numbered by a sequence, so submissions on any node share one order.
         "CREATE SEQUENCE turn_seq",
@@ -134,11 +151,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (turn, idx)
         )""",
     ),
+    (
+        # A turn's message (as JSON: `stored_message`), written once when the turn is
+        # inserted: a record saved later is written without it. The turns already there
+        # get theirs from their record, which keeps its own copy until it is next saved.
+        "ALTER TABLE turns ADD COLUMN message TEXT",
+        _messages_apart,
+    ),
 )
 
 
-async def prepare(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
-                  where: str) -> None:
+async def prepare(conn: Conn, where: str) -> None:
     """Bring the schema of the database on `conn` to `SCHEMA_VERSION`; `where` names it
     in errors (the URL without its password). Raises StoreError when it must not be used."""
     async with conn.transaction():
@@ -158,8 +181,11 @@ async def prepare(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
             current = await conn.fetchval("SELECT max(version) FROM schema_version")
             if current == version:  # not migrated by another daemon meanwhile
-                for stmt in MIGRATIONS[version]:
-                    await conn.execute(stmt)
+                for step in MIGRATIONS[version]:
+                    if isinstance(step, str):
+                        await conn.execute(step)
+                    else:
+                        await step(conn)
                 await conn.execute("UPDATE schema_version SET version = $1", version + 1)
                 current = version + 1
             version = current

@@ -37,7 +37,10 @@ from turnkeeper.store.base import (
     MessageRows,
     dead_letter_entry,
     list_turns_sql,
+    record_of,
     rows_by_turn,
+    stored_message,
+    stored_record,
     usage_of,
     with_messages,
 )
@@ -47,6 +50,8 @@ from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
 
 DEAD_LETTERS_SHOWN = 1000
+# The turns with their messages, which `turn_input` holds apart (see the store interface).
+WITH_MESSAGE = "turns LEFT JOIN turn_input ON turn_input.turn = turns.id"
 
 
 def _dumps(value: Any) -> str:
@@ -59,13 +64,15 @@ def _event_statement(event: Event) -> Statement:
 
 
 def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -> Statement:
-    """The turn's row: its record, and its checkpoint when given."""
+    """The turn's row: its record (without its message), and its checkpoint when given."""
     if checkpoint is None:
         return ("UPDATE turns SET state = ?, updated_at = ?, record = ? WHERE id = ?",
-                (record["state"], record["updated_at"], _dumps(record), record["id"]))
+                (record["state"], record["updated_at"], _dumps(stored_record(record)),
+                 record["id"]))
     return ("UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?"
-            " WHERE id = ?", (record["state"], record["updated_at"], _dumps(record),
-                               _dumps(checkpoint), record["id"]))
+            " WHERE id = ?", (record["state"], record["updated_at"],
+                               _dumps(stored_record(record)), _dumps(checkpoint),
+                               record["id"]))
 
 
 def _together(conn: sqlite3.Connection, queries: Sequence[Statement]
@@ -91,15 +98,18 @@ class SQLiteStore(SQLiteConnection):
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                           events: Sequence[Event] = ()) -> int:
-        """The turn's row, durable when this returns; `events` commit with it."""
+        """The turn's row and its message, durable when this returns; `events` commit
+        with them."""
         self._next_seq += 1
         record["seq"] = self._next_seq
         await self._write([(
             "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
             " checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (record["id"], record["seq"], record["session"], record["state"],
-             record["created_at"], record["updated_at"], _dumps(record), _dumps(checkpoint)),
-        ), *map(_event_statement, events)])
+             record["created_at"], record["updated_at"], _dumps(stored_record(record)),
+             _dumps(checkpoint)),
+        ), ("INSERT INTO turn_input (turn, message) VALUES (?, ?)",
+            (record["id"], stored_message(record))), *map(_event_statement, events)])
         return int(record["seq"])
 
     async def save_turn(self, record: dict[str, Any],
@@ -170,8 +180,8 @@ class SQLiteStore(SQLiteConnection):
         await self._write([(
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
             " replayed_by = NULL WHERE id = ?",
-            (record["state"], record["updated_at"], _dumps(record), _dumps(checkpoint),
-             record["id"])), *message_write(record["id"], messages, trail),
+            (record["state"], record["updated_at"], _dumps(stored_record(record)),
+             _dumps(checkpoint), record["id"])), *message_write(record["id"], messages, trail),
             *map(_event_statement, events)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
@@ -196,6 +206,7 @@ class SQLiteStore(SQLiteConnection):
             (f"DELETE FROM journal WHERE turn IN ({due})", ids),
             (f"DELETE FROM messages WHERE turn IN ({due})", ids),
             (f"DELETE FROM trail WHERE turn IN ({due})", ids),
+            (f"DELETE FROM turn_input WHERE turn IN ({due})", ids),
             (f"DELETE FROM turns WHERE id IN ({due})", ids),
         ] if ids else []
         statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
@@ -212,14 +223,17 @@ class SQLiteStore(SQLiteConnection):
         return int(rows[0][0])
 
     async def get_turn(self, turn_id: str) -> dict[str, Any] | None:
-        rows = await self._read("SELECT record, replayed_by FROM turns WHERE id = ?",
-                                (turn_id,))
-        if not rows:
-            return None
-        record: dict[str, Any] = json.loads(rows[0][0])
-        if rows[0][1]:
-            record["replayed_by"] = rows[0][1]
-        return record
+        def read(c: sqlite3.Connection) -> dict[str, Any] | None:
+            row = c.execute(f"SELECT record, message, replayed_by FROM {WITH_MESSAGE}"
+                            " WHERE id = ?", (turn_id,)).fetchone()
+            if row is None:
+                return None
+            record = record_of(row[0], row[1])
+            if row[2]:
+                record["replayed_by"] = row[2]
+            return record
+
+        return await self._in_reader(read)
 
     async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
         def read(c: sqlite3.Connection) -> dict[str, Any] | None:
@@ -236,28 +250,29 @@ class SQLiteStore(SQLiteConnection):
                          limit: int = 100, since: float | None = None,
                          before_seq: int | None = None) -> list[dict[str, Any]]:
         sql, params = list_turns_sql(state=state, session=session, since=since,
-                                     before_seq=before_seq, placeholder=lambda n: "?")
-        return await self._read_json(sql, (*params, limit))
+                                     before_seq=before_seq, placeholder=lambda n: "?",
+                                     source=WITH_MESSAGE)
+        return await self._read_records(sql, (*params, limit))
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         def read(c: sqlite3.Connection) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             turns, messages, trail = _together(c, [
-                (f"SELECT id, record, checkpoint FROM turns WHERE state NOT IN"
-                 f" {TERMINAL_SQL} ORDER BY seq", ()),
+                (f"SELECT id, record, message, checkpoint FROM {WITH_MESSAGE} WHERE state"
+                 f" NOT IN {TERMINAL_SQL} ORDER BY seq", ()),
                 *((f"SELECT r.turn, r.data FROM turns AS t JOIN {table} AS r ON"
                    f" r.turn = t.id WHERE t.state NOT IN {TERMINAL_SQL}"
                    " ORDER BY t.seq, r.idx", ()) for table in (MESSAGES, TRAIL))])
             rows, lines = rows_by_turn(messages), rows_by_turn(trail)
-            return [(json.loads(record), _attach(checkpoint, rows.get(turn_id, []),
-                                                 lines.get(turn_id, [])))
-                    for turn_id, record, checkpoint in turns]
+            return [(record_of(record, message),
+                     _attach(checkpoint, rows.get(turn_id, []), lines.get(turn_id, [])))
+                    for turn_id, record, message, checkpoint in turns]
 
         return await self._in_reader(read)
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
-        return await self._read_json(
-            f"SELECT record FROM turns WHERE session = ? AND seq < ? AND state IN"
-            f" {TERMINAL_SQL} ORDER BY seq", (session, before_seq))
+        return await self._read_records(
+            f"SELECT record, message FROM {WITH_MESSAGE} WHERE session = ? AND seq < ? AND"
+            f" state IN {TERMINAL_SQL} ORDER BY seq", (session, before_seq))
 
     async def events(self, *, turn: str | None = None, after_seq: int = 0,
                      limit: int = 10_000) -> list[dict[str, Any]]:
@@ -297,8 +312,8 @@ class SQLiteStore(SQLiteConnection):
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         return await self._in_reader(lambda c: [
-            dead_letter_entry(json.loads(record_json), replayed_by)
-            for record_json, replayed_by in c.execute(
-                "SELECT record, replayed_by FROM turns WHERE json_extract(record,"
-                f" '$.result.stopped_because.code') IN {DEAD_LETTER_SQL}"
+            dead_letter_entry(record_of(record_json, message), replayed_by)
+            for record_json, message, replayed_by in c.execute(
+                f"SELECT record, message, replayed_by FROM {WITH_MESSAGE} WHERE"
+                f" json_extract(record, '$.result.stopped_because.code') IN {DEAD_LETTER_SQL}"
                 f" ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")])

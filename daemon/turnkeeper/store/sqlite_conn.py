@@ -35,7 +35,7 @@ from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.policy.store_outage import DEFAULT_FATAL_AFTER_S, StoreOutage
-from turnkeeper.store.base import StoreError, StoreUnavailable
+from turnkeeper.store.base import StoreError, StoreUnavailable, record_of
 from turnkeeper.store.sqlite_lock import lock_exclusive
 from turnkeeper.store.sqlite_schema import prepare
 from turnkeeper.store.writer import TRAIL, GroupCommitWriter, MessageWrite, Write
@@ -303,3 +303,10 @@ class SQLiteConnection(GroupCommitWriter[Op]):
         decoded on the event loop held every turn up for half a second."""
         return await self._in_reader(
             lambda c: [json.loads(r[0]) for r in c.execute(sql, params)])
+
+    async def _read_records(self, sql: str, params: Sequence[Any] = ()
+                            ) -> list[dict[str, Any]]:
+        """Turn records from rows of (record, message), decoded in the worker thread, as
+        `_read_json`."""
+        return await self._in_reader(
+            lambda c: [record_of(r, m) for r, m in c.execute(sql, params)])

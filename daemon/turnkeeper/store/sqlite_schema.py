@@ -9,15 +9,29 @@ during one leaves the database at the version before it.
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
-from turnkeeper.store.base import StoreError
+from turnkeeper.store.base import StoreError, stored_message
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
-# Migrations: index i brings the schema from version i to i + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+
+def _messages_apart(conn: sqlite3.Connection) -> None:
+    """Every turn's message into `turn_input`, from its record. Read here, not with
+    `json_extract`, which ends a text at its first NUL character."""
+    conn.executemany("INSERT INTO turn_input (turn, message) VALUES (?, ?)", [
+        (turn, stored_message(record)) for turn, record in (
+            (turn, json.loads(text)) for turn, text in conn.execute(
+                "SELECT id, record FROM turns"))
+        if "message" in record])
+
+
+# Migrations: index i brings the schema from version i to i + 1; a step is a statement,
+# or a function of the connection for what SQL cannot do.
+MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] = (
     (
         """CREATE TABLE turns (
             id TEXT PRIMARY KEY,
@@ -81,7 +95,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (turn, idx)
         ) WITHOUT ROWID""",
     ),
+    (
+        # A turn's message (as JSON: `stored_message`), written once when the turn is
+        # inserted. The turn's row is saved with every checkpoint, twice a step, and
+        # SQLite rewrites a row whole: a long message there was written again each time.
+        # (A rowid table: a message may be larger than a WITHOUT ROWID table holds well.)
+        # A record written before keeps its own copy, the same text.
+        """CREATE TABLE turn_input (
+            turn TEXT PRIMARY KEY,
+            message TEXT NOT NULL
+        )""",
+        _messages_apart,
+    ),
 )
+
 
 
 def prepare(conn: sqlite3.Connection, path: Path) -> None:
@@ -110,7 +137,10 @@ def prepare(conn: sqlite3.Connection, path: Path) -> None:
     conn.execute("PRAGMA foreign_keys = ON")
     for v in range(version, SCHEMA_VERSION):
         conn.execute("BEGIN IMMEDIATE")
-        for stmt in MIGRATIONS[v]:
-            conn.execute(stmt)
+        for step in MIGRATIONS[v]:
+            if isinstance(step, str):
+                conn.execute(step)
+            else:
+                step(conn)
         conn.execute(f"PRAGMA user_version = {v + 1}")
         conn.execute("COMMIT")
