@@ -11,6 +11,7 @@ trail's tail (see `turn/trail.py`).
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any, cast
@@ -76,8 +77,6 @@ class TurnContext:
         self.rand = rand
         self.settings = runtime.settings
         cfg = runtime.config
-        self.log = log.bind(turn=record.id, session=record.session,
-                            policy_version=record.policy_version)
         if record.profile is not None and record.profile not in cfg.budget.profiles:
             # A reload removed the profile this turn was submitted with: it goes on under
             # the plain sections, and says so.
@@ -166,6 +165,13 @@ class TurnContext:
         # Set when the turn answers: what its result's write stores with it (the
         # checkpoint, its message rows and its trail rows).
         self.result_checkpoint: SavedCheckpoint | None = None
+
+    @functools.cached_property
+    def log(self) -> Any:
+        """The turn's logger, bound on first use: most turns write no line of their own,
+        and a bind cost 10 us (structlog assembles a logger for each)."""
+        r = self.record
+        return log.bind(turn=r.id, session=r.session, policy_version=r.policy_version)
 
     # -- time -----------------------------------------------------------------------
 
