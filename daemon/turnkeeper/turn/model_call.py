@@ -87,10 +87,14 @@ class _Claims:
         self._breaker = None
 
 
+# What `_last_failure` holds before any (a CallFailure is immutable: one for every turn).
+NO_FAILURE = CallFailure()
+
+
 class ModelCall:
     def __init__(self, ctx: TurnContext) -> None:
         self.ctx = ctx
-        self._last_failure = CallFailure()
+        self._last_failure = NO_FAILURE
         # Each provider's last failure in this model call, one line: what a providers
         # stop tells in its result instead of leaving the cause to the daemon's log.
         self._last_errors: dict[str, str] = {}
