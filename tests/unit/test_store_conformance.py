@@ -729,3 +729,26 @@ async def test_a_sqlite_store_of_schema_5_gets_its_messages_apart_and_reads_the_
                            ).fetchone()[0] is None
     finally:
         raw.close()
+
+
+async def test_a_damaged_row_stops_the_migration_with_a_store_error_and_no_change(
+        tmp_path: Path) -> None:
+    from turnkeeper.store.sqlite import MIGRATIONS
+
+    db = tmp_path / "state.db"
+    raw = sqlite3.connect(db)
+    for migration in MIGRATIONS[:5]:
+        for stmt in migration:
+            raw.execute(stmt)
+    raw.execute("INSERT INTO turns (id, seq, session, state, created_at, updated_at,"
+                " record) VALUES ('t_0', 1, 's', 'running', 100.0, 100.0, '{\"id\": broken')")
+    raw.execute("PRAGMA user_version = 5")
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreError, match="damaged row"):
+        await SQLiteStore(db).open()
+    raw = sqlite3.connect(db)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
+    finally:
+        raw.close()

@@ -172,6 +172,9 @@ class SQLiteConnection(GroupCommitWriter[Op]):
             if isinstance(exc, OSError):
                 raise StoreError(f"state directory {self.path.parent} is not usable: "
                                  f"{exc.strerror or exc}") from None
+            if isinstance(exc, ValueError):  # a migration read a row that is not JSON
+                raise StoreError(f"state database {self.path} holds a damaged row ({exc}); "
+                                 "restore it from a backup") from None
             raise
 
     def _unlock_sync(self) -> None:
