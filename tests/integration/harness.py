@@ -71,7 +71,7 @@ class Daemon:
     def __init__(self, tmp: Path, config: str = "", *, env: dict[str, str] | None = None,
                  name: str = "d", socket: Path | None = None,
                  pid_env: tuple[str, ...] = (), listen_fd: int | None = None,
-                 nofile: int | None = None) -> None:
+                 nofile: int | None = None, wrapper: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +83,7 @@ class Daemon:
         self.pid_env = pid_env
         self.listen_fd = listen_fd
         self.nofile = nofile  # RLIMIT_NOFILE of the daemon process, when set
+        self.wrapper = wrapper  # a command the daemon runs under (a profiler), or none
         self.proc: subprocess.Popen[bytes] | None = None
         self.set_config(config)
         self.client = Client(self.socket, timeout=30.0)
@@ -101,11 +102,13 @@ class Daemon:
         """Start `python -m turnkeeper serve`. With `pid_env` or `listen_fd`, through a shim
         that execs the daemon in its own process, so the pid it sees is the daemon's."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
-        cmd = [sys.executable, "-m", "turnkeeper", "serve", "--config", str(self.config_path)]
+        cmd = [*self.wrapper, sys.executable, "-m", "turnkeeper", "serve", "--config",
+               str(self.config_path)]
         env = self.env()
         pass_fds: tuple[int, ...] = ()
         if self.pid_env or self.listen_fd is not None:
-            cmd[1:1] = ["-c", _EXEC_SHIM]
+            at = len(self.wrapper) + 1
+            cmd[at:at] = ["-c", _EXEC_SHIM]
             env["_TK_PID_ENV"] = ",".join(self.pid_env)
             if self.listen_fd is not None:
                 env["_TK_FD"] = str(self.listen_fd)
