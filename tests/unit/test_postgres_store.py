@@ -17,7 +17,7 @@ from tests.pg import CuttableProxy, fresh_database
 
 from turnkeeper.config import ConfigError, load_config, redact_url
 from turnkeeper.events import Event
-from turnkeeper.store import open_store
+from turnkeeper.store import open_store, postgres_schema
 from turnkeeper.store.base import MessageRows, StoreError, StoreInUse
 from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.postgres_schema import MIGRATIONS, SCHEMA_VERSION, prepare
@@ -292,25 +292,29 @@ async def test_a_database_from_before_the_trail_gets_its_table_and_reads_as_befo
 
 
 async def test_a_database_from_before_the_message_column_fills_it_and_reads_as_before(
-        db: str) -> None:
+        db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(postgres_schema, "MIGRATION_BATCH", 2)  # 5 turns: 3 batches
     conn = await asyncpg.connect(db)
     try:
         await schema_at(conn, 8)  # the last version with the message in the record only
-        await conn.execute(
-            "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record)"
-            " VALUES ('t_a', 1, 't_a', 'queued', 0, 0, $1)",
-            # A NUL character in the record: PostgreSQL's JSON operators refuse the row.
-            json.dumps(record("t_a", message="the\x00task")))
+        for seq, turn in enumerate(["t_a", "t_b", "t_c", "t_d", "t_e"], 1):
+            await conn.execute(
+                "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record)"
+                " VALUES ($1, $2, $1, 'queued', 0, 0, $3)", turn, seq,
+                # A NUL character in a record: PostgreSQL's JSON operators refuse the row.
+                json.dumps(record(turn, message="the\x00task" if turn == "t_a" else turn)))
         await prepare(conn, "test")
         assert await conn.fetchval("SELECT version FROM schema_version") == SCHEMA_VERSION
     finally:
         await conn.close()
+    for turn in ["t_b", "t_c", "t_d", "t_e"]:
+        assert (await turn_row(db, turn))[1] == turn
     stored, message = await turn_row(db, "t_a")
     assert stored["message"] == message == "the\x00task"  # the record keeps its own copy
     async with Running(db) as store:
         got = await store.get_turn("t_a")
         assert got is not None and got["message"] == "the\x00task"
-        [(got, _)] = await store.unfinished_turns()
+        got = (await store.unfinished_turns())[0][0]
         assert got["message"] == "the\x00task"
         await store.save_turn({**got, "state": "running"}, {"step": 1})
         stored, message = await turn_row(db, "t_a")

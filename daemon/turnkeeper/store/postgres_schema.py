@@ -25,17 +25,25 @@ SCHEMA_VERSION = 9
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
+# Rows a migration step that reads every turn writes back at a time.
+MIGRATION_BATCH = 1000
 
 
 async def _messages_apart(conn: Conn) -> None:
-    """Every turn's message into its `message` column, from its record. Read here, not
-    with `->>`, which fails on a whole row (and so the migration) for a NUL character
-    (`\\u0000`) anywhere in its record."""
-    rows = await conn.fetch("SELECT id, record FROM turns")
-    await conn.executemany("UPDATE turns SET message = $2 WHERE id = $1", [
-        (turn, stored_message(record)) for turn, record in (
-            (row["id"], json.loads(row["record"])) for row in rows)
-        if "message" in record])
+    """Every turn's message into its `message` column, from its record, read through a
+    cursor and written MIGRATION_BATCH rows at a time. Read here, not with `->>`, which
+    fails on a whole row (and so the migration) for a NUL character (`\\u0000`) anywhere
+    in its record."""
+    update = "UPDATE turns SET message = $2 WHERE id = $1"
+    batch: list[tuple[str, str]] = []
+    async for row in conn.cursor("SELECT id, record FROM turns"):
+        record = json.loads(row["record"])
+        if "message" in record:
+            batch.append((row["id"], stored_message(record)))
+        if len(batch) == MIGRATION_BATCH:
+            await conn.executemany(update, batch)
+            batch = []
+    await conn.executemany(update, batch)
 
 
 # Migrations: index i brings the schema from version i to i + 1; a step is a statement,

@@ -20,13 +20,13 @@ SCHEMA_VERSION = 6
 
 
 def _messages_apart(conn: sqlite3.Connection) -> None:
-    """Every turn's message into `turn_input`, from its record. Read here, not with
-    `json_extract`, which ends a text at its first NUL character."""
-    conn.executemany("INSERT INTO turn_input (turn, message) VALUES (?, ?)", [
+    """Every turn's message into `turn_input`, from its record, one row at a time. Read
+    here, not with `json_extract`, which ends a text at its first NUL character."""
+    conn.executemany("INSERT INTO turn_input (turn, message) VALUES (?, ?)", (
         (turn, stored_message(record)) for turn, record in (
             (turn, json.loads(text)) for turn, text in conn.execute(
                 "SELECT id, record FROM turns"))
-        if "message" in record])
+        if "message" in record))
 
 
 # Migrations: index i brings the schema from version i to i + 1; a step is a statement,
