@@ -14,8 +14,9 @@ or read differently, so it returns exactly what `json.loads` returns (`NaN`, lon
 surrogates in escapes, and integers beyond 64 bits, which orjson would turn into floats)
 and fails with the standard library's error and message.
 
-`Encoded` holds a value encoded once (a provider's tool list, once per tool offer): put
-in a larger value, its bytes are spliced in as they are.
+`Encoded` holds a value encoded once (a provider's tool list, once per tool offer; a
+request's messages, joined from each message's bytes): put in a larger value, its bytes
+are spliced in as they are.
 
 Only the daemon imports this module: the CLI keeps its fast start without orjson.
 """
@@ -31,13 +32,14 @@ __all__ = ["Encoded", "dumps", "dumps_any", "dumps_str", "loads"]
 
 
 class Encoded:
-    """`value`, encoded once; `dumps` of a larger value containing it copies its bytes."""
+    """`value`, encoded once (`data`: `dumps(value)`, unless the caller has those bytes
+    already); `dumps` of a larger value containing it copies its bytes."""
 
     __slots__ = ("fragment", "value")
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, data: bytes | None = None) -> None:
         self.value = value
-        self.fragment = orjson.Fragment(dumps(value))
+        self.fragment = orjson.Fragment(dumps(value) if data is None else data)
 
     def __repr__(self) -> str:
         return f"Encoded({self.value!r})"

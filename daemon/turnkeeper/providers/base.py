@@ -7,6 +7,7 @@ sleeping. It either returns a `ModelReply` or raises `ProviderError` carrying on
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,12 +35,51 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
 
+class MessageCache:
+    """One turn's messages as an adapter encoded them for its last request, kept for the
+    next: between steps the conversation only grows (the same `Message` objects, and
+    more), so a request encodes only the messages added since, not the whole history
+    again (for a turn 200 steps in, 400 messages: 170 us a request). A compaction
+    replaces messages, and everything from the first one that is not the same object is
+    encoded again; a request through another adapter (a fallback) starts afresh. The
+    turn's model call holds one; an adapter that encodes messages one by one uses it."""
+
+    __slots__ = ("_data", "_owner", "_seen", "_values")
+
+    def __init__(self) -> None:
+        self._owner: object = None
+        self._seen: list[Message] = []
+        self._values: list[Any] = []
+        self._data: list[bytes] = []
+
+    def encode(self, owner: object, messages: Sequence[Message],
+               one: Callable[[Message], tuple[Any, bytes]]) -> tuple[list[Any], list[bytes]]:
+        """Each of `messages` as `owner`'s `one` encodes it (its JSON value and that value
+        encoded), from the cache where the message is the one encoded last time. The
+        lists returned are the cache's own, valid until its next `encode`."""
+        if owner is not self._owner:
+            self._owner, self._seen, self._values, self._data = owner, [], [], []
+        seen, values, data = self._seen, self._values, self._data
+        kept = len(seen)
+        if kept > len(messages) or not all(map(operator.is_, seen, messages)):
+            kept = next((i for i, (a, b) in enumerate(zip(seen, messages, strict=False))
+                         if a is not b), min(kept, len(messages)))
+            del seen[kept:], values[kept:], data[kept:]
+        for m in messages[kept:]:
+            value, encoded = one(m)
+            seen.append(m)
+            values.append(value)
+            data.append(encoded)
+        return values, data
+
+
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """Everything one model call needs. `timeout_s` is the per-request and per-chunk
     timeout already bounded by the turn's remaining time; `max_output_tokens` is already
     bounded by the token budget left. `turn_id` and `step` identify the call for logs and
-    for the scripted provider; real providers do not send them."""
+    for the scripted provider; real providers do not send them. `cache` is the turn's
+    `MessageCache`, for an adapter that uses one (None: every message is encoded)."""
 
     system: str
     messages: Sequence[Message]
@@ -49,6 +89,7 @@ class ModelRequest:
     turn_id: str = ""
     step: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    cache: MessageCache | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from turnkeeper.config import ProviderConfig, ProviderSecrets
 from turnkeeper.providers.base import (
     DeltaSink,
     Message,
+    MessageCache,
     ModelReply,
     ModelRequest,
     ProviderError,
@@ -86,26 +87,43 @@ def _arguments(raw: object) -> str:
     return json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
 
 
+def encode_message(m: Message) -> dict[str, Any]:
+    role = m.role
+    if role == "assistant":
+        d: dict[str, Any] = {"role": "assistant", "content": m.content}
+        if m.tool_calls:
+            d["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls]
+        elif m.content is None:
+            d["content"] = ""
+        return d
+    if role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content or ""}
+    return {"role": role, "content": m.content or ""}
+
+
+def _encoded_message(m: Message) -> tuple[dict[str, Any], bytes]:
+    value = encode_message(m)
+    return value, dumps(value)
+
+
 def encode_messages(system: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    for m in messages:
-        role = m.role
-        if role == "assistant":
-            d: dict[str, Any] = {"role": "assistant", "content": m.content}
-            if m.tool_calls:
-                d["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": c.arguments}}
-                    for c in m.tool_calls]
-            elif m.content is None:
-                d["content"] = ""
-            out.append(d)
-        elif role == "tool":
-            out.append({"role": "tool", "tool_call_id": m.tool_call_id or "",
-                        "content": m.content or ""})
-        else:
-            out.append({"role": role, "content": m.content or ""})
+    out += map(encode_message, messages)
     return out
+
+
+def cached_messages(system: str, messages: Sequence[Message], cache: MessageCache,
+                    owner: object) -> jsonwire.Encoded:
+    """`encode_messages`, encoded, with each message's bytes from the turn's `cache`:
+    only the messages new since the turn's last request are encoded."""
+    values, data = cache.encode(owner, messages, _encoded_message)
+    if not system:
+        return jsonwire.Encoded(list(values), b"[" + b",".join(data) + b"]")
+    head = {"role": "system", "content": system}
+    return jsonwire.Encoded([head, *values], b"[" + b",".join([dumps(head), *data]) + b"]")
 
 
 def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -145,9 +163,11 @@ class OpenAIProvider:
         return self._cfg.name
 
     def encode(self, request: ModelRequest) -> bytes:
+        cache = request.cache
         body: dict[str, Any] = {
             "model": self._model,
-            "messages": encode_messages(request.system, request.messages),
+            "messages": encode_messages(request.system, request.messages) if cache is None
+            else cached_messages(request.system, request.messages, cache, self),
             self._max_tokens_field: request.max_output_tokens,
             "stream": self._stream,
         }

@@ -24,7 +24,7 @@ from turnkeeper.policy.classify import CallFailure, FailureClass, classify
 from turnkeeper.policy.outcome import Stop, StopCode
 from turnkeeper.policy.restarts import context_exhausted
 from turnkeeper.policy.turn_state import TurnState
-from turnkeeper.providers.base import ModelReply, ModelRequest, ProviderError
+from turnkeeper.providers.base import MessageCache, ModelReply, ModelRequest, ProviderError
 from turnkeeper.runtime import Shared
 from turnkeeper.turn.context import Redirected, TurnContext
 
@@ -100,6 +100,8 @@ class ModelCall:
         self._last_errors: dict[str, str] = {}
         # The provider whose stream broke after sending text in this model call, if any.
         self._streamed_from: str | None = None
+        # The turn's messages as the adapter encoded them for the last request.
+        self._encoded = MessageCache()
 
     def _breaker(self, provider: str) -> CircuitBreaker:
         return self.ctx.shared.breakers[f"provider:{provider}"]
@@ -194,7 +196,7 @@ class ModelCall:
                                                           provider.max_output_tokens),
             timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
-            metadata={"turn_message": ctx.record.message})
+            metadata={"turn_message": ctx.record.message}, cache=self._encoded)
 
     async def _attempt(self, attempt: Attempt, claims: _Claims) -> ModelReply | Any | None:
         ctx = self.ctx

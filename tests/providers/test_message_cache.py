@@ -1,0 +1,121 @@
+"""A turn's messages encoded once: the `MessageCache` a turn's model call keeps, and the
+OpenAI adapter's request bodies with it, byte for byte those without it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from turnkeeper.config import ProviderConfig
+from turnkeeper.messages import Message, ToolCall
+from turnkeeper.providers.base import MessageCache, ModelRequest
+from turnkeeper.providers.openai import OpenAIProvider
+
+LOCAL = "http://127.0.0.1:1/v1"  # a server without a key (nothing is sent)
+
+
+def counted(calls: list[str]) -> Any:
+    def one(m: Message) -> tuple[Any, bytes]:
+        calls.append(m.content or "")
+        return m.content, json.dumps(m.content).encode()
+    return one
+
+
+def conversation(steps: int) -> list[Message]:
+    out = [Message(role="user", content="the task")]
+    for i in range(steps):
+        call = ToolCall(id=f"c{i}", name="echo", arguments=json.dumps({"text": f"{i}"}))
+        out.append(Message(role="assistant", content=None, tool_calls=(call,)))
+        out.append(Message(role="tool", content=f"result {i}", tool_call_id=f"c{i}",
+                           name="echo"))
+    return out
+
+
+def test_each_request_encodes_only_the_messages_added_since_the_last() -> None:
+    cache, calls = MessageCache(), []
+    owner = object()
+    messages = [Message(role="user", content=t) for t in ("a", "b")]
+    values, data = cache.encode(owner, messages, counted(calls))
+    assert values == ["a", "b"] and data == [b'"a"', b'"b"'] and calls == ["a", "b"]
+    messages = [*messages, Message(role="user", content="c")]
+    values, _ = cache.encode(owner, messages, counted(calls))
+    assert values == ["a", "b", "c"] and calls == ["a", "b", "c"]  # only "c" again
+    cache.encode(owner, messages, counted(calls))
+    assert calls == ["a", "b", "c"]  # nothing new: nothing encoded
+
+
+def test_a_replaced_message_is_encoded_again_with_all_after_it() -> None:
+    cache, calls = MessageCache(), []
+    owner = object()
+    messages = [Message(role="user", content=t) for t in ("a", "b", "c", "d")]
+    cache.encode(owner, messages, counted(calls))
+    compacted = [messages[0], Message(role="user", content="b, shorter"), messages[2]]
+    values, data = cache.encode(owner, compacted, counted(calls))
+    assert values == ["a", "b, shorter", "c"] and len(data) == 3
+    # "c" is the same object, but it follows a replaced one: it is encoded again.
+    assert calls[4:] == ["b, shorter", "c"]
+    values, _ = cache.encode(owner, compacted[:1], counted(calls))  # the history dropped
+    assert values == ["a"] and len(calls) == 6
+
+
+def test_another_adapter_encodes_everything_afresh() -> None:
+    cache, calls = MessageCache(), []
+    messages = [Message(role="user", content=t) for t in ("a", "b")]
+    cache.encode(object(), messages, counted(calls))
+    cache.encode(object(), messages, counted(calls))
+    assert calls == ["a", "b", "a", "b"]
+
+
+def request(messages: list[Message], cache: MessageCache | None, system: str) -> ModelRequest:
+    return ModelRequest(system=system, messages=tuple(messages), tools=(),
+                        max_output_tokens=100, timeout_s=10.0, cache=cache)
+
+
+def test_openai_bodies_with_the_cache_are_the_bodies_without_it() -> None:
+    for system in ("be brief", ""):
+        provider = OpenAIProvider(ProviderConfig(name="o", kind="openai", model="m",
+                                                 base_url=LOCAL))
+        cache = MessageCache()
+        messages = conversation(0)
+        for step in range(6):
+            assert provider.encode(request(messages, cache, system)) == \
+                provider.encode(request(messages, None, system))
+            call = ToolCall(id=f"c{step}", name="echo", arguments="{}")
+            messages = [*messages, Message(role="assistant", content=None, tool_calls=(call,)),
+                        Message(role="tool", content=f"ok {step}", tool_call_id=f"c{step}")]
+        compacted = [messages[0], Message(role="user", content="(earlier steps: summary)"),
+                     *messages[-2:]]
+        assert provider.encode(request(compacted, cache, system)) == \
+            provider.encode(request(compacted, None, system))
+
+
+def test_a_body_orjson_refuses_is_still_the_same_json() -> None:
+    """An option orjson cannot encode (an integer beyond 64 bits) sends the whole body
+    through the standard library, the cached messages included."""
+    provider = OpenAIProvider(ProviderConfig(name="o", kind="openai", model="m",
+                                             base_url=LOCAL, options={"seed": 2**70}))
+    cache = MessageCache()
+    messages = conversation(3)
+    provider.encode(request(messages[:3], cache, "sys"))  # some messages cached first
+    cached = json.loads(provider.encode(request(messages, cache, "sys")))
+    assert cached == json.loads(provider.encode(request(messages, None, "sys")))
+    assert cached["seed"] == 2**70 and len(cached["messages"]) == len(messages) + 1
+
+
+def test_openai_encodes_each_message_of_a_turn_once(monkeypatch: Any) -> None:
+    from turnkeeper.providers import openai
+
+    encoded: list[Message] = []
+
+    def counting(m: Message) -> dict[str, Any]:
+        encoded.append(m)
+        return real(m)
+
+    real = openai.encode_message
+    monkeypatch.setattr(openai, "encode_message", counting)
+    provider = OpenAIProvider(ProviderConfig(name="o", kind="openai", model="m",
+                                             base_url=LOCAL))
+    cache, messages = MessageCache(), conversation(10)
+    for n in range(1, len(messages) + 1):  # a request a message, as a turn's steps go
+        provider.encode(request(messages[:n], cache, "sys"))
+    assert encoded == messages  # each once, in order
