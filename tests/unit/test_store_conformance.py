@@ -691,23 +691,29 @@ async def test_sqlite_writes_a_turns_message_once_and_no_record_carries_it(
         raw.close()
 
 
-async def test_a_sqlite_store_of_schema_5_gets_its_messages_apart_and_reads_the_same(
-        tmp_path: Path) -> None:
+def schema_5_with_a_turn(db: Path, record_json: str) -> None:
+    """A store as schema 5 left it (before the message was kept apart), holding one
+    running turn `t_0` whose record is `record_json`."""
     from turnkeeper.store.sqlite import MIGRATIONS
 
-    db = tmp_path / "state.db"
     raw = sqlite3.connect(db)
-    for migration in MIGRATIONS[:5]:  # the store as schema 5 left it, with a turn
+    for migration in MIGRATIONS[:5]:
         for stmt in migration:
             raw.execute(stmt)
-    # A NUL character in a message: SQLite's json_extract would stop at it.
-    old = record("t_0", state="running", message="before\x00after")
     raw.execute("INSERT INTO turns (id, seq, session, state, created_at, updated_at,"
-                " record) VALUES (?, 1, ?, 'running', 100.0, 100.0, ?)",
-                (old["id"], old["session"], json.dumps(old)))
+                " record) VALUES ('t_0', 1, 't_0', 'running', 100.0, 100.0, ?)",
+                (record_json,))
     raw.execute("PRAGMA user_version = 5")
     raw.commit()
     raw.close()
+
+
+async def test_a_sqlite_store_of_schema_5_gets_its_messages_apart_and_reads_the_same(
+        tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    # A NUL character in a message: SQLite's json_extract would stop at it.
+    old = record("t_0", state="running", message="before\x00after")
+    schema_5_with_a_turn(db, json.dumps(old))
     store = SQLiteStore(db)
     await store.open()
     async with anyio.create_task_group() as tg:
@@ -733,18 +739,8 @@ async def test_a_sqlite_store_of_schema_5_gets_its_messages_apart_and_reads_the_
 
 async def test_a_damaged_row_stops_the_migration_with_a_store_error_and_no_change(
         tmp_path: Path) -> None:
-    from turnkeeper.store.sqlite import MIGRATIONS
-
     db = tmp_path / "state.db"
-    raw = sqlite3.connect(db)
-    for migration in MIGRATIONS[:5]:
-        for stmt in migration:
-            raw.execute(stmt)
-    raw.execute("INSERT INTO turns (id, seq, session, state, created_at, updated_at,"
-                " record) VALUES ('t_0', 1, 's', 'running', 100.0, 100.0, '{\"id\": broken')")
-    raw.execute("PRAGMA user_version = 5")
-    raw.commit()
-    raw.close()
+    schema_5_with_a_turn(db, '{"id": broken')
     with pytest.raises(StoreError, match="damaged row"):
         await SQLiteStore(db).open()
     raw = sqlite3.connect(db)
