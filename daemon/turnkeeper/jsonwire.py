@@ -24,6 +24,7 @@ Only the daemon imports this module: the CLI keeps its fast start without orjson
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -32,14 +33,20 @@ __all__ = ["Encoded", "dumps", "dumps_any", "dumps_str", "loads"]
 
 
 class Encoded:
-    """`value`, encoded once (`data`: `dumps(value)`, unless the caller has those bytes
-    already); `dumps` of a larger value containing it copies its bytes."""
+    """`value`, encoded once; `dumps` of a larger value containing it copies its bytes.
+    A caller that has the bytes already gives them as `data`, and the value as a
+    function (`value_of`) the standard library's fallback calls should it need it."""
 
-    __slots__ = ("fragment", "value")
+    __slots__ = ("_value", "_value_of", "fragment")
 
-    def __init__(self, value: Any, data: bytes | None = None) -> None:
-        self.value = value
+    def __init__(self, value: Any = None, data: bytes | None = None, *,
+                 value_of: Callable[[], Any] | None = None) -> None:
+        self._value, self._value_of = value, value_of
         self.fragment = orjson.Fragment(dumps(value) if data is None else data)
+
+    @property
+    def value(self) -> Any:
+        return self._value if self._value_of is None else self._value_of()
 
     def __repr__(self) -> str:
         return f"Encoded({self.value!r})"

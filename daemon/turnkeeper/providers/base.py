@@ -44,33 +44,30 @@ class MessageCache:
     encoded again; a request through another adapter (a fallback) starts afresh. The
     turn's model call holds one; an adapter that encodes messages one by one uses it."""
 
-    __slots__ = ("_data", "_owner", "_seen", "_values")
+    __slots__ = ("_data", "_owner", "_seen")
 
     def __init__(self) -> None:
         self._owner: object = None
         self._seen: list[Message] = []
-        self._values: list[Any] = []
         self._data: list[bytes] = []
 
     def encode(self, owner: object, messages: Sequence[Message],
-               one: Callable[[Message], tuple[Any, bytes]]) -> tuple[list[Any], list[bytes]]:
-        """Each of `messages` as `owner`'s `one` encodes it (its JSON value and that value
-        encoded), from the cache where the message is the one encoded last time. The
-        lists returned are the cache's own, valid until its next `encode`."""
+               one: Callable[[Message], bytes]) -> list[bytes]:
+        """Each of `messages` as `owner`'s `one` encodes it, from the cache where the
+        message is the one encoded last time. The list returned is the cache's own,
+        valid until its next `encode`."""
         if owner is not self._owner:
-            self._owner, self._seen, self._values, self._data = owner, [], [], []
-        seen, values, data = self._seen, self._values, self._data
+            self._owner, self._seen, self._data = owner, [], []
+        seen, data = self._seen, self._data
         kept = len(seen)
         if kept > len(messages) or not all(map(operator.is_, seen, messages)):
             kept = next((i for i, (a, b) in enumerate(zip(seen, messages, strict=False))
                          if a is not b), min(kept, len(messages)))
-            del seen[kept:], values[kept:], data[kept:]
+            del seen[kept:], data[kept:]
         for m in messages[kept:]:
-            value, encoded = one(m)
             seen.append(m)
-            values.append(value)
-            data.append(encoded)
-        return values, data
+            data.append(one(m))
+        return data
 
 
 @dataclass(frozen=True, slots=True)

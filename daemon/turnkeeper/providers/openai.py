@@ -87,6 +87,11 @@ def _arguments(raw: object) -> str:
     return json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
 
 
+# A request of fewer messages is encoded whole: below this the cache costs more than it
+# saves (1 message: 2.4 us without it, 4.4 with; 21: 19 us against 5).
+CACHED_FROM = 8
+
+
 def encode_message(m: Message) -> dict[str, Any]:
     role = m.role
     if role == "assistant":
@@ -104,9 +109,8 @@ def encode_message(m: Message) -> dict[str, Any]:
     return {"role": role, "content": m.content or ""}
 
 
-def _encoded_message(m: Message) -> tuple[dict[str, Any], bytes]:
-    value = encode_message(m)
-    return value, dumps(value)
+def _encoded_message(m: Message) -> bytes:
+    return dumps(encode_message(m))
 
 
 def encode_messages(system: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -119,11 +123,11 @@ def cached_messages(system: str, messages: Sequence[Message], cache: MessageCach
                     owner: object) -> jsonwire.Encoded:
     """`encode_messages`, encoded, with each message's bytes from the turn's `cache`:
     only the messages new since the turn's last request are encoded."""
-    values, data = cache.encode(owner, messages, _encoded_message)
-    if not system:
-        return jsonwire.Encoded(list(values), b"[" + b",".join(data) + b"]")
-    head = {"role": "system", "content": system}
-    return jsonwire.Encoded([head, *values], b"[" + b",".join([dumps(head), *data]) + b"]")
+    data = cache.encode(owner, messages, _encoded_message)
+    if system:
+        data = [dumps({"role": "system", "content": system}), *data]
+    return jsonwire.Encoded(data=b"[" + b",".join(data) + b"]",
+                            value_of=lambda: encode_messages(system, messages))
 
 
 def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -163,11 +167,12 @@ class OpenAIProvider:
         return self._cfg.name
 
     def encode(self, request: ModelRequest) -> bytes:
-        cache = request.cache
+        cache, messages = request.cache, request.messages
         body: dict[str, Any] = {
             "model": self._model,
-            "messages": encode_messages(request.system, request.messages) if cache is None
-            else cached_messages(request.system, request.messages, cache, self),
+            "messages": encode_messages(request.system, messages)
+            if cache is None or len(messages) < CACHED_FROM
+            else cached_messages(request.system, messages, cache, self),
             self._max_tokens_field: request.max_output_tokens,
             "stream": self._stream,
         }
