@@ -147,6 +147,13 @@ def stored_message(record: Mapping[str, Any]) -> str:
     return orjson.dumps(record["message"]).decode()
 
 
+def stored_message_of(record_json: str) -> str | None:
+    """`stored_message` of a record written before the message was kept apart, read from
+    its row's JSON (what a migration moves out); None for a record without one."""
+    record = json.loads(record_json)
+    return stored_message(record) if "message" in record else None
+
+
 def record_of(record_json: str, message_json: str | None) -> dict[str, Any]:
     """A turn's record read back: its row's JSON, with the turn's message (`stored_message`)
     put back; None for a row written before the message was kept apart, which holds it

@@ -10,11 +10,10 @@ written to it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from turnkeeper.store.base import StoreError, stored_message
+from turnkeeper.store.base import StoreError, stored_message_of
 
 if TYPE_CHECKING:
     import asyncpg
@@ -37,9 +36,9 @@ async def _messages_apart(conn: Conn) -> None:
     update = "UPDATE turns SET message = $2 WHERE id = $1"
     batch: list[tuple[str, str]] = []
     async for row in conn.cursor("SELECT id, record FROM turns"):
-        record = json.loads(row["record"])
-        if "message" in record:
-            batch.append((row["id"], stored_message(record)))
+        message = stored_message_of(row["record"])
+        if message is not None:
+            batch.append((row["id"], message))
         if len(batch) == MIGRATION_BATCH:
             await conn.executemany(update, batch)
             batch = []

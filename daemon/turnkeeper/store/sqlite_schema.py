@@ -9,12 +9,11 @@ during one leaves the database at the version before it.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from turnkeeper.store.base import StoreError, stored_message
+from turnkeeper.store.base import StoreError, stored_message_of
 
 SCHEMA_VERSION = 6
 
@@ -22,11 +21,10 @@ SCHEMA_VERSION = 6
 def _messages_apart(conn: sqlite3.Connection) -> None:
     """Every turn's message into `turn_input`, from its record, one row at a time. Read
     here, not with `json_extract`, which ends a text at its first NUL character."""
-    conn.executemany("INSERT INTO turn_input (turn, message) VALUES (?, ?)", (
-        (turn, stored_message(record)) for turn, record in (
-            (turn, json.loads(text)) for turn, text in conn.execute(
-                "SELECT id, record FROM turns"))
-        if "message" in record))
+    rows = ((turn, stored_message_of(record))
+            for turn, record in conn.execute("SELECT id, record FROM turns"))
+    conn.executemany("INSERT INTO turn_input (turn, message) VALUES (?, ?)",
+                     ((turn, message) for turn, message in rows if message is not None))
 
 
 # Migrations: index i brings the schema from version i to i + 1; a step is a statement,
