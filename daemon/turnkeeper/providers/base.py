@@ -39,10 +39,11 @@ class MessageCache:
     """One turn's messages as an adapter encoded them for its last request, kept for the
     next: between steps the conversation only grows (the same `Message` objects, and
     more), so a request encodes only the messages added since, not the whole history
-    again (for a turn 200 steps in, 400 messages: 170 us a request). A compaction
-    replaces messages, and everything from the first one that is not the same object is
-    encoded again; a request through another adapter (a fallback) starts afresh. The
-    turn's model call holds one; an adapter that encodes messages one by one uses it."""
+    again (a turn 200 steps in, 401 messages: 360 us a request, 29 us with the cache).
+    A compaction replaces messages, and everything from the first one that is not the
+    same object is encoded again; a request through another adapter (a fallback) starts
+    afresh. The turn's model call holds one; an adapter that encodes messages one by one
+    uses it."""
 
     __slots__ = ("_data", "_owner", "_seen")
 
