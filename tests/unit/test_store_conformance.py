@@ -279,6 +279,18 @@ async def test_finished_usage_newest_first_since_a_time_with_only_what_it_used(
     assert [u.status for u in await store.finished_usage(since=300.0)] == [
         "cancelled", "partial"]
     assert len(await store.finished_usage(limit=1)) == 1
+    # A record may hold any text: a NUL character (which PostgreSQL's jsonb refuses) and
+    # the six characters of its JSON escape, in the answer and the last error.
+    rec = record("t_9", last_error="a\x00b", counters={"steps": 1},
+                 usage={"total_tokens": 7, "seconds": 1.0, "cost_usd": 0.0})
+    await store.insert_turn(rec, {})
+    done = finished(rec, "completed", "completed", at=500.0)
+    done["result"]["answer"] = "nul \x00, its escape \\u0000, a backslash \\"
+    await store.save_turn(done)
+    assert [(u.status, u.tokens) for u in await store.finished_usage(since=500.0)] == [
+        ("completed", 7)]
+    got = await store.get_turn("t_9")
+    assert got is not None and got["result"]["answer"] == done["result"]["answer"]
 
 
 async def test_dead_letters_are_the_turns_the_rule_names_and_remember_replays(

@@ -420,13 +420,18 @@ class PostgresStore(PostgresFleet):
 
     async def finished_usage(self, *, since: float | None = None,
                              limit: int = 100_000) -> list[TurnUsage]:
+        # jsonb refuses the escape of a NUL character, which an answer or an error may
+        # hold: it is read as U+FFFD here. Replacing the six characters keeps the JSON
+        # valid wherever they stand (after an escaped backslash they are plain text), and
+        # changes only text inside strings, none of which this reads.
         rows = await self._fetch(
             "SELECT COALESCE(r->>'profile', 'default'), state,"
             " r->'result'->'stopped_because'->>'code', r->'usage'->>'total_tokens',"
             " r->'usage'->>'seconds', r->'counters'->>'steps', r->'usage'->>'cost_usd',"
             " COALESCE(r->'would_have_stopped', '[]'::jsonb)::text,"
             " r->'result'->>'extensions'"
-            " FROM (SELECT record::jsonb AS r, state, seq FROM turns"
+            " FROM (SELECT replace(record, '\\u0000', '\\ufffd')::jsonb AS r, state, seq"
+            " FROM turns"
             f" WHERE state IN {TERMINAL_SQL} AND updated_at >= $1) AS t"
             " WHERE r->'result' IS NOT NULL AND r->'result' <> 'null'::jsonb"
             " ORDER BY seq DESC LIMIT $2", since if since is not None else 0.0, limit)
