@@ -1,5 +1,5 @@
 """A turn's messages encoded once: the `MessageCache` a turn's model call keeps, and the
-OpenAI adapter's request bodies with it, byte for byte those without it."""
+OpenAI and Anthropic adapters' request bodies with it, byte for byte those without it."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from typing import Any
 
 from turnkeeper.config import ProviderConfig
 from turnkeeper.messages import Message, ToolCall
-from turnkeeper.providers.base import MessageCache, ModelRequest
+from turnkeeper.providers.anthropic import AnthropicProvider
+from turnkeeper.providers.base import CACHED_FROM, MessageCache, ModelRequest
 from turnkeeper.providers.openai import OpenAIProvider
 
 LOCAL = "http://127.0.0.1:1/v1"  # a server without a key (nothing is sent)
 
 
 def counted(calls: list[str]) -> Any:
-    def one(m: Message) -> bytes:
+    def one(m: Message, previous: Message | None) -> bytes:
         calls.append(m.content or "")
         return json.dumps(m.content).encode()
     return one
@@ -117,7 +118,88 @@ def test_openai_encodes_each_message_of_a_turn_once(monkeypatch: Any) -> None:
                                              base_url=LOCAL))
     cache, messages = MessageCache(), conversation(10)
     for n in range(1, len(messages) + 1):  # a request a message, as a turn's steps go
-        if n == openai.CACHED_FROM:  # the short requests before: encoded whole
+        if n == CACHED_FROM:  # the short requests before: encoded whole
             encoded.clear()
         provider.encode(request(messages[:n], cache, "sys"))
     assert encoded == messages  # from then on, each message once, in order
+
+
+def anthropic(cache: str) -> AnthropicProvider:
+    return AnthropicProvider(ProviderConfig(name="a", kind="anthropic", model="m",
+                                            base_url="http://127.0.0.1:1", cache=cache))
+
+
+def varied_turn() -> list[Message]:
+    """What an Anthropic request folds: results of several calls merged into one user
+    message, a note between steps, a system message in the history (it joins the system
+    prompt), an assistant with text and calls, one with neither (left out)."""
+    out = [Message(role="user", content="the task")]
+    for i in range(6):
+        calls = tuple(ToolCall(id=f"c{i}.{k}", name="echo", arguments=json.dumps({"k": k}))
+                      for k in range(1 + i % 3))
+        out.append(Message(role="assistant", content=f"step {i}" if i % 2 else None,
+                           tool_calls=calls))
+        out += [Message(role="tool", content=f"r{c.id}", tool_call_id=c.id, name="echo")
+                for c in calls]
+        if i == 2:
+            out.append(Message(role="user", content="[turnkeeper] a note"))
+        if i == 3:
+            out.append(Message(role="system", content="earlier turns, summed up"))
+        if i == 4:
+            out.append(Message(role="assistant", content=None))
+    out.append(Message(role="assistant", content="done"))
+    return out
+
+
+def test_anthropic_bodies_with_the_cache_are_the_bodies_without_it() -> None:
+    messages = varied_turn()
+    for mode in ("auto", "off"):
+        for system in ("be brief", ""):
+            provider, cache = anthropic(mode), MessageCache()
+            for n in range(1, len(messages) + 1):  # a request a message, as a turn goes
+                assert provider.encode(request(messages[:n], cache, system)) == \
+                    provider.encode(request(messages[:n], None, system)), (mode, system, n)
+            compacted = [messages[0], Message(role="user", content="(summary)"),
+                         *messages[-9:]]
+            assert provider.encode(request(compacted, cache, system)) == \
+                provider.encode(request(compacted, None, system))
+
+
+def test_anthropic_marks_the_last_message_and_encodes_each_earlier_one_once(
+        monkeypatch: Any) -> None:
+    from turnkeeper.providers import anthropic as adapter
+
+    inputs: list[str] = []
+
+    def counting(arguments: str) -> dict[str, Any]:
+        inputs.append(arguments)
+        return real(arguments)
+
+    real = adapter.tool_input
+    monkeypatch.setattr(adapter, "tool_input", counting)
+    provider, cache = anthropic("auto"), MessageCache()
+    messages = conversation(20)
+    for n in range(CACHED_FROM, len(messages) + 1):
+        provider.encode(request(messages[:n], cache, "sys"))
+    # Each call is parsed once for the cache, and once more for the request in which its
+    # message is the last (the breakpoint's message, encoded apart): all but those the
+    # first request found already before its last.
+    early = [m.tool_calls[0].arguments for m in messages[:CACHED_FROM - 1] if m.tool_calls]
+    late = [m.tool_calls[0].arguments for m in messages[CACHED_FROM - 1:] if m.tool_calls]
+    assert sorted(inputs) == sorted(early + late * 2)
+    body = json.loads(provider.encode(request(messages, cache, "sys")))
+    last = body["messages"][-1]
+    assert last["role"] == "user" and last["content"][-1]["cache_control"] == {
+        "type": "ephemeral"}
+    assert all("cache_control" not in json.dumps(m) for m in body["messages"][:-1])
+
+
+def test_an_anthropic_body_orjson_refuses_is_still_the_same_json() -> None:
+    provider = AnthropicProvider(ProviderConfig(
+        name="a", kind="anthropic", model="m", base_url="http://127.0.0.1:1",
+        options={"seed": 2**70}))
+    cache, messages = MessageCache(), varied_turn()
+    provider.encode(request(messages[:12], cache, "sys"))  # some messages cached first
+    cached = json.loads(provider.encode(request(messages, cache, "sys")))
+    assert cached == json.loads(provider.encode(request(messages, None, "sys")))
+    assert cached["seed"] == 2**70 and "cache_control" in json.dumps(cached["messages"][-1])

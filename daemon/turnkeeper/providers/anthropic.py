@@ -11,6 +11,10 @@ request finds the previous prefix by looking back from its own last breakpoint, 
 mark on the history is enough while it grows. Reads and writes of the cache come back in
 the usage and are priced apart. The provider's `options` go into the body as given, its
 `headers` and `query` onto every request.
+
+A turn's requests encode each message once (the turn's `MessageCache`): a request joins
+the bytes of the messages before its last, and encodes only its last message, the one
+the breakpoint goes on, from the messages it is made of.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import aiohttp
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
 from turnkeeper.providers.base import (
+    CACHED_FROM,
     DeltaSink,
     Message,
+    MessageCache,
     ModelReply,
     ModelRequest,
     ProviderError,
@@ -90,12 +96,7 @@ def encode_messages(system: str, messages: Sequence[Message]
             continue
         results = None
         if role == "assistant":
-            blocks: list[dict[str, Any]] = []
-            if m.content:
-                blocks.append({"type": "text", "text": m.content})
-            for c in m.tool_calls:
-                blocks.append({"type": "tool_use", "id": c.id, "name": c.name,
-                               "input": tool_input(c.arguments)})
+            blocks = _assistant_blocks(m)
             if blocks:
                 out.append({"role": "assistant", "content": blocks})
         elif role == "system":
@@ -104,6 +105,79 @@ def encode_messages(system: str, messages: Sequence[Message]
         else:
             out.append({"role": "user", "content": m.content or ""})
     return "\n\n".join(systems), out
+
+
+def _assistant_blocks(m: Message) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if m.content:
+        blocks.append({"type": "text", "text": m.content})
+    for c in m.tool_calls:
+        blocks.append({"type": "tool_use", "id": c.id, "name": c.name,
+                       "input": tool_input(c.arguments)})
+    return blocks
+
+
+def _makes_a_message(m: Message) -> bool:
+    """Whether `m` is (or, a tool result, is part of) a message of the request."""
+    if m.role == "assistant":
+        return bool(m.content or m.tool_calls)
+    return m.role != "system"
+
+
+def _piece(m: Message, previous: Message | None) -> bytes:
+    """What `m` adds to the encoded message list, after what the messages before it
+    added: a comma and its message; a tool result its block, opening the user message
+    that holds a run of them when it is the first; a message after a run closes it
+    first. Joined in order, the pieces are the list's content with a leading comma (and
+    the last run left open)."""
+    after_results = previous is not None and previous.role == "tool"
+    role = m.role
+    if role == "tool":
+        block = dumps({"type": "tool_result", "tool_use_id": m.tool_call_id or "",
+                       "content": m.content or ""})
+        return b"," + block if after_results else b',{"role":"user","content":[' + block
+    close = b"]}" if after_results else b""
+    if role == "assistant":
+        blocks = _assistant_blocks(m)
+        if not blocks:
+            return close
+        return close + b"," + dumps({"role": "assistant", "content": blocks})
+    if role == "system":
+        return close
+    return close + b"," + dumps({"role": "user", "content": m.content or ""})
+
+
+def cached_messages(system: str, messages: Sequence[Message], cache: MessageCache,
+                    owner: object, *, mark: bool) -> tuple[str, jsonwire.Encoded]:
+    """`encode_messages` (with `mark_cache` when `mark`), encoded, each message's piece
+    from the turn's `cache`: only the messages new since the turn's last request are
+    encoded. The last message of the request, the one a cache breakpoint goes on, is
+    encoded as `encode_messages` does, from the messages it is made of."""
+    tail = len(messages)
+    if mark:
+        tail = next((i for i in range(tail - 1, -1, -1) if _makes_a_message(messages[i])),
+                    tail)
+        while 0 < tail < len(messages) and messages[tail].role == "tool" \
+                and messages[tail - 1].role == "tool":
+            tail -= 1
+    head = messages[:tail]
+    data = b"".join(cache.encode(owner, head, _piece))
+    if head and head[-1].role == "tool":
+        data += b"]}"
+    _, last = encode_messages("", messages[tail:])
+    mark_cache(last)
+    data += b"".join(b"," + dumps(d) for d in last)
+    systems = [system] if system else []
+    systems += [m.content for m in messages if m.role == "system" and m.content]
+
+    def value() -> list[dict[str, Any]]:
+        out = encode_messages("", messages)[1]
+        if mark:
+            mark_cache(out)
+        return out
+
+    return "\n\n".join(systems), jsonwire.Encoded(data=b"[" + data[1:] + b"]",
+                                                   value_of=value)
 
 
 def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -168,7 +242,15 @@ class AnthropicProvider:
         return self._cfg.name
 
     def encode(self, request: ModelRequest) -> bytes:
-        system, messages = encode_messages(request.system, request.messages)
+        cache = request.cache
+        messages: list[dict[str, Any]] | jsonwire.Encoded
+        if cache is None or len(request.messages) < CACHED_FROM:
+            system, messages = encode_messages(request.system, request.messages)
+            if self._cache:
+                mark_cache(messages)
+        else:
+            system, messages = cached_messages(request.system, request.messages, cache,
+                                               self, mark=self._cache)
         body: dict[str, Any] = {"model": self._model, "messages": messages,
                                 "max_tokens": request.max_output_tokens,
                                 "stream": self._stream}
@@ -183,8 +265,6 @@ class AnthropicProvider:
                 self._tools_json = jsonwire.Encoded(tools)
                 self._tools_src = request.tools
             body["tools"] = self._tools_json
-        if self._cache:
-            mark_cache(messages)
         if self._options:
             body.update(self._options)
         return dumps(body)

@@ -35,6 +35,12 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
 
+# A request of fewer messages is encoded whole: below this the cache costs more than it
+# saves (OpenAI's adapter: 1 message 2.4 us without it, 4.4 with; 21 messages: 19 us
+# against 5).
+CACHED_FROM = 8
+
+
 class MessageCache:
     """One turn's messages as an adapter encoded them for its last request, kept for the
     next: between steps the conversation only grows (the same `Message` objects, and
@@ -53,9 +59,10 @@ class MessageCache:
         self._data: list[bytes] = []
 
     def encode(self, owner: object, messages: Sequence[Message],
-               one: Callable[[Message], bytes]) -> list[bytes]:
-        """Each of `messages` as `owner`'s `one` encodes it, from the cache where the
-        message is the one encoded last time. The list returned is the cache's own,
+               one: Callable[[Message, Message | None], bytes]) -> list[bytes]:
+        """Each of `messages` as `owner`'s `one` encodes it (given the message and the
+        one before it, None for the first), from the cache where the message and all
+        before it are the ones encoded last time. The list returned is the cache's own,
         valid until its next `encode`."""
         if owner is not self._owner:
             self._owner, self._seen, self._data = owner, [], []
@@ -65,9 +72,11 @@ class MessageCache:
             kept = next((i for i, (a, b) in enumerate(zip(seen, messages, strict=False))
                          if a is not b), min(kept, len(messages)))
             del seen[kept:], data[kept:]
+        previous = seen[-1] if seen else None
         for m in messages[kept:]:
             seen.append(m)
-            data.append(one(m))
+            data.append(one(m, previous))
+            previous = m
         return data
 
 
