@@ -80,3 +80,21 @@ _TRANSITIONS: dict[TurnState, frozenset[TurnState]] = {
     TurnState.BLOCKED: frozenset(),
     TurnState.CANCELLED: frozenset(),
 }
+
+# Every allowed move as (from, to) -> to, the states as plain strings or as members
+# (a StrEnum member and its string are equal, but hash apart): `moved` looks a move up
+# once instead of making two members and reading a value (2.4 us, a checkpoint's).
+_MOVES: dict[tuple[str, str], str] = {
+    (old_key, new_key): new.value
+    for old in TurnState for new in (old, *_TRANSITIONS[old])
+    for old_key in (old, old.value) for new_key in (new, new.value)}
+
+
+def moved(old: str, new: str) -> str:
+    """`TurnState(old).to(new).value`: the state after the move, as a plain string;
+    raises `IllegalTransition` for a move the table does not allow (ValueError for a
+    name that is not a state)."""
+    try:
+        return _MOVES[old, new]
+    except KeyError:
+        return TurnState(old).to(new).value

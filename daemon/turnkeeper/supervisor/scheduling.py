@@ -18,7 +18,7 @@ from turnkeeper import event_types as ev
 from turnkeeper import logging as tk_logging
 from turnkeeper.policy.history import bound_history
 from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
-from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.policy.turn_state import TurnState, moved
 from turnkeeper.store.base import SavedCheckpoint
 from turnkeeper.store.fleet import StaleLease
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
@@ -165,7 +165,7 @@ class Scheduling:
         core = self.core
         record = live.record
         before = (record.state, record.next_attempt_at, record.question, record.updated_at)
-        record.state = TurnState(record.state).to(result.status.value)
+        record.state = moved(record.state, result.status.value)
         record.result = result_json = result.to_json()
         record.next_attempt_at = None
         record.question = None

@@ -27,7 +27,7 @@ from turnkeeper.policy.extension import Extension
 from turnkeeper.policy.gate import ModeGate, WouldStop
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.restarts import RestartCounter
-from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.policy.turn_state import TurnState, moved
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
 from turnkeeper.store.base import QueuesTurns, SavedCheckpoint, Store, queues_turns
@@ -265,7 +265,7 @@ class TurnContext:
     def move(self, new: TurnState) -> None:
         """Change the turn's state through the transition table: an illegal move raises
         instead of leaving the turn in two places at once."""
-        self.record.state = TurnState(self.record.state).to(new).value
+        self.record.state = moved(self.record.state, new)
 
     async def checkpoint(self, state: TurnState | None = None, *, queued: bool = False
                          ) -> None:
@@ -276,7 +276,7 @@ class TurnContext:
         before (see `QueuesTurns` in the store interface). An awaited checkpoint moves
         the live record to `state` once the store holds it: what a reader of the live
         turn sees in a parked or suspended state survives a crash."""
-        new = None if state is None else TurnState(self.record.state).to(state).value
+        new = None if state is None else moved(self.record.state, state)
         queue = self._queue_turn if queued else None
         if new is not None and queue is not None:
             self.record.state = new
