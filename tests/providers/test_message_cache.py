@@ -103,17 +103,23 @@ def test_a_body_orjson_refuses_is_still_the_same_json() -> None:
     assert cached["seed"] == 2**70 and len(cached["messages"]) == len(messages) + 1
 
 
+def calls_of(monkeypatch: Any, module: Any, name: str) -> list[Any]:
+    """The argument of every call of `module.name` from now on (a function of one)."""
+    seen: list[Any] = []
+    real = getattr(module, name)
+
+    def counting(arg: Any) -> Any:
+        seen.append(arg)
+        return real(arg)
+
+    monkeypatch.setattr(module, name, counting)
+    return seen
+
+
 def test_openai_encodes_each_message_of_a_turn_once(monkeypatch: Any) -> None:
     from turnkeeper.providers import openai
 
-    encoded: list[Message] = []
-
-    def counting(m: Message) -> dict[str, Any]:
-        encoded.append(m)
-        return real(m)
-
-    real = openai.encode_message
-    monkeypatch.setattr(openai, "encode_message", counting)
+    encoded = calls_of(monkeypatch, openai, "encode_message")
     provider = OpenAIProvider(ProviderConfig(name="o", kind="openai", model="m",
                                              base_url=LOCAL))
     cache, messages = MessageCache(), conversation(10)
@@ -169,14 +175,7 @@ def test_anthropic_marks_the_last_message_and_encodes_each_earlier_one_once(
         monkeypatch: Any) -> None:
     from turnkeeper.providers import anthropic as adapter
 
-    inputs: list[str] = []
-
-    def counting(arguments: str) -> dict[str, Any]:
-        inputs.append(arguments)
-        return real(arguments)
-
-    real = adapter.tool_input
-    monkeypatch.setattr(adapter, "tool_input", counting)
+    inputs = calls_of(monkeypatch, adapter, "tool_input")
     provider, cache = anthropic("auto"), MessageCache()
     messages = conversation(20)
     for n in range(CACHED_FROM, len(messages) + 1):
