@@ -22,6 +22,7 @@ import anyio
 from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.events import EventBus
+from turnkeeper.policy.budget import BudgetUsage
 from turnkeeper.policy.chain import Phase
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.turn_state import TurnState
@@ -136,14 +137,16 @@ class TurnRunner:
             self.progress.step_boundary()
             # A decided stop wins over a suspend: a turn that is over stays over. A step
             # or time limit reached while the turn makes progress may be extended.
-            stop = ctx.pending_stop or ctx.guard.check(ctx.usage(), now=ctx.clock.time())
+            # The step boundary's checks read the usage and the time once, here.
+            usage, now = ctx.usage(), ctx.clock.time()
+            stop = ctx.pending_stop or ctx.guard.check(usage, now=now)
             while stop is not None:  # each grant is counted: this ends
                 kept = self.progress.extend(stop)
                 if kept is not None:
                     return ctx.stop(kept)
-                stop = ctx.guard.check(ctx.usage(), now=ctx.clock.time())
+                stop = ctx.guard.check(usage, now=now)
             if ctx.watch is not None:
-                for reached in ctx.watch.violations(ctx.usage(), now=ctx.clock.time()):
+                for reached in ctx.watch.violations(usage, now=now):
                     ctx.gate(reached)
             if ctx.control.suspend_requested:
                 await ctx.suspend()
@@ -152,7 +155,7 @@ class TurnRunner:
             # this step again from the checkpoint before, which nothing acknowledged
             # since depends on.
             await ctx.checkpoint(TurnState.RUNNING, queued=True)
-            self._soft_warning()
+            self._soft_warning(usage, now)
             self._offered, note = ctx.runtime.toolbox.offer_note(self._offered)
             if note is not None:  # MCP tools left or came back: the agent is told
                 ctx.conv.add_note(note)
@@ -209,13 +212,13 @@ class TurnRunner:
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
 
-    def _soft_warning(self) -> None:
+    def _soft_warning(self, usage: BudgetUsage, now: float) -> None:
         """The soft-limit note. With a watched budget (warn/observe) the note comes from
         the real limits: in warn mode the agent reads it, in observe mode only the event
         is emitted, unless the step backstop (which always enforces) is among them."""
         ctx = self.ctx
         guard = ctx.watch or ctx.guard
-        warning = guard.soft_warning(ctx.usage(), now=ctx.clock.time())
+        warning = guard.soft_warning(usage, now=now)
         if warning is None:
             return
         mode = ctx.modes["budget"]
