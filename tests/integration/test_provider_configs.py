@@ -3,6 +3,7 @@ our own on 127.0.0.1: the README's four examples, and a key rotated on reload.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -23,8 +24,11 @@ class ModelServer:
     """Answers Chat Completions and Messages requests (JSON or SSE) with one final text,
     and keeps every request's path, query, headers and body."""
 
-    def __init__(self) -> None:
+    def __init__(self, tool_steps: int = 0) -> None:
+        """`tool_steps`: how many first steps of a turn a Messages request is answered
+        with a call of the echo tool (the text answer comes after)."""
         self.requests: list[dict[str, Any]] = []
+        self.tool_steps = tool_steps
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -40,7 +44,11 @@ class ModelServer:
                                         "body": body})
                 anthropic = url.path.endswith("/v1/messages")
                 stream = bool(body.get("stream"))
-                payload = (_anthropic(stream) if anthropic else _openai(stream))
+                calls = sum(m["role"] == "assistant" for m in body.get("messages", ()))
+                if anthropic and not stream and calls < server.tool_steps:
+                    payload = _anthropic_tool_use(calls + 1)
+                else:
+                    payload = (_anthropic(stream) if anthropic else _openai(stream))
                 self.send_response(200)
                 self.send_header("Content-Type",
                                  "text/event-stream" if stream else "application/json")
@@ -92,6 +100,13 @@ def _anthropic(stream: bool) -> bytes:
                  {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
                   "usage": {"output_tokens": 2}},
                  {"type": "message_stop"}])
+
+
+def _anthropic_tool_use(step: int) -> bytes:
+    return json.dumps({"type": "message", "model": "m", "stop_reason": "tool_use",
+                       "content": [{"type": "tool_use", "id": f"toolu_{step}",
+                                    "name": "echo", "input": {"text": f"step {step}"}}],
+                       "usage": {"input_tokens": 20, "output_tokens": 2}}).encode()
 
 
 @pytest.fixture
@@ -180,3 +195,49 @@ def test_a_key_file_that_vanished_refuses_the_reload_and_keeps_the_running_key(
         assert code != 200 and "api_key_file" in json.dumps(data)
         assert d.run("still")["state"] == "completed"
         assert server.requests[-1]["headers"]["Authorization"] == "Bearer sk-kept"
+
+
+def _unmarked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without their cache marks, a text message's one block as its text."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            content = [{k: v for k, v in b.items() if k != "cache_control"} for b in content]
+            if len(content) == 1 and content[0]["type"] == "text" and m["role"] == "user":
+                content = content[0]["text"]
+        out.append({**m, "content": content})
+    return out
+
+
+def test_a_long_anthropic_turn_sends_its_history_whole_and_marked_once(tmp_path: Path
+                                                                       ) -> None:
+    """Twelve steps of tool calls, then the answer: from the eighth message on, each
+    request joins the bytes kept from the requests before (the turn's message cache).
+    Every request must still be the whole history, in order, each result after its
+    call, and only its last message marked for the prompt cache."""
+    server = ModelServer(tool_steps=12)
+    try:
+        config = (f'[[providers]]\nname = "a"\nkind = "anthropic"\nbase_url = "{server.url}"'
+                  '\nmodel = "m"\nstream = false\n'
+                  '\n[[tools]]\nname = "echo"\nkind = "echo"\ndescription = "echo"'
+                  '\nidempotent = true\n')
+        with running(tmp_path, config, env={"ANTHROPIC_API_KEY": "sk-ant-test"}) as d:
+            turn = d.run("Call echo twelve times, then say done.")
+        assert turn["state"] == "completed" and turn["counters"]["steps"] == 13, turn
+        bodies = [r["body"] for r in server.requests]
+        assert [len(b["messages"]) for b in bodies] == [1 + 2 * k for k in range(13)]
+        for before, after in itertools.pairwise(bodies):
+            assert _unmarked(after["messages"])[:len(before["messages"])] == \
+                _unmarked(before["messages"])
+        for body in bodies:
+            messages = body["messages"]
+            marks = [i for i, m in enumerate(messages) if "cache_control" in json.dumps(m)]
+            assert marks == [len(messages) - 1]
+            for call, result in zip(messages[1::2], messages[2::2], strict=True):
+                assert result["role"] == "user"
+                assert result["content"][0]["tool_use_id"] == call["content"][0]["id"]
+        last = bodies[-1]["messages"]
+        assert last[-1]["content"][0]["content"] == '{"text": "step 12"}'
+    finally:
+        server.close()
