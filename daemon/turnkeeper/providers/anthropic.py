@@ -107,6 +107,15 @@ def encode_messages(system: str, messages: Sequence[Message]
     return "\n\n".join(systems), out
 
 
+def encode_marked(system: str, messages: Sequence[Message], *, mark: bool
+                  ) -> tuple[str, list[dict[str, Any]]]:
+    """`encode_messages`, with the cache breakpoint on the last message when `mark`."""
+    system, out = encode_messages(system, messages)
+    if mark:
+        mark_cache(out)
+    return system, out
+
+
 def _assistant_blocks(m: Message) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if m.content:
@@ -149,10 +158,10 @@ def _piece(m: Message, previous: Message | None) -> bytes:
 
 def cached_messages(system: str, messages: Sequence[Message], cache: MessageCache,
                     owner: object, *, mark: bool) -> tuple[str, jsonwire.Encoded]:
-    """`encode_messages` (with `mark_cache` when `mark`), encoded, each message's piece
-    from the turn's `cache`: only the messages new since the turn's last request are
-    encoded. The last message of the request, the one a cache breakpoint goes on, is
-    encoded as `encode_messages` does, from the messages it is made of."""
+    """`encode_marked`, encoded, each message's piece from the turn's `cache`: only the
+    messages new since the turn's last request are encoded. The last message of the
+    request, the one a cache breakpoint goes on, is encoded as `encode_marked` does, from
+    the messages it is made of."""
     tail = len(messages)
     if mark:
         tail = next((i for i in range(tail - 1, -1, -1) if _makes_a_message(messages[i])),
@@ -164,20 +173,13 @@ def cached_messages(system: str, messages: Sequence[Message], cache: MessageCach
     data = b"".join(cache.encode(owner, head, _piece))
     if head and head[-1].role == "tool":
         data += b"]}"
-    _, last = encode_messages("", messages[tail:])
-    mark_cache(last)
+    _, last = encode_marked("", messages[tail:], mark=mark)
     data += b"".join(b"," + dumps(d) for d in last)
     systems = [system] if system else []
     systems += [m.content for m in messages if m.role == "system" and m.content]
-
-    def value() -> list[dict[str, Any]]:
-        out = encode_messages("", messages)[1]
-        if mark:
-            mark_cache(out)
-        return out
-
-    return "\n\n".join(systems), jsonwire.Encoded(data=b"[" + data[1:] + b"]",
-                                                   value_of=value)
+    return "\n\n".join(systems), jsonwire.Encoded(
+        data=b"[" + data[1:] + b"]",
+        value_of=lambda: encode_marked("", messages, mark=mark)[1])
 
 
 def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -245,9 +247,8 @@ class AnthropicProvider:
         cache = request.cache
         messages: list[dict[str, Any]] | jsonwire.Encoded
         if cache is None or len(request.messages) < CACHED_FROM:
-            system, messages = encode_messages(request.system, request.messages)
-            if self._cache:
-                mark_cache(messages)
+            system, messages = encode_marked(request.system, request.messages,
+                                             mark=self._cache)
         else:
             system, messages = cached_messages(request.system, request.messages, cache,
                                                self, mark=self._cache)
