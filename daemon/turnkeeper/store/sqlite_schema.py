@@ -108,7 +108,6 @@ MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] =
 )
 
 
-
 def prepare(conn: sqlite3.Connection, path: Path) -> None:
     """Check the database at `path` (open on `conn`), switch it to WAL with full syncs,
     and bring its schema to `SCHEMA_VERSION`. Raises StoreError when it must not be used."""
