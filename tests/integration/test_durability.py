@@ -798,7 +798,7 @@ def test_a_long_turn_killed_after_its_trail_spilled_a_row_resumes_with_every_lin
     def spilled() -> bool:
         conn = sqlite3.connect(db)
         try:
-            return bool(conn.execute("SELECT COUNT(DISTINCT turn) FROM trail").fetchone()[0]
+            return bool(conn.execute("SELECT COUNT(DISTINCT turn_no) FROM trail").fetchone()[0]
                         == len(ids))
         finally:
             conn.close()

@@ -26,7 +26,7 @@ from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.store.base import MessageRows, Store, StoreError, rows_of
 from turnkeeper.store.memory import MemoryStore
-from turnkeeper.store.sqlite import SQLiteStore
+from turnkeeper.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),
@@ -642,7 +642,8 @@ async def test_a_crash_between_saves_leaves_checkpoints_and_rows_that_agree(
         raw = sqlite3.connect(db)
         try:
             for record_, checkpoint in unfinished:
-                (n,) = raw.execute("SELECT COUNT(*) FROM messages WHERE turn = ?",
+                (n,) = raw.execute("SELECT COUNT(*) FROM messages JOIN turns ON"
+                                   " turns.seq = messages.turn_no WHERE turns.id = ?",
                                    (record_["id"],)).fetchone()
                 assert n == checkpoint["conversation"]["count"]
         finally:
@@ -740,7 +741,7 @@ async def test_a_sqlite_store_of_schema_5_gets_its_messages_apart_and_reads_the_
             await store.close()
     raw = sqlite3.connect(db)
     try:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert raw.execute("SELECT turn, message FROM turn_input").fetchall() == [
             ("t_0", json.dumps("before\x00after"))]
         assert raw.execute("SELECT json_extract(record, '$.message') FROM turns"
@@ -758,5 +759,87 @@ async def test_a_damaged_row_stops_the_migration_with_a_store_error_and_no_chang
     raw = sqlite3.connect(db)
     try:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
+    finally:
+        raw.close()
+
+
+def schema_6_with_two_turns(db: Path) -> list[dict[str, Any]]:
+    """A store as schema 6 left it (a turn's rows keyed by its id): `t_0` running and
+    `t_1` finished, each with three message rows, a trail row and two events, and one
+    event of the daemon's own. Returns the events as stored."""
+    from turnkeeper.store.sqlite import MIGRATIONS
+
+    raw = sqlite3.connect(db)
+    for migration in MIGRATIONS[:6]:
+        for step in migration:
+            if isinstance(step, str):
+                raw.execute(step)
+            else:
+                step(raw)
+    events: list[dict[str, Any]] = [{"seq": 1, "ts": 50, "type": "daemon.started"}]
+    for seq, (turn, state) in enumerate((("t_0", "running"), ("t_1", "completed")), 1):
+        checkpoint = {"conversation": {"count": 3, "turn_start": 0},
+                      "trail": {"count": 1, "tail": []}}
+        raw.execute("INSERT INTO turns (id, seq, session, state, created_at, updated_at,"
+                    " record, checkpoint) VALUES (?, ?, ?, ?, 100.0, 100.0, ?, ?)",
+                    (turn, seq, turn, state, json.dumps({"id": turn, "state": state}),
+                     json.dumps(checkpoint)))
+        raw.executemany("INSERT INTO messages (turn, idx, data) VALUES (?, ?, ?)", [
+            (turn, i, json.dumps({"role": "user", "content": f"{turn} {i}"}))
+            for i in range(3)])
+        raw.execute("INSERT INTO trail (turn, idx, data) VALUES (?, 0, ?)",
+                    (turn, f"lines of {turn}"))
+        for step_no in (1, 2):
+            events.append({"seq": len(events) + 1, "ts": 100, "turn": turn,
+                           "type": "step.started", "step": step_no})
+    raw.executemany("INSERT INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
+                    [(e["seq"], e.get("turn"), e["ts"], e["type"], json.dumps(e))
+                     for e in events])
+    raw.execute("PRAGMA user_version = 6")
+    raw.commit()
+    raw.close()
+    return events
+
+
+async def test_a_sqlite_store_of_schema_6_keys_rows_by_turn_number_and_reads_the_same(
+        tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    events = schema_6_with_two_turns(db)
+    store = SQLiteStore(db)
+    await store.open()
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        try:
+            for turn in ("t_0", "t_1"):
+                got = await store.get_checkpoint(turn)
+                assert contents(got) == [f"{turn} {i}" for i in range(3)]
+                assert got is not None and got["trail"]["rows"] == [f"lines of {turn}"]
+                assert await store.events(turn=turn) == [
+                    e for e in events if e.get("turn") == turn]
+            [(running, checkpoint)] = await store.unfinished_turns()
+            assert running["id"] == "t_0" and contents(checkpoint) == [
+                "t_0 0", "t_0 1", "t_0 2"]
+            assert await store.events() == events
+            # Rows written after the migration land beside the migrated ones.
+            await store.save_turn({"id": "t_0", "state": "running", "updated_at": 150.0},
+                                  {"conversation": {"count": 4, "turn_start": 0},
+                                   "trail": {"count": 1, "tail": []}},
+                                  messages=rows(3, "t_0 3"))
+            assert contents(await store.get_checkpoint("t_0")) == [
+                f"t_0 {i}" for i in range(4)]
+            # A finished turn is pruned with everything it holds, and the daemon's own
+            # old event with it; the running turn keeps its rows.
+            assert await store.prune(finished_before=1000.0, limit=10) == 1
+            assert await store.events(turn="t_1") == []
+            assert await store.events() == [e for e in events if e.get("turn") == "t_0"]
+            assert contents(await store.get_checkpoint("t_0")) == [
+                f"t_0 {i}" for i in range(4)]
+        finally:
+            await store.close()
+    raw = sqlite3.connect(db)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("SELECT DISTINCT turn_no FROM messages").fetchall() == [(1,)]
+        assert raw.execute("SELECT turn_no FROM trail").fetchall() == [(1,)]
     finally:
         raw.close()

@@ -44,7 +44,7 @@ from turnkeeper.store.base import (
     usage_of,
     with_messages,
 )
-from turnkeeper.store.sqlite_conn import SQLiteConnection, Statement
+from turnkeeper.store.sqlite_conn import TURN_NO, SQLiteConnection, Statement
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
@@ -59,8 +59,9 @@ def _dumps(value: Any) -> str:
 
 
 def _event_statement(event: Event) -> Statement:
-    return ("INSERT OR IGNORE INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
-            (event.seq, event.turn, event.ts, event.type, event.encoded()))
+    return ("INSERT OR IGNORE INTO events (seq, turn, turn_no, ts, type, data)"
+            f" VALUES (?, ?, {TURN_NO}, ?, ?, ?)",
+            (event.seq, event.turn, event.turn, event.ts, event.type, event.encoded()))
 
 
 def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -> Statement:
@@ -201,15 +202,17 @@ class SQLiteStore(SQLiteConnection):
         # queued again, and keeps everything.
         marks = ",".join("?" * len(ids))
         due = f"SELECT id FROM turns WHERE id IN ({marks}) AND state IN {TERMINAL_SQL}"
+        numbers = due.replace("SELECT id", "SELECT seq", 1)  # their rows are keyed by it
         statements: list[Statement] = [
-            (f"DELETE FROM events WHERE turn IN ({due})", ids),
+            (f"DELETE FROM events WHERE turn_no IN ({numbers})", ids),
             (f"DELETE FROM journal WHERE turn IN ({due})", ids),
-            (f"DELETE FROM messages WHERE turn IN ({due})", ids),
-            (f"DELETE FROM trail WHERE turn IN ({due})", ids),
+            (f"DELETE FROM messages WHERE turn_no IN ({numbers})", ids),
+            (f"DELETE FROM trail WHERE turn_no IN ({numbers})", ids),
             (f"DELETE FROM turn_input WHERE turn IN ({due})", ids),
             (f"DELETE FROM turns WHERE id IN ({due})", ids),
         ] if ids else []
-        statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
+        # The daemon's own events, and any left by a turn whose row is gone.
+        statements.append(("DELETE FROM events WHERE turn_no IS NULL AND ts < ?",
                            (finished_before,)))
         await self._write(statements)
         return len(ids)
@@ -239,8 +242,8 @@ class SQLiteStore(SQLiteConnection):
         def read(c: sqlite3.Connection) -> dict[str, Any] | None:
             turns, messages, trail = _together(c, [
                 ("SELECT checkpoint FROM turns WHERE id = ?", (turn_id,)),
-                ("SELECT data FROM messages WHERE turn = ? ORDER BY idx", (turn_id,)),
-                ("SELECT data FROM trail WHERE turn = ? ORDER BY idx", (turn_id,))])
+                *((f"SELECT data FROM {table} WHERE turn_no = {TURN_NO} ORDER BY idx",
+                   (turn_id,)) for table in (MESSAGES, TRAIL))])
             return (_attach(turns[0][0], [r[0] for r in messages], [r[0] for r in trail])
                     if turns else None)
 
@@ -259,8 +262,8 @@ class SQLiteStore(SQLiteConnection):
             turns, messages, trail = _together(c, [
                 (f"SELECT id, record, message, checkpoint FROM {WITH_MESSAGE} WHERE state"
                  f" NOT IN {TERMINAL_SQL} ORDER BY seq", ()),
-                *((f"SELECT r.turn, r.data FROM turns AS t JOIN {table} AS r ON"
-                   f" r.turn = t.id WHERE t.state NOT IN {TERMINAL_SQL}"
+                *((f"SELECT t.id, r.data FROM turns AS t JOIN {table} AS r ON"
+                   f" r.turn_no = t.seq WHERE t.state NOT IN {TERMINAL_SQL}"
                    " ORDER BY t.seq, r.idx", ()) for table in (MESSAGES, TRAIL))])
             rows, lines = rows_by_turn(messages), rows_by_turn(trail)
             return [(record_of(record, message),
@@ -279,8 +282,9 @@ class SQLiteStore(SQLiteConnection):
         if turn is None:
             return await self._read_json("SELECT data FROM events WHERE seq > ? ORDER BY"
                                          " seq LIMIT ?", (after_seq, limit))
-        return await self._read_json("SELECT data FROM events WHERE turn = ? AND seq > ?"
-                                     " ORDER BY seq LIMIT ?", (turn, after_seq, limit))
+        return await self._read_json(f"SELECT data FROM events WHERE turn_no = {TURN_NO}"
+                                     " AND seq > ? ORDER BY seq LIMIT ?",
+                                     (turn, after_seq, limit))
 
     async def journal_get(self, key: str) -> dict[str, Any] | None:
         rows = await self._read(

@@ -73,6 +73,9 @@ def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) 
         conn.executemany(sql, rows)
 
 
+# The number of the turn whose id is the parameter: a turn's rows are keyed by it.
+TURN_NO = "(SELECT seq FROM turns WHERE id = ?)"
+
 # Rows per INSERT statement (3 parameters each, far below SQLite's limit of 32,766).
 _ROWS_PER_INSERT = 500
 
@@ -81,7 +84,7 @@ _ROWS_PER_INSERT = 500
 # fewer lines than the one before it), so its rows are only added, one statement for
 # all of them: a row at an index already there (a write that failed, sent again) is
 # replaced, and nothing past the rows written is ever left to delete.
-_TRAIL_ROW = ("INSERT OR REPLACE INTO trail (turn, idx, data) SELECT id, ?, ? FROM turns"
+_TRAIL_ROW = ("INSERT OR REPLACE INTO trail (turn_no, idx, data) SELECT seq, ?, ? FROM turns"
               " WHERE id = ?")
 
 
@@ -90,7 +93,7 @@ def message_statements(m: MessageWrite) -> list[Statement]:
     for a turn with no row (as the UPDATE of its record, which matches nothing)."""
     if m.table == TRAIL:
         return [(_TRAIL_ROW, (n, text, m.turn)) for n, text in enumerate(m.rows, m.start)]
-    out: list[Statement] = [("DELETE FROM messages WHERE turn = ? AND idx >= ?",
+    out: list[Statement] = [(f"DELETE FROM messages WHERE turn_no = {TURN_NO} AND idx >= ?",
                               (m.turn, m.start))]
     rows = m.rows
     for first in range(0, len(rows), _ROWS_PER_INSERT):
@@ -100,7 +103,7 @@ def message_statements(m: MessageWrite) -> list[Statement]:
             params += (n, text)
         params.append(m.turn)
         out.append((
-            "INSERT INTO messages (turn, idx, data) SELECT t.id, v.column1, v.column2"
+            "INSERT INTO messages (turn_no, idx, data) SELECT t.seq, v.column1, v.column2"
             " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
             " JOIN turns AS t ON t.id = ?", params))
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from turnkeeper.store.base import StoreError, stored_message_of
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def _messages_apart(conn: sqlite3.Connection) -> None:
@@ -104,6 +104,29 @@ MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] =
             message TEXT NOT NULL
         )""",
         _messages_apart,
+    ),
+    (
+        # A turn's rows keyed by its number (`turns.seq`), not its id. Thousands of turns
+        # write at once, so a commit adds rows at as many places in whatever is ordered
+        # by turn, and writes every page it touched: keyed by an 18-character id, the
+        # events' index and the messages (a table clustered by turn) spread over more
+        # pages than a small integer key. The events keep their `turn` and gain its
+        # number for their index; messages and trail rows are appended to their tables
+        # and found through a unique index on (number, index).
+        "ALTER TABLE events ADD COLUMN turn_no INTEGER",
+        "UPDATE events SET turn_no = (SELECT seq FROM turns WHERE turns.id = events.turn)"
+        " WHERE turn IS NOT NULL",
+        "DROP INDEX events_turn",
+        "CREATE INDEX events_turn_no ON events(turn_no, seq)",
+        *(statement.format(table=table) for table in ("messages", "trail") for statement in (
+            "CREATE TABLE {table}_by_no (turn_no INTEGER NOT NULL, idx INTEGER NOT NULL,"
+            " data TEXT NOT NULL)",
+            "INSERT INTO {table}_by_no (turn_no, idx, data) SELECT t.seq, r.idx, r.data"
+            " FROM {table} AS r JOIN turns AS t ON t.id = r.turn ORDER BY t.seq, r.idx",
+            "DROP TABLE {table}",
+            "ALTER TABLE {table}_by_no RENAME TO {table}",
+            "CREATE UNIQUE INDEX {table}_turn ON {table}(turn_no, idx)",
+        )),
     ),
 )
 
