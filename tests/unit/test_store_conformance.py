@@ -807,6 +807,8 @@ async def test_a_sqlite_store_of_schema_6_keys_rows_by_turn_number_and_reads_the
     events = schema_6_with_two_turns(db)
     store = SQLiteStore(db)
     await store.open()
+    # What the migration wrote is in the file, not left in a write-ahead log.
+    assert (tmp_path / "state.db-wal").stat().st_size == 0
     async with anyio.create_task_group() as tg:
         await tg.start(store.run)
         try:
@@ -820,18 +822,23 @@ async def test_a_sqlite_store_of_schema_6_keys_rows_by_turn_number_and_reads_the
             assert running["id"] == "t_0" and contents(checkpoint) == [
                 "t_0 0", "t_0 1", "t_0 2"]
             assert await store.events() == events
-            # Rows written after the migration land beside the migrated ones.
+            # Rows written after the migration land beside the migrated ones, and the
+            # turn's events are read across the two keys, in order.
+            step = Event(seq=7, ts=150.0, type="step.started", turn="t_0",
+                         data={"step": 3})
             await store.save_turn({"id": "t_0", "state": "running", "updated_at": 150.0},
                                   {"conversation": {"count": 4, "turn_start": 0},
                                    "trail": {"count": 1, "tail": []}},
-                                  messages=rows(3, "t_0 3"))
+                                  messages=rows(3, "t_0 3"), events=[step])
             assert contents(await store.get_checkpoint("t_0")) == [
                 f"t_0 {i}" for i in range(4)]
+            of_t_0 = [e for e in events if e.get("turn") == "t_0"] + [step.to_json()]
+            assert await store.events(turn="t_0") == of_t_0
             # A finished turn is pruned with everything it holds, and the daemon's own
             # old event with it; the running turn keeps its rows.
             assert await store.prune(finished_before=1000.0, limit=10) == 1
             assert await store.events(turn="t_1") == []
-            assert await store.events() == [e for e in events if e.get("turn") == "t_0"]
+            assert await store.events() == of_t_0
             assert contents(await store.get_checkpoint("t_0")) == [
                 f"t_0 {i}" for i in range(4)]
         finally:
@@ -839,6 +846,9 @@ async def test_a_sqlite_store_of_schema_6_keys_rows_by_turn_number_and_reads_the
     raw = sqlite3.connect(db)
     try:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        # The events stored before keep no number (they are not rewritten); a new one has it.
+        assert raw.execute("SELECT seq, turn_no FROM events").fetchall() == [
+            (2, None), (3, None), (7, 1)]
         assert raw.execute("SELECT DISTINCT turn_no FROM messages").fetchall() == [(1,)]
         assert raw.execute("SELECT turn_no FROM trail").fetchall() == [(1,)]
     finally:

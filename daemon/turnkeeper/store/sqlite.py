@@ -44,7 +44,7 @@ from turnkeeper.store.base import (
     usage_of,
     with_messages,
 )
-from turnkeeper.store.sqlite_conn import TURN_NO, SQLiteConnection, Statement
+from turnkeeper.store.sqlite_conn import EVENT_TURN_KEY, TURN_NO, SQLiteConnection, Statement
 from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
@@ -201,18 +201,21 @@ class SQLiteStore(SQLiteConnection):
         # Checked again inside the transaction: a dead letter replayed since the read is
         # queued again, and keeps everything.
         marks = ",".join("?" * len(ids))
-        due = f"SELECT id FROM turns WHERE id IN ({marks}) AND state IN {TERMINAL_SQL}"
-        numbers = due.replace("SELECT id", "SELECT seq", 1)  # their rows are keyed by it
+        of_due = f"FROM turns WHERE id IN ({marks}) AND state IN {TERMINAL_SQL}"
+        due, numbers = f"SELECT id {of_due}", f"SELECT seq {of_due}"
+        # An event is found by its turn's number or id (`EVENT_TURN_KEY`). `+` takes the
+        # columns' type affinity off the list: compared with it, SQLite would convert
+        # each value instead of using the index.
+        keys = f"SELECT +seq {of_due} UNION ALL SELECT +id {of_due}"
         statements: list[Statement] = [
-            (f"DELETE FROM events WHERE turn_no IN ({numbers})", ids),
+            (f"DELETE FROM events WHERE {EVENT_TURN_KEY} IN ({keys})", ids * 2),
             (f"DELETE FROM journal WHERE turn IN ({due})", ids),
             (f"DELETE FROM messages WHERE turn_no IN ({numbers})", ids),
             (f"DELETE FROM trail WHERE turn_no IN ({numbers})", ids),
             (f"DELETE FROM turn_input WHERE turn IN ({due})", ids),
             (f"DELETE FROM turns WHERE id IN ({due})", ids),
         ] if ids else []
-        # The daemon's own events, and any left by a turn whose row is gone.
-        statements.append(("DELETE FROM events WHERE turn_no IS NULL AND ts < ?",
+        statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
                            (finished_before,)))
         await self._write(statements)
         return len(ids)
@@ -282,9 +285,9 @@ class SQLiteStore(SQLiteConnection):
         if turn is None:
             return await self._read_json("SELECT data FROM events WHERE seq > ? ORDER BY"
                                          " seq LIMIT ?", (after_seq, limit))
-        return await self._read_json(f"SELECT data FROM events WHERE turn_no = {TURN_NO}"
-                                     " AND seq > ? ORDER BY seq LIMIT ?",
-                                     (turn, after_seq, limit))
+        return await self._read_json(
+            f"SELECT data FROM events WHERE {EVENT_TURN_KEY} IN ({TURN_NO}, ?) AND seq > ?"
+            " ORDER BY seq LIMIT ?", (turn, turn, after_seq, limit))
 
     async def journal_get(self, key: str) -> dict[str, Any] | None:
         rows = await self._read(

@@ -75,6 +75,9 @@ def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) 
 
 # The number of the turn whose id is the parameter: a turn's rows are keyed by it.
 TURN_NO = "(SELECT seq FROM turns WHERE id = ?)"
+# What the events' index orders them by: their turn's number, or its id where they have
+# none (stored before the number was, or their turn has no row).
+EVENT_TURN_KEY = "coalesce(turn_no, turn)"
 
 # Rows per INSERT statement (3 parameters each, far below SQLite's limit of 32,766).
 _ROWS_PER_INSERT = 500

@@ -110,14 +110,15 @@ MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] =
         # write at once, so a commit adds rows at as many places in whatever is ordered
         # by turn, and writes every page it touched: keyed by an 18-character id, the
         # events' index and the messages (a table clustered by turn) spread over more
-        # pages than a small integer key. The events keep their `turn` and gain its
-        # number for their index; messages and trail rows are appended to their tables
-        # and found through a unique index on (number, index).
+        # pages than a small integer key. An event gains its turn's number (`turn_no`),
+        # and its index is on that number, or on the turn's id where it has none (an
+        # event stored before, or one whose turn has no row): the events already stored
+        # are not rewritten, only indexed again (a second for a million). Messages and
+        # trail rows are copied into tables they are appended to, found through a unique
+        # index on (number, index).
         "ALTER TABLE events ADD COLUMN turn_no INTEGER",
-        "UPDATE events SET turn_no = (SELECT seq FROM turns WHERE turns.id = events.turn)"
-        " WHERE turn IS NOT NULL",
         "DROP INDEX events_turn",
-        "CREATE INDEX events_turn_no ON events(turn_no, seq)",
+        "CREATE INDEX events_turn_key ON events(coalesce(turn_no, turn), seq)",
         *(statement.format(table=table) for table in ("messages", "trail") for statement in (
             "CREATE TABLE {table}_by_no (turn_no INTEGER NOT NULL, idx INTEGER NOT NULL,"
             " data TEXT NOT NULL)",
@@ -164,3 +165,7 @@ def prepare(conn: sqlite3.Connection, path: Path) -> None:
                 step(conn)
         conn.execute(f"PRAGMA user_version = {v + 1}")
         conn.execute("COMMIT")
+    if version < SCHEMA_VERSION:
+        # A migration of a large file leaves a write-ahead log as large as what it wrote
+        # until the daemon stops: its pages go into the file now, and the log to nothing.
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
