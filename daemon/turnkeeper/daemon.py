@@ -109,7 +109,8 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
     notifier = systemd.Notifier.from_env()
     try:
         store = open_store(config, state_dir(config), clock=clock)
-        await store.open()
+        await systemd.asking_for_time(notifier, store.open, status=(
+            "opening the state store (a schema migration can take minutes)"))
     except StoreError as exc:
         raise BootError(str(exc), exc.exit_code) from None
     node_id = getattr(store, "node_id", None)

@@ -17,6 +17,7 @@ import pytest
 
 from turnkeeper.lifecycle.systemd import (
     Notifier,
+    asking_for_time,
     extend_timeout_loop,
     listen_fds,
     status_loop,
@@ -199,6 +200,40 @@ async def test_a_drain_asks_for_three_steps_of_time_at_every_step(
     assert notifier.sent >= 2  # at 0, 0.02 (and 0.04) s
     assert [received(sock) for _ in range(notifier.sent)] == [
         "EXTEND_TIMEOUT_USEC=60000"] * notifier.sent
+
+
+@pytest.mark.anyio
+async def test_a_long_start_up_step_asks_for_time_and_a_short_one_sends_nothing(
+    listener: tuple[socket.socket, str],
+) -> None:
+    sock, path = listener
+    notifier = Notifier(path)
+
+    async def quick() -> str:
+        return "opened"
+
+    async def slow() -> str:
+        await anyio.sleep(0.35)
+        return "migrated"
+
+    assert await asking_for_time(notifier, quick, status="migrating", after_s=0.1,
+                                 every_s=0.1) == "opened"
+    assert notifier.sent == 0
+    assert await asking_for_time(notifier, slow, status="migrating", after_s=0.1,
+                                 every_s=0.1) == "migrated"
+    sent = notifier.sent
+    assert sent >= 2  # the status at 0.1 s, then a request for 0.3 s every 0.1 s
+    assert [received(sock) for _ in range(sent)] == [
+        "STATUS=migrating", *["EXTEND_TIMEOUT_USEC=300000"] * (sent - 1)]
+    await anyio.sleep(0.25)
+    assert notifier.sent == sent  # nothing once the step is over
+
+    async def failing() -> str:
+        raise OSError("state directory is not writable")
+
+    # The step's error comes out as it is (the daemon tells a store error by its type).
+    with pytest.raises(OSError, match="not writable"):
+        await asking_for_time(notifier, failing, status="migrating")
 
 
 @pytest.mark.anyio

@@ -20,12 +20,14 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import TypeVar
 
 __all__ = [
     "EXTEND_EVERY_S",
     "SD_LISTEN_FDS_START",
     "Notifier",
+    "asking_for_time",
     "extend_timeout_loop",
     "listen_fds",
     "status_loop",
@@ -39,6 +41,8 @@ SD_LISTEN_FDS_START = 3
 
 EXTEND_EVERY_S = 5.0
 """How often a long drain asks systemd for more time; each request is for three times this."""
+
+_T = TypeVar("_T")
 
 
 def _socket_address(value: str) -> str | None:
@@ -210,6 +214,33 @@ async def extend_timeout_loop(notifier: Notifier, every_s: float = EXTEND_EVERY_
     while True:
         notifier.extend_timeout(3 * every_s)
         await anyio.sleep(every_s)
+
+
+async def asking_for_time(notifier: Notifier, work: Callable[[], Awaitable[_T]], *,
+                          status: str, after_s: float = EXTEND_EVERY_S,
+                          every_s: float = EXTEND_EVERY_S) -> _T:
+    """`await work()`, and once it has run `after_s`: `STATUS=` `status`, then
+    `extend_timeout_loop` until it returns. A start-up step that may take minutes (a
+    schema migration of a large state file) is then not killed by `TimeoutStartSec=` for
+    its length, and one that is over at once sends nothing."""
+    import anyio
+
+    async def ask() -> None:
+        await anyio.sleep(after_s)
+        notifier.status(status)
+        await extend_timeout_loop(notifier, every_s)
+
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        try:
+            result = await work()
+        except Exception as exc:  # raised below as it is, not in the task group's group
+            failure = exc
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return result
 
 
 async def status_loop(notifier: Notifier, status: Callable[[], str],
