@@ -26,7 +26,13 @@ from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.store.base import MessageRows, Store, StoreError, rows_of
 from turnkeeper.store.memory import MemoryStore
-from turnkeeper.store.sqlite import SCHEMA_VERSION, SQLiteStore
+from turnkeeper.store.sqlite import (
+    EVENTS_OF_TURN,
+    SCHEMA_VERSION,
+    SQLiteStore,
+    prune_statements,
+)
+from turnkeeper.store.sqlite_schema import prepare
 
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),
@@ -853,3 +859,25 @@ async def test_a_sqlite_store_of_schema_6_keys_rows_by_turn_number_and_reads_the
         assert raw.execute("SELECT turn_no FROM trail").fetchall() == [(1,)]
     finally:
         raw.close()
+
+
+def test_sqlite_finds_a_turns_events_and_pruned_rows_through_indexes(tmp_path: Path) -> None:
+    """No statement that looks for a turn's rows reads a whole table or sorts what it
+    read. (A value compared with the events' index that has a type affinity, `seq`
+    where `+seq` is written, makes SQLite convert each of the index's values instead,
+    and read every event there is.)"""
+    db = tmp_path / "state.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        prepare(conn, db)
+        for sql, params in [(EVENTS_OF_TURN, ("t_0", 0, "t_0", 0, 10)),
+                            *prune_statements(["t_0", "t_1"])]:
+            plan = [str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+            # Each table is searched through an index (a range of rowids is every event
+            # after a seq), and nothing is sorted.
+            assert not [step for step in plan if "TEMP B-TREE" in step or (
+                step.startswith(("SCAN", "SEARCH")) and not step.startswith("SCAN (subquery")
+                and " USING INDEX " not in step and " USING COVERING INDEX " not in step)], (
+                sql, plan)
+    finally:
+        conn.close()

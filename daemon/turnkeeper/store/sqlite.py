@@ -76,6 +76,34 @@ def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -
                                record["id"]))
 
 
+# A turn's events after a seq (the turn's id, the seq, the id, the seq, a limit): by the
+# turn's number, and by its id (the events stored before it had one), two ranges of the
+# index, each in order, merged. (`EVENT_TURN_KEY` says why the `+`.)
+EVENTS_OF_TURN = (
+    f"SELECT data FROM (SELECT seq, data FROM events WHERE {EVENT_TURN_KEY} ="
+    " (SELECT +seq FROM turns WHERE id = ?) AND seq > ? UNION ALL SELECT seq, data FROM"
+    f" events WHERE {EVENT_TURN_KEY} = ? AND seq > ? ORDER BY seq LIMIT ?)")
+
+
+def prune_statements(ids: Sequence[str]) -> list[Statement]:
+    """The turns `ids` deleted with everything they hold, those still finished when the
+    transaction runs (a dead letter replayed since they were chosen is queued again, and
+    keeps everything)."""
+    marks = ",".join("?" * len(ids))
+    of_due = f"FROM turns WHERE id IN ({marks}) AND state IN {TERMINAL_SQL}"
+    due, numbers = f"SELECT id {of_due}", f"SELECT seq {of_due}"
+    # An event is found by its turn's number or its id (`EVENT_TURN_KEY`).
+    keys = f"SELECT +seq {of_due} UNION ALL SELECT +id {of_due}"
+    return [
+        (f"DELETE FROM events WHERE {EVENT_TURN_KEY} IN ({keys})", [*ids, *ids]),
+        (f"DELETE FROM journal WHERE turn IN ({due})", ids),
+        (f"DELETE FROM messages WHERE turn_no IN ({numbers})", ids),
+        (f"DELETE FROM trail WHERE turn_no IN ({numbers})", ids),
+        (f"DELETE FROM turn_input WHERE turn IN ({due})", ids),
+        (f"DELETE FROM turns WHERE id IN ({due})", ids),
+    ]
+
+
 def _together(conn: sqlite3.Connection, queries: Sequence[Statement]
               ) -> list[list[tuple[Any, ...]]]:
     """Several queries in one read transaction: they see the same commit (a checkpoint
@@ -198,23 +226,7 @@ class SQLiteStore(SQLiteConnection):
             f"SELECT id FROM turns WHERE state IN {TERMINAL_SQL} AND updated_at < ?"
             f"{keep_dead} ORDER BY seq LIMIT ?", (finished_before, limit))
         ids = [r[0] for r in rows]
-        # Checked again inside the transaction: a dead letter replayed since the read is
-        # queued again, and keeps everything.
-        marks = ",".join("?" * len(ids))
-        of_due = f"FROM turns WHERE id IN ({marks}) AND state IN {TERMINAL_SQL}"
-        due, numbers = f"SELECT id {of_due}", f"SELECT seq {of_due}"
-        # An event is found by its turn's number or id (`EVENT_TURN_KEY`). `+` takes the
-        # columns' type affinity off the list: compared with it, SQLite would convert
-        # each value instead of using the index.
-        keys = f"SELECT +seq {of_due} UNION ALL SELECT +id {of_due}"
-        statements: list[Statement] = [
-            (f"DELETE FROM events WHERE {EVENT_TURN_KEY} IN ({keys})", ids * 2),
-            (f"DELETE FROM journal WHERE turn IN ({due})", ids),
-            (f"DELETE FROM messages WHERE turn_no IN ({numbers})", ids),
-            (f"DELETE FROM trail WHERE turn_no IN ({numbers})", ids),
-            (f"DELETE FROM turn_input WHERE turn IN ({due})", ids),
-            (f"DELETE FROM turns WHERE id IN ({due})", ids),
-        ] if ids else []
+        statements = prune_statements(ids) if ids else []
         statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
                            (finished_before,)))
         await self._write(statements)
@@ -285,9 +297,7 @@ class SQLiteStore(SQLiteConnection):
         if turn is None:
             return await self._read_json("SELECT data FROM events WHERE seq > ? ORDER BY"
                                          " seq LIMIT ?", (after_seq, limit))
-        return await self._read_json(
-            f"SELECT data FROM events WHERE {EVENT_TURN_KEY} IN ({TURN_NO}, ?) AND seq > ?"
-            " ORDER BY seq LIMIT ?", (turn, turn, after_seq, limit))
+        return await self._read_json(EVENTS_OF_TURN, (turn, after_seq, turn, after_seq, limit))
 
     async def journal_get(self, key: str) -> dict[str, Any] | None:
         rows = await self._read(

@@ -76,7 +76,9 @@ def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) 
 # The number of the turn whose id is the parameter: a turn's rows are keyed by it.
 TURN_NO = "(SELECT seq FROM turns WHERE id = ?)"
 # What the events' index orders them by: their turn's number, or its id where they have
-# none (stored before the number was, or their turn has no row).
+# none (stored before the number was, or their turn has no row). Its values have no type
+# affinity, and a value compared with them must have none either (`+seq`, not `seq`), or
+# SQLite converts each one instead of using the index.
 EVENT_TURN_KEY = "coalesce(turn_no, turn)"
 
 # Rows per INSERT statement (3 parameters each, far below SQLite's limit of 32,766).
