@@ -76,13 +76,14 @@ def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -
                                record["id"]))
 
 
-# A turn's events after a seq (the turn's id, the seq, the id, the seq, a limit): by the
-# turn's number, and by its id (the events stored before it had one), two ranges of the
-# index, each in order, merged. (`EVENT_TURN_KEY` says why the `+`.)
+# A turn's events after a seq (the turn's id, the seq, the id, the seq, a limit), each
+# row its JSON first: by the turn's number, and by its id (the events stored before it
+# had one), two ranges of the index, each in order, merged. (`EVENT_TURN_KEY` says why
+# the `+`.)
 EVENTS_OF_TURN = (
-    f"SELECT data FROM (SELECT seq, data FROM events WHERE {EVENT_TURN_KEY} ="
-    " (SELECT +seq FROM turns WHERE id = ?) AND seq > ? UNION ALL SELECT seq, data FROM"
-    f" events WHERE {EVENT_TURN_KEY} = ? AND seq > ? ORDER BY seq LIMIT ?)")
+    f"SELECT data, seq FROM events WHERE {EVENT_TURN_KEY} ="
+    " (SELECT +seq FROM turns WHERE id = ?) AND seq > ? UNION ALL SELECT data, seq FROM"
+    f" events WHERE {EVENT_TURN_KEY} = ? AND seq > ? ORDER BY seq LIMIT ?")
 
 
 def prune_statements(ids: Sequence[str]) -> list[Statement]:
