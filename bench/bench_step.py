@@ -30,7 +30,8 @@ The process runs with the cyclic collector's thresholds the daemon serves with
 
 All turns of a round run concurrently on one uvloop event loop; CPU is
 `time.process_time()` (every thread of the process: SQLite writer threads included)
-over the round divided by K x S. Rounds alternate the systems; each figure is the median
+over the round divided by K x S. The part of it the SQLite writer thread spent in its
+commits (`commit_cpu_s`, user and system time) is printed apart. Rounds alternate the systems; each figure is the median
 of the rounds. A peer that cannot be imported is reported as not run, with the reason.
 
     python bench/bench_step.py [--turns 200] [--steps 5] [--rounds 3] [--only turnkeeper]
@@ -167,6 +168,11 @@ def write_script(path: Path, steps: int) -> Path:
     return path
 
 
+# The SQLite writer thread's CPU in a turnkeeper round (its transactions, off the event
+# loop; part of the round's CPU), by the round that ran it, until `bench` reads it.
+WRITER_CPU: dict[Round, float] = {}
+
+
 def turnkeeper_round(provider: str) -> Round:
     async def run(turns: int, steps: int, tmp: Path) -> float:
         kind = "scripted"
@@ -211,10 +217,13 @@ def turnkeeper_round(provider: str) -> Round:
             await sup.start(tg)
             gc.collect()
             cpu0 = time.process_time()
+            writer0 = getattr(store, "commit_cpu_s", None)  # None: a tree without it
             for i in range(turns):
                 tg.start_soon(_submit, sup, f"turn {i}")
             await all_done.wait()
             cpu = time.process_time() - cpu0
+            if writer0 is not None:
+                WRITER_CPU[run] = store.commit_cpu_s - writer0
             await sup.stop()
             await store.close()
             tg.cancel_scope.cancel()
@@ -360,6 +369,7 @@ async def bench(args: argparse.Namespace, port: int | None) -> None:
     total_steps = args.turns * args.steps
     raw: list[float] = []
     cpu: dict[str, list[float]] = {key: [] for key, _, _ in chosen}
+    writer: dict[str, list[float]] = {}
     for key, _, run in chosen:  # warm up: imports, first-call caches, not measured
         tmp = Path(tempfile.mkdtemp(prefix=f"tk-bench-step-{key}-"))
         try:
@@ -374,6 +384,8 @@ async def bench(args: argparse.Namespace, port: int | None) -> None:
             tmp = Path(tempfile.mkdtemp(prefix=f"tk-bench-step-{key}-"))
             try:
                 cpu[key].append(await run(args.turns, args.steps, tmp) / total_steps)
+                if run in WRITER_CPU:
+                    writer.setdefault(key, []).append(WRITER_CPU.pop(run) / total_steps)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     base = statistics.median(raw) * 1e3 if raw else None
@@ -388,6 +400,10 @@ async def bench(args: argparse.Namespace, port: int | None) -> None:
     for key, label, _ in chosen:
         ratio = f"{figures[key] / base:>12.2f}x" if base else f"{'-':>13}"
         print(f"  {label:<48}{figures[key]:>12.3f}{ratio}")
+    for key, vals in writer.items():
+        part = statistics.median(vals) * 1e3
+        print(f"  of which {key}'s SQLite writer thread (its commits): {part:.3f} ms/step "
+              f"({part / figures[key]:.0%})")
     for line in missing:
         print(f"  {line}")
     tk = figures.get("turnkeeper")

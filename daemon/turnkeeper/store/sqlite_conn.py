@@ -25,6 +25,7 @@ import json
 import os
 import random
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -139,6 +140,7 @@ class SQLiteConnection(GroupCommitWriter[Op]):
         self._lock_fds: tuple[int, ...] = ()
         self._next_seq = 0
         self.commits = 0
+        self.commit_cpu_s = 0.0  # the writer thread's CPU in its transactions
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -239,6 +241,14 @@ class SQLiteConnection(GroupCommitWriter[Op]):
             await self._clock.sleep(delay)
 
     def _commit_sync(self, batch: list[Write[Op]]) -> list[BaseException | None]:
+        """`_commit_batch`, its thread's CPU counted in `commit_cpu_s`."""
+        started = time.thread_time()
+        try:
+            return self._commit_batch(batch)
+        finally:
+            self.commit_cpu_s += time.thread_time() - started
+
+    def _commit_batch(self, batch: list[Write[Op]]) -> list[BaseException | None]:
         """One transaction for the batch. If it fails, each write gets its own, so one
         bad write fails alone, never its neighbours. A write the store itself cannot take
         ends the pass: it and the writes after it are left to retry in order (the events
