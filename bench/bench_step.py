@@ -30,9 +30,10 @@ The process runs with the cyclic collector's thresholds the daemon serves with
 
 All turns of a round run concurrently on one uvloop event loop; CPU is
 `time.process_time()` (every thread of the process: SQLite writer threads included)
-over the round divided by K x S. The part of it the SQLite writer thread spent in its
-commits (`commit_cpu_s`, user and system time) is printed apart. Rounds alternate the systems; each figure is the median
-of the rounds. A peer that cannot be imported is reported as not run, with the reason.
+over the round divided by K x S; the part the SQLite writer thread spent in its commits
+(`commit_cpu_s`, user and system time) is printed apart. Rounds alternate the systems;
+each figure is the median of the rounds. A peer that cannot be imported is reported as
+not run, with the reason.
 
     python bench/bench_step.py [--turns 200] [--steps 5] [--rounds 3] [--only turnkeeper]
 
