@@ -818,22 +818,21 @@ def test_a_store_from_the_previous_schema_is_migrated_and_its_turns_resume(
         tmp_path: Path, daemons: list[Daemon]) -> None:
     import json
 
-    from turnkeeper.store.sqlite import MIGRATIONS, SCHEMA_VERSION
+    from turnkeeper.store.sqlite import SCHEMA_VERSION
+    from turnkeeper.store.sqlite_schema import migrate
     from turnkeeper.turn.record import TurnRecord
 
     d = daemon(tmp_path, daemons, config(tmp_path, SLOW_SCRIPT))
     db = d.state_dir / DB_NAME
     db.parent.mkdir(parents=True)
     conn = sqlite3.connect(db)
-    for stmt in MIGRATIONS[0]:  # the store as version 1 left it, with a queued turn
-        conn.execute(stmt)
+    migrate(conn, to=1)  # the store as version 1 left it, with a queued turn
     now = time.time()
     record = TurnRecord(id="t_0000000000000001", session="s", message="from v1",
                         created_at=now, updated_at=now, seq=1, policy_version=1).to_json()
     conn.execute("INSERT INTO turns (id, seq, session, state, created_at, updated_at,"
                  " record) VALUES (?, 1, 's', 'queued', ?, ?, ?)",
                  (record["id"], now, now, json.dumps(record)))
-    conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
     d.start()

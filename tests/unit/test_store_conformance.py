@@ -32,7 +32,7 @@ from turnkeeper.store.sqlite import (
     SQLiteStore,
     prune_statements,
 )
-from turnkeeper.store.sqlite_schema import prepare
+from turnkeeper.store.sqlite_schema import migrate, prepare
 
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "sqlite": lambda tmp: SQLiteStore(tmp / "state.db"),
@@ -713,16 +713,11 @@ async def test_sqlite_writes_a_turns_message_once_and_no_record_carries_it(
 def schema_5_with_a_turn(db: Path, record_json: str) -> None:
     """A store as schema 5 left it (before the message was kept apart), holding one
     running turn `t_0` whose record is `record_json`."""
-    from turnkeeper.store.sqlite import MIGRATIONS
-
     raw = sqlite3.connect(db)
-    for migration in MIGRATIONS[:5]:
-        for stmt in migration:
-            raw.execute(stmt)
+    migrate(raw, to=5)
     raw.execute("INSERT INTO turns (id, seq, session, state, created_at, updated_at,"
                 " record) VALUES ('t_0', 1, 't_0', 'running', 100.0, 100.0, ?)",
                 (record_json,))
-    raw.execute("PRAGMA user_version = 5")
     raw.commit()
     raw.close()
 
@@ -773,15 +768,8 @@ def schema_6_with_two_turns(db: Path) -> list[dict[str, Any]]:
     """A store as schema 6 left it (a turn's rows keyed by its id): `t_0` running and
     `t_1` finished, each with three message rows, a trail row and two events, and one
     event of the daemon's own. Returns the events as stored."""
-    from turnkeeper.store.sqlite import MIGRATIONS
-
     raw = sqlite3.connect(db)
-    for migration in MIGRATIONS[:6]:
-        for step in migration:
-            if isinstance(step, str):
-                raw.execute(step)
-            else:
-                step(raw)
+    migrate(raw, to=6)
     events: list[dict[str, Any]] = [{"seq": 1, "ts": 50, "type": "daemon.started"}]
     for seq, (turn, state) in enumerate((("t_0", "running"), ("t_1", "completed")), 1):
         checkpoint = {"conversation": {"count": 3, "turn_start": 0},
@@ -801,7 +789,6 @@ def schema_6_with_two_turns(db: Path) -> list[dict[str, Any]]:
     raw.executemany("INSERT INTO events (seq, turn, ts, type, data) VALUES (?, ?, ?, ?, ?)",
                     [(e["seq"], e.get("turn"), e["ts"], e["type"], json.dumps(e))
                      for e in events])
-    raw.execute("PRAGMA user_version = 6")
     raw.commit()
     raw.close()
     return events

@@ -45,7 +45,6 @@ from turnkeeper.store.base import (
     with_messages,
 )
 from turnkeeper.store.sqlite_conn import EVENT_TURN_KEY, TURN_NO, SQLiteConnection, Statement
-from turnkeeper.store.sqlite_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
 

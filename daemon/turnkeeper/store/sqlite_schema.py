@@ -156,7 +156,18 @@ def prepare(conn: sqlite3.Connection, path: Path) -> None:
                          f"(journal_mode is {mode[0] if mode else None!r})")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
-    for v in range(version, SCHEMA_VERSION):
+    migrate(conn)
+    if version < SCHEMA_VERSION:
+        # A migration of a large file leaves a write-ahead log as large as what it wrote
+        # until the daemon stops: its pages go into the file now, and the log to nothing.
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def migrate(conn: sqlite3.Connection, *, to: int = SCHEMA_VERSION) -> None:
+    """Bring the schema from the version the file holds (`user_version`) to `to`, one
+    migration at a time, each in its own transaction: a crash during one leaves the file
+    at the version before it. (Tests build the file an earlier version left with `to`.)"""
+    for v in range(conn.execute("PRAGMA user_version").fetchone()[0], to):
         conn.execute("BEGIN IMMEDIATE")
         for step in MIGRATIONS[v]:
             if isinstance(step, str):
@@ -165,7 +176,3 @@ def prepare(conn: sqlite3.Connection, path: Path) -> None:
                 step(conn)
         conn.execute(f"PRAGMA user_version = {v + 1}")
         conn.execute("COMMIT")
-    if version < SCHEMA_VERSION:
-        # A migration of a large file leaves a write-ahead log as large as what it wrote
-        # until the daemon stops: its pages go into the file now, and the log to nothing.
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
