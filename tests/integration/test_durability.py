@@ -249,6 +249,10 @@ max_delay = 0.05
                     f"{key} neither reached the tool server nor was reported unknown")
             for step, index in LOOKUPS:
                 assert looked[f"{tid}.{step}.{index}"] >= 1, (tid, step, index)
+            # Every call and result reported once, however often the turn resumed.
+            for kind in ("tool.call", "tool.result"):
+                keys = collections.Counter(e["key"] for e in of_type(events, kind))
+                assert max(keys.values()) == 1, (tid, kind, keys)
         expected_keys = ({f"{t['id']}.{s}.{i}" for t in turns for s, i in LOOKUPS}
                          | {send_key(t["id"], s, i) for t in turns for s, i in SENDS})
         assert set(sent) | set(looked) <= expected_keys, "a call with an unexpected key"
@@ -345,6 +349,44 @@ tool_calls = [{ name = "send", arguments = { text = "$message" } },
 [[scenarios.steps]]
 reply = "sent"
 """
+
+SLOW_REPLY_SCRIPT = SEND_SCRIPT.replace('reply = "sent"', 'delay = 30.0\nreply = "sent"')
+
+
+def test_a_kill_during_the_next_model_call_runs_the_tools_again_from_the_journal_once(
+        tmp_path: Path, daemons: list[Daemon], tool_server: ToolServer) -> None:
+    """No checkpoint is taken between a step's tools and the next model call: a kill
+    during that call resumes from the checkpoint before the tools, which run again from
+    the journal. Nothing is sent twice, and every call and result is reported once."""
+    d = daemon(tmp_path, daemons, config(tmp_path, SLOW_REPLY_SCRIPT, tools=tool_server))
+    d.start()
+    tid = d.submit("one email")["id"]
+    wait_for(lambda: turn_of(d, tid)["counters"]["steps"] == 2,
+             what="the second model call under way")
+    time.sleep(0.3)  # the tools' events committed: the replay must not report them again
+    d.kill()
+    conn = sqlite3.connect(d.state_dir / DB_NAME)
+    try:
+        logged = [row[0] for row in conn.execute(
+            "SELECT json_extract(data, '$.type') FROM events ORDER BY seq")]
+    finally:
+        conn.close()
+    assert logged.count("tool.result") == 2 and logged[-1] == "model.request", logged
+    # Again quick: the second model call is not what this is about.
+    script_file(tmp_path / "script.toml", SEND_SCRIPT)
+    d.start()
+    done = d.wait(tid, timeout=20)
+    assert done["state"] == "completed" and done["result"]["answer"] == "sent", done
+    assert not done["result"]["open_issues"], done
+    assert len(tool_server.calls("/send")) == 1
+    assert len(tool_server.calls("/lookup")) == 1
+    events = d.events(tid)
+    for kind in ("tool.call", "tool.result"):
+        keys = collections.Counter(e["key"] for e in of_type(events, kind))
+        assert len(keys) == 2 and set(keys.values()) == {1}, (kind, keys)
+    assert [e["type"] for e in events if e["type"] in ("turn.resumed", "step.started")] \
+        == ["step.started", "step.started", "turn.resumed", "step.started"]
+    assert done["counters"]["steps"] == 2
 
 
 def test_a_stop_lets_a_non_idempotent_call_in_flight_finish_so_its_outcome_is_known(

@@ -14,6 +14,8 @@ from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.effects import EffectLedger, effect_key
 from turnkeeper.policy.outcome import StopCode
 from turnkeeper.tools.outcome import ToolOutcome
+from turnkeeper.turn.record import TurnRecord
+from turnkeeper.turn.runner import TurnControl, TurnRunner
 from turnkeeper.turn.trail import read as read_trail
 
 pytestmark = pytest.mark.anyio
@@ -107,3 +109,34 @@ async def test_cancel_now_cuts_the_effect_and_records_it_unknown() -> None:
     assert (await journal_kind(h)) == "unknown"
     assert f"outcome unknown: ticket {ARGS} (Idempotency-Key {KEY})" in result.open_issues
     assert h.clock.monotonic() == pytest.approx(0.0)
+
+
+async def test_a_resumed_call_the_journal_answers_is_reported_though_the_time_ran_out(
+        ) -> None:
+    """A turn stopped during the model call after its tools resumes from the checkpoint
+    before them, and the tools run again from the journal. A call whose outcome the
+    journal holds is reported from it even when the turn's deadline passed meanwhile: the
+    time budget keeps requests from being sent, and none is."""
+    h, sent = harness([calls("ticket", ARGS), answer()])
+    before_tools: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def at_request() -> None:
+        if len(h.provider.requests) == 2:  # the next model call: what a crash would leave
+            row = h.store._turns["t1"]
+            before_tools.append((dict(row.record), row.read_checkpoint()))
+
+    h.provider.on_request = at_request
+    await h.run()
+    record_json, checkpoint = before_tools[0]
+    assert len(checkpoint["conversation"]["messages"]) == 2  # the message, the reply
+    h.clock.advance(60)
+    record = TurnRecord.from_json({**record_json, "deadline": h.clock.time() - 1})
+    h.provider.script = [answer()]
+    runner = TurnRunner(record, TurnControl(), runtime=h.runtime, shared=h.shared,
+                        store=h.store, bus=h.bus, clock=h.clock, checkpoint=checkpoint,
+                        history=[], rand=lambda a, b: b)
+    result = await runner.run()
+    assert result is not None and result.stopped_because.counter == "deadline", result
+    assert sent == [KEY]
+    assert f'step 1: ticket {ARGS} -> ok' in result.partial, result.partial
+    assert len(h.provider.requests) == 2  # the boundary stopped it: no request sent

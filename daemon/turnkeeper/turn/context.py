@@ -11,13 +11,15 @@ trail's tail (see `turn/trail.py`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import structlog
 
+from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, to_micros
 from turnkeeper.event_types import EventBody, GuardWouldStop, TurnSuspended
 from turnkeeper.events import EventBus
@@ -38,6 +40,10 @@ from turnkeeper.turn.trail import Trail
 from turnkeeper.turn.trail import read as read_trail
 
 log = structlog.get_logger("turnkeeper.turn")
+
+
+# An event's envelope, around the fields its type gives it.
+_ENVELOPE = frozenset({"seq", "ts", "turn", "type"})
 
 
 class Suspended(Exception):
@@ -165,6 +171,11 @@ class TurnContext:
         # Set when the turn answers: what its result's write stores with it (the
         # checkpoint, its message rows and its trail rows).
         self.result_checkpoint: SavedCheckpoint | None = None
+        # The last event number when the checkpoint this turn resumed from was taken, and
+        # (while `replaying`) what the turn logged after it: see `replaying`.
+        self._events_after: int | None = (checkpoint.get("event_seq") if self.resumed
+                                          else None)
+        self._logged: list[tuple[str, Any]] = []
 
     @functools.cached_property
     def log(self) -> Any:
@@ -207,8 +218,40 @@ class TurnContext:
 
     def emit(self, event: EventBody | str, **data: Any) -> None:
         """Publish one of this turn's events: a catalogue event, or (for the rooms not
-        yet moved to the catalogue) a wire type with its fields."""
+        yet moved to the catalogue) a wire type with its fields. While `replaying`, an
+        event the turn already logged is not published again."""
+        if self._logged and self._was_logged(event, data):
+            return
         self.bus.publish(event, turn=self.record.id, **data)
+
+    @contextlib.asynccontextmanager
+    async def replaying(self) -> AsyncIterator[None]:
+        """Around work a resumed turn does again that it had done before a stop or a
+        crash cut it: a step's tools, run again from the journal (a stored outcome is
+        reused, not sent again). What the turn logged after its checkpoint (events it
+        published and the store kept) is read first, and each event the work publishes
+        again the same, field for field, is left out: a follower reads every tool call
+        and result once, even across a restart."""
+        if self._events_after is not None:
+            logged = await self.store.events(turn=self.record.id,
+                                             after_seq=self._events_after)
+            self._logged = [(e["type"], {k: v for k, v in e.items() if k not in _ENVELOPE})
+                            for e in logged]
+        try:
+            yield
+        finally:
+            self._logged = []
+
+    def _was_logged(self, event: EventBody | str, data: dict[str, Any]) -> bool:
+        """Whether `event` is one logged since the checkpoint (taken off the list)."""
+        kind, fields = ((event.TYPE, event.to_json()) if isinstance(event, EventBody)
+                        else (event, data))
+        fields = jsonwire.loads(jsonwire.dumps(fields))  # as the store gives them back
+        for i, (logged_kind, logged_fields) in enumerate(self._logged):
+            if logged_kind == kind and logged_fields == fields:
+                del self._logged[i]
+                return True
+        return False
 
     def sync_counters(self) -> None:
         c = self.record.counters
@@ -260,6 +303,7 @@ class TurnContext:
             "pending_stop": self.pending_stop.to_json() if self.pending_stop else None,
             "effects": self.effects.snapshot(),
             "extension": self.extension.snapshot(),
+            "event_seq": self.bus.last_seq,
         }
 
     def move(self, new: TurnState) -> None:

@@ -2,9 +2,11 @@
 `turnkeeper.policy` and the world (providers, tools, store, events); every rule it
 applies lives there.
 
-Each step: absorb user messages, checkpoint, run the guards (before anything is spent),
-call the model through the provider chain (`model_call`), run the tools it asked for
-(`tool_step`, with `builtins` for report_blocked and clarify). Those rooms share one
+Each step: absorb user messages, run the guards (before anything is spent), call the
+model through the provider chain (`model_call`), checkpoint its reply, run the tools it
+asked for (`tool_step`, with `builtins` for report_blocked and clarify); the step
+boundary checkpoints too unless the tools just ran (their outcomes are in the journal,
+and a turn resumed before its next reply runs them again from it). Those rooms share one
 `TurnContext` and never call back up into this loop. Every way out, including a bug,
 becomes one `TurnResult`; a turn asked to suspend returns None after its checkpoint.
 """
@@ -122,9 +124,12 @@ class TurnRunner:
             # Parked in a recovery wait: the same step goes on, in the same cycle, with
             # the same next attempt time; nothing is counted again.
             reenter_step = ctx.chain.phase is Phase.RECOVERING
-        # A step cut short between the model's reply and its tools finishes first.
+        # A step cut short between the model's reply and the next one's: its tools run
+        # again from the journal first, and what they reported is not reported twice.
         if ctx.conv.pending_tool_calls():
-            outcome = await self.tools.run(ctx.conv.pending_tool_calls(), resuming=True)
+            async with ctx.replaying():
+                outcome = await self.tools.run(ctx.conv.pending_tool_calls(),
+                                               resuming=True)
             if outcome is not None:
                 return outcome
         waited_on = self.builtins.pending_clarify_call()
@@ -132,6 +137,7 @@ class TurnRunner:
             outcome = await self.builtins.clarify(waited_on)
             if outcome is not None:
                 return outcome
+        tools_ran = False
         while True:
             ctx.absorb_messages()
             self.progress.step_boundary()
@@ -150,11 +156,18 @@ class TurnRunner:
                     ctx.gate(reached)
             if ctx.control.suspend_requested:
                 await ctx.suspend()
-            # Queued, not awaited: the next durable write (the reply's checkpoint, or
-            # the result) is awaited and commits after it; a crash before then runs
-            # this step again from the checkpoint before, which nothing acknowledged
-            # since depends on.
-            await ctx.checkpoint(TurnState.RUNNING, queued=True)
+            if tools_ran:
+                # No checkpoint after a step's tools: each call's outcome is in the
+                # journal, and its result goes with the next checkpoint, the reply's. A
+                # stop or a crash before it resumes from the checkpoint before the
+                # tools, which run again from the journal.
+                tools_ran = False
+            else:
+                # Queued, not awaited: the next durable write (the reply's checkpoint,
+                # or the result) is awaited and commits after it; a crash before then
+                # runs this step again from the checkpoint before, which nothing
+                # acknowledged since depends on.
+                await ctx.checkpoint(TurnState.RUNNING, queued=True)
             self._soft_warning(usage, now)
             self._offered, note = ctx.runtime.toolbox.offer_note(self._offered)
             if note is not None:  # MCP tools left or came back: the agent is told
@@ -208,6 +221,7 @@ class TurnRunner:
             outcome = await self.tools.run(reply.tool_calls, resuming=False)
             if outcome is not None:
                 return outcome
+            tools_ran = True
 
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
