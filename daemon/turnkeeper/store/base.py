@@ -26,7 +26,7 @@ rebuilds from it as from one written whole; a checkpoint written before rows exi
 
 A turn's message (what it was submitted with) never changes, and may be long. The store
 writes it once, when the turn is inserted, apart from the record and as JSON
-(`stored_message`); a record saved later (twice a step, with each checkpoint) is written
+(`stored_message`); a record saved later (with each checkpoint, every step) is written
 without it (`stored_record`), and every read puts it back (`record_of`). A record written
 before the message was kept apart holds it itself.
 """

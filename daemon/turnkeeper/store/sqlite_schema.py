@@ -95,7 +95,7 @@ MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] =
     ),
     (
         # A turn's message (as JSON: `stored_message`), written once when the turn is
-        # inserted. The turn's row is saved with every checkpoint, twice a step, and
+        # inserted. The turn's row is saved with every checkpoint, a step's at least, and
         # SQLite rewrites a row whole: a long message there was written again each time.
         # (A rowid table: a message may be larger than a WITHOUT ROWID table holds well.)
         # A record written before keeps its own copy, the same text.
