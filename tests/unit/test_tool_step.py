@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 from tests.unit.test_runner import Harness, answer, calls
 
+from turnkeeper.config import Policy, build_config
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.effects import EffectLedger, effect_key
-from turnkeeper.policy.outcome import StopCode
+from turnkeeper.policy.outcome import StopCode, TurnResult
+from turnkeeper.runtime import Runtime
 from turnkeeper.tools.outcome import ToolOutcome
 from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl, TurnRunner
@@ -111,6 +113,34 @@ async def test_cancel_now_cuts_the_effect_and_records_it_unknown() -> None:
     assert h.clock.monotonic() == pytest.approx(0.0)
 
 
+def cut_after_tools(h: Harness) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Run the turn, keeping what the store held as its second model call began: the
+    record and the checkpoint a crash or a stop during that call would leave (the one
+    before the step's tools)."""
+    before_tools: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def at_request() -> None:
+        if len(h.provider.requests) == 2:
+            row = h.store._turns["t1"]
+            before_tools.append((dict(row.record), row.read_checkpoint()))
+
+    h.provider.on_request = at_request
+    return before_tools
+
+
+async def resume(h: Harness, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                 runtime: Runtime | None = None) -> TurnResult:
+    """The turn resumed from `checkpoint` on the same store, as after a restart."""
+    h.provider.script = [answer()]
+    runner = TurnRunner(TurnRecord.from_json(record), TurnControl(),
+                        runtime=runtime or h.runtime, shared=h.shared, store=h.store,
+                        bus=h.bus, clock=h.clock, checkpoint=checkpoint, history=[],
+                        rand=lambda a, b: b)
+    result = await runner.run()
+    assert result is not None
+    return result
+
+
 async def test_a_resumed_call_the_journal_answers_is_reported_though_the_time_ran_out(
         ) -> None:
     """A turn stopped during the model call after its tools resumes from the checkpoint
@@ -118,25 +148,34 @@ async def test_a_resumed_call_the_journal_answers_is_reported_though_the_time_ra
     journal holds is reported from it even when the turn's deadline passed meanwhile: the
     time budget keeps requests from being sent, and none is."""
     h, sent = harness([calls("ticket", ARGS), answer()])
-    before_tools: list[tuple[dict[str, Any], dict[str, Any]]] = []
-
-    def at_request() -> None:
-        if len(h.provider.requests) == 2:  # the next model call: what a crash would leave
-            row = h.store._turns["t1"]
-            before_tools.append((dict(row.record), row.read_checkpoint()))
-
-    h.provider.on_request = at_request
+    kept = cut_after_tools(h)
     await h.run()
-    record_json, checkpoint = before_tools[0]
+    record, checkpoint = kept[0]
     assert len(checkpoint["conversation"]["messages"]) == 2  # the message, the reply
     h.clock.advance(60)
-    record = TurnRecord.from_json({**record_json, "deadline": h.clock.time() - 1})
-    h.provider.script = [answer()]
-    runner = TurnRunner(record, TurnControl(), runtime=h.runtime, shared=h.shared,
-                        store=h.store, bus=h.bus, clock=h.clock, checkpoint=checkpoint,
-                        history=[], rand=lambda a, b: b)
-    result = await runner.run()
-    assert result is not None and result.stopped_because.counter == "deadline", result
+    result = await resume(h, {**record, "deadline": h.clock.time() - 1}, checkpoint)
+    assert result.stopped_because.counter == "deadline", result
     assert sent == [KEY]
-    assert f'step 1: ticket {ARGS} -> ok' in result.partial, result.partial
+    assert f"step 1: ticket {ARGS} -> ok" in result.partial, result.partial
     assert len(h.provider.requests) == 2  # the boundary stopped it: no request sent
+
+
+async def test_a_resumed_call_whose_tool_is_gone_is_reported_from_the_journal() -> None:
+    """Resumed under a policy without the tool (or before an MCP server is back), a call
+    made before the cut is reported with its journalled outcome, not as a call to a tool
+    that does not exist; nothing is sent."""
+    h, sent = harness([calls("ticket", ARGS), answer()])
+    kept = cut_after_tools(h)
+    await h.run()
+    record, checkpoint = kept[0]
+    policy = Policy(version=2, source_path=None, content_hash="", config=build_config(
+        {"providers": [{"name": "main", "kind": "scripted"}]}))
+    runtime = Runtime.build(policy)
+    runtime.providers["main"] = h.provider
+    assert runtime.toolbox.get("ticket") is None
+    result = await resume(h, record, checkpoint, runtime=runtime)
+    assert result.stopped_because.code is StopCode.COMPLETED, result
+    assert sent == [KEY]
+    assert f"step 1: ticket {ARGS} -> ok" in result.partial, result.partial
+    last = h.provider.requests[-1].messages
+    assert [m.content for m in last if m.role == "tool"] == ['{"ticket": 1}']

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from turnkeeper import event_types as ev
+from turnkeeper import jsonwire
 from turnkeeper.policy.classify import CallFailure, classify
 from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
@@ -119,13 +120,18 @@ class ToolStep:
         ctx = self.ctx
         toolbox = ctx.runtime.toolbox
         tool = toolbox.get(call.name)
-        if tool is None:
+        args, problem = (None, None) if tool is None else toolbox.check_arguments(
+            call.name, call.arguments)
+        if tool is None or problem is not None:
+            recalled = await self._recalled(call, key) if resuming else None
+            if recalled is not None:
+                return recalled
+            if problem is not None:
+                return self._tool_failed(call, None, problem.failure)
             failure = CallFailure(exception=("UnknownTool",),
                                   message=f"there is no tool named {call.name!r}")
             return self._tool_failed(call, None, failure)
-        args, problem = toolbox.check_arguments(call.name, call.arguments)
-        if problem is not None:
-            return self._tool_failed(call, None, problem.failure)
+        assert tool is not None
         assert args is not None
         action = Action(tool=call.name, key=action_key(call.name, args), polling=tool.polling)
         verdict = ctx.loops.before_action(action)
@@ -158,16 +164,63 @@ class ToolStep:
             if spent is not None:
                 return spent
         ctx.emit(ev.ToolCalled(tool=call.name, call_id=call.id, key=key, arguments=args))
-        outcome: ToolOutcome | None = None
-        if entry is not None and entry["outcome"] is not None:
-            outcome = ToolOutcome.from_json(entry["outcome"])
-        elif entry is not None and not entry["idempotent"]:
-            # Sent, and the daemon died before any answer: not sent again.
-            outcome = _unknown("DaemonStopped", "the daemon stopped while it was in flight")
-            await ctx.store.journal_outcome(key, outcome.to_json())
+        outcome = None if entry is None else await self._stored_outcome(key, entry)
         if outcome is None:
             outcome = await self._send(call, args, key, idempotent=tool.idempotent)
-        if not tool.idempotent:
+        return self._report(call, args, key, outcome, action, idempotent=tool.idempotent)
+
+    async def _recalled(self, call: ToolCall, key: str
+                        ) -> Stop | tuple[str | None, str | None] | None:
+        """A call made before the turn was cut, that the toolbox no longer takes as it
+        did: its tool gone (a new policy, an MCP server not back yet) or its arguments
+        refused (a new schema). What the journal holds of it still stands: its outcome,
+        reported and counted as it would have been, found by the call's place (an
+        idempotent call's key) or by the effect ledger (a non-idempotent one's). None
+        when the journal has nothing to say (the call is refused as any other)."""
+        ctx = self.ctx
+        try:
+            args = jsonwire.loads(call.arguments.encode()) if call.arguments.strip() else {}
+        except ValueError:
+            return None
+        if not isinstance(args, dict):
+            return None
+        entry = await ctx.store.journal_get(key)
+        if entry is None:
+            plan = ctx.effects.plan(call.name, args,
+                                    dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
+            if isinstance(plan, Refuse):
+                return None
+            key = plan.key
+            entry = await ctx.store.journal_get(key)
+        outcome = None if entry is None else await self._stored_outcome(key, entry)
+        if outcome is None:
+            return None
+        assert entry is not None
+        action = Action(tool=call.name, key=action_key(call.name, args), polling=False)
+        ctx.loops.before_action(action)  # counted as when it was let through
+        ctx.emit(ev.ToolCalled(tool=call.name, call_id=call.id, key=key, arguments=args))
+        return self._report(call, args, key, outcome, action,
+                            idempotent=entry["idempotent"])
+
+    async def _stored_outcome(self, key: str, entry: dict[str, Any]) -> ToolOutcome | None:
+        """What the journal entry of a call sent before the turn was cut says: its
+        outcome; unknown (and journalled so) for a non-idempotent call sent with no answer,
+        which is never sent again; None for an idempotent one with no outcome (it may be
+        sent again with its key)."""
+        if entry["outcome"] is not None:
+            return ToolOutcome.from_json(entry["outcome"])
+        if entry["idempotent"]:
+            return None
+        outcome = _unknown("DaemonStopped", "the daemon stopped while it was in flight")
+        await self.ctx.store.journal_outcome(key, outcome.to_json())
+        return outcome
+
+    def _report(self, call: ToolCall, args: dict[str, Any], key: str, outcome: ToolOutcome,
+                action: Action, *, idempotent: bool
+                ) -> Stop | tuple[str | None, str | None]:
+        """A call's outcome told to the agent, its guards and its events."""
+        ctx = self.ctx
+        if not idempotent:
             ctx.effects.record(call.name, args, outcome.kind)
         ctx.loops.after_action(action, classify(outcome.failure) if outcome.failure else None)
         if outcome.kind is EffectOutcome.UNKNOWN:
