@@ -11,11 +11,11 @@ socket instead of taking work it cannot run.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import structlog
 
 from turnkeeper import event_types as ev
@@ -244,10 +244,11 @@ class Intake:
 
         try:
             # Started together, the writes reach the store's writer in one batch: one
-            # transaction for the lot.
-            async with anyio.create_task_group() as tg:
-                for i, (live, queued) in enumerate(prepared):
-                    tg.start_soon(write, i, live, queued, name=f"submit {live.record.id}")
+            # transaction for the lot. Bare asyncio tasks: an anyio task group spent 16 us
+            # a task to start, gather 3 (each write catches its own error, so only a
+            # cancellation comes out, and the writes it cut still commit).
+            await asyncio.gather(*(write(i, live, queued)
+                                   for i, (live, queued) in enumerate(prepared)))
         except BaseException:
             for live, _ in prepared:
                 if not live.record.seq:
