@@ -109,9 +109,11 @@ class ToolBox:
         server = self._servers.get(server_name) if sep else None
         return server.lookup(name) if server is not None else None
 
-    def check_arguments(self, name: str, arguments: str
+    @staticmethod
+    def parse_arguments(name: str, arguments: str
                         ) -> tuple[dict[str, Any], None] | tuple[None, ArgumentProblem]:
-        """Parse and validate before anything is sent."""
+        """A call's arguments as the JSON object they must be, whatever tool `name` is
+        (none at all, for a call the journal answers after its tool went)."""
         try:
             args = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as exc:
@@ -122,6 +124,15 @@ class ToolBox:
             return None, ArgumentProblem(CallFailure(
                 exception=("MalformedArguments",),
                 message=f"arguments of {name} must be a JSON object"))
+        return args, None
+
+    def check_arguments(self, name: str, arguments: str
+                        ) -> tuple[dict[str, Any], None] | tuple[None, ArgumentProblem]:
+        """Parse and validate before anything is sent."""
+        args, problem = self.parse_arguments(name, arguments)
+        if problem is not None:
+            return None, problem
+        assert args is not None
         plain = self._plain.get(name)
         if plain is not None and plain(args):
             return args, None

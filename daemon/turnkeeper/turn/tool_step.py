@@ -15,7 +15,6 @@ from typing import Any
 import anyio
 
 from turnkeeper import event_types as ev
-from turnkeeper import jsonwire
 from turnkeeper.policy.classify import CallFailure, classify
 from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
@@ -178,11 +177,8 @@ class ToolStep:
         idempotent call's key) or by the effect ledger (a non-idempotent one's). None
         when the journal has nothing to say (the call is refused as any other)."""
         ctx = self.ctx
-        try:
-            args = jsonwire.loads(call.arguments.encode()) if call.arguments.strip() else {}
-        except ValueError:
-            return None
-        if not isinstance(args, dict):
+        args, _ = ctx.runtime.toolbox.parse_arguments(call.name, call.arguments)
+        if args is None:
             return None
         entry = await ctx.store.journal_get(key)
         if entry is None:
