@@ -58,10 +58,13 @@ HISTORY = [{"message": f"question {i}", "result": {"answer": f"answer {i}"}}
 
 
 def saved(conv: Conversation, rows: list[str]) -> MessageRows:
-    """One checkpoint as the store takes it: rows from `start` replaced."""
+    """One checkpoint as the store takes it: rows from `start` replaced, and those past
+    its end deleted only when it trims (a stale row left behind shows in `rows`)."""
     out = conv.unsaved_rows()
-    del rows[out.start:]
-    rows.extend(out.rows)
+    end = out.start + len(out.rows)
+    rows[out.start:end] = out.rows
+    if out.trims:
+        del rows[end:]
     conv.mark_saved()
     return out
 
@@ -75,7 +78,7 @@ def test_a_new_conversation_writes_every_message_then_only_what_a_step_appends()
     rows: list[str] = []
     first = saved(conv, rows)
     assert first.start == 0 and len(first.rows) == 9 and rows == as_stored(conv)
-    assert saved(conv, rows) == MessageRows(9, ())  # nothing changed: nothing written
+    assert saved(conv, rows) == MessageRows(9, (), trims=False)  # nothing written
     conv.add_assistant(None, (A,))
     conv.add_tool_result(A, "one")
     step = saved(conv, rows)
@@ -163,8 +166,32 @@ def test_read_back_from_the_store_every_message_is_stored() -> None:
     stored = {**conv.stored_json(),
               "messages": [json.loads(t) for t in conv.unsaved_rows().rows]}
     again = Conversation.from_json(stored)
-    assert again.stored == 9 and again.unsaved_rows() == MessageRows(9, ())
+    assert again.stored == 9 and again.unsaved_rows() == MessageRows(9, (), trims=False)
     assert again.messages == conv.messages and again.turn_start == 8
+
+
+def test_a_save_trims_only_while_the_store_may_hold_rows_past_its_end() -> None:
+    conv = Conversation.start(HISTORY, "task")
+    rows: list[str] = []
+    assert not saved(conv, rows).trims  # a new turn: nothing stored
+    assert conv.compact()  # 9 messages -> 5
+    assert saved(conv, rows).trims and rows == as_stored(conv)
+    for n in range(5):  # up to 10 messages: past the 9 the store ever held
+        conv.add_assistant(f"step {n}", ())
+        out = saved(conv, rows)
+        assert out.trims == (len(conv.messages) < 9) and rows == as_stored(conv)
+
+
+def test_a_resume_from_memory_keeps_what_the_store_may_hold() -> None:
+    conv = Conversation.start(HISTORY, "task")
+    rows: list[str] = []
+    saved(conv, rows)
+    assert conv.compact()  # not saved yet: the store still holds 9 rows
+    again = Conversation.from_json(conv.to_json())
+    assert saved(again, rows).trims and rows == as_stored(again)
+    older = {k: v for k, v in conv.to_json().items() if k != "written"}
+    assert Conversation.from_json(older).unsaved_rows().trims  # not known: trims
+    assert Conversation.from_json({"messages": []}).unsaved_rows().trims
 
 
 def test_a_checkpoint_whose_rows_are_missing_is_refused() -> None:

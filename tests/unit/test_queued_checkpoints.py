@@ -151,6 +151,21 @@ def test_a_dropped_checkpoint_s_rows_join_the_newer_rows_they_run_on_to() -> Non
     assert join_messages([("DELETE ...", ())], [head, a2]) == [head, ("DELETE ...", ()), a2]
 
 
+def test_a_joined_write_trims_when_either_write_did() -> None:
+    """Rows past the joined write's end may be stored when they were past the end of
+    either: a compaction between the two (the newer one trims) or before the first."""
+    head = ("UPDATE turns ...", ())
+    a01 = MessageWrite("t_a", 0, ("m0", "m1"), trims=False, turn_no=7)
+    assert join_messages([a01], [head, MessageWrite("t_a", 2, ("m2",), trims=False,
+                                                    turn_no=7)]) == [
+        head, MessageWrite("t_a", 0, ("m0", "m1", "m2"), trims=False, turn_no=7)]
+    assert join_messages([a01], [head, MessageWrite("t_a", 1, ("x",), turn_no=7)]) == [
+        head, MessageWrite("t_a", 0, ("m0", "x"), trims=True, turn_no=7)]
+    assert join_messages([MessageWrite("t_a", 0, ("m0",))], [
+        head, MessageWrite("t_a", 1, ("m1",), trims=False)]) == [
+        head, MessageWrite("t_a", 0, ("m0", "m1"), trims=True)]
+
+
 def test_a_dropped_checkpoint_s_trail_rows_join_the_newer_trail_rows() -> None:
     """Each list joins its own: the dropped messages with the newer messages, the dropped
     trail lines with the newer trail lines, never one list's rows with the other's."""

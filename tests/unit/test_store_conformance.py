@@ -868,3 +868,76 @@ def test_sqlite_finds_a_turns_events_and_pruned_rows_through_indexes(tmp_path: P
                 sql, plan)
     finally:
         conn.close()
+
+
+async def test_a_step_s_sqlite_rows_carry_the_turn_s_number_and_delete_only_to_trim(
+        tmp_path: Path) -> None:
+    """A live turn's event and message rows get its number from the store (no lookup by
+    id each); a write that does not trim adds its rows and deletes nothing, one that
+    does still leaves no row past its end. A turn the store has not inserted (whatever
+    number its record claims) or one that finished has its number looked up, and rows
+    for a turn with no row are not kept."""
+    db = tmp_path / "state.db"
+    store = SQLiteStore(db)
+    await store.open()
+    statements: list[str] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(store.run)
+            a = record("t_a", state="running")
+            await store.insert_turn(a, {})
+            store.append_event(event(1, "t_a"))
+            store.append_event(event(2, "t_ghost"))
+            assert store._writer is not None
+            await store.save_turn(a, conv_cp(3), messages=rows(0, "m0", "m1", "m2"))
+            store._writer.set_trace_callback(statements.append)
+            await store.save_turn(a, conv_cp(4), messages=MessageRows(
+                3, rows(3, "m3").rows, trims=False))
+            store._writer.set_trace_callback(None)
+            assert contents(await store.get_checkpoint("t_a")) == ["m0", "m1", "m2", "m3"]
+            step = [s for s in statements if "messages" in s]
+            assert step and not [s for s in step if s.startswith("DELETE")], step
+            assert not [s for s in statements if "SELECT seq FROM turns" in s], statements
+            await store.save_turn(a, conv_cp(2), messages=rows(1, "note"))  # trims
+            assert contents(await store.get_checkpoint("t_a")) == ["m0", "note"]
+            await store.save_turn(finished(a, "completed", "completed"),
+                                  events=[event(3, "t_a")])
+            store.append_event(event(4, "t_a"))  # after the finish: looked up
+            await store.save_turn(record("t_ghost", state="running", seq=99), conv_cp(1),
+                                  messages=rows(0, "lost"))
+            tg.cancel_scope.cancel()
+        raw = sqlite3.connect(db)
+        try:
+            assert raw.execute("SELECT seq, turn_no FROM events ORDER BY seq").fetchall() == [
+                (1, 1), (2, None), (3, 1), (4, 1)]
+            assert raw.execute("SELECT turn_no, idx FROM messages ORDER BY idx").fetchall() \
+                == [(1, 0), (1, 1)]
+        finally:
+            raw.close()
+    finally:
+        await store.close()
+
+
+async def test_a_turn_read_back_unfinished_writes_its_rows_by_its_number(
+        tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    statements: list[str] = []
+    for reopened in (False, True):
+        store = SQLiteStore(db)
+        await store.open()
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(store.run)
+                if not reopened:
+                    await store.insert_turn(record("t_a", state="running"), {})
+                else:
+                    [(a, _)] = await store.unfinished_turns()
+                    assert store._writer is not None
+                    store._writer.set_trace_callback(statements.append)
+                    await store.save_turn(a, conv_cp(1), messages=rows(0, "m0"),
+                                          events=[event(1, "t_a")])
+                tg.cancel_scope.cancel()
+        finally:
+            await store.close()
+    assert [s for s in statements if "INSERT" in s] and not [
+        s for s in statements if "SELECT seq FROM turns" in s], statements

@@ -127,10 +127,13 @@ def usage_of(profile: str, state: str, code: str, tokens: Any, seconds: Any, ste
 class MessageRows:
     """The rows of one of a turn's lists (its conversation, or its trail) a checkpoint
     writes. After the write the turn holds exactly `start + len(rows)` rows of that list:
-    rows at index >= start are replaced by `rows`."""
+    rows at index >= start are replaced by `rows`. `trims` False says the store holds no
+    row past `start + len(rows)` (a step's write only adds rows), so there is nothing to
+    delete; True (the safe default) has the write delete any it finds."""
 
     start: int
     rows: tuple[str, ...]  # a message as JSON text (encoded once), or a trail row
+    trims: bool = True
 
 
 def stored_record(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ Instead of a statement per op, one transaction sends
   hold: the writes of those turns are left out of the rest of the transaction and fail
   alone (StaleLease), the others commit;
 - every conversation row as ONE statement, and every trail row as one more (the rows
-  past each write's end deleted, the written ones upserted, from `unnest`);
+  past the end of each write that trims deleted, the written ones upserted, from `unnest`);
 - each run of statements of one shape (journal entries, ...) as one pipelined
   `executemany`, and the event rows last, one `executemany` per shape (an event row
   depends on no other write of the transaction).
@@ -88,8 +88,9 @@ TURN_UPDATE = (
 
 def _rows_upsert(table: str) -> str:
     """The statement that writes the rows of many turns into `table` (messages or trail):
-    the rows past each write's end deleted, the written ones inserted or replaced; none
-    for a turn with no row (as the UPDATE of its record, which matches nothing)."""
+    the rows past the end of each write that trims deleted, the written ones inserted
+    or replaced; none for a turn with no row (as the UPDATE of its record, which matches
+    nothing)."""
     return (
         f"WITH gone AS (DELETE FROM {table} m USING unnest($1::text[], $2::int[]) AS"
         " e(turn, stop) WHERE m.turn = e.turn AND m.idx >= e.stop)"
@@ -183,7 +184,8 @@ def turn_update(updates: Sequence[TurnUpdate]) -> Statement:
 def message_upsert(messages: Sequence[MessageWrite]) -> list[Statement]:
     """One statement per list present in a segment's row writes (each list of a turn at
     most once): every conversation row in one, every trail row in another. In each,
-    rows past each write's end are deleted and the written ones inserted or replaced."""
+    rows past the end of each write that `trims` are deleted and the written ones
+    inserted or replaced."""
     by_table: dict[str, list[MessageWrite]] = {}
     for m in messages:
         by_table.setdefault(m.table, []).append(m)
@@ -199,8 +201,9 @@ def message_upsert(messages: Sequence[MessageWrite]) -> list[Statement]:
             turns += [m.turn] * len(m.rows)
             idx += range(m.start, m.start + len(m.rows))
             data += m.rows
-        out.append((sql, ([m.turn for m in writes],
-                          [m.start + len(m.rows) for m in writes], turns, idx, data)))
+        trimmed = [m for m in writes if m.trims]
+        out.append((sql, ([m.turn for m in trimmed],
+                          [m.start + len(m.rows) for m in trimmed], turns, idx, data)))
     if by_table:
         raise ValueError(f"row writes to unknown tables: {sorted(by_table)}")
     return out

@@ -31,6 +31,7 @@ from typing import Any
 from turnkeeper import jsonwire
 from turnkeeper.events import Event
 from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
     TERMINAL_SQL,
@@ -57,10 +58,18 @@ def _dumps(value: Any) -> str:
     return jsonwire.dumps_str(value)
 
 
-def _event_statement(event: Event) -> Statement:
-    return ("INSERT OR IGNORE INTO events (seq, turn, turn_no, ts, type, data)"
-            f" VALUES (?, ?, {TURN_NO}, ?, ?, ?)",
-            (event.seq, event.turn, event.turn, event.ts, event.type, event.encoded()))
+_EVENT_ROW = "INSERT OR IGNORE INTO events (seq, turn, turn_no, ts, type, data) VALUES"
+_EVENT_BY_ID = f"{_EVENT_ROW} (?, ?, {TURN_NO}, ?, ?, ?)"
+_EVENT = f"{_EVENT_ROW} (?, ?, ?, ?, ?, ?)"
+
+
+def _event_statement(event: Event, number: int | None) -> Statement:
+    """The event's row, with its turn's number when the store knows it (else looked up:
+    a turn with no row, or none, leaves it NULL)."""
+    if number is None:
+        return (_EVENT_BY_ID,
+                (event.seq, event.turn, event.turn, event.ts, event.type, event.encoded()))
+    return _EVENT, (event.seq, event.turn, number, event.ts, event.type, event.encoded())
 
 
 def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -> Statement:
@@ -125,21 +134,33 @@ class SQLiteStore(SQLiteConnection):
 
     # -- writing ------------------------------------------------------------------
 
+    def _number(self, record: dict[str, Any]) -> int | None:
+        """The number of the turn `record` saves, known while the turn is live (inserted
+        by this store or read back unfinished); forgotten once it finishes."""
+        if record["state"] in TERMINAL_STATES:
+            return self._numbers.pop(record["id"], None)
+        return self._numbers.get(record["id"])
+
+    def _event_rows(self, events: Sequence[Event], number: int | None) -> list[Statement]:
+        return [_event_statement(e, number) for e in events]
+
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                           events: Sequence[Event] = ()) -> int:
         """The turn's row and its message, durable when this returns; `events` commit
         with them."""
         self._next_seq += 1
-        record["seq"] = self._next_seq
+        record["seq"] = number = self._next_seq
         await self._write([(
             "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
             " checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (record["id"], record["seq"], record["session"], record["state"],
+            (record["id"], number, record["session"], record["state"],
              record["created_at"], record["updated_at"], _dumps(stored_record(record)),
              _dumps(checkpoint)),
         ), ("INSERT INTO turn_input (turn, message) VALUES (?, ?)",
-            (record["id"], stored_message(record))), *map(_event_statement, events)])
-        return int(record["seq"])
+            (record["id"], stored_message(record))), *self._event_rows(events, number)])
+        if record["state"] not in TERMINAL_STATES:
+            self._numbers[record["id"]] = number
+        return number
 
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
@@ -150,9 +171,10 @@ class SQLiteStore(SQLiteConnection):
         transaction with `events`. The record and the checkpoint of a turn must describe
         the same moment: a write of the record alone is for a turn that ends (its
         checkpoint is no longer read)."""
+        number = self._number(record)
         await self._write([_turn_statement(record, checkpoint),
-                           *message_write(record["id"], messages, trail),
-                           *map(_event_statement, events)],
+                           *message_write(record["id"], messages, trail, turn_no=number),
+                           *self._event_rows(events, number)],
                           supersedes=None if checkpoint is None else record["id"])
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
@@ -166,7 +188,7 @@ class SQLiteStore(SQLiteConnection):
         store interface for when a caller may leave a checkpoint unawaited."""
         return self._enqueue_turn(record["id"], [
             _turn_statement(record, checkpoint),
-            *message_write(record["id"], messages, trail)])
+            *message_write(record["id"], messages, trail, turn_no=self._number(record))])
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = ()) -> None:
@@ -179,10 +201,12 @@ class SQLiteStore(SQLiteConnection):
             " json(json_insert(COALESCE(json_extract(record, '$.inbox'), json('[]')),"
             " '$[#]', json(?))), '$.updated_at', ?) WHERE id = ?",
             (updated_at, _dumps(message), updated_at, turn_id)),
-            *map(_event_statement, events)])
+            *self._event_rows(events, self._numbers.get(turn_id))])
 
     def append_event(self, event: Event) -> None:
-        self._enqueue_event(_event_statement(event))
+        turn = event.turn
+        self._enqueue_event(_event_statement(
+            event, None if turn is None else self._numbers.get(turn)))
 
     def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(
@@ -206,12 +230,14 @@ class SQLiteStore(SQLiteConnection):
                            messages: MessageRows | None = None,
                            trail: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
+        number = self._number(record)
         await self._write([(
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
             " replayed_by = NULL WHERE id = ?",
             (record["state"], record["updated_at"], _dumps(stored_record(record)),
-             _dumps(checkpoint), record["id"])), *message_write(record["id"], messages, trail),
-            *map(_event_statement, events)])
+             _dumps(checkpoint), record["id"])),
+            *message_write(record["id"], messages, trail, turn_no=number),
+            *self._event_rows(events, number)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         await self._write([("UPDATE turns SET replayed_by = ? WHERE id = ?",
@@ -273,19 +299,21 @@ class SQLiteStore(SQLiteConnection):
         return await self._read_records(sql, (*params, limit))
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        def read(c: sqlite3.Connection) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        def read(c: sqlite3.Connection) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
             turns, messages, trail = _together(c, [
-                (f"SELECT id, record, message, checkpoint FROM {WITH_MESSAGE} WHERE state"
-                 f" NOT IN {TERMINAL_SQL} ORDER BY seq", ()),
+                (f"SELECT id, seq, record, message, checkpoint FROM {WITH_MESSAGE} WHERE"
+                 f" state NOT IN {TERMINAL_SQL} ORDER BY seq", ()),
                 *((f"SELECT t.id, r.data FROM turns AS t JOIN {table} AS r ON"
                    f" r.turn_no = t.seq WHERE t.state NOT IN {TERMINAL_SQL}"
                    " ORDER BY t.seq, r.idx", ()) for table in (MESSAGES, TRAIL))])
             rows, lines = rows_by_turn(messages), rows_by_turn(trail)
-            return [(record_of(record, message),
+            return [(number, record_of(record, message),
                      _attach(checkpoint, rows.get(turn_id, []), lines.get(turn_id, [])))
-                    for turn_id, record, message, checkpoint in turns]
+                    for turn_id, number, record, message, checkpoint in turns]
 
-        return await self._in_reader(read)
+        unfinished = await self._in_reader(read)
+        self._numbers.update((record["id"], number) for number, record, _ in unfinished)
+        return [(record, checkpoint) for _, record, checkpoint in unfinished]
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
         return await self._read_records(

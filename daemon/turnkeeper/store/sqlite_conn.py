@@ -95,23 +95,39 @@ _TRAIL_ROW = ("INSERT OR REPLACE INTO trail (turn_no, idx, data) SELECT seq, ?, 
 
 
 def message_statements(m: MessageWrite) -> list[Statement]:
-    """Replace the turn's message rows from `m.start` on, or add its trail rows; none
-    for a turn with no row (as the UPDATE of its record, which matches nothing)."""
+    """Replace the turn's rows from `m.start` on, deleting those past the write's end
+    first when it `trims` (a step's write only adds rows: nothing to delete). Rows are
+    keyed by the turn's number, `m.turn_no` or, not given, looked up by its id: then a
+    turn with no row gets none (as the UPDATE of its record, which matches nothing). The
+    store gives the number only for a turn whose row it inserted or saved."""
+    number = m.turn_no
     if m.table == TRAIL:
-        return [(_TRAIL_ROW, (n, text, m.turn)) for n, text in enumerate(m.rows, m.start)]
-    out: list[Statement] = [(f"DELETE FROM messages WHERE turn_no = {TURN_NO} AND idx >= ?",
-                              (m.turn, m.start))]
+        if number is None:
+            return [(_TRAIL_ROW, (n, text, m.turn)) for n, text in enumerate(m.rows, m.start)]
+        return [("INSERT OR REPLACE INTO trail (turn_no, idx, data) VALUES (?, ?, ?)",
+                 (number, n, text)) for n, text in enumerate(m.rows, m.start)]
+    out: list[Statement] = []
+    if m.trims:
+        out.append((f"DELETE FROM messages WHERE turn_no = {TURN_NO} AND idx >= ?",
+                    (m.turn, m.start)) if number is None else
+                   ("DELETE FROM messages WHERE turn_no = ? AND idx >= ?", (number, m.start)))
     rows = m.rows
     for first in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[first:first + _ROWS_PER_INSERT]
         params: list[Any] = []
-        for n, text in enumerate(chunk, m.start + first):
-            params += (n, text)
-        params.append(m.turn)
-        out.append((
-            "INSERT INTO messages (turn_no, idx, data) SELECT t.seq, v.column1, v.column2"
-            " FROM (VALUES " + ",".join(["(?,?)"] * len(chunk)) + ") AS v"
-            " JOIN turns AS t ON t.id = ?", params))
+        if number is None:
+            for n, text in enumerate(chunk, m.start + first):
+                params += (n, text)
+            params.append(m.turn)
+            out.append((
+                "INSERT OR REPLACE INTO messages (turn_no, idx, data) SELECT t.seq,"
+                " v.column1, v.column2 FROM (VALUES " + ",".join(["(?,?)"] * len(chunk))
+                + ") AS v JOIN turns AS t ON t.id = ?", params))
+        else:
+            for n, text in enumerate(chunk, m.start + first):
+                params += (number, n, text)
+            out.append(("INSERT OR REPLACE INTO messages (turn_no, idx, data) VALUES "
+                        + ",".join(["(?,?,?)"] * len(chunk)), params))
     return out
 
 
@@ -139,6 +155,9 @@ class SQLiteConnection(GroupCommitWriter[Op]):
         self._tg: TaskGroup | None = None
         self._lock_fds: tuple[int, ...] = ()
         self._next_seq = 0
+        # Turn id -> its number (`turns.seq`), for the turns not finished whose row this
+        # store inserted or saved: their event and message rows are keyed by it.
+        self._numbers: dict[str, int] = {}
         self.commits = 0
         self.commit_cpu_s = 0.0  # the writer thread's CPU in its transactions
 

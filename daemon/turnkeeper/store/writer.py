@@ -66,32 +66,39 @@ TRAIL = "trail"
 @dataclass(frozen=True, slots=True)
 class MessageWrite:
     """A turn's rows of one list (`table`: MESSAGES or TRAIL) from index `start`: after
-    it the turn holds exactly `start + len(rows)` rows in that table."""
+    it the turn holds exactly `start + len(rows)` rows in that table. `trims` as in
+    `MessageRows`; `turn_no` the turn's number where the store keys rows by it and knows
+    it (None: the backend looks it up)."""
 
     turn: str
     start: int
     rows: tuple[str, ...]
     table: str = MESSAGES
+    trims: bool = True
+    turn_no: int | None = None
 
 
 def message_write(turn: str, messages: MessageRows | None,
-                  trail: MessageRows | None = None) -> list[MessageWrite]:
+                  trail: MessageRows | None = None, *,
+                  turn_no: int | None = None) -> list[MessageWrite]:
     """The ops that write a checkpoint's message and trail rows (none for a list it
     leaves as it is)."""
-    ops = [] if messages is None else [MessageWrite(turn, messages.start, messages.rows)]
+    ops = [] if messages is None else [
+        MessageWrite(turn, messages.start, messages.rows, MESSAGES, messages.trims, turn_no)]
     if trail is not None:
-        ops.append(MessageWrite(turn, trail.start, trail.rows, TRAIL))
+        ops.append(MessageWrite(turn, trail.start, trail.rows, TRAIL, trail.trims, turn_no))
     return ops
 
 
 def _joined(old: object, new: object) -> MessageWrite | None:
     """`old` and then `new` as one write, when both write rows of the same list of a turn
-    and `new` runs on from (or overlaps) `old`."""
+    and `new` runs on from (or overlaps) `old`. It trims if either did: rows past its end
+    may be stored when they were past the end of either."""
     if isinstance(old, MessageWrite) and isinstance(new, MessageWrite) \
             and old.turn == new.turn and old.table == new.table \
             and old.start <= new.start <= old.start + len(old.rows):
         return MessageWrite(old.turn, old.start, old.rows[:new.start - old.start] + new.rows,
-                            old.table)
+                            old.table, old.trims or new.trims, new.turn_no)
     return None
 
 

@@ -21,7 +21,8 @@ NOTE_PREFIX = "[turnkeeper note] "
 
 class Conversation:
     def __init__(self, messages: Iterable[Message] = (), *, turn_start: int = 0,
-                 held_notes: Iterable[str] = (), stored: int = 0) -> None:
+                 held_notes: Iterable[str] = (), stored: int = 0,
+                 written: int | None = 0) -> None:
         self.messages: list[Message] = list(messages)
         # Index of the turn's own user message: what comes before is session history.
         self.turn_start = turn_start
@@ -31,6 +32,9 @@ class Conversation:
         self._texts: list[str | None] = [None] * len(self.messages)
         # The leading messages the store holds as they are now.
         self._stored = max(0, min(stored, len(self.messages)))
+        # The most rows the store may hold (None: not known): every save so far wrote at
+        # most this many. A save ending below it deletes the rows past its end.
+        self._written = None if written is None else max(written, self._stored)
         # While a save is in flight: the length it writes up to, and the lowest index
         # changed since it was taken.
         self._saving: int | None = None
@@ -60,8 +64,10 @@ class Conversation:
             if text is None:
                 texts[i] = text = message_text(messages[i])
             rows.append(text)
-        self._saving = self._touched = len(messages)
-        return MessageRows(start, tuple(rows))
+        end = self._saving = self._touched = len(messages)
+        written = self._written
+        self._written = None if written is None else max(written, end)
+        return MessageRows(start, tuple(rows), trims=written is None or written > end)
 
     def mark_saved(self) -> None:
         """The rows of the last `unsaved_rows()` are stored. A change made while they were
@@ -177,21 +183,27 @@ class Conversation:
         out = self.stored_json()
         out["messages"] = [m.to_json() for m in self.messages]
         out["saved"] = self._stored
+        out["written"] = self._written
         return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Conversation:
         """From a checkpoint as read back: messages inline with "count" (the store holds
         them all), with "saved" (from `to_json`), or neither (written before messages were
-        rows: the first save writes them all)."""
+        rows: the first save writes them all). The store holds exactly "count" rows; with
+        "saved", "written" says how many it may hold."""
         messages = [Message.from_json(m) for m in d.get("messages", ())]
         stored = 0
+        written: int | None = None
         if "count" in d:
             stored = int(d["count"])
             if stored != len(messages):
                 raise ValueError(f"the checkpoint counts {stored} messages but the store "
                                  f"gave back {len(messages)}")
+            written = stored
         if "saved" in d:
             stored = int(d["saved"])
+            written = None if d.get("written") is None else int(d["written"])
         return cls(messages, turn_start=int(d.get("turn_start", 0)),
-                   held_notes=[str(n) for n in d.get("held_notes", ())], stored=stored)
+                   held_notes=[str(n) for n in d.get("held_notes", ())], stored=stored,
+                   written=written)
