@@ -3,6 +3,7 @@ changes a turn; a live turn is answered from memory, fresher than its last check
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -41,7 +42,7 @@ class Queries:
         if live is not None:
             with core.clock.move_on_after(timeout_s):
                 async with anyio.create_task_group() as tg:
-                    async def until(event: anyio.Event) -> None:
+                    async def until(event: anyio.Event | asyncio.Event) -> None:
                         await event.wait()
                         tg.cancel_scope.cancel()
 

@@ -4,6 +4,7 @@ boundaries and while parked."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -13,9 +14,11 @@ import anyio
 @dataclass(slots=True)
 class TurnControl:
     """What the outside world can do to a running turn. The supervisor holds it; the
-    runner reads it at step boundaries and while parked."""
+    runner reads it at step boundaries and while parked. `wake` is a bare asyncio event
+    (the daemon runs anyio on asyncio): an anyio one cost 3.2 us to make, every turn,
+    and this 0.3."""
 
-    wake: anyio.Event = field(default_factory=anyio.Event)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_requested: bool = False
     suspend_requested: bool = False
     redirect_requested: bool = False
@@ -41,7 +44,7 @@ class TurnControl:
 
     def _wake(self) -> None:
         self.wake.set()
-        self.wake = anyio.Event()
+        self.wake = asyncio.Event()
 
     def wake_up(self) -> None:
         """Wake whatever the turn waits on, to look at this control again."""
