@@ -99,7 +99,7 @@ def message_statements(m: MessageWrite) -> list[Statement]:
     first when it `trims` (a step's write only adds rows: nothing to delete). Rows are
     keyed by the turn's number, `m.turn_no` or, not given, looked up by its id: then a
     turn with no row gets none (as the UPDATE of its record, which matches nothing). The
-    store gives the number only for a turn whose row it inserted or saved."""
+    store gives the number only for a live turn whose row it inserted or read back."""
     number = m.turn_no
     if m.table == TRAIL:
         if number is None:
@@ -156,7 +156,7 @@ class SQLiteConnection(GroupCommitWriter[Op]):
         self._lock_fds: tuple[int, ...] = ()
         self._next_seq = 0
         # Turn id -> its number (`turns.seq`), for the turns not finished whose row this
-        # store inserted or saved: their event and message rows are keyed by it.
+        # store inserted or read back: their event, message and trail rows are keyed by it.
         self._numbers: dict[str, int] = {}
         self.commits = 0
         self.commit_cpu_s = 0.0  # the writer thread's CPU in its transactions
