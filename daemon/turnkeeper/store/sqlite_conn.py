@@ -20,6 +20,7 @@ a new, empty one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,7 +29,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import structlog
@@ -72,6 +73,29 @@ def _execute_run(conn: sqlite3.Connection, sql: str, rows: list[Sequence[Any]]) 
         conn.execute(sql, rows[0])
     elif rows:
         conn.executemany(sql, rows)
+
+
+# A read waiting for the reader: its work, and the future its caller waits on.
+_Read = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]
+
+
+def _caused(error: StoreError, cause: BaseException) -> StoreError:
+    error.__cause__ = cause
+    return error
+
+
+def _answer_reads(batch: list[_Read], outcomes: list[tuple[bool, Any]]) -> None:
+    """Each caller of `batch` its outcome; one the thread never reached (it failed)
+    hears its read was not made."""
+    for i, (_, done) in enumerate(batch):
+        if done.done():  # its caller was cancelled
+            continue
+        if i >= len(outcomes):
+            done.set_exception(StoreError("state database read was not made"))
+        elif outcomes[i][0]:
+            done.set_result(outcomes[i][1])
+        else:
+            done.set_exception(outcomes[i][1])
 
 
 # The number of the turn whose id is the parameter: a turn's rows are keyed by it.
@@ -152,6 +176,7 @@ class SQLiteConnection(GroupCommitWriter[Op]):
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._read_lock = anyio.Lock()
+        self._reads: list[_Read] = []  # reads waiting for the next hop to the reader
         self._tg: TaskGroup | None = None
         self._lock_fds: tuple[int, ...] = ()
         self._next_seq = 0
@@ -319,21 +344,51 @@ class SQLiteConnection(GroupCommitWriter[Op]):
     # -- reads --------------------------------------------------------------------
 
     async def _in_reader(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """`work(reader)` in a worker thread, one read at a time. A row that is not the
-        JSON this store wrote (a damaged database that passed its quick check) is a
-        StoreError naming it, never a traceback."""
-        def run() -> _T:
-            assert self._reader is not None, "store is not open"
-            return work(self._reader)
+        """`work(reader)` in a worker thread. Reads run one at a time, and those that
+        come while one runs go together, one after another, in the next hop to the
+        thread: a read each cost a hop there and back through the event loop, which
+        under load waits its turn (after a restart 1,000 resumed turns each reading
+        their journal and events took seconds one by one). A row that is not the JSON
+        this store wrote (a damaged database that passed its quick check) is a
+        StoreError naming it, never a traceback; each read gets its own answer."""
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        read = (work, done)
+        self._reads.append(read)
+        try:
+            async with self._read_lock:
+                if not done.done():  # not taken by the batch before: this one takes it
+                    batch, self._reads = self._reads, []
+                    outcomes: list[tuple[bool, Any]] = []
+                    try:
+                        await anyio.to_thread.run_sync(self._read_batch, batch, outcomes)
+                    finally:
+                        _answer_reads(batch, outcomes)
+        except BaseException:
+            if not done.done():  # cancelled before it was read: it is not
+                with contextlib.suppress(ValueError):
+                    self._reads.remove(read)
+                done.cancel()
+            elif not done.cancelled():
+                done.exception()  # answered, and its caller has gone: nothing to report
+            raise
+        return cast(_T, done.result())
 
-        async with self._read_lock:
+    def _read_batch(self, batch: list[_Read], outcomes: list[tuple[bool, Any]]) -> None:
+        """Each read of `batch` in turn, its answer (or its error) into `outcomes`."""
+        conn = self._reader
+        for work, _ in batch:
             try:
-                return await anyio.to_thread.run_sync(run)
+                assert conn is not None, "store is not open"
+                outcomes.append((True, work(conn)))
             except sqlite3.DatabaseError as exc:
-                raise StoreError(f"state database read failed: {exc}") from exc
+                outcomes.append((False, _caused(StoreError(
+                    f"state database read failed: {exc}"), exc)))
             except ValueError as exc:  # json.JSONDecodeError
-                raise StoreError(f"state database {self.path} holds a damaged row ({exc}); "
-                                 "restore it from a backup") from exc
+                outcomes.append((False, _caused(StoreError(
+                    f"state database {self.path} holds a damaged row ({exc}); restore it"
+                    " from a backup"), exc)))
+            except Exception as exc:
+                outcomes.append((False, exc))
 
     async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return await self._in_reader(lambda c: c.execute(sql, params).fetchall())
