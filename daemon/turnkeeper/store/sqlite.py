@@ -5,7 +5,8 @@ while the previous transaction was committing goes into the next transaction, so
 hundreds of concurrent turns share one fsync instead of queueing on it. A caller that
 awaits a write resumes only after its transaction committed (synchronous=FULL), so what
 was acknowledged is on disk. Reads use a second connection; WAL lets them run beside
-the writer. All SQLite calls run in worker threads, never on the event loop.
+the writer, and those that come while one runs go together in one hop to its thread.
+All SQLite calls run in worker threads, never on the event loop.
 
 A step's writes are appended: the conversation is a table of message rows, one per
 message, inserted once (a compaction deletes the rows from the first one it changed and
