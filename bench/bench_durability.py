@@ -2,8 +2,8 @@
 
 1. Checkpoint cost per step, in this process. The real Supervisor and TurnRunner run K
    turns x S steps against a zero-latency model and the `echo` tool, once with the real
-   SQLiteStore (WAL, synchronous=FULL, group commit; every step checkpoints twice and
-   journals each tool call) and once with a store that discards every write (the
+   SQLiteStore (WAL, synchronous=FULL, group commit; every step checkpoints the model's
+   reply and journals each tool call) and once with a store that discards every write (the
    baseline: the same runtime, nothing persisted). Sequential turns show the latency
    that fsync adds to a step; concurrent turns show what group commit makes of it. The
    figures: wall time and CPU (`time.process_time()`, SQLite's threads included) per
@@ -44,9 +44,10 @@ from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
 from turnkeeper.events import Event
 from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import StopCode, TurnResult
 from turnkeeper.policy.store_outage import StoreOutage
-from turnkeeper.store.base import MessageRows
+from turnkeeper.store.base import MessageRows, Store
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.turn.record import TurnRecord
@@ -55,7 +56,9 @@ from turnkeeper.turn.record import TurnRecord
 
 
 class DiscardStore:
-    """The Store interface with nothing behind it: every write returns at once."""
+    """The Store interface with nothing behind it: every write returns at once. (Typed
+    as a `Store` where it is made, so a method the interface gains and this lacks is a
+    type error, not a turn that dies of a TypeError mid-benchmark.)"""
 
     def __init__(self) -> None:
         self._seq = 0
@@ -83,7 +86,14 @@ class DiscardStore:
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
                         messages: MessageRows | None = None,
+                        trail: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
+        self.writes += 1
+
+    async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
+                           messages: MessageRows | None = None,
+                           trail: MessageRows | None = None,
+                           events: Sequence[Event] = ()) -> None:
         self.writes += 1
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
@@ -97,8 +107,17 @@ class DiscardStore:
         return None
 
     async def list_turns(self, *, state: str | None = None, session: str | None = None,
-                         limit: int = 100) -> list[dict[str, Any]]:
+                         limit: int = 100, since: float | None = None,
+                         before_seq: int | None = None) -> list[dict[str, Any]]:
         return []
+
+    async def finished_usage(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[TurnUsage]:
+        return []
+
+    async def prune(self, *, finished_before: float, dead_letters: bool = False,
+                    limit: int) -> int:
+        return 0
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         return []
@@ -157,7 +176,7 @@ async def steps_round(kind: str, turns: int, steps: int, concurrent: int,
     })
     policy = Policy(version=1, config=config, source_path=None, content_hash="")
     sqlite = SQLiteStore(tmp / "turnkeeper.sqlite3") if kind == "sqlite" else None
-    store: Any = sqlite if sqlite is not None else DiscardStore()
+    store: Store = sqlite if sqlite is not None else DiscardStore()
     await store.open()
     sup = Supervisor(policy=policy, store=store, clock=SystemClock(),
                      notifier=Notifier(None), config_path=None)
