@@ -29,128 +29,26 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.daemon_proc import DaemonProc
+from bench.discard_store import discard_store
 
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
-from turnkeeper.events import Event
 from turnkeeper.lifecycle.systemd import Notifier
-from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import StopCode, TurnResult
-from turnkeeper.policy.store_outage import StoreOutage
-from turnkeeper.store.base import MessageRows, Store
+from turnkeeper.store.base import Store
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.turn.record import TurnRecord
 
 # -- 1. checkpoint cost per step ---------------------------------------------------------
-
-
-class DiscardStore:
-    """The Store interface with nothing behind it: every write returns at once. (Typed
-    as a `Store` where it is made, so a method the interface gains and this lacks is a
-    type error, not a turn that dies of a TypeError mid-benchmark.)"""
-
-    def __init__(self) -> None:
-        self._seq = 0
-        self.writes = 0
-        self.outage = StoreOutage()  # never degraded: nothing can fail
-
-    async def open(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def max_event_seq(self) -> int:
-        return 0
-
-    def reserve_event_seqs(self, upto: int) -> None:
-        return None
-
-    async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = ()) -> int:
-        self._seq += 1
-        self.writes += 1
-        return self._seq
-
-    async def save_turn(self, record: dict[str, Any],
-                        checkpoint: dict[str, Any] | None = None, *,
-                        messages: MessageRows | None = None,
-                        trail: MessageRows | None = None,
-                        events: Sequence[Event] = ()) -> None:
-        self.writes += 1
-
-    async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                           messages: MessageRows | None = None,
-                           trail: MessageRows | None = None,
-                           events: Sequence[Event] = ()) -> None:
-        self.writes += 1
-
-    async def append_message(self, turn_id: str, message: dict[str, Any], *,
-                             updated_at: float, events: Sequence[Event] = ()) -> None:
-        self.writes += 1
-
-    async def get_turn(self, turn_id: str) -> dict[str, Any] | None:
-        return None
-
-    async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
-        return None
-
-    async def list_turns(self, *, state: str | None = None, session: str | None = None,
-                         limit: int = 100, since: float | None = None,
-                         before_seq: int | None = None) -> list[dict[str, Any]]:
-        return []
-
-    async def finished_usage(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[TurnUsage]:
-        return []
-
-    async def prune(self, *, finished_before: float, dead_letters: bool = False,
-                    limit: int) -> int:
-        return 0
-
-    async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        return []
-
-    async def session_history(self, session: str, *, before_seq: int
-                              ) -> list[dict[str, Any]]:
-        return []
-
-    def append_event(self, event: Event) -> None:
-        return None
-
-    async def events(self, *, turn: str | None = None, after_seq: int = 0,
-                     limit: int = 10_000) -> list[dict[str, Any]]:
-        return []
-
-    async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
-                             idempotent: bool) -> None:
-        self.writes += 1
-
-    async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
-        self.writes += 1
-
-    async def journal_get(self, key: str) -> dict[str, Any] | None:
-        return None
-
-    async def dead_letters(self) -> list[dict[str, Any]]:
-        return []
-
-    async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
-        return None
-
-    async def flush(self) -> None:
-        return None
 
 
 def write_script(path: Path, steps: int) -> Path:
@@ -176,7 +74,7 @@ async def steps_round(kind: str, turns: int, steps: int, concurrent: int,
     })
     policy = Policy(version=1, config=config, source_path=None, content_hash="")
     sqlite = SQLiteStore(tmp / "turnkeeper.sqlite3") if kind == "sqlite" else None
-    store: Store = sqlite if sqlite is not None else DiscardStore()
+    store: Store = sqlite if sqlite is not None else discard_store()
     await store.open()
     sup = Supervisor(policy=policy, store=store, clock=SystemClock(),
                      notifier=Notifier(None), config_path=None)

@@ -18,8 +18,9 @@ text. Three rows, harshest first:
               max_output_tokens), LoopDetector (action key = sha256 of canonical JSON,
               before/after action, after step, snapshot in every checkpoint), FailureLoop.
   guards off  the same runner with those three replaced by objects that decide nothing
-              (return None / the configured value) and `action_key` by a constant; the
-              cost of calling them stays, so what differs is the guards' own work.
+              (return None / the configured value; the loop guards' action keys, the
+              sha256 of each call, go with them); the cost of calling them stays, so
+              what differs is the guards' own work.
 
 Rounds come in pairs, on and off back to back (the order alternating); each runs K turns
 of S steps concurrently in one task group on one uvloop event loop; CPU is
@@ -38,6 +39,7 @@ import gc
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -46,10 +48,14 @@ from typing import Any
 
 import anyio
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.discard_store import discard_store
+
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
-from turnkeeper.events import Event, EventBus
+from turnkeeper.events import EventBus
 from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
 from turnkeeper.policy.classify import FailureClass
@@ -62,9 +68,7 @@ from turnkeeper.providers.base import (
     Usage,
 )
 from turnkeeper.runtime import Runtime, Shared
-from turnkeeper.store.base import MessageRows
 from turnkeeper.store.sqlite import SQLiteStore
-from turnkeeper.turn import tool_step as runner_mod
 from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl, TurnRunner
 
@@ -97,36 +101,15 @@ class ZeroModel:
         return None
 
 
-class NullStore:
-    """Every write does nothing; reads find nothing."""
-
-    async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = ()) -> int:
-        return 0
-
-    async def save_turn(self, record: dict[str, Any], checkpoint: dict[str, Any] | None
-                        = None, *, messages: MessageRows | None = None,
-                        events: Sequence[Event] = ()) -> None:
-        return None
-
-    def append_event(self, event: Event) -> None:
-        return None
-
-    async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
-                             idempotent: bool) -> None:
-        return None
-
-    async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
-        return None
-
-    async def journal_get(self, key: str) -> dict[str, Any] | None:
-        return None
-
-
 # -- guards that decide nothing ----------------------------------------------------------
 
-class NoBudget:
-    limits = BudgetLimits(max_tokens=10**9, max_seconds=1e9, max_steps=10**6)
+class NoBudget(BudgetGuard):
+    """A budget that stops nothing and warns of nothing. (Subclasses of the real guards:
+    what the runner reads of them and they do not decide is theirs, so a guard that
+    gains a method still runs here.)"""
+
+    def __init__(self) -> None:
+        super().__init__(BudgetLimits(max_tokens=10**9, max_seconds=1e9, max_steps=10**6))
 
     def check(self, usage: BudgetUsage, *, now: float) -> Stop | None:
         return None
@@ -148,8 +131,8 @@ class NoBudget:
         return {}
 
 
-class NoLoops:
-    no_progress = 0
+class NoLoops(LoopDetector):
+    """A loop detector that records and decides nothing."""
 
     def before_action(self, action: Action) -> None:
         return None
@@ -165,9 +148,8 @@ class NoLoops:
         return {}
 
 
-class NoFailures:
-    streak = 0
-    thresholds = dict.fromkeys(FailureClass, 1 << 30)
+class NoFailures(FailureLoop):
+    """A failure loop that counts nothing."""
 
     def record_failure(self, tool: str, arguments: object, failure_class: FailureClass
                        ) -> None:
@@ -182,10 +164,6 @@ class NoFailures:
 
 # (model, store) rows: the harshest first (nothing but the runner around the guards).
 ROWS = (("zero", "null"), ("scripted", "null"), ("zero", "sqlite"))
-
-
-def _no_key(tool: str, arguments: object) -> str:
-    return tool
 
 
 # -- one round -----------------------------------------------------------------------------
@@ -232,13 +210,14 @@ async def _round_in(tmp: str, turns: int, steps: int, *, guards: bool, store_kin
             await store.open()
             await daemon_tg.start(store.run)
         else:
-            store = NullStore()
+            store = discard_store()
         try:
-            return await _measure(turns, steps, runtime=runtime, shared=shared,
-                                  clock=clock, store=store, guards=guards)
+            cpu = await _measure(turns, steps, runtime=runtime, shared=shared,
+                                 clock=clock, store=store, guards=guards)
         finally:
             if store_kind == "sqlite":
                 await store.close()
+    return cpu
 
 
 async def _measure(turns: int, steps: int, *, runtime: Runtime, shared: Shared,
@@ -258,24 +237,20 @@ async def _measure(turns: int, steps: int, *, runtime: Runtime, shared: Shared,
                             store=store, bus=bus, clock=clock, checkpoint={},
                             history=[])
         if not guards:
-            runner.ctx.guard = NoBudget()  # type: ignore[assignment]
-            runner.ctx.loops = NoLoops()  # type: ignore[assignment]
-            runner.ctx.failures = NoFailures()  # type: ignore[assignment]
+            runner.ctx.guard = NoBudget()
+            runner.ctx.loops = NoLoops()
+            runner.ctx.failures = NoFailures()
         result = await runner.run()
         assert result is not None and result.stopped_because.code is \
             StopCode.COMPLETED, result
         assert record.counters.steps == steps
 
-    runner_mod.action_key = action_key if guards else _no_key  # type: ignore[assignment]
     gc.collect()
     cpu0 = time.process_time()
-    try:
-        async with anyio.create_task_group() as tg:
-            for record in records:
-                tg.start_soon(one, record)
-        cpu = time.process_time() - cpu0
-    finally:
-        runner_mod.action_key = action_key
+    async with anyio.create_task_group() as tg:
+        for record in records:
+            tg.start_soon(one, record)
+    cpu = time.process_time() - cpu0
     return cpu / (turns * steps)
 
 

@@ -56,7 +56,7 @@ def _counting_pool(*args: Any, **kwargs: Any) -> Any:
     return _create_pool(*args, init=init, **kwargs)
 
 
-asyncpg.create_pool = _counting_pool  # type: ignore[assignment]
+asyncpg.create_pool = _counting_pool
 
 
 def record(turn_id: str, step: int) -> dict[str, Any]:

@@ -251,7 +251,7 @@ def langgraph_round() -> Round:
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    @tool
+    @tool  # type: ignore[untyped-decorator, unused-ignore]  # typed where it is installed
     async def echo(text: str) -> str:
         """Echo the arguments back."""
         return json.dumps({"text": text}, sort_keys=True)
@@ -311,7 +311,7 @@ def pydantic_ai_round() -> Round:
 
         agent = Agent(FunctionModel(model))
 
-        @agent.tool_plain
+        @agent.tool_plain  # type: ignore[untyped-decorator, unused-ignore]  # as above
         async def echo(text: str) -> str:
             """Echo the arguments back."""
             return json.dumps({"text": text}, sort_keys=True)
