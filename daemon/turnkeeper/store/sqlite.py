@@ -67,10 +67,8 @@ _EVENT = f"{_EVENT_ROW} (?, ?, ?, ?, ?, ?)"
 def _event_statement(event: Event, number: int | None) -> Statement:
     """The event's row, with its turn's number when the store knows it (else looked up:
     a turn with no row, or none, leaves it NULL)."""
-    if number is None:
-        return (_EVENT_BY_ID,
-                (event.seq, event.turn, event.turn, event.ts, event.type, event.encoded()))
-    return _EVENT, (event.seq, event.turn, number, event.ts, event.type, event.encoded())
+    sql, turn_key = (_EVENT_BY_ID, event.turn) if number is None else (_EVENT, number)
+    return sql, (event.seq, event.turn, turn_key, event.ts, event.type, event.encoded())
 
 
 def _turn_statement(record: dict[str, Any], checkpoint: dict[str, Any] | None) -> Statement:

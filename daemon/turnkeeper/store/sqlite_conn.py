@@ -132,9 +132,9 @@ def message_statements(m: MessageWrite) -> list[Statement]:
                  (number, n, text)) for n, text in enumerate(m.rows, m.start)]
     out: list[Statement] = []
     if m.trims:
-        out.append((f"DELETE FROM messages WHERE turn_no = {TURN_NO} AND idx >= ?",
-                    (m.turn, m.start)) if number is None else
-                   ("DELETE FROM messages WHERE turn_no = ? AND idx >= ?", (number, m.start)))
+        turn_sql, turn_key = (TURN_NO, m.turn) if number is None else ("?", number)
+        out.append((f"DELETE FROM messages WHERE turn_no = {turn_sql} AND idx >= ?",
+                    (turn_key, m.start)))
     rows = m.rows
     for first in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[first:first + _ROWS_PER_INSERT]
