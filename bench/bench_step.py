@@ -18,6 +18,15 @@ at once, so what is measured is the runtime around it.
                tool of kind echo. Rows: a zero-CPU model (the Provider protocol, replies
                precomputed), and the offline `scripted` provider (its own templating and
                token estimates included).
+  floor        the same turns hand-written with nothing but their durable writes: the
+               rows the daemon's SQLite store writes for them (its schema, the same
+               statements, JSON documents of the same shapes and sizes: the turn's row
+               and checkpoint, five events a step, the conversation's rows, the tool
+               call's journal entry), committed by a bare group commit in a worker
+               thread (WAL, synchronous=FULL), a submit and each model reply awaited
+               until committed, as the daemon does. No guards, no event bus, no metrics,
+               no logs: what a step costs that only keeps what the daemon keeps, and so
+               the least a step of this daemon could cost in this runtime.
   langgraph    StateGraph(MessagesState): an async "agent" node (the canned model) and
                the prebuilt ToolNode with an async echo tool, compiled with
                AsyncSqliteSaver (its SQLite checkpointer, WAL) in a temp dir, default
@@ -49,21 +58,24 @@ import asyncio
 import cProfile
 import gc
 import importlib.metadata
+import itertools
 import json
 import os
 import pstats
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anyio
+import orjson
 
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
@@ -79,6 +91,7 @@ from turnkeeper.providers.base import (
     Usage,
 )
 from turnkeeper.store.sqlite import SQLiteStore
+from turnkeeper.store.sqlite_schema import prepare
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.turn.record import TurnRecord
 
@@ -242,6 +255,190 @@ async def _submit(sup: Supervisor, message: str) -> None:
     await sup.submit(message=message, session=None, budget={}, deadline=None)
 
 
+# -- the floor: the same durable writes, nothing else -----------------------------------
+
+class FloorWriter:
+    """The daemon's group commit at its barest: statements queued on the event loop, one
+    transaction in a worker thread for everything queued while the last one committed,
+    the awaited writes answered after it."""
+
+    def __init__(self, path: Path) -> None:
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        prepare(self.conn, path)  # the daemon's schema, WAL, synchronous=FULL
+        self.queue: list[tuple[str, tuple[Any, ...]]] = []
+        self.waiters: list[asyncio.Future[None]] = []
+        self.wake = asyncio.Event()
+        self.cpu_s = 0.0  # the worker thread's CPU in its transactions
+
+    def put(self, sql: str, *args: Any) -> None:
+        self.queue.append((sql, args))
+        self.wake.set()
+
+    def commit(self) -> asyncio.Future[None]:
+        """Resolved once everything queued so far has committed."""
+        done = asyncio.get_running_loop().create_future()
+        self.waiters.append(done)
+        self.wake.set()
+        return done
+
+    def _transaction(self, batch: list[tuple[str, tuple[Any, ...]]]) -> None:
+        started = time.thread_time()
+        self.conn.execute("BEGIN IMMEDIATE")
+        for sql, args in batch:
+            self.conn.execute(sql, args)
+        self.conn.execute("COMMIT")
+        self.cpu_s += time.thread_time() - started
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            batch, self.queue = self.queue, []
+            waiters, self.waiters = self.waiters, []
+            await asyncio.to_thread(self._transaction, batch)
+            for done in waiters:
+                done.set_result(None)
+
+
+_EVENT = ("INSERT OR IGNORE INTO events (seq, turn, turn_no, ts, type, data) "
+          "VALUES (?, ?, ?, ?, ?, ?)")
+_SAVE = "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ? WHERE id = ?"
+
+
+async def floor_turn(w: FloorWriter, no: int, steps: int, seqs: Iterator[int]) -> None:
+    """One turn of the conversation, its rows as the daemon writes them (the same
+    statements, the same JSON documents' shapes) and nothing else: no guards, no
+    counters but the record's, no event bus, no metrics, no logs."""
+    tid = f"t_{no:016x}"
+    now = time.time()
+    counters = {"provider_attempts": 0, "fallback_hops": 0, "restarts": 0,
+                "recovery_cycles": 0, "steps": 0, "tool_attempts": 0}
+    usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "seconds": 0.0,
+             "cost_usd": 0.0}
+    record: dict[str, Any] = {
+        "id": tid, "session": tid, "state": "queued", "policy_version": 1,
+        "created_at": now, "updated_at": now, "provider": "zero", "counters": counters,
+        "usage": usage, "budget": {}, "deadline": None, "result": None, "seq": no,
+        "limits": {"max_tokens": 20_000_000, "max_seconds": 3600.0, "max_steps": 40,
+                   "max_cost_usd": 0.0, "soft_limit": 0.8, "deadline": None},
+        "profile": None, "model": None, "would_have_stopped": []}
+    tail: list[str] = []
+    checkpoint: dict[str, Any] = {
+        "conversation": {"count": 1, "turn_start": 0}, "trail": {"count": 0, "tail": tail},
+        "budget": {"warned": []}, "budget_watch": None,
+        "loops": {"last_outcome": {}, "no_progress": 0},
+        "failures": {"signature": None, "streak": 0},
+        "chain": {"version": 1, "providers": ["zero"], "phase": "ready",
+                  "current_provider": "zero", "provider_attempts": 0, "fallback_hops": 0,
+                  "recovery_cycles": 0, "pass_exits": [], "pass_retry_after_s": None,
+                  "pass_reopen_s": None, "previous_delay_s": None, "pass_done": True},
+        "open_issues": [], "waiting_since": None, "recover_until": None,
+        "pending_stop": None, "effects": {"turn": tid},
+        "extension": {"granted": 0, "last_progress_step": 0, "marks": [0, 0, 0],
+                      "plan": [], "completed": []}, "event_seq": 0}
+
+    def event(kind: str, **fields: Any) -> None:
+        seq, ts = next(seqs), time.time()
+        checkpoint["event_seq"] = seq
+        w.put(_EVENT, seq, tid, no, ts, kind,
+              orjson.dumps({"seq": seq, "ts": ts, "turn": tid, "type": kind, **fields}))
+
+    def save(state: str) -> None:
+        record["state"], record["updated_at"] = state, time.time()
+        w.put(_SAVE, state, record["updated_at"], orjson.dumps(record),
+              orjson.dumps(checkpoint), tid)
+
+    message = f"turn {no}"
+    w.put("INSERT INTO turns (id, seq, session, state, created_at, updated_at, record, "
+          "checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tid, no, tid, "queued", now, now,
+          orjson.dumps(record), "{}")
+    w.put("INSERT INTO turn_input (turn, message) VALUES (?, ?)", tid, message)
+    event("turn.queued", session=tid, message=message, policy_version=1)
+    await w.commit()  # a submit is answered once its turn is stored
+    event("turn.started", policy_version=1, provider="zero")
+    conversation = [{"role": "user", "content": message}]
+    written = 0
+    for step in range(1, steps + 1):
+        counters["steps"] = step
+        event("step.started", step=step, provider="zero")
+        event("model.request", provider="zero", attempt=1, step=step,
+              messages=len(conversation))
+        args = tool_args(step)
+        if step < steps:
+            calls = [{"id": f"call_{step}", "name": "echo", "arguments": args}]
+            reply: dict[str, Any] = {"role": "assistant", "content": None,
+                                     "tool_calls": calls}
+        else:
+            reply = {"role": "assistant", "content": final_text(steps), "tool_calls": []}
+        usage["input_tokens"] += 50 + 10 * step
+        usage["output_tokens"] += 12
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        event("model.response", provider="zero",
+              usage={"input_tokens": 50 + 10 * step, "output_tokens": 12}, cost_usd=0.0,
+              finish_reason="tool_calls" if reply["tool_calls"] else "stop",
+              tool_calls=len(reply["tool_calls"]))
+        conversation.append(reply)
+        rows = [orjson.dumps(m).decode() for m in conversation[written:]]
+        w.put("INSERT OR REPLACE INTO messages (turn_no, idx, data) VALUES "
+              + ",".join(["(?,?,?)"] * len(rows)),
+              *(v for i, row in enumerate(rows) for v in (no, written + i, row)))
+        written = len(conversation)
+        checkpoint["conversation"]["count"] = written
+        if not reply["tool_calls"]:
+            record["result"] = {
+                "status": "completed",
+                "stopped_because": {"code": "completed", "counter": None, "value": None,
+                                    "limit": None, "message": "the agent answered"},
+                "answer": reply["content"],
+                "partial": [line[1:] for line in tail if line[0] == "p"],
+                "open_issues": []}
+            save("completed")
+            event("turn.finished", result=record["result"])
+            await w.commit()
+            return
+        save("running")
+        await w.commit()  # the reply is stored before any tool runs
+        for call in reply["tool_calls"]:
+            key = f"{tid}.{step}.0"
+            arguments = orjson.dumps(call["arguments"]).decode()
+            w.put("INSERT OR IGNORE INTO journal (key, turn, tool, arguments, idempotent) "
+                  "VALUES (?, ?, ?, ?, ?)", key, tid, "echo", arguments, 1)
+            event("tool.call", tool="echo", call_id=call["id"], key=key,
+                  arguments=call["arguments"])
+            content = json.dumps(call["arguments"])
+            w.put("UPDATE journal SET outcome = ? WHERE key = ?",
+                  orjson.dumps({"content": content, "state": None, "kind": "ok",
+                                "failure": None}), key)
+            event("tool.result", tool="echo", call_id=call["id"], key=key, ok=True,
+                  content=content)
+            conversation.append({"role": "tool", "tool_call_id": call["id"],
+                                 "content": content})
+            # The partial-work line and, of the same size as the loop guard's, three
+            # key lines (the guard's hashing is the daemon's work, not a row's).
+            tail += [f"pstep {step}: echo {arguments} -> ok", f"lr{no:08x}{step:08x}",
+                     f"lv{no:08x}{step:08x}", f"lo{no:08x}{step:08x}"]
+
+
+def floor_round() -> Round:
+    async def run(turns: int, steps: int, tmp: Path) -> float:
+        w = FloorWriter(tmp / "floor.sqlite3")
+        seqs = itertools.count(1)
+        writer = asyncio.ensure_future(w.run())
+        try:
+            gc.collect()
+            cpu0 = time.process_time()
+            writer0 = w.cpu_s
+            await asyncio.gather(*(floor_turn(w, i + 1, steps, seqs) for i in range(turns)))
+            cpu = time.process_time() - cpu0
+            WRITER_CPU[run] = w.cpu_s - writer0
+        finally:
+            writer.cancel()
+            w.conn.close()
+        return cpu
+
+    return run
+
+
 # -- LangGraph --------------------------------------------------------------------------
 
 def langgraph_round() -> Round:
@@ -344,6 +541,8 @@ def systems(only: set[str] | None) -> tuple[list[tuple[str, str, Round]], list[s
     def wanted(key: str) -> bool:
         return only is None or key in only
 
+    if wanted("floor"):
+        out.append(("floor", "floor: the same rows, nothing else", floor_round()))
     if wanted("turnkeeper"):
         out.append(("turnkeeper", "turnkeeper (zero-CPU model)", turnkeeper_round("zero")))
     if wanted("scripted"):
@@ -408,6 +607,13 @@ async def bench(args: argparse.Namespace, port: int | None) -> None:
     for line in missing:
         print(f"  {line}")
     tk = figures.get("turnkeeper")
+    if tk is not None and "floor" in figures:
+        parts = {key: statistics.median(writer[key]) * 1e3 if key in writer else 0.0
+                 for key in ("turnkeeper", "floor")}
+        print(f"  turnkeeper / floor: {tk / figures['floor']:.2f}x; on the event loop "
+              f"{tk - parts['turnkeeper']:.3f} against {figures['floor'] - parts['floor']:.3f}"
+              f" ms/step, in the writer thread {parts['turnkeeper']:.3f} against "
+              f"{parts['floor']:.3f}")
     if tk is not None:
         for key, label, _ in chosen:
             if key in ("langgraph", "pydantic-ai"):
@@ -449,7 +655,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--raw-calls", type=int, default=2000)
     ap.add_argument("--only", default="",
-                    help="comma-separated: turnkeeper,scripted,langgraph,pydantic-ai "
+                    help="comma-separated: floor,turnkeeper,scripted,langgraph,pydantic-ai "
                          "(the raw-call baseline always runs unless --no-baseline)")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
