@@ -16,8 +16,10 @@ at once, so what is measured is the runtime around it.
                dir, the event bus with the daemon's metrics listener, structlog at the
                daemon's default level (info, to /dev/null), the guards, and the `echo`
                tool of kind echo. Rows: a zero-CPU model (the Provider protocol, replies
-               precomputed), and the offline `scripted` provider (its own templating and
-               token estimates included).
+               precomputed), the same on a store that discards every write (`unkept`:
+               bench/discard_store.py, so no row is encoded or written: the runner, its
+               guards, events and metrics alone), and the offline `scripted` provider
+               (its own templating and token estimates included).
   floor        the same turns hand-written with nothing but their durable writes: the
                rows the daemon's SQLite store writes for them (its schema, the same
                statements, JSON documents of the same shapes and sizes: the turn's row
@@ -90,12 +92,14 @@ from turnkeeper.providers.base import (
     ModelRequest,
     Usage,
 )
+from turnkeeper.store.base import Store
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.store.sqlite_schema import prepare
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.turn.record import TurnRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.discard_store import discard_store
 from bench.fake_model import start_model, wait_port
 
 RAW_CONCURRENCY = 10
@@ -187,7 +191,8 @@ def write_script(path: Path, steps: int) -> Path:
 WRITER_CPU: dict[Round, float] = {}
 
 
-def turnkeeper_round(provider: str) -> Round:
+def turnkeeper_round(provider: str, *, keep: bool = True) -> Round:
+    """`keep=False`: on a store that discards every write (and so encodes nothing)."""
     async def run(turns: int, steps: int, tmp: Path) -> float:
         kind = "scripted"
         script = write_script(tmp / "script.json", steps)
@@ -205,7 +210,8 @@ def turnkeeper_round(provider: str) -> Round:
         })
         policy = Policy(version=1, config=config, source_path=None, content_hash="")
         clock = SystemClock()
-        store = SQLiteStore(tmp / "turnkeeper.sqlite3")
+        sqlite = SQLiteStore(tmp / "turnkeeper.sqlite3") if keep else None
+        store: Store = sqlite if sqlite is not None else discard_store()
         await store.open()
         sup = Supervisor(policy=policy, store=store, clock=clock, notifier=Notifier(None),
                          config_path=None)
@@ -227,17 +233,18 @@ def turnkeeper_round(provider: str) -> Round:
 
         sup.on_turn_finished.append(on_finished)
         async with anyio.create_task_group() as tg:
-            await tg.start(store.run)
+            if sqlite is not None:
+                await tg.start(sqlite.run)
             await sup.start(tg)
             gc.collect()
             cpu0 = time.process_time()
-            writer0 = getattr(store, "commit_cpu_s", None)  # None: a tree without it
+            writer0 = getattr(sqlite, "commit_cpu_s", None)  # None: a tree without it
             for i in range(turns):
                 tg.start_soon(_submit, sup, f"turn {i}")
             await all_done.wait()
             cpu = time.process_time() - cpu0
-            if writer0 is not None:
-                WRITER_CPU[run] = store.commit_cpu_s - writer0
+            if sqlite is not None and writer0 is not None:
+                WRITER_CPU[run] = sqlite.commit_cpu_s - writer0
             await sup.stop()
             await store.close()
             tg.cancel_scope.cancel()
@@ -545,6 +552,9 @@ def systems(only: set[str] | None) -> tuple[list[tuple[str, str, Round]], list[s
         out.append(("floor", "floor: the same rows, nothing else", floor_round()))
     if wanted("turnkeeper"):
         out.append(("turnkeeper", "turnkeeper (zero-CPU model)", turnkeeper_round("zero")))
+    if wanted("unkept"):
+        out.append(("unkept", "turnkeeper keeping nothing", turnkeeper_round("zero",
+                                                                            keep=False)))
     if wanted("scripted"):
         out.append(("scripted", "turnkeeper (scripted provider)",
                     turnkeeper_round("scripted")))
@@ -655,7 +665,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--raw-calls", type=int, default=2000)
     ap.add_argument("--only", default="",
-                    help="comma-separated: floor,turnkeeper,scripted,langgraph,pydantic-ai "
+                    help="comma-separated: floor,turnkeeper,unkept,scripted,langgraph,"
+                         "pydantic-ai "
                          "(the raw-call baseline always runs unless --no-baseline)")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
