@@ -22,7 +22,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import ECHO_TOOL, Daemon, script_file, scripted_provider
+from tests.integration.harness import (
+    ECHO_TOOL,
+    Daemon,
+    script_file,
+    scripted_provider,
+    write_config,
+)
 from tests.integration.tool_server import Reply, ToolServer
 from turnkeeper.control.client import Client, ClientError
 from turnkeeper.policy.effects import effect_key
@@ -387,6 +393,31 @@ def test_a_kill_during_the_next_model_call_runs_the_tools_again_from_the_journal
     assert [e["type"] for e in events if e["type"] in ("turn.resumed", "step.started")] \
         == ["step.started", "step.started", "turn.resumed", "step.started"]
     assert done["counters"]["steps"] == 2
+
+
+def test_a_kill_then_a_policy_that_flips_the_tools_idempotent_flags_sends_nothing_twice(
+        tmp_path: Path, daemons: list[Daemon], tool_server: ToolServer) -> None:
+    """Killed during the model call after its tools, then restarted under a config that
+    says `send` is idempotent and `lookup` is not: each call is still found in the
+    journal under the key it was sent with, reported from it, and not sent again."""
+    d = daemon(tmp_path, daemons, config(tmp_path, SLOW_REPLY_SCRIPT, tools=tool_server))
+    d.start()
+    tid = d.submit("one email")["id"]
+    wait_for(lambda: turn_of(d, tid)["counters"]["steps"] == 2,
+             what="the second model call under way")
+    d.kill()
+    lookup, send = (f'url = "{tool_server.url(p)}"\nidempotent = ' for p in ("/lookup", "/send"))
+    flipped = config(tmp_path, SEND_SCRIPT, tools=tool_server)
+    assert lookup + "true" in flipped and send + "false" in flipped
+    flipped = flipped.replace(lookup + "true", lookup + "false").replace(
+        send + "false", send + "true")
+    write_config(d.config_path, flipped, socket=d.socket, state_dir=d.state_dir)
+    d.start()
+    done = d.wait(tid, timeout=20)
+    assert done["state"] == "completed" and done["result"]["answer"] == "sent", done
+    assert not done["result"]["open_issues"], done
+    assert len(tool_server.calls("/send")) == 1
+    assert len(tool_server.calls("/lookup")) == 1
 
 
 def test_a_stop_lets_a_non_idempotent_call_in_flight_finish_so_its_outcome_is_known(

@@ -40,10 +40,11 @@ async def journal_kind(h: Harness) -> str:
 
 
 def harness(script: list[Any], outcome: ToolOutcome | None = None, *,
-            wait_s: float = 0.0) -> tuple[Harness, list[str]]:
-    """A turn whose tool `ticket` is not idempotent; each call is recorded by its key,
-    takes `wait_s` of fake time and ends with `outcome` (ok by default)."""
-    h = Harness(script, tools=[{"name": "ticket", "kind": "echo", "idempotent": False}])
+            wait_s: float = 0.0, idempotent: bool = False) -> tuple[Harness, list[str]]:
+    """A turn whose tool `ticket` is not idempotent (unless said); each call is recorded
+    by its key, takes `wait_s` of fake time and ends with `outcome` (ok by default)."""
+    h = Harness(script, tools=[{"name": "ticket", "kind": "echo",
+                                "idempotent": idempotent}])
     sent: list[str] = []
 
     async def call(name: str, args: dict[str, Any], *, idempotency_key: str,
@@ -179,3 +180,70 @@ async def test_a_resumed_call_whose_tool_is_gone_is_reported_from_the_journal() 
     assert f"step 1: ticket {ARGS} -> ok" in result.partial, result.partial
     last = h.provider.requests[-1].messages
     assert [m.content for m in last if m.role == "tool"] == ['{"ticket": 1}']
+
+
+def flipped(h: Harness, *, idempotent: bool) -> tuple[Runtime, list[str]]:
+    """A new policy's runtime in which `ticket` is (not) idempotent; its calls are
+    recorded by their keys, and answer ok."""
+    policy = Policy(version=2, source_path=None, content_hash="", config=build_config(
+        {"providers": [{"name": "main", "kind": "scripted"}],
+         "tools": [{"name": "ticket", "kind": "echo", "idempotent": idempotent}]}))
+    runtime = Runtime.build(policy)
+    runtime.providers["main"] = h.provider
+    sent: list[str] = []
+
+    async def call(name: str, args: dict[str, Any], *, idempotency_key: str,
+                   timeout_s: float) -> ToolOutcome:
+        sent.append(idempotency_key)
+        return ToolOutcome(content='{"ticket": 2}')
+
+    runtime.toolbox.call = call  # type: ignore[method-assign]
+    return runtime, sent
+
+
+async def cut_and_flip(*, sent_idempotent: bool, answered: bool
+                       ) -> tuple[TurnResult, list[str], str, Harness]:
+    """A `ticket` call made with the tool (not) idempotent, the turn cut during the next
+    model call (`answered`: with the call's outcome journalled; else as if the daemon
+    died before it came back), then resumed under a policy that flips the flag. Returns
+    the result, the keys the new policy's tool was sent, and the key the call went with."""
+    h, _ = harness([calls("ticket", ARGS), answer()], idempotent=sent_idempotent)
+    kept = cut_after_tools(h)
+    await h.run()
+    record, checkpoint = kept[0]
+    key = "t1.1.0" if sent_idempotent else KEY
+    entry = await h.store.journal_get(key)
+    assert entry is not None and entry["outcome"] is not None
+    if not answered:
+        h.store._journal[key]["outcome"] = None
+    runtime, sent = flipped(h, idempotent=not sent_idempotent)
+    result = await resume(h, record, checkpoint, runtime=runtime)
+    return result, sent, key, h
+
+
+@pytest.mark.parametrize("sent_idempotent", [True, False])
+async def test_a_resumed_call_whose_flag_a_new_policy_flipped_is_reported_from_the_journal(
+        sent_idempotent: bool) -> None:
+    """The journal holds a call under its place (idempotent) or the effect ledger's key
+    (not): a new policy that flips the tool's flag between the cut and the resume does
+    not hide it. The call is reported with its stored outcome and not sent again."""
+    result, sent, _, h = await cut_and_flip(sent_idempotent=sent_idempotent, answered=True)
+    assert result.stopped_because.code is StopCode.COMPLETED, result
+    assert sent == []
+    assert f"step 1: ticket {ARGS} -> ok" in result.partial, result.partial
+    last = h.provider.requests[-1].messages
+    assert [m.content for m in last if m.role == "tool"] == ['{"ticket": 1}']
+
+
+@pytest.mark.parametrize("sent_idempotent", [True, False])
+async def test_a_call_in_flight_at_the_cut_is_sent_again_only_if_both_flags_say_idempotent(
+        sent_idempotent: bool) -> None:
+    """A call sent with no answer before the cut may go again (with its key) only when
+    it was sent as idempotent and its tool still is. Sent as an effect, or resumed under
+    a policy that now says it is one, it is an unknown outcome: an open issue, never
+    repeated."""
+    result, sent, key, _ = await cut_and_flip(sent_idempotent=sent_idempotent,
+                                              answered=False)
+    assert sent == []
+    assert f"outcome unknown: ticket {ARGS} (Idempotency-Key {key})" in result.open_issues
+    assert f"step 1: ticket {ARGS} -> outcome unknown" in result.partial, result.partial

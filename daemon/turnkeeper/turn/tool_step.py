@@ -117,6 +117,7 @@ class ToolStep:
         observation (content, state), content None for a failure (the failure loop
         governs those, not the progress and state rules), or a Stop."""
         ctx = self.ctx
+        place = key
         toolbox = ctx.runtime.toolbox
         tool = toolbox.get(call.name)
         args, problem = (None, None) if tool is None else toolbox.check_arguments(
@@ -155,18 +156,46 @@ class ToolStep:
                 return self._tool_failed(call, args, plan.failure)
             key = plan.key
         # Resumed: the journal says whether the call was sent, and how it went.
-        entry = await ctx.store.journal_get(key) if resuming else None
-        if entry is None or (entry["outcome"] is None and entry["idempotent"]):
+        journalled = await self._journalled(call, args, place,
+                                            idempotent=tool.idempotent) if resuming else None
+        entry = None
+        # A call sent before the cut is idempotent only if it was sent as one and its
+        # tool still is: the stricter word of the two governs a repeat and the ledger.
+        idempotent = tool.idempotent
+        if journalled is not None:
+            key, entry = journalled
+            idempotent = idempotent and bool(entry["idempotent"])
+        if entry is None or (entry["outcome"] is None and idempotent):
             # A request is to be sent: not with no time left for even a request (a cut
             # non-idempotent call would leave an effect of unknown outcome behind).
             spent = ctx.time_spent()
             if spent is not None:
                 return spent
         ctx.emit(ev.ToolCalled(tool=call.name, call_id=call.id, key=key, arguments=args))
-        outcome = None if entry is None else await self._stored_outcome(key, entry)
+        outcome = None if entry is None else await self._stored_outcome(
+            key, entry, idempotent=idempotent)
         if outcome is None:
-            outcome = await self._send(call, args, key, idempotent=tool.idempotent)
-        return self._report(call, args, key, outcome, action, idempotent=tool.idempotent)
+            outcome = await self._send(call, args, key, idempotent=idempotent)
+        return self._report(call, args, key, outcome, action, idempotent=idempotent)
+
+    async def _journalled(self, call: ToolCall, args: dict[str, Any], place: str, *,
+                          idempotent: bool | None) -> tuple[str, dict[str, Any]] | None:
+        """A resumed call's journal entry and the key it is journalled under; None when
+        it was never sent. An idempotent call is journalled under its place in the
+        step (`place`), another under the key the effect ledger plans for it. The tool's
+        flag now (`idempotent`; None: no tool takes the call now) says where to look
+        first, and the other key is asked too: a new policy may have flipped the flag
+        since the call was sent, and what the journal holds of it still stands."""
+        ctx = self.ctx
+        plan = ctx.effects.plan(call.name, args,
+                                dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
+        planned = None if isinstance(plan, Refuse) else plan.key
+        for key in ((planned, place) if idempotent is False else (place, planned)):
+            entry = None if key is None else await ctx.store.journal_get(key)
+            if entry is not None:
+                assert key is not None
+                return key, entry
+        return None
 
     async def _recalled(self, call: ToolCall, key: str
                         ) -> Stop | tuple[str | None, str | None] | None:
@@ -180,32 +209,30 @@ class ToolStep:
         args, _ = ctx.runtime.toolbox.parse_arguments(call.name, call.arguments)
         if args is None:
             return None
-        entry = await ctx.store.journal_get(key)
-        if entry is None:
-            plan = ctx.effects.plan(call.name, args,
-                                    dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
-            if isinstance(plan, Refuse):
-                return None
-            key = plan.key
-            entry = await ctx.store.journal_get(key)
-        outcome = None if entry is None else await self._stored_outcome(key, entry)
+        journalled = await self._journalled(call, args, key, idempotent=None)
+        if journalled is None:
+            return None
+        key, entry = journalled
+        # With no tool now, the flag the call was sent with is the only word on it.
+        outcome = await self._stored_outcome(key, entry, idempotent=bool(entry["idempotent"]))
         if outcome is None:
             return None
-        assert entry is not None
         action = Action(tool=call.name, key=action_key(call.name, args), polling=False)
         ctx.loops.before_action(action)  # counted as when it was let through
         ctx.emit(ev.ToolCalled(tool=call.name, call_id=call.id, key=key, arguments=args))
         return self._report(call, args, key, outcome, action,
                             idempotent=entry["idempotent"])
 
-    async def _stored_outcome(self, key: str, entry: dict[str, Any]) -> ToolOutcome | None:
+    async def _stored_outcome(self, key: str, entry: dict[str, Any], *,
+                              idempotent: bool) -> ToolOutcome | None:
         """What the journal entry of a call sent before the turn was cut says: its
-        outcome; unknown (and journalled so) for a non-idempotent call sent with no answer,
-        which is never sent again; None for an idempotent one with no outcome (it may be
-        sent again with its key)."""
+        outcome; None for an idempotent call (`idempotent`: as it was sent and as its
+        tool is now) with no outcome: it may be sent again with its key. Any other call
+        sent with no answer is unknown (and journalled so), never sent again: it was sent
+        as an effect that must not repeat, or its tool is now said not to be idempotent."""
         if entry["outcome"] is not None:
             return ToolOutcome.from_json(entry["outcome"])
-        if entry["idempotent"]:
+        if idempotent:
             return None
         outcome = _unknown("DaemonStopped", "the daemon stopped while it was in flight")
         await self.ctx.store.journal_outcome(key, outcome.to_json())
