@@ -51,8 +51,9 @@ class Bench:
 
 
 BENCHES = (
-    Bench("step", "bench_step.py", "per-step orchestration CPU vs a raw loopback call and "
-          "peers", ("--turns", "200", "--steps", "5", "--rounds", "3"), 200.0),
+    Bench("step", "bench_step.py", "per-step orchestration CPU vs a raw loopback call, the "
+          "floor of its rows and peers",
+          ("--turns", "200", "--steps", "5", "--rounds", "3"), 200.0),
     Bench("concurrency", "bench_concurrency.py", "5,000 turns x 3 steps through the socket "
           "vs a bare aiohttp loop", ("--turns", "5000", "--steps", "3"), 240.0),
     Bench("submit", "bench_submit.py", "submits accepted per second, single and in "
