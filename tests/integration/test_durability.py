@@ -359,18 +359,38 @@ reply = "sent"
 SLOW_REPLY_SCRIPT = SEND_SCRIPT.replace('reply = "sent"', 'delay = 30.0\nreply = "sent"')
 
 
+def killed_in_the_second_model_call(d: Daemon, *, settle_s: float = 0.0) -> str:
+    """Start `d`, submit a SEND_SCRIPT turn and kill -9 the daemon `settle_s` after its
+    second model call began (its tools done). Returns the turn's id."""
+    d.start()
+    tid = str(d.submit("one email")["id"])
+    wait_for(lambda: turn_of(d, tid)["counters"]["steps"] == 2,
+             what="the second model call under way")
+    time.sleep(settle_s)
+    d.kill()
+    return tid
+
+
+def restarted_and_sent_once(d: Daemon, tid: str, tool_server: ToolServer) -> dict[str, Any]:
+    """Start `d` again and wait for the turn: it completes with nothing open, and each
+    tool was sent its call once. Returns the finished turn."""
+    d.start()
+    done = d.wait(tid, timeout=20)
+    assert done["state"] == "completed" and done["result"]["answer"] == "sent", done
+    assert not done["result"]["open_issues"], done
+    assert len(tool_server.calls("/send")) == 1
+    assert len(tool_server.calls("/lookup")) == 1
+    return done
+
+
 def test_a_kill_during_the_next_model_call_runs_the_tools_again_from_the_journal_once(
         tmp_path: Path, daemons: list[Daemon], tool_server: ToolServer) -> None:
     """No checkpoint is taken between a step's tools and the next model call: a kill
     during that call resumes from the checkpoint before the tools, which run again from
     the journal. Nothing is sent twice, and every call and result is reported once."""
     d = daemon(tmp_path, daemons, config(tmp_path, SLOW_REPLY_SCRIPT, tools=tool_server))
-    d.start()
-    tid = d.submit("one email")["id"]
-    wait_for(lambda: turn_of(d, tid)["counters"]["steps"] == 2,
-             what="the second model call under way")
-    time.sleep(0.3)  # the tools' events committed: the replay must not report them again
-    d.kill()
+    # The tools' events committed first: the replay must not report them again.
+    tid = killed_in_the_second_model_call(d, settle_s=0.3)
     conn = sqlite3.connect(d.state_dir / DB_NAME)
     try:
         logged = [row[0] for row in conn.execute(
@@ -380,12 +400,7 @@ def test_a_kill_during_the_next_model_call_runs_the_tools_again_from_the_journal
     assert logged.count("tool.result") == 2 and logged[-1] == "model.request", logged
     # Again quick: the second model call is not what this is about.
     script_file(tmp_path / "script.toml", SEND_SCRIPT)
-    d.start()
-    done = d.wait(tid, timeout=20)
-    assert done["state"] == "completed" and done["result"]["answer"] == "sent", done
-    assert not done["result"]["open_issues"], done
-    assert len(tool_server.calls("/send")) == 1
-    assert len(tool_server.calls("/lookup")) == 1
+    done = restarted_and_sent_once(d, tid, tool_server)
     events = d.events(tid)
     for kind in ("tool.call", "tool.result"):
         keys = collections.Counter(e["key"] for e in of_type(events, kind))
@@ -401,23 +416,14 @@ def test_a_kill_then_a_policy_that_flips_the_tools_idempotent_flags_sends_nothin
     says `send` is idempotent and `lookup` is not: each call is still found in the
     journal under the key it was sent with, reported from it, and not sent again."""
     d = daemon(tmp_path, daemons, config(tmp_path, SLOW_REPLY_SCRIPT, tools=tool_server))
-    d.start()
-    tid = d.submit("one email")["id"]
-    wait_for(lambda: turn_of(d, tid)["counters"]["steps"] == 2,
-             what="the second model call under way")
-    d.kill()
+    tid = killed_in_the_second_model_call(d)
     lookup, send = (f'url = "{tool_server.url(p)}"\nidempotent = ' for p in ("/lookup", "/send"))
     flipped = config(tmp_path, SEND_SCRIPT, tools=tool_server)
     assert lookup + "true" in flipped and send + "false" in flipped
     flipped = flipped.replace(lookup + "true", lookup + "false").replace(
         send + "false", send + "true")
     write_config(d.config_path, flipped, socket=d.socket, state_dir=d.state_dir)
-    d.start()
-    done = d.wait(tid, timeout=20)
-    assert done["state"] == "completed" and done["result"]["answer"] == "sent", done
-    assert not done["result"]["open_issues"], done
-    assert len(tool_server.calls("/send")) == 1
-    assert len(tool_server.calls("/lookup")) == 1
+    restarted_and_sent_once(d, tid, tool_server)
 
 
 def test_a_stop_lets_a_non_idempotent_call_in_flight_finish_so_its_outcome_is_known(
