@@ -59,6 +59,8 @@ def sql_set(values: Iterable[str]) -> str:
 # The states of a finished turn and the stop codes of a dead letter, for both SQL stores.
 TERMINAL_SQL = sql_set(TERMINAL_STATES)
 DEAD_LETTER_SQL = sql_set(DEAD_LETTER_CODES)
+# The most dead letters a listing shows, newest first (`Store.dead_letters`).
+DEAD_LETTERS_SHOWN = 1000
 
 
 def list_turns_sql(*, state: str | None, session: str | None, since: float | None,

@@ -30,14 +30,13 @@ from turnkeeper.policy.outcome import goes_to_dead_letters
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
+    DEAD_LETTERS_SHOWN,
     MessageRows,
     StoreError,
     dead_letter_entry,
     usage_of,
     with_messages,
 )
-
-DEAD_LETTERS_SHOWN = 1000
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
 

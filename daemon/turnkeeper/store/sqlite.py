@@ -35,6 +35,7 @@ from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
+    DEAD_LETTERS_SHOWN,
     TERMINAL_SQL,
     MessageRows,
     dead_letter_entry,
@@ -50,7 +51,6 @@ from turnkeeper.store.sqlite_conn import EVENT_TURN_KEY, TURN_NO, SQLiteConnecti
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
 
-DEAD_LETTERS_SHOWN = 1000
 # The turns with their messages, which `turn_input` holds apart (see the store interface).
 WITH_MESSAGE = "turns LEFT JOIN turn_input ON turn_input.turn = turns.id"
 
