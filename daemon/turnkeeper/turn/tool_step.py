@@ -190,10 +190,10 @@ class ToolStep:
         plan = ctx.effects.plan(call.name, args,
                                 dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
         planned = None if isinstance(plan, Refuse) else plan.key
-        for key in ((planned, place) if idempotent is False else (place, planned)):
-            entry = None if key is None else await ctx.store.journal_get(key)
+        keys = (planned, place) if idempotent is False else (place, planned)
+        for key in (k for k in keys if k is not None):
+            entry = await ctx.store.journal_get(key)
             if entry is not None:
-                assert key is not None
                 return key, entry
         return None
 
