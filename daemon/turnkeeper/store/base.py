@@ -101,6 +101,15 @@ class StoreInUse(StoreError):
     exit_code = exits.UNAVAILABLE
 
 
+def journal_entry(key: str, tool: str, arguments: str, idempotent: Any,
+                  outcome: str | None) -> dict[str, Any]:
+    """A journal row (its outcome as JSON text, or NULL) as `Store.journal_get` answers
+    it, the same from every store that keeps rows."""
+    return {"key": key, "tool": tool, "arguments": arguments,
+            "idempotent": bool(idempotent),
+            "outcome": json.loads(outcome) if outcome else None}
+
+
 def dead_letter_entry(record: dict[str, Any], replayed_by: str | None) -> dict[str, Any]:
     """One line of the dead-letter list, the same from every store: what a replay needs
     and what the operator reads to decide on one."""

@@ -18,6 +18,7 @@ from turnkeeper.store.base import (
     DEAD_LETTERS_SHOWN,
     TERMINAL_SQL,
     dead_letter_entry,
+    journal_entry,
     list_turns_sql,
     record_of,
     rows_by_turn,
@@ -137,10 +138,7 @@ class PostgresReads(PostgresFleet):
             "SELECT tool, arguments, idempotent, outcome FROM journal WHERE key = $1", key)
         if not rows:
             return None
-        tool, arguments, idempotent, outcome = rows[0]
-        return {"key": key, "tool": tool, "arguments": arguments,
-                "idempotent": bool(idempotent),
-                "outcome": json.loads(outcome) if outcome else None}
+        return journal_entry(key, *rows[0])
 
     async def finished_usage(self, *, since: float | None = None,
                              limit: int = 100_000) -> list[TurnUsage]:

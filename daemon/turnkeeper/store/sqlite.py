@@ -39,6 +39,7 @@ from turnkeeper.store.base import (
     TERMINAL_SQL,
     MessageRows,
     dead_letter_entry,
+    journal_entry,
     list_turns_sql,
     record_of,
     rows_by_turn,
@@ -331,10 +332,7 @@ class SQLiteStore(SQLiteConnection):
             "SELECT tool, arguments, idempotent, outcome FROM journal WHERE key = ?", (key,))
         if not rows:
             return None
-        tool, arguments, idempotent, outcome = rows[0]
-        return {"key": key, "tool": tool, "arguments": arguments,
-                "idempotent": bool(idempotent),
-                "outcome": json.loads(outcome) if outcome else None}
+        return journal_entry(key, *rows[0])
 
     async def finished_usage(self, *, since: float | None = None,
                              limit: int = 100_000) -> list[TurnUsage]:
