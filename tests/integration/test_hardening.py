@@ -160,6 +160,92 @@ def test_a_peer_in_an_allowed_supplementary_group_is_let_in(start: Any,
     assert _status_as(sock, OTHER_UID, 65534, [65534]) == 403
 
 
+def _connections_as(sock_path: Path, uid: int, count: int) -> tuple[list[Any], int]:
+    """A forked child running as `uid` opens `count` connections to the socket without
+    sending a request and reads what each is answered (its status and error, or None:
+    nothing within 2 s), while it holds all of them open. Returns those answers and the
+    child's pid; the child keeps its connections until it is killed."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(uid)
+            held, answers = [], []
+            for _ in range(count):
+                s = _raw(sock_path, timeout=2.0)
+                held.append(s)
+                try:
+                    head, _, body = _read_all(s).partition(b"\r\n\r\n")
+                    answers.append([_status_of(head), json.loads(body)["error"]])
+                except (TimeoutError, IndexError, ValueError):
+                    answers.append(None)
+            os.write(write_end, json.dumps(answers).encode() + b"\n")
+            os.close(write_end)
+            while True:
+                time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        line = f.readline()
+    return json.loads(line), pid
+
+
+@needs_root
+def test_a_refused_peer_is_answered_403_at_accept_and_holds_no_connection(
+        start: Any, shared_dir: Path) -> None:
+    """A user who may not use the socket opens more connections than the daemon serves
+    and keeps them open: each is answered 403 at once (with the setting that would admit
+    it), and the operator's `status` still gets in."""
+    d = start("[daemon]\nsocket_mode = \"0666\"\nmax_connections = 4\n"
+              "control_idle_timeout = 60.0\n", socket=shared_dir / "tk.sock")
+    answers, child = _connections_as(d.socket, OTHER_UID, 10)
+    try:
+        assert [a[0] for a in answers] == [403] * 10
+        assert "allowed_uids" in answers[0][1]  # the setting that would admit it
+        assert d.get("/v1/status")[0] == 200
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+@needs_root
+def test_one_allowed_user_cannot_take_every_connection(start: Any, shared_dir: Path) -> None:
+    d = start(f"[daemon]\nsocket_mode = \"0666\"\nmax_connections = 8\n"
+              f"allowed_uids = [{OTHER_UID}]\ncontrol_idle_timeout = 60.0\n",
+              socket=shared_dir / "tk.sock")
+    answers, child = _connections_as(d.socket, OTHER_UID, 8)
+    try:
+        # Half the slots are that user's; the rest are answered 503 at once.
+        assert answers[:4] == [None] * 4
+        assert [a[0] for a in answers[4:]] == [503] * 4
+        assert d.get("/v1/status")[0] == 200  # root gets in
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def test_a_stopping_daemon_leaves_a_socket_another_daemon_bound_at_its_path(
+        start: Any) -> None:
+    """The daemon started after this one took the path: stopping this one must not
+    unlink the newcomer's socket, or nobody could reach it."""
+    d = start()
+    d.socket.unlink()
+    newcomer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    newcomer.bind(str(d.socket))
+    newcomer.listen(1)
+    try:
+        identity = d.socket.stat().st_ino
+        assert d.stop() == 0
+        assert d.socket.exists(), "the stopping daemon removed the newcomer's socket"
+        assert d.socket.stat().st_ino == identity
+    finally:
+        newcomer.close()
+
+
 # --- descriptors: connections, idle and slow clients, followers ---------------------------
 
 def test_a_connection_beyond_the_limit_gets_503_at_once(start: Any) -> None:

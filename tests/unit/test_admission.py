@@ -27,3 +27,24 @@ def test_default_connections_leave_three_quarters_of_the_descriptors() -> None:
     assert default_max_connections(65536) == 1024
     assert default_max_connections(None) == 1024
     assert default_max_connections(2) == 1
+
+
+def test_root_and_the_daemons_uid_may_use_every_slot() -> None:
+    limits = ControlLimits(max_connections=16, max_followers_per_client=2, max_message_bytes=10)
+    assert limits.admits_peer(15, 15, privileged=True)
+    assert not limits.admits_peer(16, 16, privileged=True)
+
+
+def test_another_uid_gets_half_the_slots_and_none_of_those_kept_for_the_operator() -> None:
+    limits = ControlLimits(max_connections=16, max_followers_per_client=2, max_message_bytes=10)
+    assert limits.per_uid_connections == 8
+    assert limits.reserved_slots == 1
+    assert limits.admits_peer(7, 7, privileged=False)
+    assert not limits.admits_peer(8, 8, privileged=False)  # its half is taken
+    assert limits.admits_peer(14, 0, privileged=False)
+    assert not limits.admits_peer(15, 0, privileged=False)  # the last slot is the operator's
+
+
+def test_a_single_slot_is_nobodys_reserve() -> None:
+    limits = ControlLimits(max_connections=1, max_followers_per_client=2, max_message_bytes=10)
+    assert limits.admits_peer(0, 0, privileged=False)

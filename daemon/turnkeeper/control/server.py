@@ -2,9 +2,10 @@
 by systemd), run inside the daemon's own task group, never `run_app` (which would take
 the signals).
 
-Access: the peer's credentials come from the request's transport socket (SO_PEERCRED,
-and its supplementary groups from SO_PEERGROUPS or /proc); root, the daemon's own uid,
-and the configured uids/gids are let in, everyone else gets 403.
+Access: the peer's credentials come from the accepted socket (SO_PEERCRED, and its
+supplementary groups from SO_PEERGROUPS or /proc); root, the daemon's own uid, and the
+configured uids/gids are let in, everyone else gets 403 at accept, before its
+connection counts against any limit.
 
 The socket's directory: one the daemon created, or its own `turnkeeper` directory, is
 kept at 0750; any other is left as it is (re-moding /tmp or /run would lock other users
@@ -12,8 +13,9 @@ out), but refused when another user controls it or others can write it without t
 sticky bit.
 
 Descriptors: at most `daemon.max_connections` connections are served at once; one more
-gets a 503 and is closed at once, before a request is read, so a flood costs the daemon
-one descriptor for an instant each.
+gets a 503 without its request being read, so a flood costs the daemon one descriptor
+for an instant each. One uid other than root and the daemon's own may hold at most half
+of them, and never the last few, so nobody's idle connections lock the operator out.
 """
 
 from __future__ import annotations
@@ -91,35 +93,68 @@ def peer_groups(sock: socket.socket, pid: int) -> frozenset[int]:
     return frozenset()
 
 
-def make_access_middleware(config: Config) -> Callable[..., Awaitable[web.StreamResponse]]:
-    allowed_uids = {0, os.getuid(), *config.daemon.allowed_uids}
-    allowed_gids = set(config.daemon.allowed_gids)
-    # A connection's peer credentials are those it had when it connected (SO_PEERCRED):
-    # read once per connection, not per request of a kept-alive one (uvloop wraps the
-    # descriptor in a new socket object for every getsockopt: 2.2 us a request).
-    peers: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int, int]] = \
-        weakref.WeakKeyDictionary()
+class PeerCheck:
+    """Who may use the socket: root, the daemon's own uid, and the configured uids and
+    gids (supplementary groups included). Asked once per connection, at accept, before
+    the connection holds one of `max_connections`: a peer it refuses never counts."""
 
+    def __init__(self, config: Config) -> None:
+        self.allowed_uids = frozenset({0, os.getuid(), *config.daemon.allowed_uids})
+        self.allowed_gids = frozenset(config.daemon.allowed_gids)
+        self.privileged_uids = frozenset({0, os.getuid()})
+        # A connection's credentials are those it had when it connected (SO_PEERCRED):
+        # read once per connection, not per request of a kept-alive one (uvloop wraps
+        # the descriptor in a new socket object for every getsockopt: 2.2 us a request).
+        self._peers: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int, int]] = \
+            weakref.WeakKeyDictionary()
+
+    def credentials(self, transport: asyncio.BaseTransport) -> tuple[int, int, int] | None:
+        """(pid, uid, gid) of an AF_UNIX peer; None for another kind of socket.
+        Raises OSError when the kernel will not say."""
+        creds = self._peers.get(transport)
+        if creds is None:
+            sock = transport.get_extra_info("socket")
+            if sock is None or sock.family != socket.AF_UNIX:
+                return None
+            creds = self._peers[transport] = peer_credentials(sock)
+        return creds
+
+    def refusal(self, transport: asyncio.BaseTransport) -> str | None:
+        """Why this peer may not use the socket, with the setting that would admit it;
+        None when it may."""
+        try:
+            creds = self.credentials(transport)
+        except OSError:
+            return "peer credentials unavailable"
+        if creds is None:
+            return None
+        pid, uid, gid = creds
+        if uid in self.allowed_uids or gid in self.allowed_gids:
+            return None
+        if self.allowed_gids and self.allowed_gids & peer_groups(
+                transport.get_extra_info("socket"), pid):
+            return None
+        log.warning("control.forbidden", uid=uid, gid=gid)
+        return (f"uid {uid} is not allowed on this socket: add it to [daemon] allowed_uids,"
+                f" or one of its groups to [daemon] allowed_gids, in the daemon's"
+                f" configuration")
+
+
+def make_access_middleware(peers: PeerCheck) -> Callable[..., Awaitable[web.StreamResponse]]:
     @web.middleware
     async def access(request: web.Request,
                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                      ) -> web.StreamResponse:
         transport = request.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is not None and sock.family == socket.AF_UNIX:
-            assert transport is not None
-            creds = peers.get(transport)
-            if creds is None:
-                try:
-                    creds = peers[transport] = peer_credentials(sock)
-                except OSError:
-                    return routes.error(403, "peer credentials unavailable")
-            pid, uid, gid = creds
-            request[routes.PEER_UID] = uid
-            if uid not in allowed_uids and gid not in allowed_gids and not (
-                    allowed_gids and allowed_gids & peer_groups(sock, pid)):
-                log.warning("control.forbidden", uid=uid, gid=gid, path=request.path)
-                return routes.error(403, f"uid {uid} is not allowed on this socket")
+        if transport is not None:
+            # The gate at accept refused everyone else; asked again here so a connection
+            # that reached the app some other way is held to the same rule.
+            refusal = peers.refusal(transport)
+            if refusal is not None:
+                return routes.error(403, refusal)
+            creds = peers.credentials(transport)
+            if creds is not None:
+                request[routes.PEER_UID] = creds[1]
         if request.content_length is not None and request.content_length > MAX_BODY:
             # Answered from the header: a client announcing 100 MB is not waited for.
             return routes.error(413, f"request body is larger than {MAX_BODY} bytes")
@@ -181,47 +216,142 @@ def prepare_socket_path(path: Path) -> None:
             probe.close()
 
 
-_BUSY_BODY = json.dumps({"error": "too many control connections; retry later"}).encode()
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-         b"Retry-After: 1\r\nConnection: close\r\n"
-         b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+def _answer_and_close(status: str, body: dict[str, str], *, retry_after: bool) -> bytes:
+    payload = json.dumps(body).encode()
+    return (b"HTTP/1.1 " + status.encode() + b"\r\nContent-Type: application/json\r\n"
+            + (b"Retry-After: 1\r\n" if retry_after else b"") + b"Connection: close\r\n"
+            + b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
 
 
-class _Busy(asyncio.Protocol):
-    """A connection beyond the limit: answered 503 without reading, then closed."""
+_BUSY = _answer_and_close("503 Service Unavailable",
+                          {"error": "too many control connections; retry later"},
+                          retry_after=True)
+
+
+class _Refused(asyncio.Protocol):
+    """A connection not let in: answered without reading its request. Our side of it is
+    shut at once, and the peer's request is read and dropped for at most
+    `LINGER_S` before the connection is closed: closing with the request unread would
+    make a client that is still sending see a broken pipe instead of the answer. While
+    `lingering` is at its cap, a refused connection is closed at once."""
+
+    LINGER_S = 1.0
+
+    def __init__(self, answer: bytes, lingering: list[int], cap: int) -> None:
+        self._answer = answer
+        self._lingering = lingering
+        self._cap = cap
+        self._transport: asyncio.WriteTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.WriteTransport subclasses: cast, not assert.
         writer = cast(asyncio.WriteTransport, transport)
-        writer.write(_BUSY)
-        writer.close()
+        writer.write(self._answer)
+        if self._lingering[0] >= self._cap or not writer.can_write_eof():
+            writer.close()
+            return
+        self._transport = writer
+        self._lingering[0] += 1
+        writer.write_eof()
+        asyncio.get_running_loop().call_later(self.LINGER_S, writer.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request of a connection already answered
+
+    def eof_received(self) -> bool:
+        if self._transport is not None:
+            self._transport.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self._transport = None
+            self._lingering[0] -= 1
+
+
+class _Gate(asyncio.Protocol):
+    """Every accepted connection starts here. The peer is checked first, then the
+    limits; only a connection let in is handed to aiohttp's protocol (and counts in its
+    connections). A refused peer costs a descriptor for an instant and holds no slot."""
+
+    def __init__(self, site: _BoundedSite) -> None:
+        self._site = site
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        site = self._site
+        refusal = site.peers.refusal(transport)
+        if refusal is not None:
+            site.forbidden += 1
+            self._refuse(transport, _answer_and_close("403 Forbidden", {"error": refusal},
+                                                      retry_after=False))
+            return
+        if not site.admits(transport):
+            site.refused += 1
+            self._refuse(transport, _BUSY)
+            return
+        protocol = site.server()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+
+    def _refuse(self, transport: asyncio.BaseTransport, answer: bytes) -> None:
+        site = self._site
+        refused = _Refused(answer, site.lingering, site.max_lingering)
+        transport.set_protocol(refused)
+        refused.connection_made(transport)
 
 
 class _BoundedSite(web.SockSite):
-    """A listening socket whose connections beyond `max_connections` get `_Busy`."""
+    """A listening socket whose connections pass `_Gate`: the peer check, then
+    `max_connections` (with a share per uid)."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, *,
-                 limits: ControlLimits) -> None:
+                 limits: ControlLimits, peers: PeerCheck) -> None:
         super().__init__(runner, sock)
         self._tk_runner = runner
         self._tk_sock = sock
         self._tk_limits = limits
+        self.peers = peers
         self.refused = 0
+        self.forbidden = 0
+        # Refused connections still reading their request (see `_Refused`); as many as
+        # may be served at once, so a flood of them costs at most that many descriptors.
+        self.lingering = [0]
+        self.max_lingering = limits.max_connections
+
+    @property
+    def server(self) -> web.Server:
+        server = self._tk_runner.server
+        assert server is not None
+        return server
+
+    def admits(self, transport: asyncio.BaseTransport) -> bool:
+        open_now = self.server.connections
+        try:
+            creds = self.peers.credentials(transport)
+        except OSError:
+            creds = None
+        if creds is None or creds[1] in self.peers.privileged_uids:
+            return self._tk_limits.admits_peer(len(open_now), 0, privileged=True)
+        uid = creds[1]
+        of_uid = 0
+        for handler in open_now:
+            other = handler.transport
+            if other is not None and self._uid_of(other) == uid:
+                of_uid += 1
+        return self._tk_limits.admits_peer(len(open_now), of_uid, privileged=False)
+
+    def _uid_of(self, transport: asyncio.BaseTransport) -> int | None:
+        try:
+            creds = self.peers.credentials(transport)
+        except OSError:
+            return None
+        return None if creds is None else creds[1]
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
-        server = self._tk_runner.server
-        assert server is not None
-        admits = self._tk_limits.admits_connection
-
-        def factory() -> asyncio.Protocol:
-            if not admits(len(server.connections)):
-                self.refused += 1
-                return _Busy()
-            return server()
-
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(factory, sock=self._tk_sock, backlog=128)
+        self._server = await loop.create_server(lambda: _Gate(self), sock=self._tk_sock,
+                                                backlog=128)
 
 
 class ControlServer:
@@ -231,8 +361,9 @@ class ControlServer:
         self.path = path
         self.mode = mode
         self.inherited = inherited
+        self.peers = PeerCheck(supervisor.config)
         self._runner: web.AppRunner | None = None
-        self._bound = False
+        self._bound: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
 
     def __repr__(self) -> str:
         return f"ControlServer({str(self.path)!r})"
@@ -250,8 +381,7 @@ class ControlServer:
             return await handler(request)
 
         app = web.Application(client_max_size=MAX_BODY,
-                              middlewares=[make_access_middleware(self.supervisor.config),
-                                           started])
+                              middlewares=[make_access_middleware(self.peers), started])
         app[routes.SUPERVISOR] = self.supervisor
         routes.add_routes(app)
         return app
@@ -267,7 +397,8 @@ class ControlServer:
             raise
         finally:
             os.umask(old_umask)
-        self._bound = True
+        st = os.stat(self.path)
+        self._bound = (st.st_dev, st.st_ino)
         os.chmod(self.path, self.mode)
         sock.listen(128)
         sock.setblocking(False)
@@ -286,7 +417,7 @@ class ControlServer:
         await runner.setup()
         self._runner = runner
         sock = self.inherited if self.inherited is not None else self._bind()
-        site = _BoundedSite(runner, sock, limits=limits)
+        site = _BoundedSite(runner, sock, limits=limits, peers=self.peers)
         await site.start()
         log.info("control.listening",
                  socket=str(self.path) if self.inherited is None
@@ -297,7 +428,24 @@ class ControlServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._bound:
-            self._bound = False
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+        if self._bound is not None:
+            bound, self._bound = self._bound, None
+            unlink_if_same(self.path, bound)
+
+
+def unlink_if_same(path: Path, identity: tuple[int, int]) -> None:
+    """Remove the socket we bound, and only it: a daemon started after this one (whose
+    start found our socket dead, or took the path while we drained) has bound a new
+    socket at the same path, and unlinking that would leave it running with nobody able
+    to reach it. The check and the unlink are not atomic; the window is the few
+    microseconds between them, against a bind that must first find our socket gone."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) != identity:
+        log.warning("control.socket_replaced", socket=str(path),
+                    detail="another process bound this path since; left in place")
+        return
+    with contextlib.suppress(OSError):
+        path.unlink()

@@ -32,6 +32,27 @@ class ControlLimits:
     def admits_connection(self, open_now: int) -> bool:
         return open_now < self.max_connections
 
+    def admits_peer(self, open_now: int, open_of_uid: int, *, privileged: bool) -> bool:
+        """A connection from a peer already let in by the credential check. Root and the
+        daemon's own uid may use every slot; any other uid at most half of them, and none
+        of the last `reserved_slots`, so one user's idle connections can never lock the
+        operator out of `status`."""
+        if privileged:
+            return self.admits_connection(open_now)
+        return (open_now < self.max_connections - self.reserved_slots
+                and open_of_uid < self.per_uid_connections)
+
+    @property
+    def reserved_slots(self) -> int:
+        """Slots kept for root and the daemon's uid: a sixteenth, at least one (none
+        when there is only one slot at all)."""
+        return min(self.max_connections - 1, max(1, self.max_connections // 16))
+
+    @property
+    def per_uid_connections(self) -> int:
+        """What one unprivileged uid may hold at once: half the slots, at least one."""
+        return max(1, self.max_connections // 2)
+
     def admits_follower(self, following_now: int) -> bool:
         return following_now < self.max_followers_per_client
 
