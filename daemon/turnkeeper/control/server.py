@@ -2,55 +2,38 @@
 by systemd), run inside the daemon's own task group, never `run_app` (which would take
 the signals).
 
-Access: the peer's credentials come from the accepted socket (SO_PEERCRED, and its
-supplementary groups from SO_PEERGROUPS or /proc); root, the daemon's own uid, and the
-configured uids/gids are let in, everyone else gets 403 at accept, before its
-connection counts against any limit.
+Access and the connection limits are the gate's (`control/gate.py`): every accepted
+connection passes it before aiohttp sees it.
 
 The socket's directory: one the daemon created, or its own `turnkeeper` directory, is
 kept at 0750; any other is left as it is (re-moding /tmp or /run would lock other users
 out), but refused when another user controls it or others can write it without the
 sticky bit.
-
-Descriptors: at most `daemon.max_connections` connections are served at once; one more
-gets a 503 without its request being read, so a flood costs the daemon one descriptor
-for an instant each. One uid other than root and the daemon's own may hold at most half
-of them, and never the last few, so nobody's idle connections lock the operator out.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
-import json
 import os
 import socket
 import stat
-import struct
-import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import cast
 
 import structlog
 from aiohttp import web
 
 from turnkeeper import exits
-from turnkeeper.config import Config
 from turnkeeper.control import routes
+from turnkeeper.control.gate import BoundedSite, PeerCheck
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.paths import UnsafeSocketDir, check_socket_dir_mode, check_socket_dir_owner
-from turnkeeper.policy.admission import ControlLimits
 from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.control")
 
 MAX_BODY = 1024 * 1024
-_PEERCRED = struct.Struct("3i")
-# Not in Python's socket module on every version; the Linux value since 4.13.
-SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
-_GID = struct.Struct("I")
 
 
 class SocketError(TurnkeeperError):
@@ -62,82 +45,6 @@ class UnsafeSocketDirError(SocketError):
     setting to fix, not a busy machine (exit 78)."""
 
     exit_code = exits.CONFIG
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the peer of a connected AF_UNIX socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    pid, uid, gid = _PEERCRED.unpack(raw)
-    return pid, uid, gid
-
-
-def peer_groups(sock: socket.socket, pid: int) -> frozenset[int]:
-    """The peer's supplementary groups, as they were when it connected (SO_PEERGROUPS);
-    on a kernel without it, as /proc shows the peer process now. Empty when neither can
-    tell: then only the primary gid counts."""
-    for size in (64, 65536):
-        try:
-            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size * _GID.size)
-        except OSError as exc:
-            if exc.errno == errno.ERANGE:
-                continue
-            break
-        return frozenset(g for (g,) in _GID.iter_unpack(raw[:len(raw) - len(raw) % 4]))
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return frozenset()
-
-
-class PeerCheck:
-    """Who may use the socket: root, the daemon's own uid, and the configured uids and
-    gids (supplementary groups included). Asked once per connection, at accept, before
-    the connection holds one of `max_connections`: a peer it refuses never counts."""
-
-    def __init__(self, config: Config) -> None:
-        self.allowed_uids = frozenset({0, os.getuid(), *config.daemon.allowed_uids})
-        self.allowed_gids = frozenset(config.daemon.allowed_gids)
-        self.privileged_uids = frozenset({0, os.getuid()})
-        # A connection's credentials are those it had when it connected (SO_PEERCRED):
-        # read once per connection, not per request of a kept-alive one (uvloop wraps
-        # the descriptor in a new socket object for every getsockopt: 2.2 us a request).
-        self._peers: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int, int]] = \
-            weakref.WeakKeyDictionary()
-
-    def credentials(self, transport: asyncio.BaseTransport) -> tuple[int, int, int] | None:
-        """(pid, uid, gid) of an AF_UNIX peer; None for another kind of socket.
-        Raises OSError when the kernel will not say."""
-        creds = self._peers.get(transport)
-        if creds is None:
-            sock = transport.get_extra_info("socket")
-            if sock is None or sock.family != socket.AF_UNIX:
-                return None
-            creds = self._peers[transport] = peer_credentials(sock)
-        return creds
-
-    def refusal(self, transport: asyncio.BaseTransport) -> str | None:
-        """Why this peer may not use the socket, with the setting that would admit it;
-        None when it may."""
-        try:
-            creds = self.credentials(transport)
-        except OSError:
-            return "peer credentials unavailable"
-        if creds is None:
-            return None
-        pid, uid, gid = creds
-        if uid in self.allowed_uids or gid in self.allowed_gids:
-            return None
-        if self.allowed_gids and self.allowed_gids & peer_groups(
-                transport.get_extra_info("socket"), pid):
-            return None
-        log.warning("control.forbidden", uid=uid, gid=gid)
-        return (f"uid {uid} is not allowed on this socket: add it to [daemon] allowed_uids,"
-                f" or one of its groups to [daemon] allowed_gids, in the daemon's"
-                f" configuration")
 
 
 def make_access_middleware(peers: PeerCheck) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -216,144 +123,6 @@ def prepare_socket_path(path: Path) -> None:
             probe.close()
 
 
-def _answer_and_close(status: str, body: dict[str, str], *, retry_after: bool) -> bytes:
-    payload = json.dumps(body).encode()
-    return (b"HTTP/1.1 " + status.encode() + b"\r\nContent-Type: application/json\r\n"
-            + (b"Retry-After: 1\r\n" if retry_after else b"") + b"Connection: close\r\n"
-            + b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-
-
-_BUSY = _answer_and_close("503 Service Unavailable",
-                          {"error": "too many control connections; retry later"},
-                          retry_after=True)
-
-
-class _Refused(asyncio.Protocol):
-    """A connection not let in: answered without reading its request. Our side of it is
-    shut at once, and the peer's request is read and dropped for at most
-    `LINGER_S` before the connection is closed: closing with the request unread would
-    make a client that is still sending see a broken pipe instead of the answer. While
-    `lingering` is at its cap, a refused connection is closed at once."""
-
-    LINGER_S = 1.0
-
-    def __init__(self, answer: bytes, lingering: list[int], cap: int) -> None:
-        self._answer = answer
-        self._lingering = lingering
-        self._cap = cap
-        self._transport: asyncio.WriteTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.WriteTransport subclasses: cast, not assert.
-        writer = cast(asyncio.WriteTransport, transport)
-        writer.write(self._answer)
-        if self._lingering[0] >= self._cap or not writer.can_write_eof():
-            writer.close()
-            return
-        self._transport = writer
-        self._lingering[0] += 1
-        writer.write_eof()
-        asyncio.get_running_loop().call_later(self.LINGER_S, writer.close)
-
-    def data_received(self, data: bytes) -> None:
-        pass  # the request of a connection already answered
-
-    def eof_received(self) -> bool:
-        if self._transport is not None:
-            self._transport.close()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._transport is not None:
-            self._transport = None
-            self._lingering[0] -= 1
-
-
-class _Gate(asyncio.Protocol):
-    """Every accepted connection starts here. The peer is checked first, then the
-    limits; only a connection let in is handed to aiohttp's protocol (and counts in its
-    connections). A refused peer costs a descriptor for an instant and holds no slot."""
-
-    def __init__(self, site: _BoundedSite) -> None:
-        self._site = site
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        site = self._site
-        refusal = site.peers.refusal(transport)
-        if refusal is not None:
-            site.forbidden += 1
-            self._refuse(transport, _answer_and_close("403 Forbidden", {"error": refusal},
-                                                      retry_after=False))
-            return
-        if not site.admits(transport):
-            site.refused += 1
-            self._refuse(transport, _BUSY)
-            return
-        protocol = site.server()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-
-    def _refuse(self, transport: asyncio.BaseTransport, answer: bytes) -> None:
-        site = self._site
-        refused = _Refused(answer, site.lingering, site.max_lingering)
-        transport.set_protocol(refused)
-        refused.connection_made(transport)
-
-
-class _BoundedSite(web.SockSite):
-    """A listening socket whose connections pass `_Gate`: the peer check, then
-    `max_connections` (with a share per uid)."""
-
-    def __init__(self, runner: web.AppRunner, sock: socket.socket, *,
-                 limits: ControlLimits, peers: PeerCheck) -> None:
-        super().__init__(runner, sock)
-        self._tk_runner = runner
-        self._tk_sock = sock
-        self._tk_limits = limits
-        self.peers = peers
-        self.refused = 0
-        self.forbidden = 0
-        # Refused connections still reading their request (see `_Refused`); as many as
-        # may be served at once, so a flood of them costs at most that many descriptors.
-        self.lingering = [0]
-        self.max_lingering = limits.max_connections
-
-    @property
-    def server(self) -> web.Server:
-        server = self._tk_runner.server
-        assert server is not None
-        return server
-
-    def admits(self, transport: asyncio.BaseTransport) -> bool:
-        open_now = self.server.connections
-        try:
-            creds = self.peers.credentials(transport)
-        except OSError:
-            creds = None
-        if creds is None or creds[1] in self.peers.privileged_uids:
-            return self._tk_limits.admits_peer(len(open_now), 0, privileged=True)
-        uid = creds[1]
-        of_uid = 0
-        for handler in open_now:
-            other = handler.transport
-            if other is not None and self._uid_of(other) == uid:
-                of_uid += 1
-        return self._tk_limits.admits_peer(len(open_now), of_uid, privileged=False)
-
-    def _uid_of(self, transport: asyncio.BaseTransport) -> int | None:
-        try:
-            creds = self.peers.credentials(transport)
-        except OSError:
-            return None
-        return None if creds is None else creds[1]
-
-    async def start(self) -> None:
-        await web.BaseSite.start(self)
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Gate(self), sock=self._tk_sock,
-                                                backlog=128)
-
-
 class ControlServer:
     def __init__(self, supervisor: Supervisor, *, path: Path, mode: int,
                  inherited: socket.socket | None = None) -> None:
@@ -417,7 +186,7 @@ class ControlServer:
         await runner.setup()
         self._runner = runner
         sock = self.inherited if self.inherited is not None else self._bind()
-        site = _BoundedSite(runner, sock, limits=limits, peers=self.peers)
+        site = BoundedSite(runner, sock, limits=limits, peers=self.peers)
         await site.start()
         log.info("control.listening",
                  socket=str(self.path) if self.inherited is None
