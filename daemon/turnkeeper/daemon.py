@@ -36,6 +36,7 @@ from turnkeeper.lifecycle import systemd
 from turnkeeper.lifecycle.signals import signal_dispatcher
 from turnkeeper.lifecycle.watch import ConfigChange, watch_config
 from turnkeeper.metrics import Metrics
+from turnkeeper.paths import StateDirUnusable, UnsafeStateDir, prepare_state_dir
 from turnkeeper.store import open_store
 from turnkeeper.store.base import Store, StoreError
 from turnkeeper.supervisor import Supervisor
@@ -108,10 +109,11 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
     clock = SystemClock()
     notifier = systemd.Notifier.from_env()
     try:
+        prepare_state_dir(state_dir(config))
         store = open_store(config, state_dir(config), clock=clock)
         await systemd.asking_for_time(notifier, store.open, status=(
             "opening the state store (a schema migration can take minutes)"))
-    except StoreError as exc:
+    except (StoreError, StateDirUnusable, UnsafeStateDir) as exc:
         raise BootError(str(exc), exc.exit_code) from None
     node_id = getattr(store, "node_id", None)
     if node_id is not None:  # a node of a fleet: every log line says which

@@ -27,6 +27,21 @@ class UnsafeSocketDir(TurnkeeperError):
     exit_code = exits.CONFIG
 
 
+class UnsafeStateDir(TurnkeeperError):
+    """A state directory another user controls or can write: whoever can write it can
+    plant a link that makes the daemon overwrite a file of its choosing, or read the
+    turns. A setting to fix: exit 78 (EX_CONFIG)."""
+
+    exit_code = exits.CONFIG
+
+
+class StateDirUnusable(TurnkeeperError):
+    """The state directory cannot be made or read (a file in its place, no permission):
+    exit 74 (EX_IOERR), as for a store that cannot be opened."""
+
+    exit_code = exits.IOERR
+
+
 def default_state_dir() -> Path:
     if os.environ.get("STATE_DIRECTORY"):
         return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
@@ -79,6 +94,35 @@ def check_socket_dir_mode(directory: Path) -> None:
         raise UnsafeSocketDir(
             f"socket directory {directory} (mode {stat.S_IMODE(mode):04o}) can be written "
             f"by others and has no sticky bit: anyone could replace the socket in it")
+
+
+def prepare_state_dir(directory: Path) -> None:
+    """Create the state directory (0750) if it is missing, then refuse one that is a
+    link, is owned by neither us nor root, or can be written by its group or others.
+    Every file in it is then ours alone to create, and the files the daemon opens there
+    are opened without following links as well (O_NOFOLLOW)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        st = directory.lstat()
+    except OSError as exc:
+        raise StateDirUnusable(f"state directory {directory} is not usable: "
+                               f"{exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeStateDir(
+            f"state directory {directory} is a symbolic link: name the directory it "
+            f"points to ({directory.resolve()}) in daemon.state_dir instead")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeStateDir(f"state directory {directory} is not a directory")
+    if st.st_uid not in (0, os.getuid()):
+        raise UnsafeStateDir(
+            f"state directory {directory} is owned by {_owner_name(st.st_uid)}, not by "
+            f"the daemon's user or root: whoever owns it could make the daemon overwrite "
+            f"files through links planted there (chown it, or choose another "
+            f"daemon.state_dir)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeStateDir(
+            f"state directory {directory} (mode {stat.S_IMODE(st.st_mode):04o}) can be "
+            f"written by its group or others: chmod go-w it (0750 or 0700)")
 
 
 def default_socket_candidates() -> list[Path]:

@@ -123,6 +123,51 @@ def test_the_daemon_refuses_a_directory_another_user_put_in_a_shared_place(
     assert f"uid {OTHER_UID}" in d.log_text()
 
 
+# --- the state directory ------------------------------------------------------------------
+
+def _state_dir_prepared(daemons: list[Daemon], tmp: Path, prepare: Any) -> Daemon:
+    """A daemon whose state directory `prepare(dir)` set up before it starts."""
+    d = Daemon(tmp, name="planted")
+    daemons.append(d)
+    d.state_dir.mkdir(mode=0o750)
+    prepare(d.state_dir)
+    return d.start(wait=False)
+
+
+@needs_root
+def test_a_state_directory_another_user_owns_is_refused_and_its_links_never_followed(
+        daemons: list[Daemon], tmp_path: Path) -> None:
+    victim = tmp_path / "root-owned"
+    victim.write_text("precious\n")
+
+    def plant(state: Path) -> None:
+        os.symlink(victim, state / "turnkeeper.sqlite3.lock")
+        os.chown(state, OTHER_UID, OTHER_UID)
+
+    d = _state_dir_prepared(daemons, tmp_path, plant)
+    assert d.proc is not None and d.proc.wait(30) == exits.CONFIG
+    assert f"owned by uid {OTHER_UID}" in d.log_text()
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_state_directory_others_can_write_is_refused_with_78(
+        daemons: list[Daemon], tmp_path: Path) -> None:
+    d = _state_dir_prepared(daemons, tmp_path, lambda state: state.chmod(0o777))
+    assert d.proc is not None and d.proc.wait(30) == exits.CONFIG
+    assert "chmod go-w" in d.log_text()
+
+
+def test_a_link_where_the_store_keeps_its_lock_is_never_followed(
+        daemons: list[Daemon], tmp_path: Path) -> None:
+    victim = tmp_path / "elsewhere"
+    victim.write_text("precious\n")
+    d = _state_dir_prepared(
+        daemons, tmp_path, lambda state: os.symlink(victim, state / "turnkeeper.sqlite3.lock"))
+    assert d.proc is not None and d.proc.wait(30) != 0
+    assert "turnkeeper.sqlite3" in d.log_text()
+    assert victim.read_text() == "precious\n"
+
+
 # --- peer credentials -------------------------------------------------------------------
 
 def _status_as(sock_path: Path, uid: int, gid: int, groups: list[int]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +16,11 @@ import pytest
 from turnkeeper import exits
 from turnkeeper.paths import (
     UnsafeSocketDir,
+    UnsafeStateDir,
     check_socket_dir_mode,
     client_socket_path,
     discover_socket,
+    prepare_state_dir,
 )
 
 OTHER_UID = 4243
@@ -109,3 +112,24 @@ def test_a_directory_others_can_write_without_the_sticky_bit_is_refused(
         check_socket_dir_mode(open_dir)
     open_dir.chmod(0o1777)
     check_socket_dir_mode(open_dir)
+
+
+def test_a_missing_state_directory_is_made_0750(tmp_path: Path) -> None:
+    prepare_state_dir(tmp_path / "a" / "state")
+    assert stat.S_IMODE((tmp_path / "a" / "state").stat().st_mode) == 0o750
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o757, 0o1777])
+def test_a_state_directory_its_group_or_others_can_write_is_refused(tmp_path: Path,
+                                                                     mode: int) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state").chmod(mode)
+    with pytest.raises(UnsafeStateDir, match="go-w"):
+        prepare_state_dir(tmp_path / "state")
+
+
+def test_a_state_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(tmp_path / "real")
+    with pytest.raises(UnsafeStateDir, match="symbolic link"):
+        prepare_state_dir(tmp_path / "state")

@@ -121,7 +121,9 @@ def default_node_id(state_dir: Path) -> str:
     a daemon restarted on the same machine is the same node."""
     path = state_dir / NODE_ID_FILE
     try:
-        kept = path.read_text(encoding="utf-8").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            kept = f.read(4096).strip()
     except FileNotFoundError:
         kept = ""
     except OSError as exc:
@@ -134,7 +136,11 @@ def default_node_id(state_dir: Path) -> str:
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         tmp = path.with_name(f".{NODE_ID_FILE}.{os.getpid()}")
-        tmp.write_text(node_id + "\n", encoding="utf-8")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o640)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(node_id + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         raise StoreError(f"node id file {path} cannot be written: {exc.strerror or exc}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import random
@@ -223,6 +224,10 @@ class SQLiteConnection(GroupCommitWriter[Op]):
                 raise StoreError(f"state database {self.path} cannot be opened: {exc} "
                                  "(not a turnkeeper database, or damaged; restore it from "
                                  "a backup or move it aside)") from None
+            if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+                raise StoreError(f"state file {exc.filename} is a symbolic link: the "
+                                 "store opens its files only directly (remove the link)"
+                                 ) from None
             if isinstance(exc, OSError):
                 raise StoreError(f"state directory {self.path.parent} is not usable: "
                                  f"{exc.strerror or exc}") from None

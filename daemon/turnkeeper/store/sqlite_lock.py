@@ -11,7 +11,8 @@ database names the holder's pid, for the refusal message; it is also locked, so 
 daemon from before the lock moved onto the database still refuses this one and the other
 way round.
 
-A database created here is created 0600 (SQLite gives its `-wal` and `-shm` files the
+Both files are opened without following a link (ELOOP: the store refuses to open, naming
+the path). A database created here is created 0600 (SQLite gives its `-wal` and `-shm` files the
 database's mode): turns hold users' messages and tools' answers.
 """
 
@@ -25,6 +26,9 @@ from pathlib import Path
 from turnkeeper.store.base import StoreInUse
 
 DB_MODE = 0o600
+# Never through a link: a link planted where the database or its pid file should be
+# would have the daemon write its pid into (truncate) a file of the planter's choosing.
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 def _flock(fd: int) -> bool:
@@ -41,9 +45,9 @@ def _flock(fd: int) -> bool:
 def lock_exclusive(lock_path: Path, db_path: Path) -> tuple[int, int]:
     """Take the lock for the life of the process: the two descriptors (the database's and
     the pid file's) to close to release it."""
-    db_fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, DB_MODE)
+    db_fd = os.open(db_path, _OPEN_FLAGS, DB_MODE)
     try:
-        pid_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, DB_MODE)
+        pid_fd = os.open(lock_path, _OPEN_FLAGS, DB_MODE)
     except BaseException:
         os.close(db_fd)
         raise
