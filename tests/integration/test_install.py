@@ -135,6 +135,13 @@ class Installer:
         assert exec_start
         argv = [self.rooted(a) for a in shlex.split(exec_start.group(1))]
         env = clean_env()
+        # systemd hands StateDirectory= to the unit's User=, the user the daemon runs as;
+        # this test runs it as itself (the interpreter under /root is not reachable by
+        # the service user), so the directory is handed to this user, or the daemon
+        # rightly refuses a state directory another user owns.
+        state = Path(self.rooted("/var/lib/turnkeeper"))
+        if state.exists():
+            os.chown(state, os.getuid(), os.getgid())
         env.update(TURNKEEPER_SOCKET=self.socket(),
                    STATE_DIRECTORY=self.rooted("/var/lib/turnkeeper"),
                    RUNTIME_DIRECTORY=self.rooted("/run/turnkeeper"))
