@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket as socket_lib
 import subprocess
 import sys
 import time
@@ -213,6 +214,37 @@ def test_intake_route_takes_only_a_boolean(start: Any) -> None:
 def test_status_check_without_a_daemon_is_69(tmp_path: Path) -> None:
     out = cli("status", "--check", socket=tmp_path / "none.sock")
     assert out.returncode == 69
+
+
+def test_status_check_is_69_when_the_socket_turns_the_connection_away(start: Any) -> None:
+    """The socket's connection limit answers 503 before the daemon reads the request:
+    nothing was learnt of the daemon's health, so it is unreachable, not degraded."""
+    d = start("[daemon]\nmax_connections = 1\ncontrol_idle_timeout = 60.0\n")
+    held = socket_lib.socket(socket_lib.AF_UNIX, socket_lib.SOCK_STREAM)
+    held.connect(str(d.socket))
+    try:
+        held.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert held.recv(65536).startswith(b"HTTP/1.1 200")  # the one slot is ours
+        out = cli("status", "--check", socket=d.socket)
+    finally:
+        held.close()
+    assert out.returncode == 69, out.stderr
+    assert "too many control connections" in out.stderr
+
+
+def test_a_socket_option_naming_a_file_that_is_not_a_socket_says_so(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("not a socket\n")
+    out = cli("status", socket=plain)
+    assert out.returncode == 69
+    assert "is not a socket" in out.stderr
+
+
+def test_an_after_beyond_any_seq_is_refused_naming_the_field(start: Any) -> None:
+    d = start()
+    status, data = d.get("/v1/events?after=" + "1" + "0" * 24)
+    assert status == 400 and data["field"] == "after"
+    assert d.get("/v1/status")[0] == 200
 
 
 FAIL_SCRIPT = """

@@ -88,6 +88,11 @@ def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
 
 def _check(client: Client, args: argparse.Namespace) -> int:
     status, data = client.request("GET", "/v1/health")
+    if status == 503 and not (isinstance(data, dict) and "problems" in data):
+        # Not the daemon's health: the socket refused the connection (its limit).
+        msg = data.get("error") if isinstance(data, dict) else data
+        print(f"turnkeeper: unreachable: {msg}", file=sys.stderr)
+        return exits.UNAVAILABLE
     if status not in (200, 503) or not isinstance(data, dict) or "problems" not in data:
         return fail(status, data)
     if args.json:

@@ -8,6 +8,7 @@ that is all this reads."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 
@@ -136,7 +137,10 @@ class Client:
         try:
             sock.settimeout(timeout)
             sock.connect(str(self.path))
-            sock.sendall(head.encode("latin-1") + b"\r\n" + payload)
+            # Answered and closed before it read us (a 403 or a 503 at accept): the
+            # answer is in our receive buffer all the same.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(head.encode("latin-1") + b"\r\n" + payload)
             fp = sock.makefile("rb")
             try:
                 return sock, _Response(fp)
@@ -149,6 +153,10 @@ class Client:
                               " set --socket or TURNKEEPER_SOCKET)") from None
         except ConnectionRefusedError:
             sock.close()
+            if self.path.exists() and not self.path.is_socket():
+                raise ClientError(f"{self.path} is not a socket (set --socket or "
+                                  "TURNKEEPER_SOCKET to the daemon's control socket)"
+                                  ) from None
             raise ClientError(f"nothing listens on {self.path} (the daemon is not running)"
                               ) from None
         except PermissionError:

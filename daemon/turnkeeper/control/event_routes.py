@@ -23,6 +23,9 @@ from turnkeeper.supervisor import (
     UnknownTurn,
 )
 
+# The largest seq a store can hold (a signed 64-bit integer in SQLite and PostgreSQL): a
+# larger `after` is refused before the store is asked.
+MAX_SEQ = 2**63 - 1
 MAX_BATCH_EVENTS = 500  # events per write of an NDJSON stream
 REPLAY_PAGE = 1000  # stored events read at a time when a stream replays
 FLEET_FOLLOW_POLL_S = 0.25  # how often a turn run by another node is read again
@@ -157,8 +160,8 @@ async def all_events(request: web.Request) -> web.StreamResponse:
             after = int(str(raw_after))
         except ValueError:
             return error(400, "after must be a whole number (an event's seq)", field="after")
-        if after < 0:
-            return error(400, "after must be 0 or more", field="after")
+        if not 0 <= after <= MAX_SEQ:
+            return error(400, f"after must be from 0 to {MAX_SEQ}", field="after")
     turn = request.query.get("turn") or None
     keep = type_filter(request.query.get("type") or "")
 
