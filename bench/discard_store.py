@@ -34,7 +34,8 @@ class DiscardStore:
         return None
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = ()) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None
+                          ) -> int:
         self._seq += 1
         self.writes += 1
         return self._seq

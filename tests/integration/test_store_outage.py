@@ -154,6 +154,31 @@ def test_a_submit_in_flight_when_the_disk_fills_is_answered_once_it_is_kept(
     assert d.wait(data["turn"]["id"])["state"] == "completed"
 
 
+def test_a_submit_the_full_disk_cannot_keep_in_time_is_answered_507_and_never_runs(
+        small_disk: Path, tmp_path: Path, daemons: list[Daemon]) -> None:
+    """Answered within `submit_timeout` and withdrawn: once space returns the turn does
+    not appear, run or call its tool. A client told 507 that retries would otherwise
+    have two turns, or have its effects without ever being told it was accepted."""
+    d = daemon_on(small_disk, tmp_path, daemons, "[daemon]\nsubmit_timeout = 1.0\n")
+    before = d.run("before")
+    filler = fill(small_disk)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(d.post, "/v1/turns", {"message": "in flight"})
+        status, data = pending.result(timeout=30)
+    assert status == 507, data
+    assert "withdrawn" in data["error"]
+    filler.unlink()
+    wait_for(lambda: d.get("/v1/status")[1]["store"]["writable"] is True, timeout=30,
+             what="the store to recover")
+    after = d.run("after")
+    assert after["state"] == "completed"
+    status, listing = d.get("/v1/turns?limit=100")
+    messages = [t.get("message") for t in listing["turns"]]
+    assert "in flight" not in messages
+    held = stored_turns(d.state_dir / "turnkeeper.sqlite3")
+    assert set(held) == {before["id"], after["id"]}
+
+
 def test_a_disk_full_past_fatal_after_stops_the_daemon_with_74(
         small_disk: Path, tmp_path: Path, daemons: list[Daemon]) -> None:
     d = daemon_on(small_disk, tmp_path, daemons, "[store]\nfatal_after = 2.0\n")

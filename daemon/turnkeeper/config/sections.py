@@ -62,6 +62,9 @@ class DaemonConfig(_Section):
     body_read_timeout: Annotated[float, Field(gt=0)] = 10.0
     max_followers_per_client: PositiveInt = 16
     max_message_bytes: PositiveInt = 256 * 1024
+    # A submit whose turn the store cannot keep within this long (a full disk) is
+    # answered 507 and its write withdrawn: never left hanging, never run unanswered.
+    submit_timeout: Annotated[float, Field(gt=0)] = 5.0
     # Steers and answers a turn holds before its next step takes them: more are refused.
     max_pending_messages: PositiveInt = 32
     # Overload: new submits get 503 while the event loop's lag stays at or over

@@ -149,6 +149,8 @@ async def submit(request: web.Request) -> web.Response:
         return error(400, str(exc), field="model")
     except IntakeRefused as exc:
         return _refused(exc)
+    except StoreError as exc:  # not kept (a full disk, a write withdrawn): not taken
+        return error(507, f"no turn was queued: {exc}")
     return json_response({"turn": record.to_json()}, status=202)
 
 
@@ -305,6 +307,8 @@ async def replay(request: web.Request) -> web.Response:
         return error(409, str(exc))
     except IntakeRefused as exc:
         return _refused(exc)
+    except StoreError as exc:  # not kept (a full disk, a write withdrawn): not taken
+        return error(507, f"no turn was queued: {exc}")
     return json_response({"turn": record.to_json()}, status=202)
 
 

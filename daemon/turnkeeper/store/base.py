@@ -285,7 +285,14 @@ class Store(Protocol):
         ...
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = ()) -> int: ...
+                          events: Sequence[Event] = (), within_s: float | None = None
+                          ) -> int:
+        """The turn's row and its message, durable on return, with `events`. With
+        `within_s`: not made within that long, the write is withdrawn (`WriteWithdrawn`)
+        and never commits, unless a commit holding it is under way, whose answer is
+        then awaited. A submit is answered within a bound, and what it is answered is
+        what the store holds."""
+        ...
 
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,

@@ -138,7 +138,8 @@ class MemoryStore:
                 self._event_turn[event.seq] = event.turn
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = ()) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None
+                          ) -> int:
         self._check_open()
         if record["id"] in self._turns:
             raise StoreError(f"state store write failed: turn {record['id']} exists")

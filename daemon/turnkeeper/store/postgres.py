@@ -133,7 +133,8 @@ class PostgresStore(PostgresReads):
     # -- writing ------------------------------------------------------------------
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = ()) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None
+                          ) -> int:
         """The turn's row, durable when this returns; `events` commit with it. Its number
         comes from a sequence, so turns submitted on any daemon share one order."""
         checkpoint_json = dumps(checkpoint)
@@ -153,7 +154,8 @@ class PostgresStore(PostgresReads):
                 record["seq"] = int(await conn.fetchval(
                     "SELECT seq FROM turns WHERE id = $1", record["id"]))
 
-        await self._write([insert, *map(self._event_op, events), _NOTIFY_TURNS])
+        await self._write([insert, *map(self._event_op, events), _NOTIFY_TURNS],
+                          within_s=within_s)
         return int(record["seq"])
 
     async def save_turn(self, record: dict[str, Any],

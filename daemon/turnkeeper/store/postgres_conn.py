@@ -72,11 +72,11 @@ class PostgresConnection(GroupCommitWriter[Op]):
 
     def __init__(self, url: str, *, clock: Clock | None, fatal_after: float,
                  pool_size: int, node_id: str | None) -> None:
-        super().__init__()
+        self.clock = clock or SystemClock()
+        super().__init__(self.clock)
         self.url = url
         self.node_id = node_id or f"{socket.gethostname()[:60]}-{secrets.token_hex(3)}"
         self.where = redact_url(url)
-        self.clock = clock or SystemClock()
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
         self._tg: TaskGroup | None = None
@@ -122,7 +122,10 @@ class PostgresConnection(GroupCommitWriter[Op]):
 
     async def _commit_with_reconnect(self, batch: list[Write[Op]]) -> list[BaseException | None]:
         """Commit the batch; while the server cannot be reached, wait and try again (the
-        batch is kept whole), up to `fatal_after` seconds."""
+        batch is kept whole), up to `fatal_after` seconds. A write whose caller gave up
+        on it (`_write(within_s=...)`) stays in it: a lost connection may have lost only
+        the answer to a commit the server made, so leaving it out could not promise it
+        was not made."""
         while True:
             try:
                 errors = await self._commit_batch(batch)

@@ -145,7 +145,8 @@ class SQLiteStore(SQLiteConnection):
         return [_event_statement(e, number) for e in events]
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = ()) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None
+                          ) -> int:
         """The turn's row and its message, durable when this returns; `events` commit
         with them."""
         self._next_seq += 1
@@ -157,7 +158,8 @@ class SQLiteStore(SQLiteConnection):
              record["created_at"], record["updated_at"], _dumps(stored_record(record)),
              _dumps(checkpoint)),
         ), ("INSERT INTO turn_input (turn, message) VALUES (?, ?)",
-            (record["id"], stored_message(record))), *self._event_rows(events, number)])
+            (record["id"], stored_message(record))), *self._event_rows(events, number)],
+            within_s=within_s)
         if record["state"] not in TERMINAL_STATES:
             self._numbers[record["id"]] = number
         return number

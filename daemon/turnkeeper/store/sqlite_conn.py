@@ -164,14 +164,20 @@ def _statements(ops: Iterable[Op]) -> Iterator[Statement]:
             yield op
 
 
+def _probe(now: float) -> Op:
+    """A one-row write that needs the disk as any write does."""
+    return ("INSERT INTO meta (key, value) VALUES ('writable_probe', ?) ON CONFLICT(key)"
+            " DO UPDATE SET value = excluded.value", (int(now),))
+
+
 class SQLiteConnection(GroupCommitWriter[Op]):
     """The file and its two connections; the store's calls are in `SQLiteStore`."""
 
     def __init__(self, path: Path, *, clock: Clock | None = None,
                  fatal_after_s: float = DEFAULT_FATAL_AFTER_S) -> None:
-        super().__init__()
-        self.path = path
         self._clock: Clock = clock or SystemClock()
+        super().__init__(self._clock)
+        self.path = path
         self.outage = StoreOutage(fatal_after_s=fatal_after_s)
         self._outage_logged_at: float | None = None
         self._writer: sqlite3.Connection | None = None
@@ -269,8 +275,14 @@ class SQLiteConnection(GroupCommitWriter[Op]):
                     log.warning("store.recovered", path=str(self.path))
                     self._outage_logged_at = None
                 return
-            pending, error = pending[cut:], errors[cut]
+            pending, error = self._drop_withdrawn(pending[cut:]), errors[cut]
             now = self._clock.monotonic()
+            if not pending:
+                # Every waiting write was withdrawn: a write nobody awaits takes their
+                # place, so the store keeps trying the disk and says it is writable
+                # again only once the disk takes a write (a store that stopped trying
+                # would stay degraded, refusing every submit, for ever).
+                pending = [Write([_probe(now)])]
             if self.outage.fatal(now=now) or self._closed:
                 why = ("unwritable for "
                        f"{self.outage.failing_for(now=now):.0f} s" if not self._closed

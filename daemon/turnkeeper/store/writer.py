@@ -31,6 +31,7 @@ from typing import Generic, TypeVar, cast
 
 import anyio
 
+from turnkeeper.clock import Clock
 from turnkeeper.store.base import MessageRows, StoreError
 
 # Writes in one transaction at most: a burst past it commits in several.
@@ -134,10 +135,19 @@ class Write(Generic[Op]):
     error: BaseException | None = field(default=None)
     events: bool = False
     turn: str | None = None
+    # Its caller stopped waiting (`_write(within_s=...)`): not tried again (see
+    # `_drop_withdrawn`).
+    withdrawn: bool = False
+
+
+class WriteWithdrawn(StoreError):
+    """An awaited write given up before it was made: its caller's time ran out while the
+    store could not take it (a full disk, an unreachable server). It never commits."""
 
 
 class GroupCommitWriter(Generic[Op]):
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._writer_clock = clock
         self._queue: deque[Write[Op]] = deque()
         self._wake: anyio.Event | None = None
         self._running = False
@@ -225,11 +235,15 @@ class GroupCommitWriter(Generic[Op]):
         self.superseded += 1
         return join_messages(moved, ops) if moved else ops
 
-    async def _write(self, ops: Sequence[Op], *, supersedes: str | None = None) -> None:
+    async def _write(self, ops: Sequence[Op], *, supersedes: str | None = None,
+                     within_s: float | None = None) -> None:
         """`ops` in a transaction (with whatever else is queued), durable on return. A
         StoreError of the backend's own is raised as it is; any other error wrapped.
         `supersedes`: the turn whose queued checkpoint these ops make obsolete (their
-        first statement writes the turn's row and checkpoint)."""
+        first statement writes the turn's row and checkpoint). `within_s`: a write not
+        made within that long is withdrawn (`WriteWithdrawn`, and it never commits),
+        unless a commit that holds it is under way, whose answer is then awaited: the
+        caller hears exactly what the store holds."""
         if self._closed or not self._running:
             stopped = not self._closed and self._writer_done.is_set()
             raise StoreError("state database writer has stopped: the write was not made"
@@ -240,12 +254,42 @@ class GroupCommitWriter(Generic[Op]):
         self.durable_writes += 1
         w = Write(ops, done)
         self._push(w)
-        # Cancelled while waiting (its future with it), the write still commits.
-        await done
+        if within_s is None:
+            # Cancelled while waiting (its future with it), the write still commits.
+            await done
+        else:
+            await self._await_within(w, done, within_s)
         if isinstance(w.error, StoreError):
             raise w.error
         if w.error is not None:
             raise StoreError(f"state database write failed: {w.error}") from w.error
+
+    async def _await_within(self, w: Write[Op], done: asyncio.Future[None],
+                            within_s: float) -> None:
+        with self._writer_clock.move_on_after(within_s):
+            await asyncio.shield(done)
+        if done.done():
+            return
+        w.withdrawn = True
+        try:
+            self._queue.remove(w)  # not taken for a commit yet: it never will be
+        except ValueError:
+            await done  # in a commit under way: its answer says what the store holds
+            return
+        self.failed_writes += 1
+        w.error = WriteWithdrawn(f"the state store could not take the write within "
+                                 f"{within_s:g} s: it was withdrawn and not made")
+        done.cancel()
+
+    def _drop_withdrawn(self, pending: list[Write[Op]]) -> list[Write[Op]]:
+        """Before a commit that failed is tried again: the writes whose callers gave up
+        on them are answered as withdrawn and left out, so they never commit."""
+        if not any(w.withdrawn for w in pending):
+            return pending
+        gone = [w for w in pending if w.withdrawn]
+        self._answer(gone, [WriteWithdrawn("the state store could not take the write in "
+                                           "time: it was withdrawn and not made")] * len(gone))
+        return [w for w in pending if not w.withdrawn]
 
     def _enqueue(self, ops: Sequence[Op]) -> None:
         """`ops` with the next durable write, in order; not awaited."""

@@ -185,7 +185,8 @@ class Intake:
         record = live.record
         data = record.to_json()
         try:
-            record.seq = await core.store.insert_turn(data, {}, events=[queued])
+            record.seq = await core.store.insert_turn(
+                data, {}, events=[queued], within_s=core.config.daemon.submit_timeout)
         except BaseException:
             core.live.pop(record.id, None)
             raise
