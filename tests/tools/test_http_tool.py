@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -198,3 +199,36 @@ def test_journal_json_keeps_the_kind_and_old_rows_still_load() -> None:
            "failure": {"status": 503, "exception": [], "message": "down"}}
     assert ToolOutcome.from_json(old).kind is EffectOutcome.FAILED
     assert ToolOutcome.from_json({"content": "{}"}).kind is EffectOutcome.OK
+
+
+async def test_a_secret_the_tool_echoes_is_redacted_from_its_result(
+        serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own Authorization value (from the environment), the token alone, and a
+    provider's key the ToolBox was given: none comes back in content or failure."""
+    monkeypatch.setenv("TICKET_AUTH", "Bearer tk-0123456789abcdef")
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response({"auth": request.headers["Authorization"],
+                                  "token": "tk-0123456789abcdef", "key": "sk-provider-key-1",
+                                  "short": "x"}, status=int(request.query.get("s", 200)))
+
+    base = await serve({"/t": echo})
+    tool = ToolConfig(name="create_ticket", url=base + "/t",
+                      headers={"Authorization": "env:TICKET_AUTH"})
+    box = ToolBox((tool,), secrets=("sk-provider-key-1", "x"))
+    try:
+        ok = await box.call("create_ticket", {}, idempotency_key="t.1.0", timeout_s=5)
+        box_failed = ToolBox((tool.model_copy(update={"url": base + "/t?s=400"}),),
+                             secrets=("sk-provider-key-1",))
+        failed = await box_failed.call("create_ticket", {}, idempotency_key="t.1.1",
+                                       timeout_s=5)
+        await box_failed.aclose()
+    finally:
+        await box.aclose()
+    assert ok.kind is EffectOutcome.OK
+    assert json.loads(ok.content) == {"auth": "[redacted]", "token": "[redacted]",
+                                      "key": "[redacted]", "short": "x"}
+    assert failed.failure is not None
+    for text in (failed.content, failed.failure.message):
+        assert "0123456789abcdef" not in text and "sk-provider-key-1" not in text

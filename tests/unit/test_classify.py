@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import email.utils
+import errno
+import json
+import os
 
 import pytest
 
 from turnkeeper.policy.classify import (
     CallFailure,
     FailureClass,
+    Redactor,
     classify,
     classify_exception,
     exception_names,
@@ -200,3 +204,33 @@ def test_describe_names_status_type_exception_and_message() -> None:
                           exception=("ClientResponseError",), message="slow down")
     assert failure.describe() == "HTTP 429: rate_limit_error: ClientResponseError: slow down"
     assert CallFailure().describe() == "unknown failure"
+
+
+# -- secrets ---------------------------------------------------------------------------
+
+def test_a_redactor_replaces_every_value_it_holds_longest_first() -> None:
+    redactor = Redactor(["tok_live_abcdef", "tok_live_abcdef_and_more", None, ""])
+    assert redactor.held("a tok_live_abcdef_and_more b tok_live_abcdef") == \
+        "a [redacted] b [redacted]"
+    assert redactor.held("nothing here") == "nothing here"
+
+
+def test_a_redactor_finds_a_value_as_a_json_body_escapes_it() -> None:
+    secret = 'k3y"with/quote\\and-backslash'
+    body = json.dumps({"echo": secret})
+    assert secret not in body  # escaped on the wire
+    assert Redactor([secret]).held(body) == '{"echo": "[redacted]"}'
+
+
+def test_a_redactor_skips_values_shorter_than_its_minimum() -> None:
+    redactor = Redactor(["x", "dummy", "a-real-token-123"], min_chars=8)
+    assert redactor.held("x dummy a-real-token-123") == "x dummy [redacted]"
+    assert not Redactor(["x"], min_chars=8)
+    assert Redactor(["abcdefgh"], min_chars=8)
+
+
+def test_redact_also_removes_what_looks_like_a_credential() -> None:
+    redactor = Redactor(["held-secret-1"])
+    assert redactor.redact("held-secret-1 Authorization: Bearer other") == \
+        "[redacted] Authorization: Bearer [redacted]"
+    assert "held" not in repr(redactor)

@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from turnkeeper.config.redact import redact_url
+from turnkeeper.config.redact import SECRET_NAME, redact_url
 from turnkeeper.config.sections import (
     BUILTIN_TOOL_NAMES,
     ConfigError,
@@ -326,6 +326,24 @@ class ToolConfig(_Section):
     def resolved_env(self) -> dict[str, str]:
         """An MCP server's environment: values `env:NAME` read from the daemon's."""
         return _resolve_env_refs(self.env)
+
+    def secret_values(self) -> tuple[str, ...]:
+        """What this tool is given that may be secret, read now: the values of its
+        headers and (MCP) env read from the daemon's environment (`env:NAME`) or named
+        like a credential (Authorization, X-Api-Key, *_TOKEN, *_SECRET, *PASSWORD...),
+        and the token alone of a value such as `Bearer <token>`. Other literal values
+        (`Accept = "application/json"`) are settings, not secrets."""
+        out: list[str] = []
+        for given, resolved in ((self.headers, self.resolved_headers()),
+                                (self.env, self.resolved_env())):
+            for name, raw in given.items():
+                value = resolved[name]
+                if value and (raw.startswith("env:") or SECRET_NAME.search(name)):
+                    out.append(value)
+                    token = value.partition(" ")[2].strip()
+                    if token:
+                        out.append(token)
+        return tuple(out)
 
 
 def _resolve_env_refs(values: Mapping[str, str]) -> dict[str, str]:

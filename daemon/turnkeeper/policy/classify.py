@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -75,11 +76,54 @@ _SECRET_PATTERNS = (
 )
 
 
+REDACTED = "[redacted]"
+
+
 def redact_secrets(text: str) -> str:
     """`text` with credential-looking values replaced by [redacted]."""
     text = _SECRET_PATTERNS[0].sub(
-        lambda m: f"{m[1]}{m[2]}{m[3] + ' ' if m[3] else ''}[redacted]", text)
-    return _SECRET_PATTERNS[1].sub(lambda m: f"{m[1]}[redacted]", text)
+        lambda m: f"{m[1]}{m[2]}{m[3] + ' ' if m[3] else ''}{REDACTED}", text)
+    return _SECRET_PATTERNS[1].sub(lambda m: f"{m[1]}{REDACTED}", text)
+
+
+class Redactor:
+    """The secret values the daemon holds (API keys, header values and the like), each
+    replaced by [redacted] wherever it appears in a text: as it is, and as it reads
+    inside a JSON string (a server that echoes it in a JSON body escapes it).
+
+    One per peer for its error messages (a provider's own key and headers), one for
+    every tool's results with every secret of the policy. Values shorter than
+    `min_chars` are left out: a placeholder key such as "x" or "none" would blank out
+    every x of a result, and is nothing to hide."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Iterable[str | None], *, min_chars: int = 1) -> None:
+        forms: set[str] = set()
+        for value in values:
+            if value and len(value) >= max(1, min_chars):
+                forms.add(value)
+                forms.add(json.dumps(value)[1:-1])
+        # Longest first, so a secret that contains another is replaced whole.
+        self._values = tuple(sorted(forms, key=len, reverse=True))
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def __repr__(self) -> str:
+        return f"Redactor(<{len(self._values)} values>)"
+
+    def held(self, text: str) -> str:
+        """`text` with every value held replaced."""
+        for value in self._values:
+            if value in text:
+                text = text.replace(value, REDACTED)
+        return text
+
+    def redact(self, text: str) -> str:
+        """`text` with every value held and anything that looks like a credential
+        (`redact_secrets`) replaced: for what a server or an exception says."""
+        return redact_secrets(self.held(text))
 
 
 @dataclass(frozen=True, slots=True)
