@@ -38,10 +38,59 @@ def test_spec_deterministic_statuses_are_never_retried(status: int) -> None:
     assert classify(CallFailure(status=status)) is D
 
 
-@pytest.mark.parametrize(("status", "expected"), [(501, R), (599, R), (418, D), (451, D)])
+@pytest.mark.parametrize(("status", "expected"), [(599, R), (505, R), (418, D), (451, D)])
 def test_other_5xx_are_retryable_and_other_4xx_deterministic(status: int,
                                                              expected: FailureClass) -> None:
     assert classify(CallFailure(status=status)) is expected
+
+
+def test_501_not_implemented_is_deterministic_for_a_model_and_a_tool() -> None:
+    assert classify(CallFailure(status=501)) is D
+    assert classify(CallFailure(status=501, error_type="server_error",
+                                message="Not Implemented")) is D
+
+
+@pytest.mark.parametrize("code", [errno.EHOSTUNREACH, errno.ENETUNREACH])
+def test_an_unreachable_host_or_network_is_retryable_bare_or_wrapped(code: int) -> None:
+    bare = OSError(code, os.strerror(code))
+    assert classify_exception(bare) is R
+    assert classify_exception(OSError(code, "")) is R  # by its errno, whatever it says
+
+    class LibraryConnectError(Exception):  # another library's wrapper (httpx, the MCP SDK)
+        pass
+
+    try:
+        try:
+            raise bare
+        except OSError as exc:
+            raise LibraryConnectError("connect failed") from exc
+    except LibraryConnectError as wrapped:
+        assert classify_exception(wrapped) is R
+
+    class WithOsError(Exception):  # aiohttp keeps the OSError of a connect in os_error
+        def __init__(self) -> None:
+            super().__init__("cannot connect")
+            self.os_error = OSError(code, "")
+
+    assert "NetworkUnreachable" in exception_names(WithOsError())
+    assert classify_exception(WithOsError()) is R
+    assert classify_exception(OSError(errno.EPROTO, "")) is U
+
+
+@pytest.mark.parametrize("message", [
+    "[Errno 113] No route to host", "[Errno 101] Network is unreachable",
+    "connect EHOSTUNREACH 10.0.0.7:443", "Service Temporarily Unavailable",
+    "The server is temporarily unavailable, try again later"])
+def test_a_statusless_failure_that_says_unreachable_or_temporarily_unavailable_is_retryable(
+        message: str) -> None:
+    assert classify(CallFailure(message=message)) is R
+    assert classify(CallFailure(message=message, exception=("StreamError",))) is R
+
+
+def test_words_of_the_message_never_beat_the_status_or_a_known_exception() -> None:
+    assert classify(CallFailure(status=400, message="temporarily unavailable")) is D
+    assert classify(CallFailure(exception=("MalformedArguments",),
+                                message="temporarily unavailable")) is D
 
 
 def test_the_status_wins_over_the_transport_exception() -> None:
