@@ -98,6 +98,24 @@ async def test_timeout_of_an_idempotent_call_is_a_plain_failure(serve: Any) -> N
     assert outcome.kind is EffectOutcome.FAILED
 
 
+@pytest.mark.parametrize("status", [408, 500, 502, 503, 504])
+async def test_a_gateway_status_to_a_non_idempotent_call_is_an_unknown_outcome(
+        serve: Any, status: int) -> None:
+    """The gateway answered; the server behind it may have done the work."""
+    base = await serve({"/t": json_reply({"error": "upstream timed out"}, status)})
+    outcome = await call(base + "/t")
+    assert outcome.kind is EffectOutcome.UNKNOWN
+    assert outcome.failure is not None and outcome.failure.status == status
+    assert (await call(base + "/t", idempotent=True)).kind is EffectOutcome.FAILED
+
+
+@pytest.mark.parametrize("status", [501, 400, 409, 422, 429])
+async def test_a_status_that_says_what_happened_is_a_failure(serve: Any, status: int
+                                                              ) -> None:
+    base = await serve({"/t": json_reply({"error": "no"}, status)})
+    assert (await call(base + "/t")).kind is EffectOutcome.FAILED
+
+
 async def test_refused_connection_is_failed_retryable_not_unknown() -> None:
     outcome = await call("http://127.0.0.1:1/t")
     assert outcome.kind is EffectOutcome.FAILED
