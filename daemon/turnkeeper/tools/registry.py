@@ -73,10 +73,14 @@ class ToolBox:
             except SchemaError as exc:
                 raise ConfigError(f"tools.{t.name}.parameters: not a valid JSON schema: "
                                   f"{exc.message}") from None
-            self._validators[t.name] = Draft202012Validator(t.parameters)
-            check = plain_check(t.parameters)
+        # The built-ins' arguments are checked like any tool's: a malformed report_blocked
+        # is the model's mistake to correct, not a reason to end the turn with raw text.
+        for name, schema in (*((b.name, b.parameters) for b in BUILTIN_SPECS),
+                             *((t.name, t.parameters) for t in static)):
+            self._validators[name] = Draft202012Validator(schema)
+            check = plain_check(schema)
             if check is not None:
-                self._plain[t.name] = check
+                self._plain[name] = check
         self._servers: dict[str, McpServer] = {}
         old = previous._servers if previous is not None else {}
         for t in tools:
