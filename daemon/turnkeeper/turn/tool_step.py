@@ -1,7 +1,8 @@
 """The tools of one step: each call's guards (loop detection, time left), its journal
 entry (so a resumed turn never runs a side effect twice), its attempts (retries only for
 idempotent tools) and its outcome, told to the agent and to the failure loop.
-`report_blocked`, `clarify` and `update_plan` go to the builtins.
+`report_blocked`, `clarify` and `update_plan` go to the builtins, their arguments checked
+first like any tool's.
 
 A non-idempotent call is planned by the turn's effect ledger (its key, or a refusal when
 the same action's last outcome is unknown) and recorded in it afterwards. An unknown
