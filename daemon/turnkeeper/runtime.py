@@ -62,7 +62,7 @@ class Runtime:
         held: list[str] = []
         for p in policy.config.providers:
             secrets = p.secrets() if p.kind != "scripted" else ProviderSecrets()
-            held.extend(secrets.values())
+            held.extend(p.secret_values(secrets))
             digests[p.name] = digest = secrets.digest()
             if (previous is not None and old.get(p.name) == p
                     and previous.secret_digests.get(p.name) == digest):
