@@ -59,8 +59,10 @@ class Runtime:
         old = {p.name: p for p in previous.config.providers} if previous else {}
         providers: dict[str, Provider] = {}
         digests: dict[str, str] = {}
+        held: list[str] = []
         for p in policy.config.providers:
             secrets = p.secrets() if p.kind != "scripted" else ProviderSecrets()
+            held.extend(p.secret_values(secrets))
             digests[p.name] = digest = secrets.digest()
             if (previous is not None and old.get(p.name) == p
                     and previous.secret_digests.get(p.name) == digest):
@@ -68,8 +70,10 @@ class Runtime:
             else:
                 providers[p.name] = make_provider(p, secrets)
         # MCP servers whose config did not change keep running, as providers do.
+        # Tool results are cleaned of every secret the daemon holds, the providers' too.
         toolbox = ToolBox(policy.config.tools,
-                          previous=previous.toolbox if previous is not None else None)
+                          previous=previous.toolbox if previous is not None else None,
+                          secrets=held)
         return cls(policy=policy, providers=providers, toolbox=toolbox,
                    secret_digests=digests)
 

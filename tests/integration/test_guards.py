@@ -575,14 +575,17 @@ def test_two_identical_deterministic_failures_stop(d: Daemon, server: ToolServer
 
 def test_five_identical_retryable_failures_stop_and_are_not_a_loop(
         d: Daemon, server: ToolServer) -> None:
-    server.respond("/down", Reply(503))
+    # 429: the server says it did nothing (a 503 to a call that is not idempotent would
+    # leave its outcome unknown, and a repeat would be refused).
+    server.respond("/down", Reply(429))
     turn = d.run("service down")
     # Five identical calls, each after a retryable failure: retries (failure_streak up to
     # 5), not repeats (max_repeats 3) and not a state cycle.
     stopped(turn, "failure.retryable", "failure_streak", 5, 5)
     calls = server.calls("/down")
     assert len(calls) == 5  # not idempotent: never retried by the daemon itself
-    assert len({c.idempotency_key for c in calls}) == 5  # five calls of the agent
+    # Five calls of the agent, of one action that never succeeded: one key.
+    assert len({c.idempotency_key for c in calls}) == 1
     assert not of_type(d.events(turn["id"]), "loop.warning")
 
 
@@ -622,7 +625,7 @@ def test_retries_of_an_idempotent_call_share_one_idempotency_key(
 
 def test_a_non_idempotent_call_that_fails_is_not_repeated(d: Daemon,
                                                           server: ToolServer) -> None:
-    server.respond("/create_ticket", Reply(503), Reply(201, {"ticket": 1}))
+    server.respond("/create_ticket", Reply(429), Reply(201, {"ticket": 1}))
     turn = d.run("not idempotent")
     assert turn["state"] == "completed", turn["result"]
     calls = server.calls("/create_ticket")
@@ -630,7 +633,7 @@ def test_a_non_idempotent_call_that_fails_is_not_repeated(d: Daemon,
     assert calls[0].idempotency_key == effect_key(turn["id"], "create_ticket",
                                                   {"title": "printer on fire"}, 1)
     assert calls[0].body == {"title": "printer on fire"}
-    assert turn["result"]["answer"].startswith("saw: ERROR (retryable): HTTP 503")
+    assert turn["result"]["answer"].startswith("saw: ERROR (retryable): HTTP 429")
 
 
 def test_a_schema_violation_is_a_deterministic_failure_and_sends_nothing(

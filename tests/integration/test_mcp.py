@@ -493,8 +493,10 @@ restart_backoff = {{ base_delay = 0.05, max_delay = 0.1 }}
     d = start(config(tmp_path, HTTP, tools), env={"MCP_TEST_AUTH": "Bearer t0k3n"})
     assert mcp_status(d, "remote")["transport"] == "http"
     turn = d.run("remote sum")
+    # whoami answers the Authorization header it got: the header was sent, and its value
+    # (a secret read from the environment) is redacted from the result.
     assert [(r["tool"], r["content"]) for r in tool_results(d, turn["id"])] == [
-        ("remote__add", "42"), ("remote__whoami", "Bearer t0k3n")]
+        ("remote__add", "42"), ("remote__whoami", "[redacted]")]
 
     # The server dies: the daemon notices (ping), its tools leave the offer; it comes
     # back on the same address and the daemon reconnects by itself.
@@ -508,7 +510,7 @@ restart_backoff = {{ base_delay = 0.05, max_delay = 0.1 }}
     http_server(port)
     wait_for(lambda: mcp_status(d, "remote")["state"] == "up", 10, "the reconnection")
     back = d.run("remote sum")
-    assert back["result"]["answer"] == "remote: Bearer t0k3n"
+    assert back["result"]["answer"] == "remote: [redacted]"
 
 
 NOWHERE = """

@@ -15,6 +15,9 @@ up while the server was still waiting (`Reply(delay=...)`).
 `redirect_loop = True` answers a 302 to the same path: the client gives up with
 TooManyRedirects, a failure with no status and no recognisable shape (class unknown).
 
+`echo_headers = ("Authorization", ...)` adds those request headers, as received, to the
+reply's JSON body under "headers": a tool that hands its credentials back.
+
 `hold(path)` keeps every call to `path` waiting until `release(path)`: with
 `wait_for_calls` a test acts while a call is certainly in flight, without racing a timer.
 """
@@ -41,6 +44,7 @@ class Reply:
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     redirect_loop: bool = False
+    echo_headers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,10 @@ class ToolServer:
             await asyncio.sleep(reply.delay)
         if reply.redirect_loop:
             raise web.HTTPFound(location=path)
+        if reply.echo_headers:
+            payload = {**(reply.body or {}), "headers": {
+                h: request.headers.get(h) for h in reply.echo_headers}}
+            return web.json_response(payload, status=reply.status, headers=reply.headers)
         payload = reply.body if reply.body is not None else (
             {"ok": True, "call": n + 1} if reply.status < 400
             else {"error": {"type": f"http_{reply.status}", "message": "scripted failure"}})

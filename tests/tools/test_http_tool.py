@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -95,6 +96,24 @@ async def test_timeout_of_an_idempotent_call_is_a_plain_failure(serve: Any) -> N
     base = await serve({"/t": slow})
     outcome = await call(base + "/t", timeout_s=0.2, idempotent=True)
     assert outcome.kind is EffectOutcome.FAILED
+
+
+@pytest.mark.parametrize("status", [408, 500, 502, 503, 504])
+async def test_a_gateway_status_to_a_non_idempotent_call_is_an_unknown_outcome(
+        serve: Any, status: int) -> None:
+    """The gateway answered; the server behind it may have done the work."""
+    base = await serve({"/t": json_reply({"error": "upstream timed out"}, status)})
+    outcome = await call(base + "/t")
+    assert outcome.kind is EffectOutcome.UNKNOWN
+    assert outcome.failure is not None and outcome.failure.status == status
+    assert (await call(base + "/t", idempotent=True)).kind is EffectOutcome.FAILED
+
+
+@pytest.mark.parametrize("status", [501, 400, 409, 422, 429])
+async def test_a_status_that_says_what_happened_is_a_failure(serve: Any, status: int
+                                                              ) -> None:
+    base = await serve({"/t": json_reply({"error": "no"}, status)})
+    assert (await call(base + "/t")).kind is EffectOutcome.FAILED
 
 
 async def test_refused_connection_is_failed_retryable_not_unknown() -> None:
@@ -198,3 +217,36 @@ def test_journal_json_keeps_the_kind_and_old_rows_still_load() -> None:
            "failure": {"status": 503, "exception": [], "message": "down"}}
     assert ToolOutcome.from_json(old).kind is EffectOutcome.FAILED
     assert ToolOutcome.from_json({"content": "{}"}).kind is EffectOutcome.OK
+
+
+async def test_a_secret_the_tool_echoes_is_redacted_from_its_result(
+        serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own Authorization value (from the environment), the token alone, and a
+    provider's key the ToolBox was given: none comes back in content or failure."""
+    monkeypatch.setenv("TICKET_AUTH", "Bearer tk-0123456789abcdef")
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response({"auth": request.headers["Authorization"],
+                                  "token": "tk-0123456789abcdef", "key": "sk-provider-key-1",
+                                  "short": "x"}, status=int(request.query.get("s", 200)))
+
+    base = await serve({"/t": echo})
+    tool = ToolConfig(name="create_ticket", url=base + "/t",
+                      headers={"Authorization": "env:TICKET_AUTH"})
+    box = ToolBox((tool,), secrets=("sk-provider-key-1", "x"))
+    try:
+        ok = await box.call("create_ticket", {}, idempotency_key="t.1.0", timeout_s=5)
+        box_failed = ToolBox((tool.model_copy(update={"url": base + "/t?s=400"}),),
+                             secrets=("sk-provider-key-1",))
+        failed = await box_failed.call("create_ticket", {}, idempotency_key="t.1.1",
+                                       timeout_s=5)
+        await box_failed.aclose()
+    finally:
+        await box.aclose()
+    assert ok.kind is EffectOutcome.OK
+    assert json.loads(ok.content) == {"auth": "[redacted]", "token": "[redacted]",
+                                      "key": "[redacted]", "short": "x"}
+    assert failed.failure is not None
+    for text in (failed.content, failed.failure.message):
+        assert "0123456789abcdef" not in text and "sk-provider-key-1" not in text

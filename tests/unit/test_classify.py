@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import email.utils
+import errno
+import json
+import os
 
 import pytest
 
 from turnkeeper.policy.classify import (
     CallFailure,
     FailureClass,
+    Redactor,
     classify,
     classify_exception,
     exception_names,
@@ -34,10 +38,59 @@ def test_spec_deterministic_statuses_are_never_retried(status: int) -> None:
     assert classify(CallFailure(status=status)) is D
 
 
-@pytest.mark.parametrize(("status", "expected"), [(501, R), (599, R), (418, D), (451, D)])
+@pytest.mark.parametrize(("status", "expected"), [(599, R), (505, R), (418, D), (451, D)])
 def test_other_5xx_are_retryable_and_other_4xx_deterministic(status: int,
                                                              expected: FailureClass) -> None:
     assert classify(CallFailure(status=status)) is expected
+
+
+def test_501_not_implemented_is_deterministic_for_a_model_and_a_tool() -> None:
+    assert classify(CallFailure(status=501)) is D
+    assert classify(CallFailure(status=501, error_type="server_error",
+                                message="Not Implemented")) is D
+
+
+@pytest.mark.parametrize("code", [errno.EHOSTUNREACH, errno.ENETUNREACH])
+def test_an_unreachable_host_or_network_is_retryable_bare_or_wrapped(code: int) -> None:
+    bare = OSError(code, os.strerror(code))
+    assert classify_exception(bare) is R
+    assert classify_exception(OSError(code, "")) is R  # by its errno, whatever it says
+
+    class LibraryConnectError(Exception):  # another library's wrapper (httpx, the MCP SDK)
+        pass
+
+    try:
+        try:
+            raise bare
+        except OSError as exc:
+            raise LibraryConnectError("connect failed") from exc
+    except LibraryConnectError as wrapped:
+        assert classify_exception(wrapped) is R
+
+    class WithOsError(Exception):  # aiohttp keeps the OSError of a connect in os_error
+        def __init__(self) -> None:
+            super().__init__("cannot connect")
+            self.os_error = OSError(code, "")
+
+    assert "NetworkUnreachable" in exception_names(WithOsError())
+    assert classify_exception(WithOsError()) is R
+    assert classify_exception(OSError(errno.EPROTO, "")) is U
+
+
+@pytest.mark.parametrize("message", [
+    "[Errno 113] No route to host", "[Errno 101] Network is unreachable",
+    "connect EHOSTUNREACH 10.0.0.7:443", "Service Temporarily Unavailable",
+    "The server is temporarily unavailable, try again later"])
+def test_a_statusless_failure_that_says_unreachable_or_temporarily_unavailable_is_retryable(
+        message: str) -> None:
+    assert classify(CallFailure(message=message)) is R
+    assert classify(CallFailure(message=message, exception=("StreamError",))) is R
+
+
+def test_words_of_the_message_never_beat_the_status_or_a_known_exception() -> None:
+    assert classify(CallFailure(status=400, message="temporarily unavailable")) is D
+    assert classify(CallFailure(exception=("MalformedArguments",),
+                                message="temporarily unavailable")) is D
 
 
 def test_the_status_wins_over_the_transport_exception() -> None:
@@ -200,3 +253,33 @@ def test_describe_names_status_type_exception_and_message() -> None:
                           exception=("ClientResponseError",), message="slow down")
     assert failure.describe() == "HTTP 429: rate_limit_error: ClientResponseError: slow down"
     assert CallFailure().describe() == "unknown failure"
+
+
+# -- secrets ---------------------------------------------------------------------------
+
+def test_a_redactor_replaces_every_value_it_holds_longest_first() -> None:
+    redactor = Redactor(["tok_live_abcdef", "tok_live_abcdef_and_more", None, ""])
+    assert redactor.held("a tok_live_abcdef_and_more b tok_live_abcdef") == \
+        "a [redacted] b [redacted]"
+    assert redactor.held("nothing here") == "nothing here"
+
+
+def test_a_redactor_finds_a_value_as_a_json_body_escapes_it() -> None:
+    secret = 'k3y"with/quote\\and-backslash'
+    body = json.dumps({"echo": secret})
+    assert secret not in body  # escaped on the wire
+    assert Redactor([secret]).held(body) == '{"echo": "[redacted]"}'
+
+
+def test_a_redactor_skips_values_shorter_than_its_minimum() -> None:
+    redactor = Redactor(["x", "dummy", "a-real-token-123"], min_chars=8)
+    assert redactor.held("x dummy a-real-token-123") == "x dummy [redacted]"
+    assert not Redactor(["x"], min_chars=8)
+    assert Redactor(["abcdefgh"], min_chars=8)
+
+
+def test_redact_also_removes_what_looks_like_a_credential() -> None:
+    redactor = Redactor(["held-secret-1"])
+    assert redactor.redact("held-secret-1 Authorization: Bearer other") == \
+        "[redacted] Authorization: Bearer [redacted]"
+    assert "held" not in repr(redactor)

@@ -309,3 +309,32 @@ def test_the_install_and_the_unit_name_the_installed_example() -> None:
     assert "--config /etc/turnkeeper/turnkeeper.toml" in unit
     assert "\nMemoryDenyWriteExecute=yes\n" in unit
     assert "#   MemoryDenyWriteExecute=no" in unit
+
+
+# -- secrets a tool result must not carry ------------------------------------------------
+
+def test_a_tools_secrets_are_its_env_read_and_credential_named_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TICKETS_AUTH", "Bearer tk-from-the-environment")
+    monkeypatch.setenv("FS_TOKEN", "fs-token-from-env")
+    tool = ToolConfig(name="tickets", url="http://127.0.0.1:1/t", headers={
+        "Authorization": "env:TICKETS_AUTH", "X-Api-Key": "literal-key-123",
+        "Accept": "application/json"})
+    assert set(tool.secret_values()) == {"Bearer tk-from-the-environment",
+                                         "tk-from-the-environment", "literal-key-123"}
+    server = ToolConfig(name="fs", kind="mcp", command="fs-server", env={
+        "FS_TOKEN": "env:FS_TOKEN", "API_KEY": "literal-api-key", "LOG_LEVEL": "debug"})
+    assert set(server.secret_values()) == {"fs-token-from-env", "literal-api-key"}
+
+
+def test_a_providers_secrets_for_tool_results_leave_its_plain_settings_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_KEY", "sk-the-provider-key")
+    monkeypatch.setenv("LLM_ORG", "org-from-the-env")
+    p = ProviderConfig(name="p", kind="openai", base_url="http://127.0.0.1:1/v1",
+                       api_key_env="LLM_KEY",
+                       headers={"OpenAI-Organization": "env:LLM_ORG",
+                                "anthropic-beta": "prompt-caching-2024-07-31"},
+                       query={"api-version": "2024-06-01", "sig": "signature-value"})
+    assert set(p.secret_values(p.secrets())) == {"sk-the-provider-key", "org-from-the-env",
+                                                 "signature-value"}

@@ -8,7 +8,14 @@ import json
 import pytest
 
 from turnkeeper.policy.classify import FailureClass, classify
-from turnkeeper.policy.effects import EffectLedger, EffectOutcome, Refuse, Send, effect_key
+from turnkeeper.policy.effects import (
+    EffectLedger,
+    EffectOutcome,
+    Refuse,
+    Send,
+    effect_key,
+    unknown_after_status,
+)
 from turnkeeper.policy.loops import action_key
 
 
@@ -62,11 +69,45 @@ def test_same_action_after_success_gets_the_next_key() -> None:
     assert not second.repeat
 
 
-def test_same_action_after_a_known_failure_gets_the_next_key() -> None:
+def test_same_action_after_a_failure_keeps_its_key() -> None:
+    """Only a success advances the ordinal: a failed charge sent again is the same charge
+    (and a server that dedupes says so only if it sees the same key)."""
     ledger = EffectLedger("t1")
-    ledger.record("create_ticket", {"title": "x"}, "failed")
+    first = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False))
+    for _ in range(5):
+        ledger.record("create_ticket", {"title": "x"}, "failed")
+        again = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False))
+        assert again.key == first.key and not again.repeat
+    ledger.record("create_ticket", {"title": "x"}, "ok")
     assert _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key \
         .endswith(".2")
+
+
+def test_a_failure_after_an_unknown_outcome_lets_the_action_be_sent_with_its_key() -> None:
+    ledger = EffectLedger("t1")
+    first = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=True))
+    ledger.record("create_ticket", {"title": "x"}, "unknown")
+    ledger.record("create_ticket", {"title": "x"}, "failed")  # the server's word on the key
+    again = _send(ledger.plan("create_ticket", {"title": "x"}, dedupes_keys=False))
+    assert again.key == first.key
+
+
+@pytest.mark.parametrize(("status", "unknown"), [
+    (408, True), (500, True), (502, True), (503, True), (504, True), (529, True),
+    (501, False), (400, False), (404, False), (409, False), (422, False), (429, False),
+    (200, False), (302, False)])
+def test_a_timeout_or_a_gateway_status_leaves_the_outcome_unknown(status: int,
+                                                                   unknown: bool) -> None:
+    assert unknown_after_status(status) is unknown
+
+
+def test_a_trail_written_before_failures_kept_the_key_restores_as_it_was_written() -> None:
+    """Lines of a turn in flight across the upgrade: `k` was any known outcome then,
+    and what those turns sent stays as sent."""
+    action = action_key("create_ticket", {"title": "x"})
+    restored = EffectLedger.restore({"turn": "t1"}, ["k" + action, "k" + action])
+    assert _send(restored.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key \
+        .endswith(".3")
 
 
 def test_known_outcome_after_unknown_reopens_the_action() -> None:
@@ -106,9 +147,12 @@ def test_snapshot_restore_round_trip_through_json() -> None:
     ledger = EffectLedger("t1")
     ledger.record("create_ticket", {"title": "x"}, "ok")
     ledger.record("create_ticket", {"title": "y"}, "unknown")
+    ledger.record("create_ticket", {"title": "z"}, "failed")
     restored = EffectLedger.restore(json.loads(json.dumps(ledger.snapshot())),
                                     json.loads(json.dumps(ledger.lines)))
     assert restored.snapshot() == ledger.snapshot() and restored.lines == ledger.lines
+    assert _send(restored.plan("create_ticket", {"title": "z"}, dedupes_keys=False)).key \
+        .endswith(".1")
     assert _send(restored.plan("create_ticket", {"title": "x"}, dedupes_keys=False)).key \
         .endswith(".2")
     assert isinstance(restored.plan("create_ticket", {"title": "y"}, dedupes_keys=False),
@@ -134,7 +178,7 @@ def test_a_snapshot_from_before_the_lines_restores_the_same_ledger() -> None:
     restored ledger plans the same keys, and holds them as lines for its next save."""
     ledger = EffectLedger("t1")
     ledger.record("create_ticket", {"title": "x"}, "ok")
-    ledger.record("create_ticket", {"title": "x"}, "failed")
+    ledger.record("create_ticket", {"title": "x"}, "ok")
     ledger.record("create_ticket", {"title": "y"}, "unknown")
     ledger.record("create_ticket", {"title": "z"}, "ok")
     ledger.record("create_ticket", {"title": "z"}, "unknown")

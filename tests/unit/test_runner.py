@@ -255,6 +255,47 @@ async def test_report_blocked_ends_the_turn_blocked_with_what_was_tried() -> Non
     assert "no access" in result.open_issues
 
 
+@pytest.mark.parametrize("arguments", [
+    '{"reason": "cannot reach", "tried": ["',          # cut where the output cap fell
+    '{"reason": "cannot reach", "tried": "ping"}',      # a string where a list belongs
+    '{"tried": ["ping"]}',                              # no reason
+    '["cannot reach"]',                                 # not an object
+])
+async def test_a_malformed_report_blocked_is_told_back_and_the_corrected_call_ends_blocked(
+        arguments: str) -> None:
+    h = Harness([calls("report_blocked", arguments),
+                 calls("report_blocked", '{"reason": "cannot reach", "tried": ["ping"], '
+                                         '"found": ["no route"]}')])
+    result = await h.run()
+    assert result is not None and result.stopped_because.code is StopCode.BLOCKED
+    assert result.extra["blocked"] == {"reason": "cannot reach", "tried": ["ping"],
+                                       "found": ["no route"]}
+    [told] = [m.content for m in h.provider.requests[1].messages if m.role == "tool"]
+    assert told is not None and told.startswith("ERROR (deterministic): ")
+    assert "report_blocked" in told
+    [failed] = h.of_type("tool.result")
+    assert (failed["tool"], failed["ok"], failed["class"]) == (
+        "report_blocked", False, "deterministic")
+
+
+async def test_a_malformed_built_in_call_repeated_stops_on_the_failure_loop() -> None:
+    h = Harness([calls("clarify", '{"question": 42}')] * 3)
+    result = await h.run()
+    assert result is not None
+    stop = result.stopped_because
+    assert (stop.code, stop.value, stop.limit) == (StopCode.FAILURE_DETERMINISTIC, 2, 2)
+    assert h.of_type("turn.waiting") == []
+
+
+async def test_an_update_plan_the_plan_cannot_take_is_a_deterministic_failure() -> None:
+    h = Harness([calls("update_plan", '{"items": [{"text": " ", "done": true}]}'),
+                 answer()])
+    result = await h.run()
+    assert result is not None and result.stopped_because.code is StopCode.COMPLETED
+    [failed] = h.of_type("tool.result")
+    assert failed["class"] == "deterministic" and "plan unchanged" in failed["error"]
+
+
 # -- tools -----------------------------------------------------------------------------------
 
 

@@ -261,6 +261,24 @@ async def test_journal_keeps_the_first_intent_and_its_outcome(store: Store) -> N
     assert await store.journal_get("k_missing") is None
 
 
+async def test_a_second_intent_of_a_key_clears_the_outcome_of_the_attempt_before(
+        store: Store) -> None:
+    """A non-idempotent action sent again with the same key (after a failure or an
+    unknown outcome): until its own outcome is written, the journal says it is in
+    flight, never what the attempt before it answered."""
+    await store.journal_intent("k1", turn="t_a", tool="pay", arguments='{"x":1}',
+                               idempotent=False)
+    await store.journal_outcome("k1", {"kind": "failed"})
+    await store.journal_intent("k1", turn="t_a", tool="pay", arguments='{"x":1}',
+                               idempotent=False)
+    assert await store.journal_get("k1") == {"key": "k1", "tool": "pay",
+                                             "arguments": '{"x":1}', "idempotent": False,
+                                             "outcome": None}
+    await store.journal_outcome("k1", {"kind": "ok"})
+    got = await store.journal_get("k1")
+    assert got is not None and got["outcome"] == {"kind": "ok"}
+
+
 async def test_finished_usage_newest_first_since_a_time_with_only_what_it_used(
         store: Store) -> None:
     for i, (state, at) in enumerate([("completed", 100.0), ("running", 300.0),

@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from turnkeeper.config.redact import redact_url
+from turnkeeper.config.redact import SECRET_NAME, redact_url
 from turnkeeper.config.sections import (
     BUILTIN_TOOL_NAMES,
     ConfigError,
@@ -177,6 +177,15 @@ class ProviderConfig(_Section):
                               "api_key_file or api_key_credential)")
         raise ConfigError(f"{where}.api_key_env: the variable {env} is not set or is empty")
 
+    def secret_values(self, secrets: ProviderSecrets) -> tuple[str, ...]:
+        """Of `secrets` (read for this provider), what a tool's result must never carry:
+        the key, and the header and query values read from the environment or named
+        like a credential. Other literal values (`anthropic-beta`, a date) are settings,
+        which a tool may well answer."""
+        return (*([secrets.api_key] if secrets.api_key else []),
+                *_secret_values(self.headers, secrets.headers),
+                *_secret_values(self.query, secrets.query))
+
     def secrets(self) -> ProviderSecrets:
         """The key and the `env:NAME` values of headers and query, read now. Raises
         ConfigError for a key source that gives nothing or an unset variable."""
@@ -326,6 +335,30 @@ class ToolConfig(_Section):
     def resolved_env(self) -> dict[str, str]:
         """An MCP server's environment: values `env:NAME` read from the daemon's."""
         return _resolve_env_refs(self.env)
+
+    def secret_values(self) -> tuple[str, ...]:
+        """What this tool is given that may be secret, read now: the values of its
+        headers and (MCP) env read from the daemon's environment (`env:NAME`) or named
+        like a credential (Authorization, X-Api-Key, *_TOKEN, *_SECRET, *PASSWORD...),
+        and the token alone of a value such as `Bearer <token>`. Other literal values
+        (`Accept = "application/json"`) are settings, not secrets."""
+        return (*_secret_values(self.headers, self.resolved_headers()),
+                *_secret_values(self.env, self.resolved_env()))
+
+
+def _secret_values(given: Mapping[str, str], resolved: Mapping[str, str]) -> list[str]:
+    """Of headers (or variables) as configured (`given`) and as sent (`resolved`), the
+    values read from the environment or named like a credential, each with the token
+    alone of a value such as `Bearer <token>`."""
+    out: list[str] = []
+    for name, raw in given.items():
+        value = resolved.get(name, "")
+        if value and (raw.startswith("env:") or SECRET_NAME.search(name)):
+            out.append(value)
+            token = value.partition(" ")[2].strip()
+            if token:
+                out.append(token)
+    return out
 
 
 def _resolve_env_refs(values: Mapping[str, str]) -> dict[str, str]:

@@ -9,9 +9,10 @@ from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 REDACTED = "<redacted>"
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
-# Query parameters whose value is a credential: api_key, access_token, client_secret,
-# password, sig / signature (a SAS or presigned URL), X-Amz-Credential, auth...
-_SECRET_PARAM = re.compile(r"key|token|secret|passw|pwd|sig|auth|credential", re.IGNORECASE)
+# Names (of a query parameter, a header, a variable) whose value is a credential: api_key,
+# access_token, client_secret, password, sig / signature (a SAS or presigned URL),
+# X-Amz-Credential, Authorization...
+SECRET_NAME = re.compile(r"key|token|secret|passw|pwd|sig|auth|credential", re.IGNORECASE)
 
 
 def redact_url(value: str) -> str:
@@ -28,7 +29,7 @@ def redact_url(value: str) -> str:
     if "@" in netloc:
         netloc = f"{REDACTED}@{netloc.rpartition('@')[2]}"
     query = "&".join(
-        f"{name}={REDACTED}" if val and _SECRET_PARAM.search(unquote_plus(name)) else pair
+        f"{name}={REDACTED}" if val and SECRET_NAME.search(unquote_plus(name)) else pair
         for pair in parts.query.split("&")
         for name, _, val in (pair.partition("="),))
     if (netloc, query) == (parts.netloc, parts.query):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -23,7 +24,8 @@ class FailureClass(StrEnum):
 
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
-DETERMINISTIC_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422})
+# 501 Not Implemented: the server does not do this at all; asking again will not change it.
+DETERMINISTIC_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422, 501})
 
 # Transport exception type names (the class name and its bases, as the adapter reports
 # them) that mean the peer did not answer or the connection broke: worth another attempt.
@@ -33,6 +35,9 @@ RETRYABLE_EXCEPTIONS = frozenset({
     "ClientConnectionError", "ClientConnectorError", "ClientOSError", "ClientPayloadError",
     "ServerTimeoutError", "SocketTimeoutError", "ConnectionTimeoutError",
     "IncompleteStream", "CorruptStream", "StalledStream",
+    # The route to the peer is down (EHOSTUNREACH, ENETUNREACH): `exception_names` adds
+    # this name to an exception that carries, or wraps, one of those errors.
+    "NetworkUnreachable",
 })
 # Exceptions that say the request itself is wrong: sending it again cannot help.
 DETERMINISTIC_EXCEPTIONS = frozenset({
@@ -58,6 +63,15 @@ DETERMINISTIC_ERROR_TYPES = frozenset({
     "request_too_large", "invalid_api_key", "model_not_found", "billing_error",
 })
 
+# What a failure with no status says when a route or a service is down for now, in the
+# words the C library, aiohttp and gateways use ("[Errno 113] No route to host", "Service
+# Temporarily Unavailable"): worth another attempt, not an unknown.
+_RETRYABLE_MESSAGES = re.compile(
+    r"no route to host|network is unreachable|host is unreachable|"
+    r"\b(?:EHOSTUNREACH|ENETUNREACH)\b|temporarily unavailable",
+    re.IGNORECASE,
+)
+
 _OVERFLOW_PATTERNS = re.compile(
     r"context_length_exceeded|context length|context window|prompt is too long|"
     r"maximum context|too many tokens|request too large|reduce the length",
@@ -75,11 +89,54 @@ _SECRET_PATTERNS = (
 )
 
 
+REDACTED = "[redacted]"
+
+
 def redact_secrets(text: str) -> str:
     """`text` with credential-looking values replaced by [redacted]."""
     text = _SECRET_PATTERNS[0].sub(
-        lambda m: f"{m[1]}{m[2]}{m[3] + ' ' if m[3] else ''}[redacted]", text)
-    return _SECRET_PATTERNS[1].sub(lambda m: f"{m[1]}[redacted]", text)
+        lambda m: f"{m[1]}{m[2]}{m[3] + ' ' if m[3] else ''}{REDACTED}", text)
+    return _SECRET_PATTERNS[1].sub(lambda m: f"{m[1]}{REDACTED}", text)
+
+
+class Redactor:
+    """The secret values the daemon holds (API keys, header values and the like), each
+    replaced by [redacted] wherever it appears in a text: as it is, and as it reads
+    inside a JSON string (a server that echoes it in a JSON body escapes it).
+
+    One per peer for its error messages (a provider's own key and headers), one for
+    every tool's results with every secret of the policy. Values shorter than
+    `min_chars` are left out: a placeholder key such as "x" or "none" would blank out
+    every x of a result, and is nothing to hide."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Iterable[str | None], *, min_chars: int = 1) -> None:
+        forms: set[str] = set()
+        for value in values:
+            if value and len(value) >= max(1, min_chars):
+                forms.add(value)
+                forms.add(json.dumps(value)[1:-1])
+        # Longest first, so a secret that contains another is replaced whole.
+        self._values = tuple(sorted(forms, key=len, reverse=True))
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def __repr__(self) -> str:
+        return f"Redactor(<{len(self._values)} values>)"
+
+    def held(self, text: str) -> str:
+        """`text` with every value held replaced."""
+        for value in self._values:
+            if value in text:
+                text = text.replace(value, REDACTED)
+        return text
+
+    def redact(self, text: str) -> str:
+        """`text` with every value held and anything that looks like a credential
+        (`redact_secrets`) replaced: for what a server or an exception says."""
+        return redact_secrets(self.held(text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,18 +178,28 @@ class CallFailure:
 
 
 def exception_names(exc: BaseException) -> tuple[str, ...]:
-    """The exception's class name and those of its bases up to BaseException."""
-    return tuple(k.__name__ for k in type(exc).__mro__ if k not in (object, BaseException))
+    """The exception's class name and those of its bases up to BaseException, then
+    "NetworkUnreachable" when it is, or wraps, an unreachable host or network (which a
+    bare OSError, or another library's wrapper of one, would not say by its name)."""
+    names = tuple(k.__name__ for k in type(exc).__mro__ if k not in (object, BaseException))
+    return (*names, "NetworkUnreachable") if _wraps_errno(exc, UNREACHABLE_ERRNOS) else names
 
 
 # Errors that say this process ran out of something, whoever it was talking to.
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# Errors that say no route leads to the peer: a network fault, worth another attempt.
+UNREACHABLE_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH})
 
 
 def local_exhaustion(exc: BaseException) -> bool:
-    """True when `exc` (or what it wraps: aiohttp keeps the OSError of a failed connect in
-    `os_error`, and chains it as the cause) is this process running out of descriptors,
+    """True when `exc` (or what it wraps) is this process running out of descriptors,
     buffers or memory."""
+    return _wraps_errno(exc, LOCAL_ERRNOS)
+
+
+def _wraps_errno(exc: BaseException, errnos: frozenset[int]) -> bool:
+    """True when `exc`, or what it wraps, is an OSError with one of `errnos`: aiohttp
+    keeps the OSError of a failed connect in `os_error` and chains it as the cause."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -140,7 +207,7 @@ def local_exhaustion(exc: BaseException) -> bool:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in LOCAL_ERRNOS:
+        if isinstance(e, OSError) and e.errno in errnos:
             return True
         todo += [e.__cause__, e.__context__, getattr(e, "os_error", None)]
     return False
@@ -149,7 +216,8 @@ def local_exhaustion(exc: BaseException) -> bool:
 def classify(failure: CallFailure) -> FailureClass:
     """Status first (it is the server's own word), then the error type of a failure that
     has no status (an error event inside a stream), then the transport exception, then
-    unknown. A context overflow never reaches here as a failure: it is a rebuild."""
+    words of the message that say a route or a service is down for now, then unknown. A
+    context overflow never reaches here as a failure: it is a rebuild."""
     if failure.status is not None:
         if failure.status in RETRYABLE_STATUSES:
             return FailureClass.RETRYABLE
@@ -170,6 +238,8 @@ def classify(failure: CallFailure) -> FailureClass:
             return FailureClass.RETRYABLE
         if name in DETERMINISTIC_EXCEPTIONS:
             return FailureClass.DETERMINISTIC
+    if failure.message and _RETRYABLE_MESSAGES.search(failure.message):
+        return FailureClass.RETRYABLE
     return FailureClass.UNKNOWN
 
 

@@ -8,9 +8,17 @@ For a non-idempotent call the key must survive the model re-issuing the same act
 a later step, because the server dedupes on the key: if the reply to a POST was lost
 and the model asks again, only the same key lets the server say "already done". So the
 key is derived from what the call *is* (turn, tool, canonical arguments) plus an
-ordinal that advances only once an outcome is known (ok or failed). After an unknown
-outcome the ordinal stays, and a repeat carries the same key; after a known outcome a
-new call of the same action is a deliberate second effect and gets the next key.
+ordinal that advances only after the action succeeded (`ok`). Until then every repeat
+carries the same key: after a failure (the server may still have done part of it, and
+a server that dedupes must see the same key to say so) and after an unknown outcome.
+After a success a new call of the same action is a deliberate second effect and gets
+the next key.
+
+An answer is not always a known outcome: a non-idempotent request answered 408 or 5xx
+(except 501, "not implemented") came back from whatever stands between the daemon and
+the server (a gateway, a proxy, a load balancer) as often as from the server itself,
+and says nothing of whether the server did the work. Such an answer is `unknown`, like
+a timeout (`unknown_after_status`).
 
 A repeat of an action whose last outcome is unknown is sent again (same key) only when
 the tool promises to dedupe keys; otherwise it is refused without being sent, as a
@@ -42,14 +50,28 @@ REFUSAL_EXCEPTION = "OutcomeUnknown"
 REFUSAL_MESSAGE = "outcome unknown; not repeated; verify first"
 
 
-# The ledger's lines: an outcome known (ok or failed) or unknown, then the action's hash.
-_KNOWN, _UNKNOWN = "k", "u"
+# The ledger's lines: a tag, then the action's hash. `k` is a success (or, in a trail
+# written before failures kept the key, any known outcome): the ordinal advances; `f` a
+# failure: the ordinal stays, the action is no longer unknown; `u` an unknown outcome.
+_OK, _FAILED, _UNKNOWN = "k", "f", "u"
 
 
 class EffectOutcome(StrEnum):
     OK = "ok"
     FAILED = "failed"
     UNKNOWN = "unknown"
+
+
+_TAGS = {EffectOutcome.OK: _OK, EffectOutcome.FAILED: _FAILED,
+         EffectOutcome.UNKNOWN: _UNKNOWN}
+
+
+def unknown_after_status(status: int) -> bool:
+    """Whether a non-idempotent request answered with this HTTP status has an unknown
+    outcome: 408 (the request timed out somewhere on its way) and every 5xx but 501
+    (which says the method is not implemented: nothing was done). A gateway's 502, 503
+    or 504 is sent whether or not the server behind it did the work."""
+    return status == 408 or (500 <= status < 600 and status != 501)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,22 +135,20 @@ class EffectLedger:
             message=f"{tool}: {REFUSAL_MESSAGE} (Idempotency-Key {key})"))
 
     def record(self, tool: str, arguments: object, outcome: EffectOutcome | str) -> None:
-        """A known outcome (ok or failed) closes the action's ordinal; unknown keeps it
-        open, so the next plan() of the same action repeats the key or refuses."""
-        kind = EffectOutcome(outcome)
-        self._apply((_UNKNOWN if kind is EffectOutcome.UNKNOWN else _KNOWN)
-                    + action_key(tool, arguments))
+        """Only a success closes the action's ordinal (the next call of it is a new
+        effect, with the next key). A failure keeps the key, so a repeat carries it
+        again; an unknown outcome keeps it too, and the next plan() of the same action
+        repeats the key or refuses."""
+        self._apply(_TAGS[EffectOutcome(outcome)] + action_key(tool, arguments))
 
     def _apply(self, line: str) -> None:
         tag, key = line[:1], line[1:]
-        if tag not in (_KNOWN, _UNKNOWN) or not key:
+        if tag not in (_OK, _FAILED, _UNKNOWN) or not key:
             raise ValueError(f"not an effect ledger line: {line!r}")
         action = self._actions.setdefault(key, _Action())
-        if tag == _UNKNOWN:
-            action.unknown = True
-        else:
+        action.unknown = tag == _UNKNOWN
+        if tag == _OK:
             action.ordinal += 1
-            action.unknown = False
         self._lines.append(line)
 
     @property
@@ -152,7 +172,7 @@ class EffectLedger:
         ledger = cls(str(snapshot["turn"]))
         older: list[str] = []
         for key, (ordinal, unknown) in dict(snapshot.get("actions") or {}).items():
-            older += [_KNOWN + str(key)] * (int(ordinal) - 1)
+            older += [_OK + str(key)] * (int(ordinal) - 1)
             if unknown:
                 older.append(_UNKNOWN + str(key))
         for line in (*older, *lines):

@@ -25,11 +25,11 @@ from yarl import URL
 from turnkeeper import jsonwire
 from turnkeeper.policy.classify import (
     CallFailure,
+    Redactor,
     exception_names,
     is_context_overflow,
     local_exhaustion,
     parse_retry_after,
-    redact_secrets,
     retry_after_of,
 )
 from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError
@@ -55,7 +55,7 @@ class HttpClient:
     The `ClientTimeout` is cached per distinct `t` value: most calls reuse the last one.
     """
 
-    __slots__ = ("_headers", "_limit", "_secret", "_secrets", "_session", "_timeout",
+    __slots__ = ("_headers", "_limit", "_redactor", "_secret", "_session", "_timeout",
                  "_timeout_s", "url")
 
     def __init__(self, url: str, headers: Mapping[str, str], *, max_connections: int,
@@ -65,9 +65,7 @@ class HttpClient:
         self._headers = dict(headers)
         self._limit = max_connections
         self._secret = secret or None  # the API key
-        # Longest first, so a secret that contains another is replaced whole.
-        self._secrets = tuple(sorted({v for v in (secret, *secrets) if v}, key=len,
-                                     reverse=True))
+        self._redactor = Redactor((secret, *secrets))
         self._session: aiohttp.ClientSession | None = None
         self._timeout_s = -1.0
         self._timeout = aiohttp.ClientTimeout(total=None)
@@ -105,10 +103,7 @@ class HttpClient:
     # -- failures ------------------------------------------------------------------------
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, "[redacted]")
-        return redact_secrets(text)[:MESSAGE_LIMIT]
+        return self._redactor.redact(text)[:MESSAGE_LIMIT]
 
     def transport_failure(self, exc: BaseException) -> CallFailure:
         """Always a message: a bare TimeoutError says nothing, so it is named instead."""

@@ -335,7 +335,12 @@ class Store(Protocol):
                      limit: int = 10_000) -> list[dict[str, Any]]: ...
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
-                             idempotent: bool) -> None: ...
+                             idempotent: bool) -> None:
+        """A call with this key is about to be sent. The first intent of a key keeps its
+        row; a later one (the same action sent again with the same key, after a failure
+        or an unknown outcome) clears the outcome an earlier attempt left, so a call cut
+        in flight is never reported with the answer of the attempt before it."""
+        ...
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None: ...
 

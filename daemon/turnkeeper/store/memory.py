@@ -204,8 +204,10 @@ class MemoryStore:
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
         self._check_open()
-        self._journal.setdefault(key, {"turn": turn, "tool": tool, "arguments": arguments,
-                                       "idempotent": idempotent, "outcome": None})
+        entry = self._journal.setdefault(key, {"turn": turn, "tool": tool,
+                                               "arguments": arguments,
+                                               "idempotent": idempotent})
+        entry["outcome"] = None
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
         self._check_open()

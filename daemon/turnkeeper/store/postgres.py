@@ -261,10 +261,10 @@ class PostgresStore(PostgresReads):
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
         """Queued or awaited as `_journal_intent` says; a non-idempotent call's intent on
-        a claimed turn only while its lease holds."""
+        a claimed turn only while its lease holds. See `Store.journal_intent`."""
         ops: list[Op] = [(
             "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
-            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING",
+            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO UPDATE SET outcome = NULL",
             (key, turn, tool, arguments, idempotent))]
         epoch = self._fence(turn)
         if epoch is not None:

@@ -217,10 +217,11 @@ class SQLiteStore(SQLiteConnection):
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
-        """Queued or awaited as `_journal_intent` says."""
+        """Queued or awaited as `_journal_intent` says; see `Store.journal_intent`."""
         statements: list[Statement] = [(
-            "INSERT OR IGNORE INTO journal (key, turn, tool, arguments, idempotent)"
-            " VALUES (?, ?, ?, ?, ?)", (key, turn, tool, arguments, int(idempotent)))]
+            "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET outcome = NULL",
+            (key, turn, tool, arguments, int(idempotent)))]
         await self._journal_intent(key, statements, idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:

@@ -8,7 +8,10 @@ The point of this module is to be honest about whether the effect happened:
   have done it, so the model is told to verify, not to repeat;
 - an answer came: `ok`, or `failed` with the server's words. A 2xx whose JSON body holds
   an error (a non-null top-level `error`, or the value at the tool's `error_field`) is a
-  failure of class unknown: the server says something went wrong, not whether to retry.
+  failure of class unknown: the server says something went wrong, not whether to retry;
+- except an answer that does not tell: 408 or a 5xx other than 501 is what a gateway or
+  proxy sends when the server behind it was slow or went away, whether or not it did
+  the work. For a non-idempotent tool that is `unknown` too (`unknown_after_status`).
 
 A cancel while the request is in flight cannot return an outcome from here (the task is
 cancelled): the caller that cancels a non-idempotent call records it as unknown.
@@ -34,6 +37,7 @@ from turnkeeper.policy.classify import (
     local_exhaustion,
     retry_after_of,
 )
+from turnkeeper.policy.effects import unknown_after_status
 from turnkeeper.tools.outcome import ToolOutcome, truncate
 
 MAX_REDIRECTS = 10
@@ -160,7 +164,8 @@ def _answer(tool: ToolConfig, status: int, text: str,
             error_type=str(err.get("type")) if isinstance(err, dict) and err.get("type")
             else None,
             message=truncate(text)[:500],
-            retry_after_s=retry_after_of(headers, body, now_epoch=time.time())))
+            retry_after_s=retry_after_of(headers, body, now_epoch=time.time())),
+            unknown=not tool.idempotent and unknown_after_status(status))
     error = error_at(body, tool.error_field)
     if error is not None:
         said = error if isinstance(error, str) else json.dumps(error, sort_keys=True)

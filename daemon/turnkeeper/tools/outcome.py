@@ -4,10 +4,10 @@ journal, which stores it as JSON."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from turnkeeper.policy.classify import CallFailure
+from turnkeeper.policy.classify import CallFailure, Redactor
 from turnkeeper.policy.effects import EffectOutcome
 
 MAX_RESULT_CHARS = 32_768
@@ -45,6 +45,19 @@ class ToolOutcome:
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+    def redacted(self, redactor: Redactor) -> ToolOutcome:
+        """This outcome with every secret `redactor` holds replaced, in all the
+        outcome carries on to the journal, the events, the conversation and the model:
+        its content, its state and its failure's message."""
+        content, state = redactor.held(self.content), self.state
+        state = redactor.held(state) if state is not None else None
+        failure = self.failure
+        if failure is not None and failure.message:
+            failure = replace(failure, message=redactor.held(failure.message))
+        if content == self.content and state == self.state and failure == self.failure:
+            return self
+        return replace(self, content=content, state=state, failure=failure)
 
     def to_json(self) -> dict[str, Any]:
         return {"content": self.content, "state": self.state, "kind": str(self.kind),

@@ -24,7 +24,7 @@ from jsonschema.exceptions import SchemaError
 
 from turnkeeper.config import ConfigError, ToolConfig
 from turnkeeper.messages import ToolSpec
-from turnkeeper.policy.classify import CallFailure
+from turnkeeper.policy.classify import CallFailure, Redactor
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
 from turnkeeper.tools.builtin import BUILTIN_SPECS
 from turnkeeper.tools.http import call_http
@@ -35,6 +35,10 @@ from turnkeeper.tools.outcome import MAX_RESULT_CHARS, ToolOutcome, truncate
 __all__ = ["MAX_RESULT_CHARS", "ArgumentProblem", "ToolBox", "ToolOutcome"]
 
 _truncate = truncate
+
+# A secret shorter than this is not looked for in tool results: a placeholder key ("x",
+# "none", "dummy") would blank out ordinary words, and hides nothing.
+MIN_SECRET_CHARS = 8
 
 
 # The echo tool's answer: json.dumps(args, ensure_ascii=False, sort_keys=True), with the
@@ -49,8 +53,13 @@ class ArgumentProblem:
 
 class ToolBox:
     def __init__(self, tools: tuple[ToolConfig, ...], *,
-                 previous: ToolBox | None = None) -> None:
+                 previous: ToolBox | None = None, secrets: Iterable[str] = ()) -> None:
+        """`secrets`: the daemon's other secrets (the providers' keys and headers),
+        removed from every tool's results with the tools' own (`secret_values`)."""
         static = tuple(t for t in tools if t.kind != "mcp")
+        self._redactor = Redactor(
+            (*secrets, *(v for t in tools for v in t.secret_values())),
+            min_chars=MIN_SECRET_CHARS)
         self._tools = {t.name: t for t in static}
         self._validators: dict[str, Draft202012Validator] = {}
         # The tools whose schema is plain enough to check without jsonschema (most are):
@@ -64,10 +73,14 @@ class ToolBox:
             except SchemaError as exc:
                 raise ConfigError(f"tools.{t.name}.parameters: not a valid JSON schema: "
                                   f"{exc.message}") from None
-            self._validators[t.name] = Draft202012Validator(t.parameters)
-            check = plain_check(t.parameters)
+        # The built-ins' arguments are checked like any tool's: a malformed report_blocked
+        # is the model's mistake to correct, not a reason to end the turn with raw text.
+        for name, schema in (*((b.name, b.parameters) for b in BUILTIN_SPECS),
+                             *((t.name, t.parameters) for t in static)):
+            self._validators[name] = Draft202012Validator(schema)
+            check = plain_check(schema)
             if check is not None:
-                self._plain[t.name] = check
+                self._plain[name] = check
         self._servers: dict[str, McpServer] = {}
         old = previous._servers if previous is not None else {}
         for t in tools:
@@ -164,6 +177,15 @@ class ToolBox:
 
     async def call(self, name: str, args: dict[str, Any], *, idempotency_key: str,
                    timeout_s: float) -> ToolOutcome:
+        """One attempt of a call. What comes back holds no secret of the daemon's: a
+        tool that echoes its Authorization header (or a key it was never given) has it
+        replaced before anything stores, shows or sends the result."""
+        outcome = await self._attempt(name, args, idempotency_key=idempotency_key,
+                                      timeout_s=timeout_s)
+        return outcome.redacted(self._redactor) if self._redactor else outcome
+
+    async def _attempt(self, name: str, args: dict[str, Any], *, idempotency_key: str,
+                       timeout_s: float) -> ToolOutcome:
         tool = self.get(name)
         if isinstance(tool, McpTool):
             return await self._servers[tool.server].call(

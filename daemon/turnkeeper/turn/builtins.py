@@ -5,9 +5,11 @@ why), `clarify` (the agent asks the user and waits for the answer, parked) and
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from turnkeeper.event_types import TurnWaiting
+from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.extension import Plan
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.turn_state import TurnState
@@ -19,14 +21,10 @@ class Builtins:
     def __init__(self, ctx: TurnContext) -> None:
         self.ctx = ctx
 
-    def blocked(self, call: ToolCall) -> TurnResult:
+    def blocked(self, args: Mapping[str, Any]) -> TurnResult:
+        """End the turn `blocked` with the agent's reason, what it tried and found
+        (`args` checked against the tool's schema by the caller)."""
         ctx = self.ctx
-        try:
-            args = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError:
-            args = {"reason": call.arguments}
-        if not isinstance(args, dict):
-            args = {"reason": str(args)}
         reason = str(args.get("reason") or "blocked")
         tried = [str(x) for x in args.get("tried") or []]
         found = [str(x) for x in args.get("found") or []]
@@ -37,21 +35,14 @@ class Builtins:
                           extra={"blocked": {"reason": reason, "tried": tried,
                                              "found": found}})
 
-    def update_plan(self, call: ToolCall) -> None:
-        """Replace the agent's plan; a malformed list is told to the agent, the plan
-        left as it was."""
+    def update_plan(self, call: ToolCall, args: Mapping[str, Any]) -> CallFailure | None:
+        """Replace the agent's plan. A list the plan cannot take (too long, an empty
+        item) is returned as the call's failure, the plan left as it was."""
         ctx = self.ctx
-        try:
-            args: Any = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError as exc:
-            args = None
-            problem: str | None = f"the arguments are not JSON: {exc.msg}"
-        else:
-            problem = None
-        items = Plan.parse(args) if problem is None else problem
+        items = Plan.parse(args)
         if isinstance(items, str):
-            ctx.conv.add_tool_result(call, f"ERROR (deterministic): {items}; plan unchanged")
-            return
+            return CallFailure(exception=("SchemaViolation",),
+                               message=f"{items}; plan unchanged")
         newly = ctx.extension.update_plan(items)
         plan = ctx.extension.plan
         ctx.conv.add_tool_result(call, plan.summary())
@@ -59,6 +50,7 @@ class Builtins:
             ctx.partial.append(f"step {ctx.record.counters.steps}: plan: {newly} more item(s)"
                                f" done ({len(plan.done)} of {len(plan.items)})")
         ctx.log.info("turn.plan_updated", items=len(plan.items), done=len(plan.done))
+        return None
 
     def pending_clarify_call(self) -> ToolCall | None:
         """The clarify call a resumed turn was waiting on, if any."""
@@ -67,14 +59,14 @@ class Builtins:
         return ToolCall(id="clarify", name="clarify",
                         arguments=json.dumps({"question": self.ctx.record.question}))
 
-    async def clarify(self, call: ToolCall) -> TurnResult | None:
-        """Ask, park until the answer (or the clarify timeout, or the deadline), and
-        give the agent the answer. None: the turn goes on."""
+    async def clarify(self, call: ToolCall, question: str | None = None
+                      ) -> TurnResult | None:
+        """Ask `question` (None: the one a resumed turn was waiting on), park until the
+        answer (or the clarify timeout, or the deadline), and give the agent the
+        answer. None: the turn goes on."""
         ctx = self.ctx
-        try:
-            question = str(json.loads(call.arguments or "{}").get("question") or "")
-        except (json.JSONDecodeError, AttributeError):
-            question = call.arguments
+        if question is None:
+            question = ctx.record.question or ""
         timeout = ctx.settings.clarify_timeout_s
         if ctx.waiting_since is None:
             ctx.waiting_since = ctx.clock.time()

@@ -1,7 +1,8 @@
 """The tools of one step: each call's guards (loop detection, time left), its journal
 entry (so a resumed turn never runs a side effect twice), its attempts (retries only for
 idempotent tools) and its outcome, told to the agent and to the failure loop.
-`report_blocked`, `clarify` and `update_plan` go to the builtins.
+`report_blocked`, `clarify` and `update_plan` go to the builtins, their arguments checked
+first like any tool's.
 
 A non-idempotent call is planned by the turn's effect ledger (its key, or a refusal when
 the same action's last outcome is unknown) and recorded in it afterwards. An unknown
@@ -15,6 +16,7 @@ from typing import Any
 import anyio
 
 from turnkeeper import event_types as ev
+from turnkeeper.config import BUILTIN_TOOL_NAMES
 from turnkeeper.policy.classify import CallFailure, classify
 from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
@@ -50,24 +52,14 @@ class ToolStep:
         position = self._call_positions()
         for n, call in enumerate(calls):
             index = position.get(call.id, n)
-            if call.name == "report_blocked":
-                if not ctx.has_unread_steer():
-                    return self.builtins.blocked(call)
-                # The agent gave up without reading what the user just sent: it reads it
-                # first (a turn never ends with an unread steer).
-                ctx.conv.add_tool_result(call, "not ended: the user sent a message; read "
-                                               "it, then answer or call report_blocked")
+            if call.name in BUILTIN_TOOL_NAMES:
                 all_polling = False
-                continue
-            if call.name == "update_plan":
-                self.builtins.update_plan(call)
-                all_polling = False
-                continue
-            if call.name == "clarify":
-                outcome = await self.builtins.clarify(call)
-                if outcome is not None:
-                    return outcome
-                all_polling = False
+                ended = await self._builtin(call)
+                if isinstance(ended, Stop):  # the failure loop stopped a malformed call
+                    await ctx.checkpoint()
+                    return ctx.stop(ended)
+                if ended is not None:
+                    return ended
                 continue
             key = f"{ctx.record.id}.{step}.{index}"
             tool = ctx.runtime.toolbox.get(call.name)
@@ -107,6 +99,33 @@ class ToolStep:
         # the boundary 8% of the instructions of a step and a write of the turn's row.
         ctx.sync_counters()
         return None
+
+    async def _builtin(self, call: ToolCall) -> TurnResult | Stop | None:
+        """A built-in call, its arguments checked like any tool's: malformed ones (cut
+        JSON, a wrong type) are a deterministic failure told to the agent and counted
+        by the failure loop, so it can send them again; only a well-formed
+        report_blocked ends the turn. None: the step goes on."""
+        ctx = self.ctx
+        args, problem = ctx.runtime.toolbox.check_arguments(call.name, call.arguments)
+        failure: CallFailure | None = None
+        if args is None:
+            assert problem is not None
+            failure = problem.failure
+        elif call.name == "report_blocked":
+            if not ctx.has_unread_steer():
+                return self.builtins.blocked(args)
+            # The agent gave up without reading what the user just sent: it reads it
+            # first (a turn never ends with an unread steer).
+            ctx.conv.add_tool_result(call, "not ended: the user sent a message; read "
+                                           "it, then answer or call report_blocked")
+        elif call.name == "update_plan":
+            failure = self.builtins.update_plan(call, args)
+        else:
+            return await self.builtins.clarify(call, str(args.get("question") or ""))
+        if failure is None:
+            return None
+        stop = self._tool_failed(call, args, failure)
+        return stop if isinstance(stop, Stop) else None
 
     async def _tool_call(self, call: ToolCall, key: str, *, resuming: bool
                          ) -> Stop | tuple[str | None, str | None]:
