@@ -27,6 +27,7 @@ import aiohttp
 
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
+from turnkeeper.policy.replies import thinking_budget
 from turnkeeper.providers.base import (
     CACHED_FROM,
     DeltaSink,
@@ -55,11 +56,17 @@ from turnkeeper.providers.http import (
 API_VERSION = "2023-06-01"
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
-         "max_tokens": "length", "refusal": "content_filter"}
+         "max_tokens": "length", "refusal": "refusal"}
+
+# Content blocks that are not ours to read: thinking (with its signature) and redacted
+# thinking. They go back unchanged, first in the assistant message, with the tool calls
+# they led to (Anthropic rejects a tool-use continuation without them).
+OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
 def finish_reason(raw: object, has_tool_calls: bool) -> str:
-    """end_turn -> stop, tool_use -> tool_calls, max_tokens -> length; others pass."""
+    """end_turn -> stop, tool_use -> tool_calls, max_tokens -> length, refusal ->
+    refusal; others pass."""
     if not raw:
         return "tool_calls" if has_tool_calls else "stop"
     return _STOP.get(str(raw), str(raw))
@@ -116,6 +123,13 @@ def encode_marked(system: str, messages: Sequence[Message], *, mark: bool
     return system, out
 
 
+def refusal_text(stop_reason: object, details: object) -> str | None:
+    """The explanation a refusal's `stop_details` carries, if any."""
+    if stop_reason != "refusal" or not isinstance(details, dict):
+        return None
+    return str(details.get("explanation") or "") or None
+
+
 def _assistant_blocks(m: Message) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if m.content:
@@ -123,6 +137,8 @@ def _assistant_blocks(m: Message) -> list[dict[str, Any]]:
     for c in m.tool_calls:
         blocks.append({"type": "tool_use", "id": c.id, "name": c.name,
                        "input": tool_input(c.arguments)})
+    if blocks and m.opaque:  # thinking first, as it came (alone it makes no message)
+        blocks[:0] = [dict(b) for b in m.opaque if b.get("type") in OPAQUE_BLOCKS]
     return blocks
 
 
@@ -214,6 +230,16 @@ def usage_of(u: dict[str, Any], output_tokens: int | None = None) -> Usage:
                  cache_read_tokens=read, cache_write_tokens=write)
 
 
+def _streamed_block(start: dict[str, Any], pieces: list[str], signature: list[str]
+                    ) -> dict[str, Any]:
+    """A thinking block as its stream built it: the block it started as, its thinking
+    and its signature joined from their deltas (a redacted block came whole)."""
+    if start.get("type") != "thinking":
+        return start
+    return {**start, "thinking": (start.get("thinking") or "") + "".join(pieces),
+            "signature": (start.get("signature") or "") + "".join(signature)}
+
+
 class AnthropicProvider:
     """Anthropic Messages over one shared aiohttp session."""
 
@@ -225,6 +251,7 @@ class AnthropicProvider:
         self._stream = cfg.stream
         self._cache = cfg.cache == "auto"
         self._options = dict(cfg.options)
+        self._thinking_budget = cfg.thinking_budget_tokens
         secrets = secrets if secrets is not None else cfg.secrets()
         key = secrets.api_key
         headers = {"content-type": "application/json", "accept": "application/json",
@@ -268,6 +295,14 @@ class AnthropicProvider:
             body["tools"] = self._tools_json
         if self._options:
             body.update(self._options)
+        if self._thinking_budget is not None:
+            # The cap may have been cut to what is left of the turn's token budget: the
+            # thinking budget goes under it (the model call stops before a cap that
+            # cannot hold the smallest one).
+            budget = thinking_budget(output_cap=request.max_output_tokens,
+                                     budget_tokens=self._thinking_budget)
+            if budget is not None and budget != self._thinking_budget:
+                body["thinking"] = {**self._options["thinking"], "budget_tokens": budget}
         return dumps(body)
 
     async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
@@ -286,10 +321,13 @@ class AnthropicProvider:
             raise ProviderError(self._client.stream_error_event(obj))
         text: list[str] = []
         calls: list[ToolCall] = []
+        opaque: list[dict[str, Any]] = []
         for block in obj["content"]:
             kind = block.get("type")
             if kind == "text":
                 text.append(block.get("text") or "")
+            elif kind in OPAQUE_BLOCKS:
+                opaque.append(block)
             elif kind == "tool_use":
                 calls.append(ToolCall(
                     id=str(block["id"]), name=str(block["name"]),
@@ -300,7 +338,9 @@ class AnthropicProvider:
             text="".join(text) if text else None, tool_calls=tuple(calls),
             usage=usage_of(u),
             finish_reason=finish_reason(obj.get("stop_reason"), bool(calls)),
-            model=str(obj.get("model") or self._model))
+            model=str(obj.get("model") or self._model),
+            refusal=refusal_text(obj.get("stop_reason"), obj.get("stop_details")),
+            opaque=tuple(opaque))
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, on_delta: DeltaSink | None
                            ) -> ModelReply:
@@ -309,7 +349,10 @@ class AnthropicProvider:
         decoder = SSEDecoder()
         text: list[str] = []
         blocks: dict[int, list[Any]] = {}  # tool_use index -> [id, name, [json fragments]]
+        # thinking index -> [the block as it started, [thinking pieces], [signature]]
+        thinking: dict[int, list[Any]] = {}
         stop: str | None = None
+        refusal: str | None = None
         input_usage: dict[str, Any] = {}
         output_tokens = 0
         model = ""
@@ -341,6 +384,13 @@ class AnthropicProvider:
                         slot = blocks.get(obj.get("index", -1))
                         if slot is not None and delta.get("partial_json"):
                             slot[2].append(delta["partial_json"])
+                    elif dtype in ("thinking_delta", "signature_delta"):
+                        th = thinking.get(obj.get("index", -1))
+                        if th is not None:
+                            if dtype == "thinking_delta":
+                                th[1].append(delta.get("thinking") or "")
+                            else:
+                                th[2].append(delta.get("signature") or "")
                 elif kind == "content_block_start":
                     block = obj.get("content_block") or {}
                     btype = block.get("type")
@@ -349,10 +399,13 @@ class AnthropicProvider:
                             str(block.get("id") or ""), str(block.get("name") or ""), []]
                     elif btype == "text" and block.get("text"):
                         text.append(block["text"])
+                    elif btype in OPAQUE_BLOCKS:
+                        thinking[obj.get("index", len(thinking))] = [dict(block), [], []]
                 elif kind == "message_delta":
                     d = obj.get("delta") or {}
                     if d.get("stop_reason"):
                         stop = d["stop_reason"]
+                        refusal = refusal_text(stop, d.get("stop_details"))
                     u = obj.get("usage") or {}
                     if u.get("output_tokens") is not None:
                         output_tokens = int(u["output_tokens"])
@@ -373,7 +426,9 @@ class AnthropicProvider:
                         text="".join(text) if text else None, tool_calls=calls,
                         usage=usage_of(input_usage, output_tokens),
                         finish_reason=finish_reason(stop, bool(calls)),
-                        model=model or self._model)
+                        model=model or self._model, refusal=refusal,
+                        opaque=tuple(_streamed_block(*slot) for _, slot
+                                     in sorted(thinking.items())))
                 elif kind == "error":
                     raise ProviderError(client.stream_error_event(obj))
                 # ping, content_block_stop and event types added later: nothing to do.
