@@ -19,6 +19,7 @@ from turnkeeper.policy.classify import CallFailure, classify
 from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.replies import cut_call_message
 from turnkeeper.policy.tool_retry import attempts_for
 from turnkeeper.providers.base import ToolCall
 from turnkeeper.tools.registry import ToolOutcome
@@ -50,7 +51,10 @@ class ToolStep:
         position = self._call_positions()
         for n, call in enumerate(calls):
             index = position.get(call.id, n)
-            if call.name == "report_blocked":
+            # A call the output cap cut is refused like malformed arguments, a built-in
+            # too (a cut report_blocked would end the turn with half its reason).
+            builtin = call.name if call.cut_at is None else None
+            if builtin == "report_blocked":
                 if not ctx.has_unread_steer():
                     return self.builtins.blocked(call)
                 # The agent gave up without reading what the user just sent: it reads it
@@ -59,11 +63,11 @@ class ToolStep:
                                                "it, then answer or call report_blocked")
                 all_polling = False
                 continue
-            if call.name == "update_plan":
+            if builtin == "update_plan":
                 self.builtins.update_plan(call)
                 all_polling = False
                 continue
-            if call.name == "clarify":
+            if builtin == "clarify":
                 outcome = await self.builtins.clarify(call)
                 if outcome is not None:
                     return outcome
@@ -117,6 +121,9 @@ class ToolStep:
         observation (content, state), content None for a failure (the failure loop
         governs those, not the progress and state rules), or a Stop."""
         ctx = self.ctx
+        if call.cut_at is not None:
+            return self._tool_failed(call, None, CallFailure(
+                exception=("MalformedArguments",), message=cut_call_message(call.cut_at)))
         place = key
         toolbox = ctx.runtime.toolbox
         tool = toolbox.get(call.name)
