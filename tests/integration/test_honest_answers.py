@@ -7,8 +7,10 @@ The providers are the fault server on 127.0.0.1 replaying the vendors' own recor
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -227,3 +229,26 @@ def test_a_max_output_tokens_at_or_below_the_thinking_budget_is_refused_naming_t
     assert check.returncode == 78, check
     out = check.stdout + check.stderr
     assert "primary" in out and "budget_tokens" in out
+
+
+def test_a_turn_resumed_after_a_kill_sends_its_thinking_blocks_too(
+        start: Any, faults: FaultServer) -> None:
+    # The step after the tool call is held at the server, the daemon killed -9 while it
+    # waits: the resumed turn's request carries the thinking the checkpoint kept.
+    held = dataclasses.replace(_finish("anthropic", "never sent"), delay=30.0)
+    faults.script("primary", replay(wire.THINKING_CALL), held)
+    d = start(config(anthropic(faults, stream=False, options=THINKING,
+                               max_output_tokens=2048)))
+    tid = d.submit("weather in Paris?")["id"]
+    deadline = time.monotonic() + 15
+    while faults.arrived("primary") < 2:
+        assert time.monotonic() < deadline, "the second model call never came"
+        time.sleep(0.01)
+    d.kill()
+    faults.script("primary", _finish("anthropic", "Sunny in Paris."))
+    d.start()
+    done = d.wait(tid)
+    assert stop_of(done)[0] == "completed", done["result"]
+    resumed = faults.requests("primary")[-1].body["messages"]
+    assistant = [m for m in resumed if m["role"] == "assistant"][-1]["content"]
+    assert assistant[:2] == [wire.THINKING, wire.REDACTED]
