@@ -20,18 +20,27 @@ Role = Literal["system", "user", "assistant", "tool"]
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """A tool call the model asked for. `arguments` is the raw JSON text the model sent:
-    malformed arguments are the model's failure and are classified, not repaired."""
+    malformed arguments are the model's failure and are classified, not repaired.
+    `cut_at` is set (to the output cap) on a call its reply's output cap cut: its
+    arguments may be incomplete even where they parse, and it is never run. Kept with
+    the call, so a turn resumed before its tools ran refuses it too."""
 
     id: str
     name: str
     arguments: str
+    cut_at: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+        d: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.cut_at is not None:
+            d["cut_at"] = self.cut_at
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ToolCall:
-        return cls(id=str(d["id"]), name=str(d["name"]), arguments=str(d["arguments"]))
+        cut = d.get("cut_at")
+        return cls(id=str(d["id"]), name=str(d["name"]), arguments=str(d["arguments"]),
+                   cut_at=None if cut is None else int(cut))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,12 @@ class Message:
     - user/system: `content`.
     - assistant: `content` (may be None) and `tool_calls`.
     - tool: `content` (the result text) and `tool_call_id` (+ `name`).
+
+    `opaque` holds an assistant message's provider-opaque blocks, as the provider sent
+    them and in its order: Anthropic's `thinking` (with its signature) and
+    `redacted_thinking`, which must go back unchanged with the tool calls they led to.
+    Only the adapter that reads a block's `type` sends it; the others leave it out.
+    Checkpoints keep them, so a resumed turn sends them too.
     """
 
     role: Role
@@ -48,6 +63,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    opaque: tuple[Mapping[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -57,13 +73,16 @@ class Message:
             d["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             d["name"] = self.name
+        if self.opaque:
+            d["opaque"] = [dict(b) for b in self.opaque]
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Message:
         return cls(role=d["role"], content=d.get("content"),
                    tool_calls=tuple(ToolCall.from_json(c) for c in d.get("tool_calls", ())),
-                   tool_call_id=d.get("tool_call_id"), name=d.get("name"))
+                   tool_call_id=d.get("tool_call_id"), name=d.get("name"),
+                   opaque=tuple(dict(b) for b in d.get("opaque", ()) if isinstance(b, dict)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,9 @@ class ProviderRequestSettings:
     # None: the provider bills cache reads and writes at its input price.
     price_cache_read_per_mtok: float | None = None
     price_cache_write_per_mtok: float | None = None
+    # The extended-thinking budget configured (Anthropic), None without one: the output
+    # cap sent must stay above what is sent of it.
+    thinking_budget_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,7 @@ class TurnSettings:
     system_prompt: str
     clarify_timeout_s: float
     max_restarts: int
+    max_continuations: int
     tools: ToolCallSettings
     providers: Mapping[str, ProviderRequestSettings]
     chain: ChainSettings
@@ -127,13 +131,15 @@ class TurnSettings:
             system_prompt=cfg.agent.system_prompt,
             clarify_timeout_s=cfg.clarify.timeout,
             max_restarts=cfg.agent.max_restarts,
+            max_continuations=cfg.agent.max_continuations,
             tools=ToolCallSettings.from_config(cfg, backoff),
             providers={p.name: ProviderRequestSettings(
                 timeout_s=p.timeout, max_output_tokens=p.max_output_tokens,
                 price_input_per_mtok=p.price_input_per_mtok,
                 price_output_per_mtok=p.price_output_per_mtok,
                 price_cache_read_per_mtok=p.price_cache_read_per_mtok,
-                price_cache_write_per_mtok=p.price_cache_write_per_mtok)
+                price_cache_write_per_mtok=p.price_cache_write_per_mtok,
+                thinking_budget_tokens=p.thinking_budget_tokens)
                 for p in cfg.providers},
             chain=chain,
             model_chains={name: replace(chain, providers=cfg.model_chain(name))

@@ -15,6 +15,11 @@ attempts and measure waits here, at the server, not from the daemon's own accoun
 
 The server runs its own event loop in a thread, so synchronous tests drive it while the
 daemon (a subprocess) talks to it.
+
+It answers Anthropic's Messages path too (`server.anthropic_url("primary")` as the
+provider's base_url: `/primary/v1/messages`), for `replay`ed answers: a vendor's reply
+as recorded, byte for byte. There it checks the two rules of Anthropic's extended
+thinking that a request can break, and answers 400 as Anthropic does when one is broken.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class Answer:
     break_after: int | None = None
     stream_error: str | None = None
     tool_steps: int = 0
+    # A recorded reply sent as it is: a JSON body, or the text of an event stream.
+    raw_json: dict[str, Any] | None = None
+    raw_sse: str | None = None
 
 
 def ok(text: str = "ok", *, tool_calls: tuple[tuple[str, dict[str, Any]], ...] = (),
@@ -70,6 +78,14 @@ def fail(status: int, *, retry_after: str | None = None, retry_after_ms: str | N
         headers.append(("retry-after-ms", retry_after_ms))
     return Answer(status=status, headers=tuple(headers), error_type=error_type,
                   message=message, delay=delay)
+
+
+def replay(recorded: dict[str, Any] | str) -> Answer:
+    """A vendor's recorded reply, sent as it is: a JSON body (a dict) or an event
+    stream's text (a str)."""
+    if isinstance(recorded, str):
+        return Answer(raw_sse=recorded)
+    return Answer(raw_json=recorded)
 
 
 def broken_stream(after_chunks: int, text: str = "partial answer that never ends") -> Answer:
@@ -143,6 +159,10 @@ class FaultServer:
     def base_url(self, provider: str) -> str:
         return f"http://127.0.0.1:{self.port}/{provider}/v1"
 
+    def anthropic_url(self, provider: str) -> str:
+        """The base_url of an anthropic provider (its adapter appends /v1/messages)."""
+        return f"http://127.0.0.1:{self.port}/{provider}"
+
     def requests(self, provider: str | None = None) -> list[Seen]:
         with self._lock:
             return [s for s in self._seen if provider is None or s.provider == provider]
@@ -188,7 +208,10 @@ class FaultServer:
             body = json.loads(raw)
         except ValueError:
             body = {}
-        answer = self._next(provider)
+        refused = (anthropic_thinking_error(body)
+                   if request.path.endswith("/v1/messages") else None)
+        answer = (fail(400, error_type="invalid_request_error", message=refused)
+                  if refused is not None else self._next(provider))
         if answer.status == 200 and answer.tool_steps:
             done = sum(1 for m in body.get("messages", ()) if m.get("role") == "tool")
             if done < answer.tool_steps:
@@ -214,6 +237,11 @@ class FaultServer:
                     {"error": {"type": answer.error_type or f"http_{status}",
                                "message": answer.message}},
                     status=status, headers=dict(answer.headers))
+            elif answer.raw_sse is not None:
+                resp = web.Response(body=answer.raw_sse.encode(),
+                                    content_type="text/event-stream")
+            elif answer.raw_json is not None:
+                resp = web.json_response(answer.raw_json)
             elif body.get("stream"):
                 resp = await self._stream(request, body, answer)
             else:
@@ -282,6 +310,7 @@ class FaultServer:
     async def _serve(self, ready: threading.Event) -> None:
         app = web.Application()
         app.router.add_post("/{provider}/v1/chat/completions", self._handle)
+        app.router.add_post("/{provider}/v1/messages", self._handle)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
         await runner.setup()
         sock = socket.socket()
@@ -302,6 +331,33 @@ class FaultServer:
                 self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join(5)
+
+
+def anthropic_thinking_error(body: dict[str, Any]) -> str | None:
+    """What Anthropic answers (400) to a request with extended thinking on that breaks
+    one of its rules: an output cap not above the thinking budget, or a tool-use
+    continuation whose assistant message does not start with its thinking block."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    budget = int(thinking.get("budget_tokens") or 0)
+    if int(body.get("max_tokens") or 0) <= budget:
+        return "`max_tokens` must be greater than `thinking.budget_tokens`"
+    messages = body.get("messages") or []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if m.get("role") != "assistant" or not isinstance(content, list) or not content:
+            continue
+        uses_tools = any(b.get("type") == "tool_use" for b in content)
+        last_with_tools = not any(
+            n.get("role") == "assistant" for n in messages[i + 1:])
+        if uses_tools and last_with_tools and content[0].get("type") not in (
+                "thinking", "redacted_thinking"):
+            return (f"messages.{i}.content.0.type: Expected `thinking` or "
+                    f"`redacted_thinking`, but found `{content[0].get('type')}`. When "
+                    "`thinking` is enabled, a final `assistant` message must start with a "
+                    "thinking block")
+    return None
 
 
 def _sse(obj: dict[str, Any]) -> bytes:

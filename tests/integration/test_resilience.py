@@ -51,6 +51,8 @@ def _toml_value(v: Any) -> str:
         return json.dumps(v)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     return repr(v)
 
 

@@ -229,6 +229,28 @@ async def test_stream_events_with_ping_and_thinking_are_read(web_server: Serve,
                                 ToolCall("b", "now", "{}"))
     assert reply.finish_reason == "tool_calls"
     assert (reply.usage.input_tokens, reply.usage.output_tokens) == (20, 42)
+    # The thinking block is kept, as the stream built it, to go back with the calls.
+    assert reply.opaque == ({"type": "thinking", "thinking": "hmm", "signature": ""},)
+
+
+async def test_thinking_blocks_lead_the_assistant_message_and_the_budget_fits_the_cap(
+        make_provider, make_request) -> None:
+    thinking = {"type": "thinking", "thinking": "t", "signature": "sig=="}
+    p = make_provider("anthropic", "http://127.0.0.1:9", stream=False,
+                      options={"thinking": {"type": "enabled", "budget_tokens": 2000}},
+                      max_output_tokens=4096)
+    history = [Message(role="user", content="x"),
+               Message(role="assistant", content="Let me look.",
+                       tool_calls=(ToolCall("a", "now", "{}"),), opaque=(thinking,)),
+               Message(role="tool", content="12:00", tool_call_id="a", name="now")]
+    body = json.loads(p.encode(make_request(history, max_output_tokens=1500)))
+    assert [b["type"] for b in body["messages"][1]["content"]] == [
+        "thinking", "text", "tool_use"]
+    assert body["messages"][1]["content"][0] == thinking
+    assert (body["max_tokens"], body["thinking"]) == (
+        1500, {"type": "enabled", "budget_tokens": 1499})
+    body = json.loads(p.encode(make_request(history, max_output_tokens=4096)))
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2000}
 
 
 # -- HTTP failures -----------------------------------------------------------------------

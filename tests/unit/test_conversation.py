@@ -8,6 +8,7 @@ import json
 import pytest
 
 from turnkeeper.messages import Message, ToolCall, message_text
+from turnkeeper.policy.replies import CONTINUE_NOTE
 from turnkeeper.store.base import MessageRows
 from turnkeeper.turn.conversation import NOTE_PREFIX, Conversation
 
@@ -224,3 +225,33 @@ def test_a_lone_surrogate_is_stored_escaped_and_reads_back_equal() -> None:
     (text,) = conv.unsaved_rows().rows
     text.encode()  # valid UTF-8, as a database column needs
     assert Message.from_json(json.loads(text)) == conv.messages[0]
+
+
+def test_the_parts_of_a_continued_answer_are_the_cut_answers_asked_to_go_on() -> None:
+    conv = Conversation.start([{"message": "earlier", "result": {"answer": "old"}}], "task")
+    assert conv.continued_parts() == []
+    conv.add_assistant("one ", ())
+    assert conv.continued_parts() == []  # not asked to continue
+    conv.add_note(CONTINUE_NOTE)
+    conv.add_note("soft budget note")  # other notes between do not break the chain
+    assert conv.continued_parts() == ["one "]
+    conv.add_assistant("two ", ())
+    conv.add_note(CONTINUE_NOTE)
+    assert conv.continued_parts() == ["one ", "two "]
+    conv.add_assistant("three", ())
+    assert conv.continued_parts(end=len(conv.messages) - 1) == ["one ", "two "]
+    conv.add_user("a steer")  # a user message starts a new answer
+    assert conv.continued_parts() == []
+
+
+def test_opaque_blocks_and_cut_calls_survive_the_stored_form() -> None:
+    thinking = {"type": "thinking", "thinking": "t", "signature": "sig=="}
+    cut = ToolCall(id="c3", name="echo", arguments='{"q":', cut_at=64)
+    conv = Conversation.start([], "task")
+    conv.add_assistant(None, (A, cut), opaque=(thinking,))
+    rows = conv.unsaved_rows().rows
+    back = [Message.from_json(json.loads(r)) for r in rows]
+    assert back == conv.messages
+    assert back[1].opaque == (thinking,) and back[1].tool_calls[1].cut_at == 64
+    assert "cut_at" not in json.loads(message_text(Message(role="assistant",
+                                                           tool_calls=(A,))))["tool_calls"][0]

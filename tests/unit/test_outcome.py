@@ -13,10 +13,11 @@ from turnkeeper.policy.outcome import (
 
 
 @pytest.mark.parametrize("code", list(StopCode))
-def test_dead_letters_are_provider_failures_deterministic_tool_failures_and_internal_errors(
+def test_dead_letters_are_provider_failures_deterministic_failures_refusals_and_internal_errors(
         code: StopCode) -> None:
     expected = code in (StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
-                        StopCode.FAILURE_DETERMINISTIC, StopCode.INTERNAL)
+                        StopCode.FAILURE_DETERMINISTIC, StopCode.MODEL_REFUSED,
+                        StopCode.INTERNAL)
     stop = Stop(code, "why")
     result = TurnResult(stopped_because=stop)
     assert goes_to_dead_letters(stop) is expected
@@ -38,6 +39,19 @@ def test_no_result_is_no_dead_letter() -> None:
 def test_context_exhausted_is_a_closed_code_naming_the_context_tokens() -> None:
     stop = Stop(StopCode("context.exhausted"), "no room", value=9000, limit=8192)
     assert stop.counter == "context_tokens"
+    assert TurnResult(stopped_because=stop).status is Status.PARTIAL
+    assert not goes_to_dead_letters(stop)
+
+
+def test_a_refusal_fails_the_turn_naming_no_counter() -> None:
+    stop = Stop(StopCode("model.refused"), "the model declined")
+    assert stop.counter is None
+    assert TurnResult(stopped_because=stop).status is Status.FAILED
+
+
+def test_a_truncated_answer_is_partial_work_naming_the_output_tokens() -> None:
+    stop = Stop(StopCode("model.truncated"), "cut", value=64, limit=64)
+    assert stop.counter == "output_tokens"
     assert TurnResult(stopped_because=stop).status is Status.PARTIAL
     assert not goes_to_dead_letters(stop)
 

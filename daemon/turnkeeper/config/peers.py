@@ -135,7 +135,23 @@ class ProviderConfig(_Section):
             json.dumps(self.options)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: options must be plain JSON values ({exc})") from None
+        budget = self.thinking_budget_tokens
+        if budget is not None and self.max_output_tokens <= budget:
+            # Anthropic counts thinking in the output cap and rejects a cap at or below
+            # the thinking budget: every request of this provider would be a 400.
+            raise ValueError(f"{where}: max_output_tokens ({self.max_output_tokens}) must "
+                             f"be above options.thinking.budget_tokens ({budget})")
         return self
+
+    @property
+    def thinking_budget_tokens(self) -> int | None:
+        """The configured extended-thinking budget of an Anthropic provider
+        (`options.thinking = {type = "enabled", budget_tokens = N}`); None without one."""
+        thinking = self.options.get("thinking") if self.kind == "anthropic" else None
+        if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+            return None
+        budget = thinking.get("budget_tokens")
+        return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
 
     @property
     def key_env(self) -> str:

@@ -97,6 +97,9 @@ class AgentConfig(_Section):
     auto_recovery_cycles: NonNegInt = 5
     recovery_schedule: tuple[NonNegFloat, ...] = (15.0, 30.0, 60.0, 60.0, 60.0)
     recovery_jitter: Annotated[float, Field(ge=0, le=10)] = 0.2
+    # Times a final answer cut by the output cap is continued (joined into one answer)
+    # before the turn ends `model.truncated`.
+    max_continuations: NonNegInt = 1
 
     @field_validator("recovery_schedule")
     @classmethod

@@ -38,6 +38,8 @@ class StopCode(StrEnum):
     RESTARTS_EXHAUSTED = "restarts.exhausted"
     CONTEXT_EXHAUSTED = "context.exhausted"
     CLARIFY_TIMEOUT = "clarify.timeout"
+    MODEL_REFUSED = "model.refused"
+    MODEL_TRUNCATED = "model.truncated"
     CANCELLED = "cancelled"
     INTERNAL = "internal"
 
@@ -62,6 +64,11 @@ COUNTER_OF: dict[StopCode, str | None] = {
     StopCode.RESTARTS_EXHAUSTED: "restarts",
     StopCode.CONTEXT_EXHAUSTED: "context_tokens",
     StopCode.CLARIFY_TIMEOUT: "clarify_seconds",
+    # The model (or its provider's filter) declined: no counter reached a limit, and no
+    # retry inside the turn would change the answer, so it names none.
+    StopCode.MODEL_REFUSED: None,
+    # The answer was cut by the output cap: the reply's output tokens against the cap sent.
+    StopCode.MODEL_TRUNCATED: "output_tokens",
     StopCode.CANCELLED: None,
     StopCode.INTERNAL: None,
 }
@@ -84,23 +91,25 @@ GUARD_FAMILY: dict[StopCode, str] = {
 
 # Codes whose turns go to the dead-letter list: the turns that stopped for a reason no
 # retry inside the turn could fix (every provider refused or stayed down, a tool that
-# fails the same way every time, or a bug), and that an operator may replay, from their
-# last checkpoint, once the cause is dealt with. `goes_to_dead_letters` is the rule; the
-# stores build their dead-letter query from this same set.
+# fails the same way every time, a model that declined the task, or a bug), and that an
+# operator may replay, from their last checkpoint, once the cause is dealt with.
+# `goes_to_dead_letters` is the rule; the stores build their dead-letter query from this
+# same set.
 DEAD_LETTER_CODES = frozenset({StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
-                               StopCode.FAILURE_DETERMINISTIC, StopCode.INTERNAL})
+                               StopCode.FAILURE_DETERMINISTIC, StopCode.MODEL_REFUSED,
+                               StopCode.INTERNAL})
 
 
 def status_of(code: StopCode) -> Status:
-    """`completed`, `blocked` and `cancelled` map to themselves; `providers.rejected` and
-    `internal` fail the turn; every other code returns partial work."""
+    """`completed`, `blocked` and `cancelled` map to themselves; `providers.rejected`,
+    `model.refused` and `internal` fail the turn; every other code returns partial work."""
     if code is StopCode.COMPLETED:
         return Status.COMPLETED
     if code is StopCode.BLOCKED:
         return Status.BLOCKED
     if code is StopCode.CANCELLED:
         return Status.CANCELLED
-    if code in (StopCode.PROVIDERS_REJECTED, StopCode.INTERNAL):
+    if code in (StopCode.PROVIDERS_REJECTED, StopCode.MODEL_REFUSED, StopCode.INTERNAL):
         return Status.FAILED
     return Status.PARTIAL
 

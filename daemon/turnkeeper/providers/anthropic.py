@@ -27,6 +27,12 @@ import aiohttp
 
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
+from turnkeeper.policy.replies import thinking_budget
+from turnkeeper.providers.anthropic_replies import (
+    OPAQUE_BLOCKS,
+    parse_message,
+    read_stream,
+)
 from turnkeeper.providers.base import (
     CACHED_FROM,
     DeltaSink,
@@ -34,36 +40,11 @@ from turnkeeper.providers.base import (
     MessageCache,
     ModelReply,
     ModelRequest,
-    ProviderError,
-    ToolCall,
     ToolSpec,
-    Usage,
 )
-from turnkeeper.providers.http import (
-    CORRUPT,
-    INCOMPLETE,
-    TRANSPORT_ERRORS,
-    HttpClient,
-    SSEDecoder,
-    dumps,
-    exchange,
-    loads,
-    request_headers,
-    send_new_text,
-)
+from turnkeeper.providers.http import HttpClient, dumps, exchange, request_headers
 
 API_VERSION = "2023-06-01"
-
-_STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
-         "max_tokens": "length", "refusal": "content_filter"}
-
-
-def finish_reason(raw: object, has_tool_calls: bool) -> str:
-    """end_turn -> stop, tool_use -> tool_calls, max_tokens -> length; others pass."""
-    if not raw:
-        return "tool_calls" if has_tool_calls else "stop"
-    return _STOP.get(str(raw), str(raw))
-
 
 def tool_input(arguments: str) -> dict[str, Any]:
     """The JSON object a tool call's arguments stand for; `{}` when they are not one (the
@@ -123,6 +104,8 @@ def _assistant_blocks(m: Message) -> list[dict[str, Any]]:
     for c in m.tool_calls:
         blocks.append({"type": "tool_use", "id": c.id, "name": c.name,
                        "input": tool_input(c.arguments)})
+    if blocks and m.opaque:  # thinking first, as it came (alone it makes no message)
+        blocks[:0] = [dict(b) for b in m.opaque if b.get("type") in OPAQUE_BLOCKS]
     return blocks
 
 
@@ -204,16 +187,6 @@ def mark_cache(messages: list[dict[str, Any]]) -> None:
         content[-1] = {**content[-1], "cache_control": EPHEMERAL}
 
 
-def usage_of(u: dict[str, Any], output_tokens: int | None = None) -> Usage:
-    """Anthropic reports uncached input, cache writes and cache reads apart; all three are
-    input (what the token budget is charged), the last two priced apart."""
-    write = int(u.get("cache_creation_input_tokens") or 0)
-    read = int(u.get("cache_read_input_tokens") or 0)
-    out = int(u.get("output_tokens") or 0) if output_tokens is None else output_tokens
-    return Usage(int(u.get("input_tokens") or 0) + write + read, out,
-                 cache_read_tokens=read, cache_write_tokens=write)
-
-
 class AnthropicProvider:
     """Anthropic Messages over one shared aiohttp session."""
 
@@ -225,6 +198,7 @@ class AnthropicProvider:
         self._stream = cfg.stream
         self._cache = cfg.cache == "auto"
         self._options = dict(cfg.options)
+        self._thinking_budget = cfg.thinking_budget_tokens
         secrets = secrets if secrets is not None else cfg.secrets()
         key = secrets.api_key
         headers = {"content-type": "application/json", "accept": "application/json",
@@ -268,6 +242,14 @@ class AnthropicProvider:
             body["tools"] = self._tools_json
         if self._options:
             body.update(self._options)
+        if self._thinking_budget is not None:
+            # The cap may have been cut to what is left of the turn's token budget: the
+            # thinking budget goes under it (the model call stops before a cap that
+            # cannot hold the smallest one).
+            budget = thinking_budget(output_cap=request.max_output_tokens,
+                                     budget_tokens=self._thinking_budget)
+            if budget is not None and budget != self._thinking_budget:
+                body["thinking"] = {**self._options["thinking"], "budget_tokens": budget}
         return dumps(body)
 
     async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
@@ -282,101 +264,8 @@ class AnthropicProvider:
     # -- replies -------------------------------------------------------------------------
 
     def _parse(self, obj: dict[str, Any]) -> ModelReply:
-        if obj.get("type") == "error":
-            raise ProviderError(self._client.stream_error_event(obj))
-        text: list[str] = []
-        calls: list[ToolCall] = []
-        for block in obj["content"]:
-            kind = block.get("type")
-            if kind == "text":
-                text.append(block.get("text") or "")
-            elif kind == "tool_use":
-                calls.append(ToolCall(
-                    id=str(block["id"]), name=str(block["name"]),
-                    arguments=json.dumps(block.get("input") or {}, separators=(",", ":"),
-                                         ensure_ascii=False)))
-        u = obj.get("usage") or {}
-        return ModelReply(
-            text="".join(text) if text else None, tool_calls=tuple(calls),
-            usage=usage_of(u),
-            finish_reason=finish_reason(obj.get("stop_reason"), bool(calls)),
-            model=str(obj.get("model") or self._model))
+        return parse_message(self._client, obj, self._model)
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, on_delta: DeltaSink | None
                            ) -> ModelReply:
-        client = self._client
-        read = resp.content.readany
-        decoder = SSEDecoder()
-        text: list[str] = []
-        blocks: dict[int, list[Any]] = {}  # tool_use index -> [id, name, [json fragments]]
-        stop: str | None = None
-        input_usage: dict[str, Any] = {}
-        output_tokens = 0
-        model = ""
-        sent = 0  # pieces of `text` handed to `on_delta`
-        eof = False
-        while not eof:
-            try:
-                chunk = await read()
-            except TRANSPORT_ERRORS as exc:
-                raise ProviderError(client.stream_read_failure(exc)) from exc
-            if chunk:
-                events = decoder.feed(chunk)
-            else:
-                events, eof = decoder.flush(), True
-            for data in events:
-                obj = loads(data)
-                if not isinstance(obj, dict):
-                    raise ProviderError(client.stream_failure(
-                        CORRUPT, "stream event is not a JSON object"))
-                kind = obj.get("type")
-                if kind == "content_block_delta":
-                    delta = obj.get("delta") or {}
-                    dtype = delta.get("type")
-                    if dtype == "text_delta":
-                        piece = delta.get("text")
-                        if piece:
-                            text.append(piece)
-                    elif dtype == "input_json_delta":
-                        slot = blocks.get(obj.get("index", -1))
-                        if slot is not None and delta.get("partial_json"):
-                            slot[2].append(delta["partial_json"])
-                elif kind == "content_block_start":
-                    block = obj.get("content_block") or {}
-                    btype = block.get("type")
-                    if btype == "tool_use":
-                        blocks[obj.get("index", len(blocks))] = [
-                            str(block.get("id") or ""), str(block.get("name") or ""), []]
-                    elif btype == "text" and block.get("text"):
-                        text.append(block["text"])
-                elif kind == "message_delta":
-                    d = obj.get("delta") or {}
-                    if d.get("stop_reason"):
-                        stop = d["stop_reason"]
-                    u = obj.get("usage") or {}
-                    if u.get("output_tokens") is not None:
-                        output_tokens = int(u["output_tokens"])
-                    if u.get("input_tokens"):  # newer servers repeat the input counts
-                        input_usage = u
-                elif kind == "message_start":
-                    message = obj.get("message") or {}
-                    u = message.get("usage") or {}
-                    input_usage = u
-                    output_tokens = int(u.get("output_tokens") or 0)
-                    model = str(message.get("model") or "")
-                elif kind == "message_stop":
-                    calls = tuple(
-                        ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
-                        for _, slot in sorted(blocks.items()))
-                    await send_new_text(text, sent, on_delta)
-                    return ModelReply(
-                        text="".join(text) if text else None, tool_calls=calls,
-                        usage=usage_of(input_usage, output_tokens),
-                        finish_reason=finish_reason(stop, bool(calls)),
-                        model=model or self._model)
-                elif kind == "error":
-                    raise ProviderError(client.stream_error_event(obj))
-                # ping, content_block_stop and event types added later: nothing to do.
-            sent = await send_new_text(text, sent, on_delta)
-        raise ProviderError(client.stream_failure(
-            INCOMPLETE, "stream ended without message_stop"))
+        return await read_stream(self._client, resp, on_delta, self._model)

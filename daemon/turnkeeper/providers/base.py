@@ -101,11 +101,20 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class ModelReply:
+    """One reply. `finish_reason` is "stop", "tool_calls", "length" (the output cap cut
+    it), "refusal" or "content_filter" (the model or its provider declined), or the
+    provider's own word. `refusal` is the model's refusal text where the wire carries
+    one apart from the content (OpenAI's `refusal`, Anthropic's stop explanation);
+    `opaque` the provider-opaque blocks the reply must be sent back with (see
+    `Message.opaque`)."""
+
     text: str | None
     tool_calls: tuple[ToolCall, ...]
     usage: Usage
     finish_reason: str
     model: str = ""
+    refusal: str | None = None
+    opaque: tuple[Mapping[str, Any], ...] = ()
 
 
 class ProviderError(TurnkeeperError):

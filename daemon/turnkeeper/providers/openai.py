@@ -51,7 +51,9 @@ _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_ca
 
 
 def finish_reason(raw: object, has_tool_calls: bool) -> str:
-    """stop / tool_calls / length; other values (content_filter...) pass through."""
+    """stop / tool_calls / length; other values (content_filter...) pass through. A
+    refusal has no finish reason of its own here: it comes as the message's `refusal`
+    text (content null) with "stop"."""
     if not raw:
         return "tool_calls" if has_tool_calls else "stop"
     return _FINISH.get(str(raw), str(raw))
@@ -206,7 +208,8 @@ class OpenAIProvider:
             text=msg.get("content"), tool_calls=calls,
             usage=usage_of(u),
             finish_reason=finish_reason(choice.get("finish_reason"), bool(calls)),
-            model=str(obj.get("model") or self._model))
+            model=str(obj.get("model") or self._model),
+            refusal=str(msg.get("refusal") or "") or None)
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, on_delta: DeltaSink | None
                            ) -> ModelReply:
@@ -214,6 +217,7 @@ class OpenAIProvider:
         read = resp.content.readany
         decoder = SSEDecoder()
         text: list[str] = []
+        refusal: list[str] = []
         calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
         finish: str | None = None
         usage: dict[str, Any] | None = None
@@ -235,7 +239,7 @@ class OpenAIProvider:
                         raise ProviderError(client.stream_failure(
                             INCOMPLETE, "[DONE] without a finish reason"))
                     await send_new_text(text, sent, on_delta)
-                    return self._stream_reply(text, calls, finish, usage, model)
+                    return self._stream_reply(text, calls, finish, usage, model, refusal)
                 obj = loads(data)
                 if not isinstance(obj, dict):
                     raise ProviderError(client.stream_failure(
@@ -250,6 +254,8 @@ class OpenAIProvider:
                         piece = delta.get("content")
                         if piece:
                             text.append(piece)
+                        if delta.get("refusal"):
+                            refusal.append(delta["refusal"])
                         tcs = delta.get("tool_calls")
                         if tcs:
                             for tc in tcs:
@@ -278,7 +284,8 @@ class OpenAIProvider:
             "stream ended without a finish reason"))
 
     def _stream_reply(self, text: list[str], calls: dict[int, list[Any]], finish: str,
-                      usage: dict[str, Any] | None, model: str) -> ModelReply:
+                      usage: dict[str, Any] | None, model: str, refusal: list[str]
+                      ) -> ModelReply:
         tool_calls = tuple(
             ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
             for _, slot in sorted(calls.items()))
@@ -287,4 +294,4 @@ class OpenAIProvider:
             text="".join(text) if text else None, tool_calls=tool_calls,
             usage=usage_of(u),
             finish_reason=finish_reason(finish, bool(tool_calls)),
-            model=model or self._model)
+            model=model or self._model, refusal="".join(refusal) or None)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from turnkeeper.messages import Message, ToolCall, message_text
+from turnkeeper.policy.replies import CONTINUE_NOTE
 from turnkeeper.store.base import MessageRows
 
 NOTE_PREFIX = "[turnkeeper note] "
@@ -107,8 +108,31 @@ class Conversation:
             return
         self._append(Message(role="user", content=NOTE_PREFIX + text))
 
-    def add_assistant(self, text: str | None, tool_calls: tuple[ToolCall, ...]) -> None:
-        self._append(Message(role="assistant", content=text, tool_calls=tool_calls))
+    def add_assistant(self, text: str | None, tool_calls: tuple[ToolCall, ...],
+                      opaque: tuple[Mapping[str, Any], ...] = ()) -> None:
+        self._append(Message(role="assistant", content=text, tool_calls=tool_calls,
+                             opaque=opaque))
+
+    def continued_parts(self, end: int | None = None) -> list[str]:
+        """The cut answers the next reply continues, oldest first (of the messages before
+        `end`, all by default): each an assistant answer followed by the daemon's note
+        asking to continue, and nothing but the daemon's notes. Empty when the daemon has
+        not asked to continue since the last answer (a steer starts a new answer)."""
+        msgs, parts = self.messages, []
+        end = len(msgs) if end is None else end
+        while True:
+            j, asked = end - 1, False
+            while j > self.turn_start and msgs[j].role == "user" \
+                    and (msgs[j].content or "").startswith(NOTE_PREFIX):
+                asked = asked or msgs[j].content == NOTE_PREFIX + CONTINUE_NOTE
+                j -= 1
+            if not asked or j <= self.turn_start or msgs[j].role != "assistant" \
+                    or msgs[j].tool_calls:
+                break
+            parts.append(msgs[j].content or "")
+            end = j
+        parts.reverse()
+        return parts
 
     def add_tool_result(self, call: ToolCall, content: str) -> None:
         self._append(Message(role="tool", content=content, tool_call_id=call.id,

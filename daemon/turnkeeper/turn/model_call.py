@@ -22,6 +22,7 @@ from turnkeeper.policy.budget import cost_usd
 from turnkeeper.policy.chain import Attempt, FailOver, Recover, RetryIn
 from turnkeeper.policy.classify import CallFailure, FailureClass, classify
 from turnkeeper.policy.outcome import Stop, StopCode
+from turnkeeper.policy.replies import thinking_stop
 from turnkeeper.policy.restarts import context_exhausted
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import MessageCache, ModelReply, ModelRequest, ProviderError
@@ -102,6 +103,10 @@ class ModelCall:
         self._streamed_from: str | None = None
         # The turn's messages as the adapter encoded them for the last request.
         self._encoded = MessageCache()
+        # The provider and the output cap of the last request: whose reply it is, and
+        # the limit of a cut one.
+        self.sent_to = ""
+        self.sent_output_cap = 0
 
     def _breaker(self, provider: str) -> CircuitBreaker:
         return self.ctx.shared.breakers[f"provider:{provider}"]
@@ -223,6 +228,15 @@ class ModelCall:
         ctx.sync_counters()
         provider = ctx.runtime.providers[name]
         request = self._request()
+        self.sent_to, self.sent_output_cap = name, request.max_output_tokens
+        thinking = ctx.settings.providers[name].thinking_budget_tokens
+        if thinking is not None:
+            stop = thinking_stop(output_cap=request.max_output_tokens, budget_tokens=thinking,
+                                 tokens_spent=ctx.usage().tokens,
+                                 max_tokens=ctx.guard.limits.max_tokens)
+            if stop is not None:  # no request: the cap left cannot hold the thinking
+                ctx.chain.abandon()
+                return stop
         budget = ctx.shared.retry_budgets[name]
         self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
                                       step=request.step, messages=len(request.messages)))

@@ -17,6 +17,7 @@ import random
 import traceback
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -27,7 +28,9 @@ from turnkeeper.events import EventBus
 from turnkeeper.policy.budget import BudgetUsage
 from turnkeeper.policy.chain import Phase
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.replies import Continue, CutCall, Refused, Truncated, judge_reply
 from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.providers.base import ModelReply, ToolCall
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store, StoreUnavailable
 from turnkeeper.store.fleet import StaleLease
@@ -202,26 +205,69 @@ class TurnRunner:
             if reply is None:  # context overflow rebuilt: run the step again
                 ctx.record.counters.steps -= 1
                 continue
-            ctx.conv.add_assistant(reply.text, reply.tool_calls)
-            if not reply.tool_calls:
-                # Nothing is awaited from here to the result: a steer that arrived during
-                # the call is read now, or never slips in (the supervisor refuses messages
-                # once the result is set).
-                if ctx.has_unread_steer():
-                    ctx.partial.append(f"step {step}: answered, then read a steer message")
-                    continue
-                ctx.partial.append(f"step {step}: answered")
-                # The answer's checkpoint is written with the result, in one transaction.
-                ctx.checkpoint_with_result()
-                return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"),
-                                  answer=reply.text or "")
+            judged = self._judged(reply, step)
+            if isinstance(judged, TurnResult):
+                return judged
+            if not judged:  # asked to continue a cut answer, or to read a steer
+                continue
             # Checkpoint the model's reply before any tool runs, so a crash here resumes
             # with the same calls and the same idempotency keys.
             await ctx.checkpoint()
-            outcome = await self.tools.run(reply.tool_calls, resuming=False)
+            outcome = await self.tools.run(judged, resuming=False)
             if outcome is not None:
                 return outcome
             tools_ran = True
+
+    def _judged(self, reply: ModelReply, step: int) -> TurnResult | tuple[ToolCall, ...]:
+        """The reply joins the conversation as `policy.replies` judges it: the result of
+        a turn it ends (an answer, a refusal, a cut answer past its continuations), the
+        tool calls to run (a cut reply's last one marked so it is not run), or () for
+        another step (a cut answer to continue, a steer to read first)."""
+        ctx = self.ctx
+        continued = ctx.conv.continued_parts()
+        verdict = judge_reply(
+            finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls),
+            text=reply.text, refusal=reply.refusal, provider=self.model.sent_to,
+            output_tokens=reply.usage.output_tokens, output_cap=self.model.sent_output_cap,
+            continuations=len(continued), max_continuations=ctx.settings.max_continuations)
+        calls = reply.tool_calls
+        if isinstance(verdict, Refused):
+            if not ctx.has_unread_steer():  # not kept: a replay asks the step again
+                ctx.partial.append(f"step {step}: {verdict.stop.message}")
+                ctx.open_issues.append(f"stopped early: {verdict.stop.message}")
+                return ctx.finish(verdict.stop, answer=verdict.text)
+            calls = ()  # a declined reply's calls are never run
+        elif isinstance(verdict, CutCall):
+            cut = calls[verdict.index]
+            calls = (*calls[:verdict.index], replace(cut, cut_at=verdict.output_cap))
+        ctx.conv.add_assistant(verdict.text if isinstance(verdict, Refused) else reply.text,
+                               calls, reply.opaque)
+        if calls:
+            return calls
+        # Nothing is awaited from here to the result: a steer that arrived during the
+        # call is read now, or never slips in (the supervisor refuses messages once the
+        # result is set).
+        if ctx.has_unread_steer():
+            ctx.partial.append(f"step {step}: answered, then read a steer message")
+            return ()
+        if isinstance(verdict, Continue):
+            ctx.conv.add_note(verdict.note)
+            ctx.partial.append(f"step {step}: answer cut by the output cap "
+                               f"({self.model.sent_output_cap} tokens); asked to continue "
+                               f"({verdict.number} of {verdict.of})")
+            ctx.log.info("turn.answer_continued", number=verdict.number, of=verdict.of,
+                         output_cap=self.model.sent_output_cap, **ctx.counter_values())
+            return ()
+        answer = "".join(continued) + (reply.text or "")
+        if isinstance(verdict, Truncated):
+            ctx.partial.append(f"step {step}: answer cut by the output cap "
+                               f"({self.model.sent_output_cap} tokens)")
+            ctx.open_issues.append(f"stopped early: {verdict.stop.message}")
+            return ctx.finish(verdict.stop, answer=answer)
+        ctx.partial.append(f"step {step}: answered")
+        # The answer's checkpoint is written with the result, in one transaction.
+        ctx.checkpoint_with_result()
+        return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"), answer=answer)
 
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
@@ -252,6 +298,7 @@ class TurnRunner:
         msgs = ctx.conv.messages
         if (len(msgs) > ctx.conv.turn_start + 1 and msgs[-1].role == "assistant"
                 and not msgs[-1].tool_calls and not ctx.has_unread_steer()):
+            answer = "".join(ctx.conv.continued_parts(end=len(msgs) - 1))
             return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"),
-                              answer=msgs[-1].content or "")
+                              answer=answer + (msgs[-1].content or ""))
         return None

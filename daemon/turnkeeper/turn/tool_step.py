@@ -21,6 +21,7 @@ from turnkeeper.policy.classify import CallFailure, classify
 from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.replies import cut_call_message
 from turnkeeper.policy.tool_retry import attempts_for
 from turnkeeper.providers.base import ToolCall
 from turnkeeper.tools.registry import ToolOutcome
@@ -52,7 +53,9 @@ class ToolStep:
         position = self._call_positions()
         for n, call in enumerate(calls):
             index = position.get(call.id, n)
-            if call.name in BUILTIN_TOOL_NAMES:
+            # A call the output cap cut is refused like malformed arguments, a built-in
+            # too (a cut report_blocked would end the turn with half its reason).
+            if call.name in BUILTIN_TOOL_NAMES and call.cut_at is None:
                 all_polling = False
                 ended = await self._builtin(call)
                 if isinstance(ended, Stop):  # the failure loop stopped a malformed call
@@ -136,6 +139,9 @@ class ToolStep:
         observation (content, state), content None for a failure (the failure loop
         governs those, not the progress and state rules), or a Stop."""
         ctx = self.ctx
+        if call.cut_at is not None:
+            return self._tool_failed(call, None, CallFailure(
+                exception=("MalformedArguments",), message=cut_call_message(call.cut_at)))
         place = key
         toolbox = ctx.runtime.toolbox
         tool = toolbox.get(call.name)

@@ -1,0 +1,191 @@
+"""Anthropic replies read: a message sent whole (JSON), or its event stream.
+
+The finish reasons are mapped to the ones every adapter reports (`policy/replies.py`
+judges them); a refusal's explanation is kept apart from the text; thinking and
+redacted-thinking blocks are kept as they came, with their signatures (a stream's built
+from its deltas), to go back with the tool calls they led to.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError, ToolCall, Usage
+from turnkeeper.providers.http import (
+    CORRUPT,
+    INCOMPLETE,
+    TRANSPORT_ERRORS,
+    HttpClient,
+    SSEDecoder,
+    loads,
+    send_new_text,
+)
+
+_STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
+         "max_tokens": "length", "refusal": "refusal"}
+
+# Content blocks that are not ours to read: thinking (with its signature) and redacted
+# thinking. They go back unchanged, first in the assistant message, with the tool calls
+# they led to (Anthropic rejects a tool-use continuation without them).
+OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+def finish_reason(raw: object, has_tool_calls: bool) -> str:
+    """end_turn -> stop, tool_use -> tool_calls, max_tokens -> length, refusal ->
+    refusal; others pass."""
+    if not raw:
+        return "tool_calls" if has_tool_calls else "stop"
+    return _STOP.get(str(raw), str(raw))
+
+
+def refusal_text(stop_reason: object, details: object) -> str | None:
+    """The explanation a refusal's `stop_details` carries, if any."""
+    if stop_reason != "refusal" or not isinstance(details, dict):
+        return None
+    return str(details.get("explanation") or "") or None
+
+
+def usage_of(u: dict[str, Any], output_tokens: int | None = None) -> Usage:
+    """Anthropic reports uncached input, cache writes and cache reads apart; all three are
+    input (what the token budget is charged), the last two priced apart."""
+    write = int(u.get("cache_creation_input_tokens") or 0)
+    read = int(u.get("cache_read_input_tokens") or 0)
+    out = int(u.get("output_tokens") or 0) if output_tokens is None else output_tokens
+    return Usage(int(u.get("input_tokens") or 0) + write + read, out,
+                 cache_read_tokens=read, cache_write_tokens=write)
+
+
+def _streamed_block(start: dict[str, Any], pieces: list[str], signature: list[str]
+                    ) -> dict[str, Any]:
+    """A thinking block as its stream built it: the block it started as, its thinking
+    and its signature joined from their deltas (a redacted block came whole)."""
+    if start.get("type") != "thinking":
+        return start
+    return {**start, "thinking": (start.get("thinking") or "") + "".join(pieces),
+            "signature": (start.get("signature") or "") + "".join(signature)}
+
+
+def parse_message(client: HttpClient, obj: dict[str, Any], default_model: str) -> ModelReply:
+    """A reply sent whole (JSON)."""
+    if obj.get("type") == "error":
+        raise ProviderError(client.stream_error_event(obj))
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    opaque: list[dict[str, Any]] = []
+    for block in obj["content"]:
+        kind = block.get("type")
+        if kind == "text":
+            text.append(block.get("text") or "")
+        elif kind in OPAQUE_BLOCKS:
+            opaque.append(block)
+        elif kind == "tool_use":
+            calls.append(ToolCall(
+                id=str(block["id"]), name=str(block["name"]),
+                arguments=json.dumps(block.get("input") or {}, separators=(",", ":"),
+                                     ensure_ascii=False)))
+    u = obj.get("usage") or {}
+    return ModelReply(
+        text="".join(text) if text else None, tool_calls=tuple(calls),
+        usage=usage_of(u),
+        finish_reason=finish_reason(obj.get("stop_reason"), bool(calls)),
+        model=str(obj.get("model") or default_model),
+        refusal=refusal_text(obj.get("stop_reason"), obj.get("stop_details")),
+        opaque=tuple(opaque))
+
+
+async def read_stream(client: HttpClient, resp: aiohttp.ClientResponse,
+                      on_delta: DeltaSink | None, default_model: str) -> ModelReply:
+    """A streamed reply: whole only when `message_stop` arrived."""
+    read = resp.content.readany
+    decoder = SSEDecoder()
+    text: list[str] = []
+    blocks: dict[int, list[Any]] = {}  # tool_use index -> [id, name, [json fragments]]
+    # thinking index -> [the block as it started, [thinking pieces], [signature]]
+    thinking: dict[int, list[Any]] = {}
+    stop: str | None = None
+    refusal: str | None = None
+    input_usage: dict[str, Any] = {}
+    output_tokens = 0
+    model = ""
+    sent = 0  # pieces of `text` handed to `on_delta`
+    eof = False
+    while not eof:
+        try:
+            chunk = await read()
+        except TRANSPORT_ERRORS as exc:
+            raise ProviderError(client.stream_read_failure(exc)) from exc
+        if chunk:
+            events = decoder.feed(chunk)
+        else:
+            events, eof = decoder.flush(), True
+        for data in events:
+            obj = loads(data)
+            if not isinstance(obj, dict):
+                raise ProviderError(client.stream_failure(
+                    CORRUPT, "stream event is not a JSON object"))
+            kind = obj.get("type")
+            if kind == "content_block_delta":
+                delta = obj.get("delta") or {}
+                dtype = delta.get("type")
+                if dtype == "text_delta":
+                    piece = delta.get("text")
+                    if piece:
+                        text.append(piece)
+                elif dtype == "input_json_delta":
+                    slot = blocks.get(obj.get("index", -1))
+                    if slot is not None and delta.get("partial_json"):
+                        slot[2].append(delta["partial_json"])
+                elif dtype in ("thinking_delta", "signature_delta"):
+                    th = thinking.get(obj.get("index", -1))
+                    if th is not None:
+                        if dtype == "thinking_delta":
+                            th[1].append(delta.get("thinking") or "")
+                        else:
+                            th[2].append(delta.get("signature") or "")
+            elif kind == "content_block_start":
+                block = obj.get("content_block") or {}
+                btype = block.get("type")
+                if btype == "tool_use":
+                    blocks[obj.get("index", len(blocks))] = [
+                        str(block.get("id") or ""), str(block.get("name") or ""), []]
+                elif btype == "text" and block.get("text"):
+                    text.append(block["text"])
+                elif btype in OPAQUE_BLOCKS:
+                    thinking[obj.get("index", len(thinking))] = [dict(block), [], []]
+            elif kind == "message_delta":
+                d = obj.get("delta") or {}
+                if d.get("stop_reason"):
+                    stop = d["stop_reason"]
+                    refusal = refusal_text(stop, d.get("stop_details"))
+                u = obj.get("usage") or {}
+                if u.get("output_tokens") is not None:
+                    output_tokens = int(u["output_tokens"])
+                if u.get("input_tokens"):  # newer servers repeat the input counts
+                    input_usage = u
+            elif kind == "message_start":
+                message = obj.get("message") or {}
+                u = message.get("usage") or {}
+                input_usage = u
+                output_tokens = int(u.get("output_tokens") or 0)
+                model = str(message.get("model") or "")
+            elif kind == "message_stop":
+                calls = tuple(
+                    ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
+                    for _, slot in sorted(blocks.items()))
+                await send_new_text(text, sent, on_delta)
+                return ModelReply(
+                    text="".join(text) if text else None, tool_calls=calls,
+                    usage=usage_of(input_usage, output_tokens),
+                    finish_reason=finish_reason(stop, bool(calls)),
+                    model=model or default_model, refusal=refusal,
+                    opaque=tuple(_streamed_block(*slot) for _, slot
+                                 in sorted(thinking.items())))
+            elif kind == "error":
+                raise ProviderError(client.stream_error_event(obj))
+            # ping, content_block_stop and event types added later: nothing to do.
+        sent = await send_new_text(text, sent, on_delta)
+    raise ProviderError(client.stream_failure(
+        INCOMPLETE, "stream ended without message_stop"))
