@@ -98,6 +98,7 @@ def stored_turns(db: Path) -> dict[str, tuple[str, bool]]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_a_full_disk_degrades_refuses_submits_with_507_and_recovers_by_itself(
         small_disk: Path, tmp_path: Path, daemons: list[Daemon]) -> None:
     d = daemon_on(small_disk, tmp_path, daemons)
@@ -154,6 +155,7 @@ def test_a_submit_in_flight_when_the_disk_fills_is_answered_once_it_is_kept(
     assert d.wait(data["turn"]["id"])["state"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_disk_full_past_fatal_after_stops_the_daemon_with_74(
         small_disk: Path, tmp_path: Path, daemons: list[Daemon]) -> None:
     d = daemon_on(small_disk, tmp_path, daemons, "[store]\nfatal_after = 2.0\n")
