@@ -215,3 +215,24 @@ def test_the_readme_s_real_provider_serves_a_turn(reader: Reader) -> None:
     finally:
         reader.stop()
         server.close()
+
+
+def _collect(argv: list[str]) -> set[str]:
+    out = subprocess.run([*argv, "--collect-only", "-p", "no:cacheprovider"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return {line for line in out.stdout.splitlines() if "::" in line}
+
+
+def test_the_readme_s_fast_test_command_selects_the_unit_tests_without_postgres() -> None:
+    """The command beside the test command, collected (not run: that is the suite's job):
+    it must name unit tests, and none of those the `postgres` marker selects."""
+    text = README.read_text()
+    commands = re.findall(r"`(\.venv/bin/python -m pytest [^`]+)`", text)
+    assert commands == ['.venv/bin/python -m pytest -q -m "not postgres" tests/unit']
+    argv = shlex.split(commands[0].replace(".venv/bin/python", shlex.quote(sys.executable)))
+    fast = _collect(argv)
+    postgres = _collect([sys.executable, "-m", "pytest", "-q", "-m", "postgres",
+                         "tests/unit"])
+    assert fast and postgres and not fast & postgres
+    assert all(test.startswith("tests/unit/") for test in fast)
