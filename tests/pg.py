@@ -25,6 +25,18 @@ from turnkeeper.store.postgres import PostgresStore
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
+# The tests marked `postgres` (tests/conftest.py sets it at collection): `-m "not
+# postgres"` must leave out every test that needs the server, so one that reaches it
+# unmarked fails, naming the mark.
+MARKED_POSTGRES: frozenset[str] = frozenset()
+
+
+def _check_marked() -> None:
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    if current and current not in MARKED_POSTGRES:
+        pytest.fail(f"{current} uses the PostgreSQL server but is not marked postgres: "
+                    "add @pytest.mark.postgres (tests/conftest.py marks those it sees)")
+
 
 def server_url() -> str:
     url = os.environ.get("TURNKEEPER_TEST_PG", "") or DEFAULT_SERVER
@@ -40,6 +52,8 @@ def with_database(url: str, name: str) -> str:
 
 async def _admin(url: str) -> Any:
     import asyncpg
+
+    _check_marked()
 
     try:
         return await asyncpg.connect(url, timeout=10)

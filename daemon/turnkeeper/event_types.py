@@ -1,4 +1,4 @@
-"""The catalogue of events: one frozen dataclass per event type the daemon publishes.
+"""The catalogue of events: one slotted dataclass per event type the daemon publishes.
 
 An event on the wire (the NDJSON streams, the store) is a flat JSON object: the envelope
 (`seq`, `ts`, `turn`, `type`) and the fields of its type. Each class here names its wire
@@ -11,9 +11,10 @@ not know or a body it cannot read, so the caller shows it generically instead of
 crashing. Two wire names are Python keywords (`class`, `from`): their attributes are
 `class_` and `from_`, and the JSON keeps the wire names.
 
-An event is a value: nothing changes it once built. The classes are not frozen
-dataclasses only because a frozen one's `__init__` sets each field through
-`object.__setattr__`, twice the cost of building a plain one, and a step builds five.
+An event is treated as a value: nothing in the daemon changes one once built, by
+convention, not enforcement. The classes are not frozen dataclasses because a frozen
+one's `__init__` sets each field through `object.__setattr__`, twice the cost of building
+a plain one, and a step builds five.
 
 Imported by the CLI, so it imports only the standard library (no anyio, pydantic...).
 """

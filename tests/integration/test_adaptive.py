@@ -71,6 +71,7 @@ def _primary(llmock: Any, max_in_flight: int) -> dict[str, Any]:
             "stream": False, "timeout": 10.0, "max_in_flight": max_in_flight}
 
 
+@pytest.mark.slow
 def test_under_a_429_storm_the_primary_limit_drops_and_recovers(
         start: Any, storm: tuple[Any, Any]) -> None:
     llmock, server = storm
@@ -117,6 +118,7 @@ def quota() -> Iterator[FaultServer]:
     server.stop()
 
 
+@pytest.mark.slow
 def test_against_a_concurrency_quota_adaptation_sees_fewer_429s(
         start: Any, quota: FaultServer) -> None:
     quota.script("primary", then=ok("done", delay=0.1)).capacity("primary", 8,
@@ -141,6 +143,7 @@ def test_against_a_concurrency_quota_adaptation_sees_fewer_429s(
     assert seen[True] < seen[False]
 
 
+@pytest.mark.slow
 def test_max_in_flight_alone_caps_the_calls_at_the_provider(
         start: Any, quota: FaultServer) -> None:
     quota.script("primary", then=ok("done", delay=0.2, tool_steps=1))

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.harness import Daemon, script_file, scripted_provider
 from turnkeeper.control.client import Client
 
@@ -180,6 +182,7 @@ def test_steer_and_answer_say_what_they_did(start: Any, tmp_path: Path) -> None:
     assert out.returncode == 1 and "asked no question" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_pause_holds_queued_turns_and_resume_starts_them(start: Any, tmp_path: Path) -> None:
     d = start(slow_config(tmp_path))
     running = d.submit("first")

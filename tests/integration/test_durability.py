@@ -180,6 +180,7 @@ class Submitter(threading.Thread):
                 time.sleep(0.03)
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_loses_nothing_and_repeats_no_side_effect(
         tmp_path: Path, daemons: list[Daemon]) -> None:
     seed = int(os.environ.get("TK_CRASH_SEED", random.randrange(1 << 30)))

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `server`
     fleet_db,
     fleet_server,
@@ -82,6 +84,7 @@ def effect_keys(server: ToolServer) -> collections.Counter[str]:
     return collections.Counter(str(c.idempotency_key) for c in server.calls("/effect"))
 
 
+@pytest.mark.slow
 def test_300_turns_of_5_steps_on_3_nodes_each_complete_exactly_once(
         tmp_path: Path, server: ToolServer, db: str) -> None:
     daemons = start_fleet(tmp_path, server, db)
@@ -106,6 +109,7 @@ def test_300_turns_of_5_steps_on_3_nodes_each_complete_exactly_once(
     assert all(t["state"] == "completed" for t in shown)
 
 
+@pytest.mark.slow
 def test_a_killed_node_loses_its_turns_to_the_others_after_its_lease(
         tmp_path: Path, server: ToolServer, db: str) -> None:
     server.respond("/effect", Reply(200, delay=0.2))  # each answer differs
@@ -184,6 +188,7 @@ def test_a_node_stopped_cleanly_hands_its_turns_back_at_once(
         assert lines and {r.get("node") for r in lines} == {f"n{i}"}
 
 
+@pytest.mark.slow
 def test_a_node_paused_past_its_lease_is_fenced_and_sends_nothing_for_lost_turns(
         tmp_path: Path, server: ToolServer, db: str) -> None:
     server.respond("/effect", Reply(200, delay=0.2))
@@ -267,6 +272,7 @@ def owner_of(db: str, turn_id: str, state: str) -> str:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_answer_steer_and_cancel_reach_a_turn_through_a_node_that_does_not_run_it(
         tmp_path: Path, server: ToolServer, db: str) -> None:
     daemons = start_fleet(tmp_path, server, db, script_text=MESSAGES_SCRIPT)
@@ -329,6 +335,7 @@ def test_answer_steer_and_cancel_reach_a_turn_through_a_node_that_does_not_run_i
             d.kill()
 
 
+@pytest.mark.slow
 def test_connections_killed_mid_run_on_every_node_cost_no_turn(
         tmp_path: Path, server: ToolServer, db: str) -> None:
     daemons = start_fleet(tmp_path, server, db)
@@ -406,6 +413,7 @@ def test_a_breaker_one_node_opens_is_open_on_every_node(
     assert shared == 1
 
 
+@pytest.mark.slow
 def test_the_event_stream_of_one_node_carries_every_nodes_events(
         tmp_path: Path, server: ToolServer, db: str) -> None:
     daemons = start_fleet(tmp_path, server, db)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `server`
     fleet_db,
     fleet_server,
@@ -41,6 +43,7 @@ def burst(daemon: Daemon, n: int, tag: str) -> list[int]:
     return [daemon.post("/v1/turns", {"message": f"work {tag}{i}"})[0] for i in range(n)]
 
 
+@pytest.mark.slow
 def test_max_queued_turns_bounds_the_fleets_queue_not_each_nodes(
         tmp_path: Path, server: ToolServer, db: str) -> None:
     server.hold("/effect")  # every claimed turn stays in its first tool call

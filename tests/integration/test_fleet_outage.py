@@ -49,6 +49,7 @@ def open_issues(db: str) -> list[str]:
             for issue in json.loads(r["record"])["result"]["open_issues"]]
 
 
+@pytest.mark.slow
 def test_an_outage_longer_than_the_lease_keeps_the_turns_and_their_calls_outcomes(
         tmp_path: Path, server: ToolServer, db: str, proxy: CuttableProxy) -> None:
     n = 4
@@ -88,6 +89,7 @@ def test_an_outage_longer_than_the_lease_keeps_the_turns_and_their_calls_outcome
     assert "fleet.lease_lost" not in log
 
 
+@pytest.mark.slow
 def test_turns_another_node_took_during_the_outage_are_given_up_without_a_call(
         tmp_path: Path, server: ToolServer, db: str, proxy: CuttableProxy) -> None:
     n = 4

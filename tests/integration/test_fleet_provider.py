@@ -100,6 +100,7 @@ def status_text(d: Daemon) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_a_dead_primary_costs_a_fleet_of_three_no_more_attempts_than_one_daemon(
         tmp_path: Path, faults: FaultServer, db: str) -> None:
     """The bound, from the config. One daemon whose breaker opens after THRESHOLD
@@ -170,6 +171,7 @@ def test_a_dead_primary_costs_a_fleet_of_three_no_more_attempts_than_one_daemon(
     assert "breakers     primary OPEN" in shown
 
 
+@pytest.mark.slow
 def test_three_nodes_meeting_a_dead_primary_at_once_share_one_failure_streak(
         tmp_path: Path, faults: FaultServer, db: str) -> None:
     """The three nodes meet the outage at the same instant, each with its slots full, so

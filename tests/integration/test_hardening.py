@@ -320,6 +320,7 @@ def test_an_idle_connection_is_closed(start: Any) -> None:
         assert s.recv(1) == b""  # closed by the daemon, well before our own timeout
 
 
+@pytest.mark.slow
 def test_a_client_that_trickles_its_body_is_disconnected(start: Any) -> None:
     d = start("[daemon]\nbody_read_timeout = 0.3\n")
     with _raw(d.socket, timeout=20) as s:
@@ -329,6 +330,7 @@ def test_a_client_that_trickles_its_body_is_disconnected(start: Any) -> None:
     assert _status_of(response) == 408
 
 
+@pytest.mark.slow
 def test_event_followers_are_capped_per_client(start: Any) -> None:
     d = start("[daemon]\nmax_followers_per_client = 1\n")
     with _raw(d.socket) as first:
@@ -343,6 +345,7 @@ def test_event_followers_are_capped_per_client(start: Any) -> None:
     assert d.get("/v1/turns/nope/events")[0] == 404  # the slot came back
 
 
+@pytest.mark.slow
 def test_a_descriptor_limit_of_256_holds_under_a_flood_while_turns_complete(
         start: Any) -> None:
     """400 idle connections and 300 followers against a daemon allowed 256 descriptors:

@@ -154,6 +154,7 @@ class Installer:
             time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_the_install_section_works_as_written_in_a_fresh_root(root: Path) -> None:
     installer = Installer(root)
     steps = install_block()

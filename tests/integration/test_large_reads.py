@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.harness import Daemon
 from turnkeeper.turn.record import TurnRecord
 
@@ -50,6 +52,7 @@ def fill(db: Path) -> None:
     conn.close()
 
 
+@pytest.mark.slow
 def test_a_report_over_50000_turns_and_a_page_of_10000_leave_the_loop_free(
         start: Any) -> None:
     d = start()

@@ -502,6 +502,7 @@ def test_turnkeeper_reload_waits_and_exits_nonzero_with_the_error(start: Any,
     assert status_of(d)["policy_version"] == 3
 
 
+@pytest.mark.slow
 def test_a_bad_config_file_never_replaces_the_policy(start: Any,
                                                      notify: NotifyListener) -> None:
     """Invalid, missing, half-written, empty (caught between truncation and write) or
@@ -857,6 +858,7 @@ reply = "done $message by $provider"
 """
 
 
+@pytest.mark.slow
 def test_reload_under_load_loses_nothing_and_mixes_no_policies(start: Any,
                                                               tmp_path: Path) -> None:
     """200 turns against a slow provider; 20 SIGHUPs and 5 file rewrites (two valid, two

@@ -309,6 +309,7 @@ reply = "sum: $last_tool_result"
 """
 
 
+@pytest.mark.slow
 def test_a_server_that_crashes_mid_call_fails_it_retryable_and_comes_back(
         start: Any, tmp_path: Path, workdir: Path) -> None:
     tools = stdio_server("calc", workdir, "restart_backoff = { base_delay = 0.5, "
@@ -414,6 +415,7 @@ reply = "busy: $last_tool_result"
 """
 
 
+@pytest.mark.slow
 def test_reload_restarts_only_changed_servers_after_their_turns_drain(
         start: Any, tmp_path: Path, workdir: Path) -> None:
     one, two = workdir / "one", workdir / "two"
@@ -478,6 +480,7 @@ def http_server(workdir: Path) -> Iterator[Callable[[int], tuple[subprocess.Pope
         proc.wait()
 
 
+@pytest.mark.slow
 def test_a_streamable_http_server_with_headers_from_the_environment(
         start: Any, tmp_path: Path, workdir: Path, http_server: Any) -> None:
     proc, port = http_server()

@@ -115,6 +115,7 @@ def test_an_overflow_with_nothing_to_compact_is_context_exhausted(
     assert turn["state"] == "partial"
 
 
+@pytest.mark.slow
 def test_a_reload_during_recovery_keeps_the_recovery_cycles(
         start: Any, faults: FaultServer) -> None:
     faults.script("primary", then=fail(503))

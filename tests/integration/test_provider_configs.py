@@ -1,5 +1,6 @@
 """Provider configs as people write them, run by the real daemon against a model server of
-our own on 127.0.0.1: the README's four examples, and a key rotated on reload."""
+our own on 127.0.0.1: the four examples of docs/providers.md (the README's is one of
+them), and a key rotated on reload."""
 
 from __future__ import annotations
 
@@ -116,22 +117,33 @@ def server() -> Iterator[ModelServer]:
     s.close()
 
 
-def readme_provider_examples() -> dict[str, str]:
-    """The TOML blocks of the README's Providers section, by provider name."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Providers\n", 1)[1].split("\n## ", 1)[0]
+def _toml_blocks(path: Path, heading: str) -> dict[str, str]:
+    """The TOML blocks of one section of a page, by provider name."""
+    text = path.read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```toml\n(.*?)```", section, re.S)
     return {re.search(r'name = "([^"]+)"', b).group(1): b for b in blocks}  # type: ignore[union-attr]
 
 
-def test_the_readme_shows_the_four_provider_examples() -> None:
-    assert list(readme_provider_examples()) == ["openai", "anthropic", "local", "azure"]
+def provider_examples() -> dict[str, str]:
+    """The TOML blocks of the Examples section of docs/providers.md, by provider name."""
+    return _toml_blocks(ROOT / "docs" / "providers.md", "Examples")
+
+
+def test_the_providers_page_shows_the_four_provider_examples() -> None:
+    assert list(provider_examples()) == ["openai", "anthropic", "local", "azure"]
+
+
+def test_the_readme_s_provider_is_the_providers_page_s_openai_example() -> None:
+    """The README's one example is run by the test below as the page's `openai` one."""
+    readme = _toml_blocks(ROOT / "README.md", "Connecting a real provider")
+    assert readme == {"openai": provider_examples()["openai"]}
 
 
 @pytest.mark.parametrize("name", ["openai", "anthropic", "local", "azure"])
-def test_each_readme_provider_example_runs_a_turn(tmp_path: Path, server: ModelServer,
+def test_each_provider_example_runs_a_turn(tmp_path: Path, server: ModelServer,
                                                   name: str) -> None:
-    block = readme_provider_examples()[name]
+    block = provider_examples()[name]
     block = (block.replace("http://127.0.0.1:11434", server.url)
              .replace("https://my-resource.openai.azure.com", server.url))
     env = {"OPENAI_API_KEY": "sk-openai-test", "OPENAI_BASE_URL": server.url + "/v1",

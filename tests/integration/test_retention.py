@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.harness import ECHO_TOOL, Daemon, script_file, scripted_provider
 
 SCRIPT = """
@@ -40,6 +42,7 @@ def rows(d: Daemon) -> tuple[int, int, int]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_under_steady_load_with_a_short_keep_the_store_stops_growing(
         start: Any, tmp_path: Path) -> None:
     d = start(config(tmp_path, '[store]\nkeep_finished = "2s"\n'))
@@ -61,6 +64,7 @@ def test_under_steady_load_with_a_short_keep_the_store_stops_growing(
     assert "store.pruned" in d.log_text()
 
 
+@pytest.mark.slow
 def test_prune_now_deletes_old_turns_and_dead_letters_only_when_asked(
         start: Any, tmp_path: Path) -> None:
     d = start(config(tmp_path))

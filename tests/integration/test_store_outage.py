@@ -98,6 +98,7 @@ def stored_turns(db: Path) -> dict[str, tuple[str, bool]]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_a_full_disk_degrades_refuses_submits_with_507_and_recovers_by_itself(
         small_disk: Path, tmp_path: Path, daemons: list[Daemon]) -> None:
     d = daemon_on(small_disk, tmp_path, daemons)
@@ -179,6 +180,7 @@ def test_a_submit_the_full_disk_cannot_keep_in_time_is_answered_507_and_never_ru
     assert set(held) == {before["id"], after["id"]}
 
 
+@pytest.mark.slow
 def test_a_disk_full_past_fatal_after_stops_the_daemon_with_74(
         small_disk: Path, tmp_path: Path, daemons: list[Daemon]) -> None:
     d = daemon_on(small_disk, tmp_path, daemons, "[store]\nfatal_after = 2.0\n")

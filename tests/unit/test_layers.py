@@ -4,7 +4,8 @@ to check them, so a broken module cannot hide a violation.
 
 The layer table below is the same order docs/architecture.md draws: a room may import
 only the rooms listed for it. A module that belongs to no room is a violation too, so a
-new module has to be placed in the table (and in the drawing) on purpose.
+new module has to be placed in the table on purpose, and given its line in the module map
+of docs/architecture.md, in the same room (a test reads the map).
 
 Imports under ``if TYPE_CHECKING:`` are skipped: they never run, so they add no runtime
 dependency (a type annotation may name a class of a room above).
@@ -344,4 +345,74 @@ def test_the_limit_checker_catches_a_planted_comparison() -> None:
         "turn/runner.py:2: x >= cfg.agent.max_restarts",
         "turn/runner.py:4: cfg.budget.max_steps < step",
         "turn/runner.py:11: len(q) > limit",
+    ]
+
+
+# --- every module is on the map -----------------------------------------------------------
+
+def map_rows(page: str) -> list[tuple[str, list[str]]]:
+    """(room, module paths) for each row of the module map of docs/architecture.md. A row
+    with no room is in the room above it. In a modules cell a path names its directory
+    once; the bare names after it are in that directory (`policy/backoff.py`,
+    `retry_budget.py` is `policy/retry_budget.py`) until another path names another."""
+    table = page[page.index("| room | modules | what lives there |"):]
+    rows = itertools.takewhile(lambda line: line.startswith("|"), table.splitlines()[2:])
+    out: list[tuple[str, list[str]]] = []
+    room = ""
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        room = cells[0] or room
+        folder, modules = "", []
+        for name in re.findall(r"`([^`]+\.py)`", cells[1]):
+            if "/" in name:
+                folder, _, name = name.rpartition("/")
+                folder += "/"
+            modules.append(folder + name)
+        out.append((room, modules))
+    return out
+
+
+def map_problems(page: str, modules: list[str]) -> list[str]:
+    """What is wrong with the map for `modules` (paths relative to the package): a
+    module missing, named twice, or in a room other than the layer table's."""
+    on_map: dict[str, str] = {}
+    problems = []
+    for room, paths in map_rows(page):
+        for path in paths:
+            if path in on_map:
+                problems.append(f"{path} is on the map twice")
+            on_map[path] = room
+    for path in modules:
+        dotted = path.removesuffix(".py").removesuffix("__init__").rstrip("/")
+        dotted = dotted.replace("/", ".")
+        if path not in on_map:
+            problems.append(f"{path} is missing from the module map of docs/architecture.md"
+                            f" (a line in the {room_of(dotted)} room)")
+        elif on_map[path] != room_of(dotted):
+            problems.append(f"{path} is on the map in {on_map[path]}, "
+                            f"but ROOM_OF puts it in {room_of(dotted)}")
+    problems += [f"{path} is on the map but not in the package"
+                 for path in sorted(set(on_map) - set(modules))]
+    return problems
+
+
+def test_every_module_is_on_the_module_map_in_its_room() -> None:
+    page = PACKAGE_DIR.parents[1] / "docs" / "architecture.md"
+    if not page.exists():  # an installed package without its docs
+        pytest.skip("docs/architecture.md is not beside the package")
+    modules = [str(path.relative_to(PACKAGE_DIR)) for _, path, _ in _modules()]
+    assert map_problems(page.read_text(encoding="utf-8"), modules) == []
+
+
+def test_the_map_checker_catches_a_missing_a_misplaced_and_a_stale_module() -> None:
+    page = ("| room | modules | what lives there |\n|---|---|---|\n"
+            "| policy | `policy/backoff.py`, `breaker.py` | rules |\n"
+            "| | `runtime.py` | a runtime misplaced |\n"
+            "| config | `config/__init__.py`, `gone.py` | models |\n")
+    assert map_problems(page, ["policy/backoff.py", "policy/breaker.py", "policy/chain.py",
+                               "runtime.py", "config/__init__.py"]) == [
+        "policy/chain.py is missing from the module map of docs/architecture.md"
+        " (a line in the policy room)",
+        "runtime.py is on the map in policy, but ROOM_OF puts it in runtime",
+        "config/gone.py is on the map but not in the package",
     ]

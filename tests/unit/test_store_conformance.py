@@ -390,6 +390,7 @@ async def test_prune_deletes_finished_turns_past_their_keep_with_all_they_hold(
     assert [r["id"] for r, _ in await store.unfinished_turns()] == ["t_live"]
 
 
+@pytest.mark.postgres  # every backend, PostgreSQL among them
 async def test_a_write_after_close_is_refused(tmp_path: Path) -> None:
     for make in BACKENDS.values():
         backend = make(tmp_path)

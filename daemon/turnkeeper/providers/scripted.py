@@ -1,5 +1,5 @@
 """The offline `scripted` provider: deterministic replies, tool calls, delays and injected
-failures read from a script file (TOML or JSON; format in the README). The embedded
+failures read from a script file (TOML or JSON; format in docs/providers.md). The embedded
 default config uses its built-in demo script.
 
 Which reply a call gets is a function of the request alone: the scenario is the first

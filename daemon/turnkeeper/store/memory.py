@@ -1,10 +1,13 @@
 """A store held in memory: the same semantics as the SQLite store, with nothing on disk.
 
-It is a real backend, not a mock: tests and the in-process benchmarks run the supervisor
-on it and expect what SQLite gives (the conformance suite runs the same tests against
-both). Every record, checkpoint and event goes through a JSON round trip on the way in
-and out, as it does through SQLite's text columns, so a caller that keeps mutating its
-dict after a write cannot change what was stored, and tuples come back as lists.
+It is a real backend, not a mock: the unit tests run the runner and the supervisor on it
+and expect what SQLite gives (the conformance suite runs the same tests against both).
+The benchmarks do not use it: they measure the SQLite store, or a stand-in that keeps
+nothing (bench/discard_store.py) where the store is to be left out.
+
+Every record, checkpoint and event goes through a JSON round trip on the way in and out,
+as it does through SQLite's text columns, so a caller that keeps mutating its dict after
+a write cannot change what was stored, and tuples come back as lists.
 
 Message rows are kept per turn as the SQLite table holds them (JSON text by index) and
 put back into a checkpoint when it is read.
