@@ -360,14 +360,32 @@ reply = "sent"
 SLOW_REPLY_SCRIPT = SEND_SCRIPT.replace('reply = "sent"', 'delay = 30.0\nreply = "sent"')
 
 
-def killed_in_the_second_model_call(d: Daemon, *, settle_s: float = 0.0) -> str:
-    """Start `d`, submit a SEND_SCRIPT turn and kill -9 the daemon `settle_s` after its
-    second model call began (its tools done). Returns the turn's id."""
+def tools_on_disk(d: Daemon, tid: str) -> tuple[int, int]:
+    """How many of the turn's tool calls have their outcome, and how many `tool.result`
+    events there are, on disk (the test runs one turn). An idempotent call's journal
+    rows and every event are queued, not awaited: they reach the disk a moment after the
+    call, in the writer's next commit."""
+    conn = sqlite3.connect(d.state_dir / "turnkeeper.sqlite3")
+    try:
+        outcomes = conn.execute("SELECT COUNT(*) FROM journal WHERE turn = ? AND outcome"
+                                " IS NOT NULL", (tid,)).fetchone()[0]
+        results = conn.execute("SELECT COUNT(*) FROM events WHERE type = 'tool.result'"
+                               ).fetchone()[0]
+        return int(outcomes), int(results)
+    finally:
+        conn.close()
+
+
+def killed_in_the_second_model_call(d: Daemon) -> str:
+    """Start `d`, submit a SEND_SCRIPT turn and kill -9 the daemon during its second
+    model call, once both tool calls of the first step have their outcome and result
+    event on disk.
+    Returns the turn's id."""
     d.start()
     tid = str(d.submit("one email")["id"])
     wait_for(lambda: turn_of(d, tid)["counters"]["steps"] == 2,
              what="the second model call under way")
-    time.sleep(settle_s)
+    wait_for(lambda: tools_on_disk(d, tid) == (2, 2), what="both calls' outcomes on disk")
     d.kill()
     return tid
 
@@ -391,7 +409,7 @@ def test_a_kill_during_the_next_model_call_runs_the_tools_again_from_the_journal
     the journal. Nothing is sent twice, and every call and result is reported once."""
     d = daemon(tmp_path, daemons, config(tmp_path, SLOW_REPLY_SCRIPT, tools=tool_server))
     # The tools' events committed first: the replay must not report them again.
-    tid = killed_in_the_second_model_call(d, settle_s=0.3)
+    tid = killed_in_the_second_model_call(d)
     conn = sqlite3.connect(d.state_dir / DB_NAME)
     try:
         logged = [row[0] for row in conn.execute(
