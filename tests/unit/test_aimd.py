@@ -6,9 +6,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from turnkeeper.cli.follow import FollowState
 from turnkeeper.clock import FakeClock
 from turnkeeper.concurrency import ProviderGate
-from turnkeeper.follow import FollowState
 from turnkeeper.policy.aimd import InFlightLimit, is_overload
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.providers.base import ProviderError

@@ -32,7 +32,7 @@ PACKAGE_DIR = Path(turnkeeper.__file__).parent
 ROOM_OF: dict[str, str] = {
     "": "kit",  # the package itself: __version__
     "errors": "base", "exits": "base",
-    "clock": "kit", "paths": "kit", "logging": "kit", "jsonwire": "kit",
+    "clock": "kit", "paths": "kit", "logging": "kit", "jsonwire": "kit", "durations": "kit",
     "messages": "messages", "event_types": "messages",
     "policy": "policy",
     "config": "config", "settings": "config",
@@ -48,7 +48,7 @@ ROOM_OF: dict[str, str] = {
     "control": "control",
     "control.client": "client",
     "daemon": "daemon",
-    "cli": "cli", "follow": "cli", "__main__": "cli",
+    "cli": "cli", "__main__": "cli",
 }
 
 # Room -> the rooms it may import (itself included where a room has several modules).
@@ -82,9 +82,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 # The CLI must start fast: at module level the `cli` package and `follow.py` import only
 # these (and each other); anything heavier (the daemon for `serve`, the config for
 # `config check`, rich for `follow`) is imported inside the function that needs it.
-LIGHT_FOR_CLI = frozenset({"", "errors", "exits", "paths", "control.client", "follow",
-                           "policy.turn_state", "policy.retention", "event_types"})
-CLI_MODULES = frozenset({"cli", "follow"})
+LIGHT_FOR_CLI = frozenset({"", "errors", "exits", "paths", "durations", "control.client",
+                           "policy.turn_state", "event_types"})
+CLI_MODULES = frozenset({"cli"})
 
 
 def _in_cli(module: str) -> bool:

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from turnkeeper.policy.retention import parse_duration, prune_before, prune_every_s
+from turnkeeper.durations import parse_duration
+from turnkeeper.policy.retention import prune_before, prune_every_s
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -58,7 +58,7 @@ from turnkeeper.cli.streams import (
     logs_setup,
 )
 from turnkeeper.control.client import Client
-from turnkeeper.policy.retention import parse_duration
+from turnkeeper.durations import parse_duration
 from turnkeeper.policy.turn_state import TurnState
 
 

@@ -139,7 +139,7 @@ def prune_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> 
 
 
 def cmd_prune(client: Client, args: argparse.Namespace) -> int:
-    from turnkeeper.policy.retention import parse_duration
+    from turnkeeper.durations import parse_duration
 
     try:
         parse_duration(args.older_than)

@@ -23,7 +23,7 @@ def turn_exit(result: dict[str, Any]) -> int:
 def follow_turn(client: Client, turn_id: str, as_json: bool) -> int:
     """Show a turn until it ends; exit with its final status."""
     if not as_json and sys.stdout.isatty():
-        from turnkeeper.follow import follow_live  # rich: imported only here
+        from turnkeeper.cli.follow import follow_live  # rich: imported only here
 
         result = follow_live(client, turn_id, render.event_line)
         if result is None:

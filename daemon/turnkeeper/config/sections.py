@@ -16,8 +16,8 @@ from pydantic import (
 
 from turnkeeper import exits
 from turnkeeper.config.redact import redact_url
+from turnkeeper.durations import parse_duration
 from turnkeeper.errors import TurnkeeperError
-from turnkeeper.policy.retention import parse_duration
 
 BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify", "update_plan"})
 DEFAULT_SYSTEM_PROMPT = (

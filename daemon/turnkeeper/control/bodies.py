@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from turnkeeper.policy.retention import parse_duration
+from turnkeeper.durations import parse_duration
 
 
 class Body(BaseModel):

@@ -33,7 +33,7 @@ from turnkeeper.control.http import (
     too_large,
     validate,
 )
-from turnkeeper.policy.retention import parse_duration
+from turnkeeper.durations import parse_duration
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
 from turnkeeper.supervisor import (

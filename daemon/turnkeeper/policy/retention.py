@@ -4,33 +4,16 @@ A finished turn (its record, checkpoint, events, journal and conversation rows) 
 `store.keep_finished` after it ended, then deleted in small batches by a background task,
 so a daemon under steady load holds a bounded store. Dead letters are kept until they
 are replayed or pruned explicitly (`turnkeeper prune --dead-letters`): they wait for an
-operator's decision, not for a clock. Durations are written `90s`, `30m`, `24h`, `7d` or
-`2w` (a bare number is seconds); `0` keeps everything.
+operator's decision, not for a clock. `0` keeps everything.
 """
 
 from __future__ import annotations
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 # Rows deleted per transaction: the store's single writer is shared with every running
 # turn, so a prune never holds it long.
 PRUNE_BATCH = 200
 PRUNE_EVERY_MIN_S = 1.0
 PRUNE_EVERY_MAX_S = 600.0
-
-
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `24h`, `7d`, `2w` -> seconds. Raises ValueError."""
-    cleaned = text.strip().lower()
-    scale = _UNITS.get(cleaned[-1:], 0.0)
-    number = cleaned[:-1] if scale else cleaned
-    try:
-        value = float(number) * (scale or 1.0)
-    except ValueError:
-        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 24h, 7d, 2w)") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"a duration is a finite number of seconds >= 0 (got {text!r})")
-    return value
 
 
 def prune_every_s(keep_s: float) -> float:
