@@ -450,20 +450,26 @@ def test_a_broken_stream_retried_on_the_same_provider_is_not_a_restart(
     assert turn["counters"]["restarts"] == 0
 
 
-def test_a_partially_streamed_step_rebuilt_for_another_provider_counts_a_restart(
+def test_a_broken_stream_is_a_provider_failure_that_fails_over_not_a_restart(
         start: Any, faults: FaultServer) -> None:
+    """A stream that breaks after two chunks, no retries on the provider and no rebuild
+    allowed: the fallback answers the step, counted as a provider attempt and a hop, and
+    `restarts` (context rebuilds only) stays 0."""
     faults.script("primary", then=broken_stream(2))
     faults.script("fallback", then=ok("fallback answer"))
     providers = chain(faults, "primary", "fallback", stream=True)
-    d = start(config(providers, agent={"api_max_retries": 0}))
+    d = start(config(providers, agent={"api_max_retries": 0, "max_restarts": 0}))
     turn = d.run("hello")
-    assert turn["state"] == "completed"
-    assert turn["counters"]["restarts"] == 1
-    # With max_restarts = 0 the same rebuild stops the turn, naming its counter.
-    d2 = start(config(providers, agent={"api_max_retries": 0, "max_restarts": 0}))
-    turn = d2.run("hello")
-    assert stop_of(turn) == ("restarts.exhausted", "restarts", 1, 0)
-    assert faults.count("fallback") == 1  # the call to the fallback was never made
+    assert turn["state"] == "completed", turn["result"]
+    assert turn["result"]["answer"] == "fallback answer"
+    assert (faults.count("primary"), faults.count("fallback")) == (1, 1)
+    assert turn["counters"]["restarts"] == 0
+    assert turn["counters"]["fallback_hops"] == 1
+    events = d.events(turn["id"])
+    assert [(e["provider"], e["class"]) for e in of_type(events, "model.attempt_failed")] == [
+        ("primary", "retryable")]
+    assert [(e["from"], e["to"], e["reason"]) for e in of_type(events, "model.failover")] == [
+        ("primary", "fallback", "attempts_spent")]
 
 
 def test_a_context_overflow_rebuilds_the_step_and_the_turn_completes(

@@ -1,10 +1,13 @@
-"""The restart counter: how many times a turn's step was rebuilt automatically.
+"""The restart counter: how many times a turn's context was rebuilt automatically.
 
-A rebuild (older history compacted after a context overflow, or a partially streamed
-step redone for another provider) is a restart. A turn that keeps rebuilding is not
-getting anywhere, so past `limit` rebuilds it stops with `restarts.exhausted`. A user
-message resets the count: the person has changed the situation, so earlier rebuilds no
-longer say anything about this one. This is the one place `max_restarts` is compared.
+A rebuild (older history compacted after a context overflow) is a restart, and nothing
+else is: a stream that broke part-way is a failure of its provider, asked again there
+or on the next one, which the provider chain counts (`provider_attempts`,
+`fallback_hops`), so that a flaky provider never reads as "automatic rebuilds". A turn
+that keeps rebuilding is not getting anywhere, so past `limit` rebuilds it stops with
+`restarts.exhausted`. A user message resets the count: the person has changed the
+situation, so earlier rebuilds no longer say anything about this one. This is the one
+place `max_restarts` is compared.
 """
 
 from __future__ import annotations

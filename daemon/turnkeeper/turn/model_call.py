@@ -99,8 +99,6 @@ class ModelCall:
         # Each provider's last failure in this model call, one line: what a providers
         # stop tells in its result instead of leaving the cause to the daemon's log.
         self._last_errors: dict[str, str] = {}
-        # The provider whose stream broke after sending text in this model call, if any.
-        self._streamed_from: str | None = None
         # The turn's messages as the adapter encoded them for the last request.
         self._encoded = MessageCache()
         # The provider and the output cap of the last request: whose reply it is, and
@@ -118,7 +116,6 @@ class ModelCall:
         """Returns the reply, a Stop, or None after a context-overflow rebuild (the step
         is to run again). Raises `Redirected` when a steer cut it short."""
         ctx = self.ctx
-        self._streamed_from = None
         self._last_errors = {}
         # A chain restored parked in recovery goes on with its wait; any other starts.
         decision: Any = ctx.chain.resume(now=ctx.clock.time(), recover_until=ctx.recover_until)
@@ -216,15 +213,6 @@ class ModelCall:
             ctx.log.info("model.breaker_open", provider=name)
             return ctx.chain.on_breaker_open(
                 reopens_in_s=breaker.open_for(ctx.clock.monotonic()))
-        if self._streamed_from not in (None, name):
-            # The step's partial output came from another provider: it is rebuilt for
-            # this one, which counts as a restart. A retry on the same provider is not.
-            self._streamed_from = None
-            stop = self._count_restart("a partially streamed step was rebuilt for "
-                                       f"provider {name}")
-            if stop is not None:
-                ctx.chain.abandon()
-                return stop
         ctx.sync_counters()
         provider = ctx.runtime.providers[name]
         request = self._request()
@@ -241,15 +229,12 @@ class ModelCall:
         self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
                                       step=request.step, messages=len(request.messages)))
         budget.begin_request()
-        streamed = False
         call_scope = anyio.CancelScope()
         ctx.control.call_scope = call_scope
         failure: CallFailure | None = None
         reply: ModelReply | None = None
 
         async def on_delta(text: str) -> None:
-            nonlocal streamed
-            streamed = True
             self._publish(ev.ModelDelta(text=text))
 
         try:
@@ -271,7 +256,6 @@ class ModelCall:
             self._publish(ev.ModelRedirected(provider=name))
             raise Redirected
         if reply is not None:
-            self._streamed_from = None
             claims.succeeded()
             ctx.chain.on_success()
             self._charge(name, reply)
@@ -295,8 +279,9 @@ class ModelCall:
                                             error=error))
         ctx.log.info("model.attempt_failed", provider=name, failure_class=cls.value,
                      status=failure.status, error=error, **ctx.counter_values())
-        if streamed:
-            self._streamed_from = name  # counted if the step moves to another provider
+        # A stream that broke part-way is a failure of this provider like any other: the
+        # step is asked again, here or on the next provider, and counts in
+        # provider_attempts and fallback_hops, never in restarts (a context rebuild).
         return ctx.chain.on_failure(cls, retry_after_s=failure.retry_after_s,
                                     remaining_s=ctx.remaining_s(), rand=ctx.rand)
 
