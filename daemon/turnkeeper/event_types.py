@@ -143,6 +143,11 @@ class TurnRecovering(EventBody):
     of: int
     wait: float
     next_attempt_at: float | None
+    # What set the wait: "schedule" (recovery_schedule), "retry_after" (a provider's
+    # Retry-After), "breaker" (no provider could be asked until a circuit breaker lets a
+    # probe through); `reason` says it in words, with the schedule's wait when stretched.
+    waits_for: str = "schedule"
+    reason: str = ""
 
 
 @dataclass(slots=True, kw_only=True)

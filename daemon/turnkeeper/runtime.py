@@ -1,7 +1,7 @@
 """What a policy version runs with: its providers and tools (`Runtime`), and the
 daemon-wide protection shared by every turn and every policy version (`Shared`: circuit
-breakers, retry budgets and in-flight gates, which survive a reload for unchanged
-providers)."""
+breakers, retry budgets, in-flight gates and the Retry-After windows peers asked for,
+which survive a reload for unchanged providers and tools)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from turnkeeper.concurrency import ProviderGates
 from turnkeeper.config import Config, Policy, ProviderConfig, ProviderSecrets, ToolConfig
 from turnkeeper.policy.breaker import BreakerChange, CircuitBreaker
+from turnkeeper.policy.retry_after import RetryAfterMemory
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.providers.base import Provider
 from turnkeeper.providers.prices import priced
@@ -89,6 +90,8 @@ class Shared:
     retry_budgets: dict[str, RetryBudget] = field(default_factory=dict)
     # Per provider, the limit on model calls in flight (fixed, or adaptive) and its queue.
     gates: ProviderGates = field(default_factory=ProviderGates)
+    # What each provider and tool asked in a Retry-After, by its breaker's name.
+    retry_after: RetryAfterMemory = field(default_factory=RetryAfterMemory)
     # The config each breaker was made for: a provider or tool whose config changed is a
     # new peer (another URL, model or key), and starts with a closed breaker.
     _made_for: dict[str, ProviderConfig | ToolConfig] = field(default_factory=dict)
@@ -114,6 +117,7 @@ class Shared:
             breaker = self.breakers.get(name)
             if breaker is not None and self._made_for.get(name) != peers[name]:
                 breaker = None
+                self.retry_after.forget(name)  # another peer: the old one's word is void
             self._made_for[name] = peers[name]
             if breaker is None:
                 self.breakers[name] = CircuitBreaker(
@@ -134,6 +138,8 @@ class Shared:
         for gone in set(self.breakers) - set(names):
             del self.breakers[gone]
             self._made_for.pop(gone, None)
+        for gone in set(self.retry_after.names()) - set(names):
+            self.retry_after.forget(gone)
         for gone in set(self.retry_budgets) - {p.name for p in config.providers}:
             del self.retry_budgets[gone]
         self.gates.apply(config)

@@ -28,7 +28,8 @@ from tests.integration.fault_server import (
     ok,
     stream_error,
 )
-from tests.integration.harness import Daemon
+from tests.integration.harness import Daemon, script_file, scripted_provider
+from tests.integration.tool_server import Reply, ToolServer
 
 # Waits small enough for a test, large enough to measure: the backoff curve is base_delay
 # 0.01 s doubling to max_delay 0.04 s; everything else keeps its default unless a test
@@ -418,11 +419,13 @@ def test_retry_budget_turns_refused_retries_into_failovers(
         start: Any, faults: FaultServer) -> None:
     """20 turns against a failing primary, min_concurrency 2 and ratio 0.1: at most two
     retries are in flight at once; every other turn fails over at once instead of starting
-    its own retry loop. Retry-After 0.3 s holds each admitted retry in flight."""
+    its own retry loop. A backoff of 0.3 s holds each admitted retry in flight (not a
+    Retry-After: that would be remembered, and every other turn skip the primary)."""
     n = 20
-    faults.script("primary", then=fail(503, retry_after="0.3"))
+    faults.script("primary", then=fail(503))
     faults.script("fallback", then=ok("fallback answer"))
     d = start(config(chain(faults, "primary", "fallback"),
+                     retry={"base_delay": 0.3, "max_delay": 0.3, "jitter": "decorrelated"},
                      retry_budget={"min_concurrency": 2, "ratio": 0.1},
                      circuit_breaker={"failure_threshold": 1000}))
     ids = [d.submit(f"turn {i}")["id"] for i in range(n)]
@@ -470,6 +473,159 @@ def test_a_broken_stream_is_a_provider_failure_that_fails_over_not_a_restart(
         ("primary", "retryable")]
     assert [(e["from"], e["to"], e["reason"]) for e in of_type(events, "model.failover")] == [
         ("primary", "fallback", "attempts_spent")]
+
+
+# -- the chain within a turn ---------------------------------------------------------------
+
+def test_fallback_is_turn_scoped_later_steps_stay_on_it_the_next_turn_starts_at_the_primary(
+        start: Any, faults: FaultServer) -> None:
+    """The primary fails step 1 once; the fallback answers it (a tool call) and step 2
+    goes to the fallback, not to the primary again; the next turn starts at the primary.
+    `step.started` names the provider each step asks first."""
+    faults.script("primary", fail(503), then=ok("from the primary"))
+    faults.script("fallback", then=ok("from the fallback", tool_steps=1))
+    d = start(config(chain(faults, "primary", "fallback"),
+                     agent={"api_max_retries": 0}) + ECHO_TOOL)
+    first = d.run("one", session="s")
+    assert first["state"] == "completed", first["result"]
+    assert first["result"]["answer"] == "from the fallback"
+    assert (faults.count("primary"), faults.count("fallback")) == (1, 2)
+    events = d.events(first["id"])
+    asked = [(e["step"], e["provider"]) for e in of_type(events, "model.request")]
+    assert asked == [(1, "primary"), (1, "fallback"), (2, "fallback")]
+    assert [(e["step"], e["provider"]) for e in of_type(events, "step.started")] == [
+        (1, "primary"), (2, "fallback")]
+    assert first["provider"] == "fallback"
+    second = d.run("two", session="s")
+    assert second["result"]["answer"] == "from the primary"
+    assert (faults.count("primary"), faults.count("fallback")) == (2, 2)
+    events = d.events(second["id"])
+    assert [e["provider"] for e in of_type(events, "step.started")] == ["primary"]
+    assert [e["provider"] for e in of_type(events, "model.request")] == ["primary"]
+
+
+# -- Retry-After remembered ----------------------------------------------------------------
+
+def test_a_provider_s_retry_after_is_remembered_by_later_steps_and_later_turns(
+        start: Any, faults: FaultServer) -> None:
+    """The primary answers 429 Retry-After: 30 once and would again to every request.
+    Step 2 fails on the fallback and wraps round to the primary: skipped (a hop with
+    reason retry_after, no request), and so after the recovery wait; the next turn starts
+    at the primary: skipped too. The primary is asked once in all."""
+    faults.script("primary", then=fail(429, retry_after="30"))
+    faults.script("fallback", ok("done", tool_steps=1), fail(503),
+                  then=ok("done", tool_steps=1))
+    d = start(config(chain(faults, "primary", "fallback"),
+                     agent={"api_max_retries": 0, "recovery_schedule": [0.05],
+                            "recovery_jitter": 0.0}) + ECHO_TOOL)
+    first = d.run("one")
+    assert first["state"] == "completed", first["result"]
+    assert faults.count("primary") == 1
+    events = d.events(first["id"])
+    hops = [(e["from"], e["to"], e["reason"]) for e in of_type(events, "model.failover")]
+    assert hops == [("primary", "fallback", "attempts_spent"),
+                    ("fallback", "primary", "attempts_spent"),
+                    ("primary", "fallback", "retry_after")]
+    (recovering,) = of_type(events, "turn.recovering")
+    assert recovering["waits_for"] == "schedule"
+    second = d.run("two")
+    assert second["state"] == "completed", second["result"]
+    assert faults.count("primary") == 1
+    events = d.events(second["id"])
+    assert [(e["from"], e["reason"]) for e in of_type(events, "model.failover")] == [
+        ("primary", "retry_after")]
+    assert {e["provider"] for e in of_type(events, "model.request")} == {"fallback"}
+    assert 0 < d.get("/v1/status")[1]["retry_after"]["primary"] <= 30
+
+
+def test_a_turn_finding_every_provider_inside_its_window_waits_for_it_uncharged(
+        start: Any, faults: FaultServer) -> None:
+    """The only provider answers one turn 429 Retry-After: 1. A second turn, started
+    inside that window, sends nothing until it ends: it waits, parked, charging no
+    recovery cycle (there are none to charge), and then completes."""
+    faults.script("primary", fail(429, retry_after="1"), then=ok("after the window"))
+    d = start(config(chain(faults, "primary"),
+                     agent={"auto_recovery_cycles": 0, "recovery_jitter": 0.0}))
+    first = d.submit("one")["id"]
+    deadline = time.monotonic() + 10
+    while "primary" not in d.get("/v1/status")[1]["retry_after"]:
+        assert time.monotonic() < deadline, "the 429 was never remembered"
+        time.sleep(0.01)
+    second = d.submit("two")["id"]
+    for turn in (d.wait(first), d.wait(second)):
+        assert turn["state"] == "completed", turn["result"]
+        assert turn["result"]["answer"] == "after the window"
+    seen = faults.requests("primary")
+    assert len(seen) == 3
+    # Neither turn asked again before the window ended (measured at the server).
+    assert all(s.started >= seen[0].ended + 1.0 - 0.005 for s in seen[1:]), gaps(seen)
+    (waited,) = of_type(d.events(second), "turn.recovering")
+    assert waited["waits_for"] == "retry_after"
+    assert "no recovery cycle" in waited["reason"]
+    assert not of_type(d.events(second), "model.attempt_failed")
+
+
+def test_a_recovery_wait_stretched_to_a_breaker_cooldown_says_so(
+        start: Any, faults: FaultServer) -> None:
+    """The only provider's breaker opens at the first failure; the schedule says 0.05 s
+    but no attempt can be made until the cooldown (0.3 s) ends: the wait is stretched to
+    it, and its event says what it waits for."""
+    faults.script("primary", fail(503), then=ok("back"))
+    d = start(config(chain(faults, "primary"),
+                     agent={"api_max_retries": 1, "recovery_schedule": [0.05],
+                            "recovery_jitter": 0.0},
+                     circuit_breaker={"failure_threshold": 1, "cooldown": 0.3}))
+    turn = d.run("hello")
+    assert turn["state"] == "completed", turn["result"]
+    waits = of_type(d.events(turn["id"]), "turn.recovering")
+    assert [w["waits_for"] for w in waits] == ["breaker"]
+    assert 0.05 < waits[0]["wait"] <= 0.3
+    assert "circuit breaker" in waits[0]["reason"]
+
+
+TOOL_SCRIPT = """
+[[scenarios]]
+match = "^limited"
+[[scenarios.steps]]
+tool_calls = [{ name = "limited", arguments = { q = "$step" } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "limited", arguments = { q = "$step" } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "limited", arguments = { q = "$step" } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "limited", arguments = { q = "$step" } }]
+[[scenarios.steps]]
+reply = "last: $last_tool_result"
+"""
+
+
+def test_a_tool_s_retry_after_keeps_later_calls_from_being_sent(
+        start: Any, tmp_path: Any, tool_server: ToolServer) -> None:
+    """An idempotent tool answers 429 Retry-After: 30 (one attempt a call): the agent's
+    next three calls are not sent; each is told, as a retryable failure, how long the
+    tool asked to wait."""
+    tool_server.respond("/limited", Reply(429, headers={"Retry-After": "30"}), Reply(200))
+    script = script_file(tmp_path / "limited.toml", TOOL_SCRIPT)
+    d = start(f"""
+[[tools]]
+name = "limited"
+kind = "http"
+url = "{tool_server.url('/limited')}"
+description = "a rate-limited lookup"
+idempotent = true
+max_attempts = 1
+parameters = {{ type = "object", properties = {{ q = {{ type = "string" }} }} }}
+""" + scripted_provider(script))
+    turn = d.run("limited")
+    assert turn["state"] == "completed", turn["result"]
+    assert len(tool_server.calls("/limited")) == 1
+    results = of_type(d.events(turn["id"]), "tool.result")
+    assert [(r["ok"], r["class"]) for r in results] == [(False, "retryable")] * 4
+    assert "HTTP 429" in results[0]["error"]
+    for r in results[1:]:
+        assert "not sent" in r["error"] and "more seconds" in r["error"], r["error"]
+    assert "not sent" in turn["result"]["answer"]
+    assert 0 < d.get("/v1/status")[1]["retry_after"]["tool:limited"] <= 30
 
 
 def test_a_context_overflow_rebuilds_the_step_and_the_turn_completes(

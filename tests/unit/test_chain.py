@@ -272,7 +272,7 @@ def test_retry_refused_by_the_budget_fails_over_instead_of_sleeping() -> None:
     assert chain.provider_attempts == 0
 
 
-def test_a_success_forgets_the_providers_already_left() -> None:
+def test_the_call_after_a_failover_starts_on_the_provider_that_answered() -> None:
     chain = make()
     chain.begin_call()
     fail(chain, D)
@@ -280,19 +280,146 @@ def test_a_success_forgets_the_providers_already_left() -> None:
     chain.on_success()
     # Until the next call, the counters describe the call that succeeded...
     assert (chain.current_provider, chain.fallback_hops) == ("fallback", 1)
-    # ...which starts a new pass at the primary.
-    assert chain.begin_call() == Attempt(provider="primary", attempt=1)
+    assert chain.next_provider == "fallback"
+    # ...which starts a new pass on the fallback: fallback is scoped to the turn.
+    assert chain.begin_call() == Attempt(provider="fallback", attempt=1)
     assert chain.fallback_hops == 0
 
 
-def test_a_success_restored_from_a_checkpoint_still_starts_the_next_pass_anew() -> None:
+def test_a_pass_that_starts_on_a_fallback_wraps_round_to_the_primary() -> None:
+    chain = make(("a", "b", "c"), max_attempts=1)
+    chain.begin_call()
+    fail(chain)
+    chain.begin_call()
+    chain.on_success()  # b answered
+    assert chain.begin_call() == Attempt(provider="b", attempt=1)
+    assert fail(chain) == FailOver(from_provider="b", to_provider="c",
+                                   reason="attempts_spent")
+    chain.begin_call()
+    assert fail(chain) == FailOver(from_provider="c", to_provider="a",
+                                   reason="attempts_spent")
+    assert chain.begin_call() == Attempt(provider="a", attempt=1)
+    # Each provider once per pass: the third exit spends the pass.
+    assert isinstance(fail(chain), Recover)
+    assert chain.fallback_hops == 3
+    # A recovery cycle starts its pass at the primary.
+    assert chain.next_provider == "a"
+    assert chain.recovery_done() == Attempt(provider="a", attempt=1)
+
+
+def test_a_new_chain_the_next_turn_s_starts_at_the_primary() -> None:
+    chain = make()
+    chain.begin_call()
+    fail(chain, D)
+    chain.begin_call()
+    chain.on_success()
+    assert make().begin_call() == Attempt(provider="primary", attempt=1)
+
+
+def test_the_chain_position_survives_a_checkpoint() -> None:
     chain = make()
     chain.begin_call()
     fail(chain, D)
     chain.begin_call()
     chain.on_success()
     restored = ProviderChain.restore(json.loads(json.dumps(chain.snapshot())), **SETTINGS)
-    assert restored.begin_call() == Attempt(provider="primary", attempt=1)
+    assert restored.begin_call() == Attempt(provider="fallback", attempt=1)
+    assert restored.snapshot()["pass_start"] == 1
+    # Mid-pass too: a pass started on the fallback and moved on to the primary.
+    assert restored.on_failure(D) == FailOver(from_provider="fallback",
+                                              to_provider="primary", reason="deterministic")
+    again = ProviderChain.restore(json.loads(json.dumps(restored.snapshot())), **SETTINGS)
+    assert (again.current_provider, again.fallback_hops) == ("primary", 1)
+    assert again.begin_call() == Attempt(provider="primary", attempt=1)
+
+
+def test_a_snapshot_with_a_pass_start_outside_the_chain_is_refused() -> None:
+    snap = make().snapshot()
+    with pytest.raises(ValueError, match="pass_start"):
+        ProviderChain.restore({**snap, "pass_start": 2}, **SETTINGS)
+    # An older snapshot without one starts its pass at the primary.
+    del snap["pass_start"]
+    assert ProviderChain.restore(snap, **SETTINGS).begin_call() == Attempt(
+        provider="primary", attempt=1)
+
+
+def test_a_provider_inside_its_retry_after_window_is_a_hop_with_no_attempt() -> None:
+    chain = make()
+    chain.begin_call()
+    assert chain.on_retry_after(wait_s=25.0) == FailOver(
+        from_provider="primary", to_provider="fallback", reason="retry_after")
+    assert (chain.provider_attempts, chain.fallback_hops) == (0, 1)
+    assert chain.begin_call() == Attempt(provider="fallback", attempt=1)
+
+
+def test_a_pass_of_windows_and_open_breakers_waits_until_the_first_window_ends() -> None:
+    chain = make(recovery_schedule=(1.5,), recovery_jitter=0.0)
+    chain.begin_call()
+    chain.on_retry_after(wait_s=25.0)
+    chain.begin_call()
+    decision = chain.on_breaker_open(reopens_in_s=40.0)
+    assert decision == Recover(cycle=1, of_cycles=5, wait_s=25.0)
+    assert isinstance(decision, Recover)
+    assert decision.waits_for == "retry_after"
+    assert "Retry-After window" in decision.why
+    chain.recovery_done()
+    assert chain.recovery_cycles == 1  # a breaker was open: a recovery cycle
+
+
+def test_a_pass_where_every_provider_asked_to_wait_waits_for_the_first_window_uncharged(
+        ) -> None:
+    """No provider failed and each said when it can be asked: the turn waits until the
+    first window ends, not the schedule's 15 s, and no recovery cycle is spent, even with
+    none left."""
+    chain = make(recovery_jitter=0.0, auto_recovery_cycles=0)
+    chain.begin_call()
+    chain.on_retry_after(wait_s=3.0)
+    chain.begin_call()
+    decision = chain.on_retry_after(wait_s=2.0)
+    assert decision == Recover(cycle=1, of_cycles=0, wait_s=2.0)
+    assert isinstance(decision, Recover) and decision.waits_for == "retry_after"
+    assert "no recovery cycle" in decision.why
+    restored = ProviderChain.restore(json.loads(json.dumps(chain.snapshot())),
+                                     **{**SETTINGS, "auto_recovery_cycles": 0})
+    for c in (chain, restored):
+        assert c.recovery_done() == Attempt(provider="primary", attempt=1)
+        assert c.recovery_cycles == 0
+
+
+def test_a_window_wait_is_jittered_up_to_recovery_jitter() -> None:
+    chain = make(recovery_jitter=0.2)
+    chain.begin_call()
+    chain.on_retry_after(wait_s=10.0)
+    chain.begin_call()
+    assert chain.on_retry_after(wait_s=10.0, rand=upper) == Recover(cycle=1, of_cycles=5,
+                                                                   wait_s=12.0)
+
+
+def test_a_recovery_wait_stretched_to_a_breaker_cooldown_says_so() -> None:
+    chain = make(recovery_schedule=(1.5,), recovery_jitter=0.0)
+    chain.begin_call()
+    chain.on_breaker_open(reopens_in_s=30.0)
+    chain.begin_call()
+    decision = chain.on_breaker_open(reopens_in_s=45.0)
+    assert isinstance(decision, Recover)
+    assert (decision.wait_s, decision.waits_for) == (30.0, "breaker")
+    assert "circuit breaker" in decision.why and "1.5 s" in decision.why
+
+
+def test_a_recovery_wait_on_the_schedule_says_so() -> None:
+    chain = make(max_attempts=1, recovery_schedule=(1.5,), recovery_jitter=0.0)
+    chain.begin_call()
+    decision = exhaust_pass(chain)
+    assert isinstance(decision, Recover)
+    assert (decision.wait_s, decision.waits_for) == (1.5, "schedule")
+
+
+def test_a_retry_after_window_opened_during_a_backoff_is_a_hop() -> None:
+    chain = make()
+    chain.begin_call()
+    assert isinstance(fail(chain), RetryIn)
+    assert chain.on_retry_after(wait_s=10.0) == FailOver(
+        from_provider="primary", to_provider="fallback", reason="retry_after")
 
 
 def test_a_success_forgets_the_retry_after_of_its_pass() -> None:
@@ -657,9 +784,10 @@ def test_snapshot_is_json_and_restore_keeps_the_counters() -> None:
     fail(chain, D, retry_after_s=7.0)  # a failover mid-pass: what the pass remembers
     snap = json.loads(json.dumps(chain.snapshot()))
     assert snap == {"version": 1, "providers": ["a", "b", "c"], "phase": "ready",
-                    "current_provider": "b", "provider_attempts": 0, "fallback_hops": 1,
+                    "current_provider": "b", "pass_start": 0, "provider_attempts": 0,
+                    "fallback_hops": 1,
                     "recovery_cycles": 0, "pass_exits": ["deterministic"],
-                    "pass_retry_after_s": 7.0, "pass_reopen_s": None,
+                    "pass_retry_after_s": 7.0, "pass_reopen_s": None, "pass_reopen_by": None,
                     "previous_delay_s": None, "pass_done": False}
     again = ProviderChain.restore(snap, **SETTINGS)
     assert again.snapshot() == snap
@@ -760,3 +888,13 @@ def test_resume_after_a_steer_cut_the_wait_starts_a_new_pass_without_charging_a_
     chain = _parked_in_cycle_2()
     assert chain.resume(now=100.0, recover_until=None) == Attempt("primary", 1)
     assert chain.recovery_cycles == 1
+
+
+def test_a_chain_waiting_out_a_recovery_cycle_names_the_primary_as_the_next_provider() -> None:
+    chain = make(max_attempts=1)
+    chain.begin_call()
+    assert isinstance(exhaust_pass(chain), Recover)
+    # The last provider tried is the fallback; the next attempt goes to the primary.
+    assert (chain.current_provider, chain.next_provider) == ("fallback", "primary")
+    restored = ProviderChain.restore(json.loads(json.dumps(chain.snapshot())), **SETTINGS)
+    assert restored.next_provider == "primary"

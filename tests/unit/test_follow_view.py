@@ -76,6 +76,16 @@ def test_a_recovery_cycle_counts_down_to_its_next_attempt() -> None:
     assert "recovering" in screen.splitlines()[0]
 
 
+def test_a_recovery_wait_stretched_to_a_breaker_cooldown_says_why() -> None:
+    st = state()
+    st.apply({"type": "turn.recovering", "ts": 100.0, "cycle": 1, "of": 5, "wait": 30.0,
+              "next_attempt_at": 130.0, "waits_for": "breaker",
+              "reason": "no provider could be asked; a circuit breaker lets a probe "
+                        "through in 30 s (the schedule said 1.5 s)"}, None)
+    screen = text(render(st, 100.0))
+    assert "circuit breaker" in screen and "1.5 s" in screen
+
+
 def test_a_clarify_question_counts_down_to_its_timeout_until_answered() -> None:
     st = state()
     st.apply({"type": "turn.waiting", "ts": 100.0, "question": "which one?",

@@ -139,9 +139,10 @@ class FollowState:
     def _recovering(self, e: ev.TurnRecovering, ts: float) -> None:
         self.state = TurnState.RECOVERING
         until = e.next_attempt_at or ts + float(e.wait or 0.0)
+        stretched = f" ({e.reason})" if e.waits_for != "schedule" and e.reason else ""
         self.wait = Wait("recovery", until,
                          f"recovery cycle {e.cycle} of {e.of}: every "
-                         "provider failed; next pass from the primary")
+                         f"provider failed; next pass from the primary{stretched}")
 
     def _waiting(self, e: ev.TurnWaiting, ts: float) -> None:
         self.state = TurnState.WAITING

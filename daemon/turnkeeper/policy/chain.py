@@ -12,35 +12,42 @@ Counters, each with one meaning:
 - ``provider_attempts``: attempts of the current model call on the current provider,
   limited by ``max_attempts = api_max_retries + 1``. Reset by a failover hop, a success,
   a recovery cycle (and at the start of every call).
-- ``fallback_hops``: moves to the next provider in this pass, an open breaker included
-  (a hop with no attempt). The move off the end of the chain counts too, so a pass that
-  spent every provider reads ``len(providers)`` of ``len(providers)``. Reset when a new
-  pass starts at the primary: the start of the turn (a new chain), the call after a
-  successful one, or a recovery cycle.
+- ``fallback_hops``: moves to the next provider in this pass, an open breaker or a
+  remembered Retry-After window included (a hop with no attempt). The move past the
+  last provider of the pass counts too, so a pass that spent every provider reads
+  ``len(providers)`` of ``len(providers)``. Reset when a new pass starts: the start of
+  the turn (a new chain), the call after a successful one, or a recovery cycle.
 - ``recovery_cycles``: completed waits after the whole chain was exhausted by retryable
   or unknown failures, limited by ``auto_recovery_cycles``. Reset by a successful call,
   and nothing else: a reload that changes the provider list keeps it (`carry_over`).
 
 Within one model call the position in the chain only moves forward: each provider is
-tried at most once per pass, so a pass is simply a walk from the primary to the end of
-the list; the reason each provider was left is recorded (`pass_exits`) and
-`fallback_hops` is its length. A successful call ends the pass: what it remembered (the
-providers already left, the largest Retry-After, the soonest breaker reopening) described
-an outage that is over, so the next call starts a new pass at the primary (whose breaker
-turns it away at once if it is still down) and its first recovery wait is the
-schedule's, unless a new Retry-After raises it. Until that next call begins, the
-position and `fallback_hops` still describe the call that succeeded (which provider
-answered, after how many hops).
+tried at most once per pass, so a pass is a walk along the list from where it started,
+wrapping round past the end; the reason each provider was left is recorded
+(`pass_exits`) and `fallback_hops` is its length. A successful call ends the pass: what
+it remembered (the providers already left, the largest Retry-After, the soonest breaker
+reopening) described an outage that is over, so the next call starts a new pass, and
+its first recovery wait is the schedule's, unless a new Retry-After raises it.
+
+Fallback is scoped to the turn: the next call's pass starts at the provider that
+answered the last one, so a turn that failed over stays on its fallback instead of
+asking the primary again at every step (a fresh chain, the next turn's, starts at the
+primary, whose breaker or Retry-After window turns it away at once if it is still
+down). A recovery cycle, and a steer that cut one short, start their pass at the
+primary. Until that next call begins, the position and `fallback_hops` still describe
+the call that succeeded (which provider answered, after how many hops).
 
 The flow, one model call::
 
     begin_call() -> Attempt
       breaker refused      -> on_breaker_open()   -> FailOver | Recover | Stop
+      Retry-After window   -> on_retry_after()    -> FailOver | Recover | Stop
       call succeeded       -> on_success()        -> None (next step: begin_call())
       call failed          -> on_failure(...)     -> RetryIn | FailOver | Recover | Stop
     RetryIn
       budget refused       -> on_retry_refused()  -> FailOver | Recover | Stop
       breaker opened       -> on_breaker_open()   -> FailOver | Recover | Stop (no sleep)
+      window opened        -> on_retry_after()    -> FailOver | Recover | Stop (no sleep)
       slept RetryIn.seconds-> retry_ready()       -> Attempt
     FailOver               -> begin_call()        -> Attempt on FailOver.to_provider
     Recover                -> (park, sleep wait_s) recovery_done() -> Attempt on the primary
@@ -66,8 +73,12 @@ When a hop finds no provider left in the pass:
   wait_s)`` with ``wait_s = max(schedule[min(cycle - 1, len(schedule) - 1)] * (1 +
   rand(0, recovery_jitter)), largest Retry-After <= max_retry_after_s seen in the pass)``:
   a provider's Retry-After wins up to max_retry_after; when every exit of the pass was an
-  open breaker, the wait also lasts until the first breaker lets a probe through (up to
-  max_retry_after_s);
+  open breaker or a remembered Retry-After window (no provider could be asked at all),
+  the wait also lasts until the first of them lets a call through (up to
+  max_retry_after_s). `Recover.waits_for` says which of these set the wait;
+- when every provider of the pass was skipped for a Retry-After window (none failed,
+  each said when it can be asked), even with the cycles spent: ``Recover`` until the
+  first window ends (+ jitter), and `recovery_done` charges no cycle for it;
 - else ``Stop(providers.exhausted, value=recovery_cycles, limit=auto_recovery_cycles)``.
 
 Any other sequence of events is a bug in the caller: `ChainError` names the phase and
@@ -89,6 +100,7 @@ from turnkeeper.policy.chain_decisions import FailOverReason as FailOverReason
 from turnkeeper.policy.chain_decisions import Phase as Phase
 from turnkeeper.policy.chain_decisions import Recover as Recover
 from turnkeeper.policy.chain_decisions import RetryIn as RetryIn
+from turnkeeper.policy.chain_decisions import WaitsFor
 from turnkeeper.policy.chain_state import ChainState
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop, StopCode
@@ -99,6 +111,7 @@ _D = TypeVar("_D")
 class _Event(StrEnum):
     BEGIN_CALL = "begin_call"
     BREAKER_OPEN = "on_breaker_open"
+    RETRY_AFTER = "on_retry_after"
     SUCCESS = "on_success"
     FAILURE = "on_failure"
     RETRY_REFUSED = "on_retry_refused"
@@ -111,10 +124,11 @@ class _Event(StrEnum):
 # Which events each phase takes...
 _ALLOWED: dict[Phase, frozenset[_Event]] = {
     Phase.READY: frozenset({_Event.BEGIN_CALL, _Event.ABANDON}),
-    Phase.ATTEMPTING: frozenset({_Event.BREAKER_OPEN, _Event.SUCCESS, _Event.FAILURE,
-                                 _Event.ABANDON}),
+    Phase.ATTEMPTING: frozenset({_Event.BREAKER_OPEN, _Event.RETRY_AFTER, _Event.SUCCESS,
+                                 _Event.FAILURE, _Event.ABANDON}),
     Phase.BACKING_OFF: frozenset({_Event.RETRY_REFUSED, _Event.RETRY_READY,
-                                  _Event.BREAKER_OPEN, _Event.ABANDON}),
+                                  _Event.BREAKER_OPEN, _Event.RETRY_AFTER,
+                                  _Event.ABANDON}),
     Phase.RECOVERING: frozenset({_Event.RECOVERY_DONE, _Event.USER_MESSAGE}),
     Phase.STOPPED: frozenset(),
     Phase.ERROR: frozenset(),
@@ -148,15 +162,15 @@ class ProviderChain(ChainState):
         """A new model call (a step, or the step again after a failover) on the current
         provider, with fresh provider_attempts."""
         self._expect(_Event.BEGIN_CALL)
-        if self._pass_done:
-            self._start_pass()
+        if self._pass_done:  # the turn stays on the provider that answered last
+            self._start_pass(self._index())
         self._provider_attempts = 0
         self._previous_delay_s = None
         return self._enter(self._attempt())
 
     def on_success(self) -> None:
         """The call succeeded: the outage is over. recovery_cycles starts over and so
-        does the pass: the next call begins at the primary with no Retry-After, no
+        does the pass: the next call begins on this provider with no Retry-After, no
         breaker reopening and no providers left behind."""
         self._expect(_Event.SUCCESS)
         self._recovery_cycles = 0
@@ -164,6 +178,7 @@ class ProviderChain(ChainState):
         self._previous_delay_s = None
         self._pass_retry_after_s = None
         self._pass_reopen_s = None
+        self._pass_reopen_by = None
         self._pass_done = True  # the next begin_call() starts a new pass
         self._enter(None)
 
@@ -208,10 +223,24 @@ class ProviderChain(ChainState):
         them does (up to max_retry_after_s), so that a cycle is not spent on a pass that
         cannot make a single attempt."""
         self._expect(_Event.BREAKER_OPEN)
-        if reopens_in_s is not None and reopens_in_s >= 0 and (
-                self._pass_reopen_s is None or reopens_in_s < self._pass_reopen_s):
-            self._pass_reopen_s = reopens_in_s
+        self._reopens_in(reopens_in_s, "breaker")
         return self._enter(self._hop("breaker_open", rand))
+
+    def on_retry_after(self, *, wait_s: float, rand: Rand | None = None
+                       ) -> FailOver | Recover | Stop:
+        """The current provider asked, in a Retry-After this turn or another one heard,
+        not to be called for `wait_s` more seconds (policy/retry_after.py): a hop with no
+        attempt and no sleep, like an open breaker. When no provider of the pass could
+        be asked, the recovery wait lasts until the first of them can be."""
+        self._expect(_Event.RETRY_AFTER)
+        self._reopens_in(wait_s, "retry_after")
+        return self._enter(self._hop("retry_after", rand))
+
+    def _reopens_in(self, seconds: float | None, by: WaitsFor) -> None:
+        if seconds is not None and seconds >= 0 and (
+                self._pass_reopen_s is None or seconds < self._pass_reopen_s):
+            self._pass_reopen_s = seconds
+            self._pass_reopen_by = by
 
     def on_retry_refused(self, *, rand: Rand | None = None) -> FailOver | Recover | Stop:
         """The retry budget refused the RetryIn: fail over instead of sleeping."""
@@ -230,7 +259,8 @@ class ProviderChain(ChainState):
             return self.begin_call()
         if self._phase is Phase.RECOVERING and recover_until is not None:
             return Recover(cycle=self._recovery_cycles + 1, of_cycles=self.auto_recovery_cycles,
-                           wait_s=max(0.0, recover_until - now))
+                           wait_s=max(0.0, recover_until - now),
+                           why="the rest of a recovery wait begun before a resume")
         return self.begin_call()
 
     def retry_ready(self) -> Attempt:
@@ -239,11 +269,13 @@ class ProviderChain(ChainState):
         return self._enter(self._attempt())
 
     def recovery_done(self) -> Attempt:
-        """The Recover wait is over: count the cycle and start a new pass at the primary
-        (fallback_hops 0, fresh provider_attempts)."""
+        """The Recover wait is over: count the cycle (unless every provider of the pass
+        was only waited for, in its Retry-After window) and start a new pass at the
+        primary (fallback_hops 0, fresh provider_attempts)."""
         self._expect(_Event.RECOVERY_DONE)
-        self._recovery_cycles += 1
-        self._start_pass()
+        if not self._only_windows():  # a wait for Retry-After windows charges no cycle
+            self._recovery_cycles += 1
+        self._start_pass(0)
         return self._enter(self._attempt())
 
     def user_message(self) -> None:
@@ -252,7 +284,7 @@ class ProviderChain(ChainState):
         message is never charged to any counter. If the new pass is spent too,
         the next Recover is the same cycle again, on the same schedule."""
         self._expect(_Event.USER_MESSAGE)
-        self._start_pass()
+        self._start_pass(0)
         self._enter(None)
 
     def abandon(self) -> None:
@@ -283,29 +315,68 @@ class ProviderChain(ChainState):
             return Stop(code=StopCode.PROVIDERS_REJECTED,
                         message=f"{who} rejected the request",
                         value=self.fallback_hops, limit=n)
+        if self._only_windows():
+            return self._window_wait(rand)
         if self._recovery_cycles < self.auto_recovery_cycles:
-            cycle = self._recovery_cycles + 1
-            scheduled = self.recovery_schedule[min(cycle - 1, len(self.recovery_schedule) - 1)]
-            drawn = self._rand_of(rand)(0.0, self.recovery_jitter)
-            jitter = min(self.recovery_jitter, max(0.0, drawn))
-            wait = scheduled * (1.0 + jitter)
-            if self._pass_retry_after_s is not None:
-                wait = max(wait, self._pass_retry_after_s)
-            if self._pass_reopen_s is not None and all(
-                    r == "breaker_open" for r in self._pass_exits):
-                wait = max(wait, min(self._pass_reopen_s, self.max_retry_after_s))
-            return Recover(cycle=cycle, of_cycles=self.auto_recovery_cycles, wait_s=wait)
+            return self._recover(rand)
         who = "the provider" if n == 1 else f"all {n} providers"
         return Stop(code=StopCode.PROVIDERS_EXHAUSTED,
                     message=(f"{who} failed after {self._recovery_cycles} of "
                              f"{self.auto_recovery_cycles} recovery cycles"),
                     value=self._recovery_cycles, limit=self.auto_recovery_cycles)
 
-    def _start_pass(self) -> None:
+    def _only_windows(self) -> bool:
+        """Every provider of the pass was skipped for its Retry-After window: none failed,
+        none could be asked, and each said when it can be."""
+        return bool(self._pass_exits) and all(r == "retry_after" for r in self._pass_exits)
+
+    def _window_wait(self, rand: Rand | None) -> Recover:
+        """Wait until the first window ends (jittered up, so the turns waiting on one
+        provider do not all come back at once), parked like a recovery wait, but no
+        cycle is charged (`recovery_done`): nothing was attempted, and the providers
+        said when to come back."""
+        drawn = self._rand_of(rand)(0.0, self.recovery_jitter)
+        jitter = min(self.recovery_jitter, max(0.0, drawn))
+        first = min(self._pass_reopen_s or 0.0, self.max_retry_after_s)
+        return Recover(cycle=self._recovery_cycles + 1, of_cycles=self.auto_recovery_cycles,
+                       wait_s=first * (1.0 + jitter), waits_for="retry_after",
+                       why=(f"every provider asked to wait (Retry-After): the first window "
+                            f"ends in {first:.3g} s; no recovery cycle is charged"))
+
+    def _recover(self, rand: Rand | None) -> Recover:
+        """The next recovery cycle's wait: the schedule's (jittered), raised to the largest
+        Retry-After of the pass, and stretched until the first provider can be asked when
+        none of the pass could be (an open breaker, a Retry-After window)."""
+        cycle = self._recovery_cycles + 1
+        scheduled = self.recovery_schedule[min(cycle - 1, len(self.recovery_schedule) - 1)]
+        drawn = self._rand_of(rand)(0.0, self.recovery_jitter)
+        jitter = min(self.recovery_jitter, max(0.0, drawn))
+        wait = scheduled * (1.0 + jitter)
+        waits_for: WaitsFor = "schedule"
+        why = f"recovery_schedule: {wait:.3g} s"
+        if self._pass_retry_after_s is not None and self._pass_retry_after_s > wait:
+            wait, waits_for = self._pass_retry_after_s, "retry_after"
+            why = f"a provider answered Retry-After: {wait:.3g} s"
+        if self._pass_reopen_s is not None and self._pass_reopen_by is not None and all(
+                r in ("breaker_open", "retry_after") for r in self._pass_exits):
+            reopen = min(self._pass_reopen_s, self.max_retry_after_s)
+            if reopen > wait:
+                what = ("a circuit breaker lets a probe through"
+                        if self._pass_reopen_by == "breaker"
+                        else "a provider's Retry-After window ends")
+                why = (f"no provider could be asked; {what} in {reopen:.3g} s "
+                       f"(the schedule said {wait:.3g} s)")
+                wait, waits_for = reopen, self._pass_reopen_by
+        return Recover(cycle=cycle, of_cycles=self.auto_recovery_cycles, wait_s=wait,
+                       waits_for=waits_for, why=why)
+
+    def _start_pass(self, start: int) -> None:
         self._pass_done = False
+        self._pass_start = start
         self._pass_exits = []
         self._pass_retry_after_s = None
         self._pass_reopen_s = None
+        self._pass_reopen_by = None
         self._provider_attempts = 0
         self._previous_delay_s = None
 

@@ -4,7 +4,7 @@ that produces them so each stays a size one can read at once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, get_args
 
@@ -13,8 +13,12 @@ from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop
 
 FailOverReason = Literal["deterministic", "attempts_spent", "retry_after_too_long",
-                         "retry_budget", "breaker_open", "no_time"]
+                         "retry_budget", "breaker_open", "retry_after", "no_time"]
 REASONS: frozenset[str] = frozenset(get_args(FailOverReason))
+# What a recovery wait lasts for: the schedule, a Retry-After a provider answered in the
+# pass, or (when no provider of the pass could be asked at all) the first circuit
+# breaker to let a probe through, or the first remembered Retry-After window to pass.
+WaitsFor = Literal["schedule", "retry_after", "breaker"]
 
 # -- decisions out ---------------------------------------------------------------------
 
@@ -51,11 +55,16 @@ class FailOver:
 @dataclass(frozen=True, slots=True)
 class Recover:
     """The chain is exhausted: park the turn for `wait_s` (not active time), then
-    `recovery_done()` starts pass `cycle` of `of_cycles` at the primary."""
+    `recovery_done()` starts pass `cycle` of `of_cycles` at the primary. `waits_for`
+    says what set the wait (anything but "schedule" stretched it past the schedule's),
+    `why` the same in words."""
 
     cycle: int
     of_cycles: int
     wait_s: float
+    # What set the wait, read by the event; not part of the decision's identity.
+    waits_for: WaitsFor = field(default="schedule", compare=False)
+    why: str = field(default="", compare=False)
 
 
 Decision = Attempt | RetryIn | FailOver | Recover | Stop

@@ -3,14 +3,16 @@
 `ProviderChain` (policy/chain.py) is this state plus the events that move it. The
 state is kept apart so that the rules read without the bookkeeping, and so that
 everything a restart has to bring back sits in one place: the settings (checked once,
-here), the counters, the current pass (the reason each provider was left, the largest
-Retry-After, the soonest breaker reopening, the last backoff delay, whether a success
-ended it), and next to them the three ways across a checkpoint: `snapshot`, `restore`
-and `carry_over`. A field added to the chain is a field each of those must account for.
+here), the counters, the current pass (where it started, the reason each provider was
+left, the largest Retry-After, the soonest breaker reopening or Retry-After window's
+end, the last backoff delay, whether a success ended it), and next to them the three
+ways across a checkpoint: `snapshot`, `restore` and `carry_over`. A field added to the
+chain is a field each of those must account for.
 
 A snapshot carries a version (`SNAPSHOT_VERSION`); one of another version is refused,
 never guessed at. Fields that older snapshots lack are optional: no `pass_reopen_s`
-reads as no breaker reopening seen, no `pass_done` as a pass still open. What was in
+reads as no breaker reopening seen, no `pass_done` as a pass still open, no
+`pass_start` as a pass that started at the primary. What was in
 flight (a call, a retry sleep) died with the process, so a restored chain is ready for
 `begin_call()`, unless it was parked in recovery or stopped: those it stays. `restore`
 checks a snapshot against the chain it rebuilds (the same providers, exits that can
@@ -25,7 +27,7 @@ from typing import Any, Self
 
 from turnkeeper.policy.backoff import Backoff, Rand
 from turnkeeper.policy.chain_decisions import REASONS as _REASONS
-from turnkeeper.policy.chain_decisions import FailOverReason, Phase
+from turnkeeper.policy.chain_decisions import FailOverReason, Phase, WaitsFor
 
 SNAPSHOT_VERSION = 1
 
@@ -67,9 +69,15 @@ class ChainState:
         self._phase = Phase.READY
         self._provider_attempts = 0
         self._recovery_cycles = 0
+        # Where the pass started: the primary, or the provider that answered the turn's
+        # last model call (a turn that failed over stays on its fallback).
+        self._pass_start = 0
         self._pass_exits: list[FailOverReason] = []  # why each provider of the pass was left
         self._pass_retry_after_s: float | None = None
-        self._pass_reopen_s: float | None = None  # soonest breaker reopening in the pass
+        # The soonest a provider skipped without an attempt can be asked again (its
+        # breaker lets a probe through, its Retry-After window ends), and which it was.
+        self._pass_reopen_s: float | None = None
+        self._pass_reopen_by: WaitsFor | None = None
         self._previous_delay_s: float | None = None  # for decorrelated jitter
         self._pass_done = False  # a success ended the pass: the next call starts anew
 
@@ -89,7 +97,22 @@ class ChainState:
     @property
     def current_provider(self) -> str:
         """The provider the turn is on; once the pass is spent, the last one tried."""
-        return self.providers[min(len(self._pass_exits), len(self.providers) - 1)]
+        return self.providers[self._index()]
+
+    @property
+    def next_provider(self) -> str:
+        """The provider the next attempt goes to, unless its breaker or Retry-After
+        window turns it away: the current one, or the primary for a chain waiting out a
+        recovery cycle (the next pass starts there)."""
+        if self._phase is Phase.RECOVERING:
+            return self.providers[0]
+        return self.current_provider
+
+    def _index(self) -> int:
+        """A pass walks the list from where it started, wrapping round past the end,
+        each provider once."""
+        n = len(self.providers)
+        return (self._pass_start + min(len(self._pass_exits), n - 1)) % n
 
     @property
     def provider_attempts(self) -> int:
@@ -114,12 +137,14 @@ class ChainState:
         """The chain's counters, JSON-able, for the turn's checkpoint."""
         return {"version": SNAPSHOT_VERSION, "providers": list(self.providers),
                 "phase": self._phase.value, "current_provider": self.current_provider,
+                "pass_start": self._pass_start,
                 "provider_attempts": self._provider_attempts,
                 "fallback_hops": self.fallback_hops,
                 "recovery_cycles": self._recovery_cycles,
                 "pass_exits": list(self._pass_exits),
                 "pass_retry_after_s": self._pass_retry_after_s,
                 "pass_reopen_s": self._pass_reopen_s,
+                "pass_reopen_by": self._pass_reopen_by,
                 "previous_delay_s": self._previous_delay_s,
                 "pass_done": self._pass_done}
 
@@ -172,17 +197,27 @@ class ChainState:
         phase = Phase(snapshot["phase"])
         if phase not in (Phase.RECOVERING, Phase.STOPPED):
             phase = Phase.READY
+        start = int(snapshot.get("pass_start", 0))  # absent from older snapshots
+        if not 0 <= start < len(chain.providers):
+            raise ValueError(f"provider chain snapshot has invalid pass_start {start!r}")
+        reopen_by = snapshot.get("pass_reopen_by")
+        if reopen_by not in (None, "breaker", "retry_after"):
+            raise ValueError(f"provider chain snapshot has invalid pass_reopen_by "
+                             f"{reopen_by!r}")
         if len(exits) == len(chain.providers) and phase is Phase.READY:
             raise ValueError("provider chain snapshot: the pass is spent but the chain is "
                              "neither recovering nor stopped")
         chain._phase = phase
         chain._provider_attempts = int(snapshot["provider_attempts"])
         chain._recovery_cycles = int(snapshot["recovery_cycles"])
+        chain._pass_start = start
         chain._pass_exits = exits
         ra = snapshot.get("pass_retry_after_s")
         chain._pass_retry_after_s = None if ra is None else float(ra)
         reopen = snapshot.get("pass_reopen_s")  # absent from older snapshots
         chain._pass_reopen_s = None if reopen is None else float(reopen)
+        chain._pass_reopen_by = (None if chain._pass_reopen_s is None
+                                 else reopen_by or "breaker")
         prev = snapshot.get("previous_delay_s")
         chain._previous_delay_s = None if prev is None else float(prev)
         chain._pass_done = bool(snapshot.get("pass_done", False))  # absent from older ones

@@ -127,6 +127,9 @@ class Queries:
                       "max_concurrent": core.config.daemon.max_concurrent_turns},
             "breakers": {name.split(":", 1)[1] if name.startswith("provider:") else name:
                          b.state(now).value for name, b in core.shared.breakers.items()},
+            "retry_after": {name.split(":", 1)[1] if name.startswith("provider:") else name:
+                            round(left, 3)
+                            for name, left in core.shared.retry_after.windows(now).items()},
             "in_flight": core.shared.gates.snapshot(),
             "reloads": {"count": core.reload_count, "failures": core.reload_failures},
             "mcp_servers": core.runtime.toolbox.server_status(),

@@ -109,6 +109,11 @@ class ModelCall:
     def _breaker(self, provider: str) -> CircuitBreaker:
         return self.ctx.shared.breakers[f"provider:{provider}"]
 
+    def _window(self, provider: str) -> float | None:
+        """Seconds left of the Retry-After window the provider opened (for any turn)."""
+        return self.ctx.shared.retry_after.window(f"provider:{provider}",
+                                                  self.ctx.clock.monotonic())
+
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
 
@@ -172,6 +177,12 @@ class ModelCall:
         if reopens_in is not None:  # opened meanwhile: hop now, do not sleep
             ctx.log.info("model.breaker_open", provider=decision.provider)
             return ctx.chain.on_breaker_open(reopens_in_s=reopens_in)
+        window = self._window(decision.provider)
+        if window is not None and window > decision.seconds:
+            # Another turn heard a longer Retry-After than this sleep honours: hop now.
+            ctx.log.info("model.retry_after_window", provider=decision.provider,
+                         wait=round(window, 3))
+            return ctx.chain.on_retry_after(wait_s=window)
         if not claims.begin_retry(decision.provider):
             ctx.log.info("model.retry_refused", provider=decision.provider,
                          **ctx.counter_values())
@@ -207,6 +218,13 @@ class ModelCall:
             # another node may run the turn by then, and would pay for the call again.
             await ctx.control.confirm_lease()
         name = attempt.provider
+        # A provider that asked (any turn) not to be called yet is skipped, no attempt.
+        # A retry is not asked again: its sleep honoured the Retry-After (`_retry`).
+        window = self._window(name) if attempt.attempt == 1 else None
+        if window is not None:
+            claims.end_retry()
+            ctx.log.info("model.retry_after_window", provider=name, wait=round(window, 3))
+            return ctx.chain.on_retry_after(wait_s=window)
         breaker = self._breaker(name)
         if not claims.acquire(breaker):
             claims.end_retry()
@@ -274,6 +292,10 @@ class ModelCall:
             return None
         cls = classify(failure)
         claims.failed(cls, failure.retry_after_s, local=failure.local)
+        # What the provider asked for holds for every turn until it passes.
+        ctx.shared.retry_after.heard(f"provider:{name}", failure.retry_after_s,
+                                     now=ctx.clock.monotonic(),
+                                     max_retry_after_s=ctx.chain.max_retry_after_s)
         self._publish(ev.ModelAttemptFailed(provider=name, attempt=attempt.attempt,
                                             class_=cls.value, status=failure.status,
                                             error=error))
@@ -367,9 +389,11 @@ class ModelCall:
         wait = round(max(0.0, ctx.recover_until - now), 3)
         ctx.record.next_attempt_at = ctx.recover_until
         self._publish(ev.TurnRecovering(cycle=decision.cycle, of=decision.of_cycles,
-                                        wait=wait, next_attempt_at=ctx.recover_until))
+                                        wait=wait, next_attempt_at=ctx.recover_until,
+                                        waits_for=decision.waits_for, reason=decision.why))
         ctx.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
-                        wait=wait, **ctx.counter_values())
+                        wait=wait, waits_for=decision.waits_for, reason=decision.why,
+                        **ctx.counter_values())
         await ctx.park(TurnState.RECOVERING, until=ctx.recover_until,
                        done=lambda: ctx.control.redirect_requested or ctx.has_unread_steer())
         ctx.recover_until = None

@@ -181,7 +181,7 @@ class TurnRunner:
             else:
                 ctx.record.counters.steps += 1
             step = ctx.record.counters.steps
-            self._publish(ev.StepStarted(step=step, provider=ctx.chain.current_provider))
+            self._publish(ev.StepStarted(step=step, provider=ctx.chain.next_provider))
             try:
                 reply = await self.model.call()
             except Redirected:

@@ -22,6 +22,7 @@ from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.replies import cut_call_message
+from turnkeeper.policy.retry_after import not_sent
 from turnkeeper.policy.tool_retry import attempts_for
 from turnkeeper.providers.base import ToolCall
 from turnkeeper.tools.registry import ToolOutcome
@@ -385,6 +386,13 @@ class ToolStep:
         while True:
             attempt += 1
             ctx.record.counters.tool_attempts = attempt
+            # Inside a Retry-After window the tool opened (for any turn): not sent. A
+            # retry is not asked: its sleep honoured the Retry-After.
+            window = (ctx.shared.retry_after.window(tool.breaker, ctx.clock.monotonic())
+                      if attempt == 1 else None)
+            if window is not None:
+                return ToolOutcome(content="", attempted=False,
+                                   failure=not_sent(f"tool {name}", window))
             if breaker is not None and not breaker.try_acquire(ctx.clock.monotonic()):
                 return ToolOutcome(content="", failure=CallFailure(
                     exception=("CircuitOpen", "ConnectionError"),
@@ -410,6 +418,10 @@ class ToolStep:
             elif breaker is not None:
                 breaker.record_failure(ctx.clock.monotonic(), cls,
                                        retry_after_s=outcome.failure.retry_after_s)
+            if outcome.attempted:
+                ctx.shared.retry_after.heard(tool.breaker, outcome.failure.retry_after_s,
+                                             now=ctx.clock.monotonic(),
+                                             max_retry_after_s=rule.max_retry_after_s)
             delay = rule.next_delay(attempt=attempt, max_attempts=max_attempts,
                                     failure_class=cls,
                                     retry_after_s=outcome.failure.retry_after_s,
