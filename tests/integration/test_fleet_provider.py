@@ -214,3 +214,41 @@ def test_three_nodes_meeting_a_dead_primary_at_once_share_one_failure_streak(
     assert threshold <= faults.count("primary") <= bound, faults.count("primary")
     [(streak,)] = query(db, "SELECT failures FROM breakers WHERE name = 'provider:primary'")
     assert streak >= threshold
+
+
+def test_a_retry_after_heard_by_one_node_keeps_every_node_from_the_provider(
+        tmp_path: Path, faults: FaultServer, db: str) -> None:
+    """n0 meets the primary's 429 Retry-After: 60 and fails over; n1, which ran nothing,
+    holds the same window (shared through the database) and its turn skips the primary
+    with no request: a hop with reason retry_after."""
+    faults.script("primary", then=fail(429, retry_after="60"))
+    faults.script("fallback", then=ok("done"))
+    agent = "\n[agent]\napi_max_retries = 0\n"
+    daemons = [Daemon(tmp_path, node_config(faults, db, f"n{i}") + agent,
+                      name=f"n{i}").start() for i in range(2)]
+    n0, n1 = daemons
+    try:
+        assert n1.post("/v1/intake", {"open": False})[0] == 200
+        first = n0.run("first")
+        assert first["state"] == "completed", first["result"]
+        assert faults.count("primary") == 1
+        deadline = time.monotonic() + 15
+        while "primary" not in n1.get("/v1/status")[1]["retry_after"]:
+            assert time.monotonic() < deadline, "n1 never heard the primary's Retry-After"
+            time.sleep(0.05)
+        assert n0.post("/v1/intake", {"open": False})[0] == 200
+        assert n1.post("/v1/intake", {"open": True})[0] == 200
+        second = n1.run("second")
+        assert second["state"] == "completed", second["result"]
+        events = n1.events(second["id"])
+    finally:
+        for d in daemons:
+            d.kill()
+    assert faults.count("primary") == 1
+    [(owner,)] = query(db, "SELECT owner FROM turns WHERE id = $1", second["id"])
+    assert owner == "n1"
+    hops = [(e["from"], e["to"], e["reason"]) for e in events if e["type"] == "model.failover"]
+    assert hops == [("primary", "fallback", "retry_after")]
+    [(node, left)] = query(db, "SELECT node, extract(epoch FROM until - now()) FROM retry_after"
+                               " WHERE name = 'provider:primary'")
+    assert node == "n0" and 0 < left <= 60

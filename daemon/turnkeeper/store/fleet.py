@@ -24,11 +24,13 @@ NODE_ID_FILE = "node_id"
 CHANNEL_TURNS = "turnkeeper_turns"  # NOTIFY: a turn to claim (submitted, requeued, handed back)
 CHANNEL_MAIL = "turnkeeper_mail"  # NOTIFY: mail for a turn, the payload its id
 CHANNEL_BREAKERS = "turnkeeper_breakers"  # NOTIFY: a circuit breaker opened
+CHANNEL_RETRY_AFTER = "turnkeeper_retry_after"  # NOTIFY: a peer asked not to be called
 
 
 def breaker_notice(name: str, open_for_s: float) -> str:
-    """The NOTIFY payload of a breaker's opening: its name and the seconds it stays
-    open, so a node applies it at once, without reading the table."""
+    """The NOTIFY payload of a breaker's opening (or of a Retry-After window): its name
+    and the seconds it stays open, so a node applies it at once, without reading the
+    table."""
     return f"{name} {open_for_s:.3f}"
 
 
@@ -114,6 +116,10 @@ class FleetStore(Protocol):
                                    ) -> tuple[int, float | None]: ...
 
     async def shared_breakers(self) -> dict[str, tuple[int, float | None]]: ...
+
+    async def share_retry_after(self, name: str, for_s: float) -> None: ...
+
+    async def shared_retry_after(self) -> dict[str, float]: ...
 
 
 def default_node_id(state_dir: Path) -> str:

@@ -1,5 +1,5 @@
 """The fleet half of the PostgreSQL store: nodes, claims, leases, fencing, mail,
-NOTIFY, and what the nodes share (retry budgets, breakers).
+NOTIFY, and what the nodes share (retry budgets, breakers, Retry-After windows).
 
 Several daemons share a database as a fleet (`supervisor/fleet.py`): each registers
 its node id in `nodes` (a node id whose daemon still beats is refused, StoreInUse, exit
@@ -33,6 +33,7 @@ from turnkeeper.store.base import (
 from turnkeeper.store.fleet import (
     CHANNEL_BREAKERS,
     CHANNEL_MAIL,
+    CHANNEL_RETRY_AFTER,
     CHANNEL_TURNS,
     Claimed,
     StaleLease,
@@ -304,6 +305,7 @@ class PostgresFleet(PostgresConnection):
             await conn.add_listener(CHANNEL_TURNS, heard)
             await conn.add_listener(CHANNEL_MAIL, heard)
             await conn.add_listener(CHANNEL_BREAKERS, heard)
+            await conn.add_listener(CHANNEL_RETRY_AFTER, heard)
             await lost.wait()
             raise StoreError("listen: the connection was closed")
         except DB_ERRORS as exc:
@@ -382,6 +384,30 @@ class PostgresFleet(PostgresConnection):
             f"SELECT name, failures, {OPEN_LEFT_S} AS s FROM breakers")
         return {r["name"]: (int(r["failures"]), None if r["s"] is None else float(r["s"]))
                 for r in rows}
+
+    async def share_retry_after(self, name: str, for_s: float) -> None:
+        """A peer (provider or tool) asked this node, in a Retry-After, not to be called
+        for `for_s` seconds: every node keeps from calling it as long (NOTIFY tells them
+        at once). A window already open longer is kept."""
+        async def publish(conn: Conn) -> None:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO retry_after AS w (name, until, node) VALUES ($1,"
+                    " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
+                    " SET until = GREATEST(w.until, excluded.until), node = excluded.node",
+                    name, for_s, self.node_id)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_RETRY_AFTER,
+                                   breaker_notice(name, for_s))
+
+        await self._read(publish)
+
+    async def shared_retry_after(self) -> dict[str, float]:
+        """Every open Retry-After window of the fleet: name -> seconds left, by the
+        database's clock."""
+        rows = await self._fetch(
+            "SELECT name, extract(epoch FROM until - now()) AS s FROM retry_after"
+            " WHERE until > now()")
+        return {r["name"]: float(r["s"]) for r in rows}
 
     async def nodes(self) -> list[dict[str, Any]]:
         """The fleet as the database sees it: each node, its heartbeat and its turns."""

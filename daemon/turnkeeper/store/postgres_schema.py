@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -164,6 +164,15 @@ MIGRATIONS: tuple[tuple[str | Callable[[Conn], Awaitable[None]], ...], ...] = (
         # get theirs from their record, which keeps its own copy until it is next saved.
         "ALTER TABLE turns ADD COLUMN message TEXT",
         _messages_apart,
+    ),
+    (
+        # Retry-After windows a node heard: every node keeps from calling the peer
+        # (provider or tool) until the window ends.
+        """CREATE TABLE retry_after (
+            name TEXT PRIMARY KEY,
+            until TIMESTAMPTZ NOT NULL,
+            node TEXT NOT NULL
+        )""",
     ),
 )
 

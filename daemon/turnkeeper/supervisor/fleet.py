@@ -31,12 +31,14 @@ from turnkeeper.store.base import StoreError
 from turnkeeper.store.fleet import (
     CHANNEL_BREAKERS,
     CHANNEL_MAIL,
+    CHANNEL_RETRY_AFTER,
     FleetStore,
     StaleLease,
 )
 from turnkeeper.supervisor.core import LiveTurn
 from turnkeeper.supervisor.fleet_breakers import FleetBreakers
 from turnkeeper.supervisor.fleet_mail import FleetMail
+from turnkeeper.supervisor.fleet_waits import FleetWaits
 from turnkeeper.turn.record import TurnRecord
 
 if TYPE_CHECKING:
@@ -58,6 +60,7 @@ class Fleet:
         self._mail_due = False
         self.mail = FleetMail(core, store)
         self.breakers = FleetBreakers(core, store)
+        self.waits = FleetWaits(core, store)
         self.lease = Lease.starting(self.timing, core.clock.monotonic())
         self._renewed = anyio.Event()  # set (and replaced) by each confirming renewal
         # The fleet's queue: turns no node holds, as read at the last claim tick, and the
@@ -118,9 +121,12 @@ class Fleet:
     async def run(self) -> None:
         self.core.shared.observe_breakers(self.breakers.changed)
         await self.breakers.read()  # a node that starts keeps open what the fleet holds open
+        self.core.shared.retry_after.observer = self.waits.opened
+        await self.waits.read()  # and waits out the Retry-After windows the fleet heard
         await self.read_backlog()  # a node that starts admits against the fleet's queue
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.breakers.run, lambda: self._stopping, name="fleet breakers")
+            tg.start_soon(self.waits.run, lambda: self._stopping, name="fleet retry-after")
             tg.start_soon(self._claim_loop, name="fleet claims")
             tg.start_soon(self._heartbeat_loop, name="fleet heartbeat")
             tg.start_soon(self._listen_loop, name="fleet listener")
@@ -156,6 +162,8 @@ class Fleet:
                 await self.mail.deliver()
             if core.state != "stopping" and (tick.cancelled_caught or self.breakers.due):
                 await self.breakers.read()
+            if core.state != "stopping" and (tick.cancelled_caught or self.waits.due):
+                await self.waits.read()
             if tick.cancelled_caught:
                 await self.read_backlog()
             if core.state != "ready" or not core.intake_open or core.scheduler.paused:
@@ -203,6 +211,11 @@ class Fleet:
             await self.core.clock.sleep(CLAIM_EVERY_S)
 
     def _heard(self, channel: str, payload: str) -> None:
+        if channel == CHANNEL_RETRY_AFTER:
+            self.waits.heard(payload)
+            if self.waits.due:
+                self.wake()  # not applied at once: read the table at the next pass
+            return
         if channel == CHANNEL_BREAKERS:
             if not self.breakers.heard(payload):
                 self.wake()  # not applied at once: read the table at the next pass
