@@ -561,6 +561,33 @@ def test_a_turn_in_a_recovery_wait_survives_restarts_keeping_its_cycle(
     assert cycles == [1, 1, 1], cycles
 
 
+def test_a_step_resumed_in_its_recovery_wait_names_the_primary_it_will_ask_next(
+        tmp_path: Path, daemons: list[Daemon]) -> None:
+    """Both providers failed, the turn waits out a recovery cycle, the daemon restarts:
+    the step goes on, and its `step.started` names the provider the next pass asks first
+    (the primary), not the last one that failed (the fallback)."""
+    path = script_file(tmp_path / "script.toml", RECOVERY_SCRIPT)
+    body = (RECOVERY_CONFIG + scripted_provider(path, name="primary")
+            + scripted_provider(path, name="fallback") + ECHO_TOOL)
+    d = daemon(tmp_path, daemons, body)
+    d.start()
+    tid = d.submit("please")["id"]
+    wait_for(lambda: turn_of(d, tid)["state"] == "recovering", what="the recovery wait")
+    assert turn_of(d, tid)["provider"] == "fallback"  # the last one tried
+    d.stop()
+    d.start()
+    wait_for(lambda: turn_of(d, tid)["state"] == "recovering",
+             what="the recovery wait after a restart")
+    status, _ = d.post(f"/v1/turns/{tid}/messages", {"kind": "steer", "text": "now"})
+    assert status == 202
+    done = d.wait(tid, timeout=15)
+    assert done["result"]["answer"] == "recovered: now"
+    events = d.events(tid)
+    assert [(e["step"], e["provider"]) for e in of_type(events, "step.started")] == [
+        (1, "primary"), (1, "primary")]
+    assert [e["provider"] for e in of_type(events, "model.request")][-1] == "primary"
+
+
 # -- steer messages ------------------------------------------------------------------
 
 STEER_SCRIPT = """
