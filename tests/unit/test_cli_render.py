@@ -89,7 +89,12 @@ def _status(**extra: object) -> dict[str, object]:
 
 def test_status_says_nothing_of_a_healthy_store_or_intake() -> None:
     lines = status_lines(_status())
-    assert not any(line.startswith(("store", "intake")) for line in lines)
+    assert not any(line.startswith(("store", "intake", "retry-after")) for line in lines)
+
+
+def test_status_lists_the_retry_after_windows_open() -> None:
+    lines = status_lines(_status(retry_after={"primary": 27.34, "tool:search": 5.0}))
+    assert "retry-after  primary 27.3 s  tool:search 5.0 s" in lines
 
 
 def test_status_names_an_unwritable_store_and_an_overloaded_intake() -> None:

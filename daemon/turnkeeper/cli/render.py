@@ -139,6 +139,10 @@ def status_lines(data: dict[str, Any]) -> list[str]:
     lines.append("breakers     " + ("  ".join(
         f"{name} {state.upper() if state != 'closed' else state}"
         for name, state in breakers.items()) or "-"))
+    waits = data.get("retry_after") or {}
+    if waits:  # peers that asked, in a Retry-After, not to be called yet
+        lines.append("retry-after  " + "  ".join(f"{name} {left:.1f} s"
+                                                 for name, left in waits.items()))
     for name, gate in (data.get("in_flight") or {}).items():
         if gate.get("limit") is None:
             continue
