@@ -308,3 +308,37 @@ async def test_breaker_failures_add_up_across_nodes_and_open_for_the_fleet(
     assert shared["provider:p"][0] == 9 and shared["provider:p"][1] is not None
     await a.add_breaker_failures("tool:t", 1, reset=False, threshold=8, cooldown_s=30.0)
     assert (await b.shared_breakers())["tool:t"] == (1, None)
+
+
+async def test_a_retry_after_window_is_told_to_every_node_and_the_longest_is_kept(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, c = nodes
+    heard: list[str] = []
+    announced = anyio.Event()
+
+    def on_notify(channel: str, payload: str) -> None:
+        heard.append(f"{channel}:{payload}")
+        announced.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(c.listen, on_notify)
+        await anyio.sleep(0.2)
+        await a.share_retry_after("provider:p", 30.0)
+        with anyio.fail_after(5):
+            await announced.wait()
+        [notice] = heard  # the name and the seconds left: applied at once
+        assert notice.startswith("turnkeeper_retry_after:provider:p ")
+        assert read_breaker_notice(notice.split(":", 1)[1]) == ("provider:p", 30.0)
+        tg.cancel_scope.cancel()
+    await b.share_retry_after("provider:p", 5.0)  # a shorter one shortens nothing
+    await b.share_retry_after("tool:t", 10.0)
+    windows = await c.shared_retry_after()
+    assert set(windows) == {"provider:p", "tool:t"}
+    assert 29.0 < windows["provider:p"] <= 30.0 and 9.0 < windows["tool:t"] <= 10.0
+    conn = await asyncpg.connect(db)
+    try:  # a window that has ended is not shared any more
+        await conn.execute("UPDATE retry_after SET until = now() - interval '1 second'"
+                           " WHERE name = 'tool:t'")
+    finally:
+        await conn.close()
+    assert set(await a.shared_retry_after()) == {"provider:p"}
