@@ -19,6 +19,7 @@ from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.budget import cost_usd
+from turnkeeper.policy.call_bound import CALL_TIMEOUT, CallBound
 from turnkeeper.policy.chain import Attempt, FailOver, Recover, RetryIn
 from turnkeeper.policy.classify import CallFailure, FailureClass, classify
 from turnkeeper.policy.outcome import Stop, StopCode
@@ -86,6 +87,10 @@ class _Claims:
             self._breaker.record_failure(self._clock.monotonic(), failure_class,
                                          retry_after_s=retry_after_s)
         self._breaker = None
+
+
+class _CallCut(Exception):
+    """Internal: the call's total bound ran out (see `CallBound`)."""
 
 
 # What `_last_failure` holds before any (a CallFailure is immutable: one for every turn).
@@ -246,22 +251,32 @@ class ModelCall:
         ctx.control.call_scope = call_scope
         failure: CallFailure | None = None
         reply: ModelReply | None = None
+        bound = CallBound.of(turn_left_s=ctx.remaining_s(),
+                             max_call_s=ctx.settings.providers[name].max_call_s)
 
         async def on_delta(text: str) -> None:
             nonlocal streamed
             streamed = True
             self._publish(ev.ModelDelta(text=text))
 
+        async def bounded() -> ModelReply:
+            # The whole call, however it trickles in: a per-read timeout never ends a
+            # stream that keeps sending something.
+            with ctx.clock.move_on_after(bound.seconds):
+                return await provider.complete(request, on_delta)
+            raise _CallCut
+
         try:
             with call_scope:
                 try:
                     reply = await ctx.shared.gates.run(
-                        name, lambda: provider.complete(request, on_delta),
-                        clock=ctx.clock, wait_s=ctx.remaining_s(),
+                        name, bounded, clock=ctx.clock, wait_s=ctx.remaining_s(),
                         on_wait=lambda limit, busy, queued: self._publish(ev.ModelQueued(
                             provider=name, limit=limit, in_flight=busy, waiting=queued)))
                 except ProviderError as exc:
                     failure = exc.failure
+                except _CallCut:
+                    failure = bound.failure()
         finally:
             ctx.control.call_scope = None
             budget.end_request()
@@ -270,6 +285,13 @@ class ModelCall:
             ctx.chain.abandon()
             self._publish(ev.ModelRedirected(provider=name))
             raise Redirected
+        if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:
+            spent = ctx.time_spent()
+            if spent is not None:  # the turn's time ran out: its stop, not the provider's
+                claims.failed(FailureClass.RETRYABLE, None, local=True)
+                ctx.log.info("model.call_cut", provider=name, reason=spent.code.value,
+                             **ctx.counter_values())
+                return spent
         if reply is not None:
             self._streamed_from = None
             claims.succeeded()
