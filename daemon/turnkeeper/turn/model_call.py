@@ -249,6 +249,8 @@ class ModelCall:
         streamed = False
         call_scope = anyio.CancelScope()
         ctx.control.call_scope = call_scope
+        if ctx.control.model_call_cut:
+            call_scope.cancel()
         failure: CallFailure | None = None
         reply: ModelReply | None = None
         bound = CallBound.of(turn_left_s=ctx.remaining_s(),
@@ -282,9 +284,7 @@ class ModelCall:
             budget.end_request()
             claims.end_retry()
         if call_scope.cancelled_caught:
-            ctx.chain.abandon()
-            self._publish(ev.ModelRedirected(provider=name))
-            raise Redirected
+            raise self._cut(name)
         if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:
             spent = ctx.time_spent()
             if spent is not None:  # the turn's time ran out: its stop, not the provider's
@@ -321,6 +321,19 @@ class ModelCall:
             self._streamed_from = name  # counted if the step moves to another provider
         return ctx.chain.on_failure(cls, retry_after_s=failure.retry_after_s,
                                     remaining_s=ctx.remaining_s(), rand=ctx.rand)
+
+    def _cut(self, provider: str) -> Redirected:
+        """The model call was cut from outside: a steer with redirect (the step starts
+        over with it), or a reload's suspend (the step starts over at its boundary, where
+        the turn suspends; the call is asked again on resume)."""
+        ctx = self.ctx
+        ctx.chain.abandon()
+        if ctx.control.redirect_requested:
+            self._publish(ev.ModelRedirected(provider=provider))
+        else:
+            ctx.log.info("model.call_cut", provider=provider, reason="suspend",
+                         **ctx.counter_values())
+        return Redirected()
 
     def _charge(self, provider: str, reply: ModelReply) -> None:
         ctx = self.ctx
@@ -383,14 +396,13 @@ class ModelCall:
 
     async def _sleep_active(self, seconds: float) -> None:
         """A backoff wait: active time (it counts toward max_seconds), cut short by a
-        redirect steer."""
+        redirect steer or a reload's suspend."""
         control = self.ctx.control
         with self.ctx.clock.move_on_after(seconds):
-            while not control.redirect_requested:
+            while not control.model_call_cut:
                 await control.wake.wait()
-        if control.redirect_requested:
-            self.ctx.chain.abandon()
-            raise Redirected
+        if control.model_call_cut:
+            raise self._cut(self.ctx.chain.current_provider)
 
     async def _recover(self, decision: Recover) -> Stop | bool:
         """Park for a recovery cycle: not active time; cancel, steer and suspend work.
