@@ -33,6 +33,8 @@ class ProviderRequestSettings:
     # The extended-thinking budget configured (Anthropic), None without one: the output
     # cap sent must stay above what is sent of it.
     thinking_budget_tokens: int | None = None
+    # The longest one call may take, start to end, whatever it streams.
+    max_call_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,8 @@ class TurnSettings:
                 price_output_per_mtok=p.price_output_per_mtok,
                 price_cache_read_per_mtok=p.price_cache_read_per_mtok,
                 price_cache_write_per_mtok=p.price_cache_write_per_mtok,
-                thinking_budget_tokens=p.thinking_budget_tokens)
+                thinking_budget_tokens=p.thinking_budget_tokens,
+                max_call_s=p.max_call_seconds)
                 for p in cfg.providers},
             chain=chain,
             model_chains={name: replace(chain, providers=cfg.model_chain(name))

@@ -46,7 +46,9 @@ class Answer:
     chunks and then drops the connection; `stream_error` (streams only) sends the text,
     then an error event of that type inside the HTTP 200 stream. `tool_steps` makes an
     agent: while the conversation holds fewer than that many tool results, the answer is
-    a call of the `echo` tool; then the text."""
+    a call of the `echo` tool; then the text. `trickle` (streams only) sends one word
+    every that many seconds, forever; `keepalive` sends only SSE comments and empty
+    events, every that many seconds, forever: streams a per-read timeout never ends."""
 
     status: int = 200
     text: str = "ok"
@@ -61,6 +63,8 @@ class Answer:
     # A recorded reply sent as it is: a JSON body, or the text of an event stream.
     raw_json: dict[str, Any] | None = None
     raw_sse: str | None = None
+    trickle: float | None = None
+    keepalive: float | None = None
 
 
 def ok(text: str = "ok", *, tool_calls: tuple[tuple[str, dict[str, Any]], ...] = (),
@@ -94,6 +98,21 @@ def broken_stream(after_chunks: int, text: str = "partial answer that never ends
 
 def stream_error(error_type: str, text: str = "a start") -> Answer:
     return Answer(text=text, stream_error=error_type)
+
+
+def trickle(every: float = 0.2) -> Answer:
+    """A stream that sends one token every `every` seconds and never finishes."""
+    return Answer(trickle=every)
+
+
+def keepalive(every: float = 0.2) -> Answer:
+    """A stream that sends nothing but keepalives (comments, empty events), forever."""
+    return Answer(keepalive=every)
+
+
+def redirect(location: str, status: int = 307) -> Answer:
+    """A redirect to `location` (a 307 keeps the method and the body)."""
+    return Answer(status=status, headers=(("Location", location),), message="moved")
 
 
 @dataclass(frozen=True)
@@ -258,6 +277,8 @@ class FaultServer:
                       ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if answer.trickle is not None or answer.keepalive is not None:
+            return await self._endless(resp, answer)
         split = answer.text.split(" ")
         words = [w + " " for w in split[:-1]] + split[-1:]
         for i, word in enumerate(words):
@@ -283,6 +304,22 @@ class FaultServer:
                                "usage": _usage(body, answer)}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
+        return resp
+
+    async def _endless(self, resp: web.StreamResponse, answer: Answer) -> web.StreamResponse:
+        """Keep the stream alive until the client goes away."""
+        n = 0
+        with contextlib.suppress(ConnectionError):
+            while True:
+                n += 1
+                if answer.trickle is not None:
+                    await resp.write(_sse({"choices": [{"index": 0, "delta": {
+                        "content": f"w{n} "}, "finish_reason": None}]}))
+                    await asyncio.sleep(answer.trickle)
+                else:
+                    assert answer.keepalive is not None
+                    await resp.write(b": keepalive\n\n" if n % 2 else b"data:\n\n")
+                    await asyncio.sleep(answer.keepalive)
         return resp
 
     def start(self) -> FaultServer:

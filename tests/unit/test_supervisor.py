@@ -242,7 +242,7 @@ async def test_cancel_of_a_queued_turn(h: Harness) -> None:
     assert ("later", 1) not in h.model.calls
 
 
-async def test_a_reload_suspends_a_turn_past_the_drain_and_resumes_it_under_the_new_policy(
+async def test_a_reload_past_its_drain_cuts_a_model_call_and_resumes_it_under_the_new_policy(
         h: Harness) -> None:
     turn = await h.sup.submit(message="slow r", session=None, budget={}, deadline=None)
     await h.settle()
@@ -258,19 +258,22 @@ async def test_a_reload_suspends_a_turn_past_the_drain_and_resumes_it_under_the_
     await h.settle()
     assert h.sup.state == "reloading" and h.sup.policy.version == 1
     h.clock.advance(5.0)  # the drain timeout passes in fake time
-    await h.settle()
-    assert h.sup.state == "reloading"  # the turn is asked to suspend at its next step
-    h.model.open("slow r")
+    # The model call has no effect: it is cut, the turn suspended, the policy swapped,
+    # without waiting for the call (which never ends while the gate is shut).
     await h.until(lambda: bool(outcome))
     await h.settle()
-    assert outcome[0].ok and outcome[0].policy_version == 2
+    assert outcome[0].ok and outcome[0].policy_version == 2 and h.sup.state == "ready"
     assert h.sup.policy.config.budget.max_steps == 7
+    assert "slow r" in h.model.in_flight  # asked again, under the new policy
+    assert [c for c in h.model.calls if c[0] == "slow r"] == [("slow r", 1), ("slow r", 1)]
+    h.model.open("slow r")
     done = await h.sup.wait_turn(turn.id, 1.0)
     assert done["state"] == "completed" and done["policy_version"] == 2
+    assert done["counters"]["steps"] == 2  # the cut step is not counted twice
     types = [e["type"] for e in await h.store.events(turn=turn.id)]
     assert types.index("turn.suspended") < types.index("turn.resumed") < types.index(
         "turn.finished")
-    assert types.count("tool.call") == 1  # the step before the suspension is not redone
+    assert types.count("tool.call") == 1
 
 
 async def test_stop_cuts_running_turns_at_the_timeout_and_leaves_queued_ones(h: Harness) -> None:

@@ -114,6 +114,37 @@ async def test_cancel_now_cuts_the_effect_and_records_it_unknown() -> None:
     assert h.clock.monotonic() == pytest.approx(0.0)
 
 
+async def test_a_reloads_suspend_lets_a_tool_call_on_the_wire_finish_then_suspends() -> None:
+    h, sent = harness([calls("ticket", ARGS), answer()], wait_s=5.0, idempotent=True)
+
+    def reload_done_waiting(h: Harness) -> None:
+        if sent and not h.control.suspend_requested:
+            h.control.suspend(between_effects=True)
+
+    assert await h.run(on_blocked=reload_done_waiting) is None  # suspended
+    assert sent == ["t1.1.0"]
+    assert h.clock.monotonic() == pytest.approx(5.0)  # the call ran its course
+    entry = await h.store.journal_get("t1.1.0")
+    assert entry is not None and entry["outcome"]["kind"] == "ok"
+    assert h.record.state == "suspended"
+
+
+async def test_a_reloads_suspend_ends_a_tool_retry_wait_and_the_call_goes_again_on_resume(
+        ) -> None:
+    down = ToolOutcome(content="", failure=CallFailure(status=503, message="down"))
+    h, sent = harness([calls("ticket", ARGS), answer()], down, idempotent=True)
+
+    def reload_done_waiting(h: Harness) -> None:
+        if sent and not h.control.suspend_requested:
+            h.control.suspend(between_effects=True)
+
+    assert await h.run(on_blocked=reload_done_waiting) is None
+    assert sent == ["t1.1.0"]  # no more attempts while the reload waits
+    assert h.clock.monotonic() == pytest.approx(0.0)
+    entry = await h.store.journal_get("t1.1.0")
+    assert entry is not None and entry["outcome"] is None  # sent again on resume
+
+
 def cut_after_tools(h: Harness) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Run the turn, keeping what the store held as its second model call began: the
     record and the checkpoint a crash or a stop during that call would leave (the one

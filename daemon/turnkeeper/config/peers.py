@@ -80,6 +80,12 @@ class ProviderConfig(_Section):
     api_key_file: str = ""
     api_key_credential: Annotated[str, Field(pattern=_CREDENTIAL_NAME)] = ""
     timeout: PositiveFloat = 60.0
+    # The whole call, however the answer trickles in (a per-read timeout never cuts a
+    # stream that sends a token now and then): a cut is a retryable failure.
+    max_call_seconds: PositiveFloat = 600.0
+    # A started stream that brings no progress (text, a tool call, a finish) for this
+    # long, whatever keepalives it sends, is a retryable failure.
+    idle_timeout: PositiveFloat = 60.0
     stream: bool = True
     max_output_tokens: PositiveInt = 4096
     max_tokens_field: Literal["auto", "max_tokens", "max_completion_tokens"] = "auto"

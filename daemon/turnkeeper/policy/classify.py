@@ -38,6 +38,9 @@ RETRYABLE_EXCEPTIONS = frozenset({
     # The route to the peer is down (EHOSTUNREACH, ENETUNREACH): `exception_names` adds
     # this name to an exception that carries, or wraps, one of those errors.
     "NetworkUnreachable",
+    # A model call cut by its provider's max_call_seconds, or a stream of keepalives only
+    # cut by its idle_timeout (see `call_bound`).
+    "CallTimeout", "IdleStream",
 })
 # Exceptions that say the request itself is wrong: sending it again cannot help.
 DETERMINISTIC_EXCEPTIONS = frozenset({
@@ -46,8 +49,9 @@ DETERMINISTIC_EXCEPTIONS = frozenset({
     "UnknownTool", "SchemaViolation",
     # A repeat of a side effect whose outcome is unknown, refused before sending it.
     "OutcomeUnknown",
-    # An http tool's answer the daemon will not take: a redirect it may not follow, a
-    # host outside allowed_hosts, a body over max_response_bytes.
+    # An answer the daemon will not take: a redirect it may not follow (a provider never
+    # follows one; an http tool only with follow_redirects), a host outside an http tool's
+    # allowed_hosts, a body over its max_response_bytes.
     "RedirectNotFollowed", "HostNotAllowed", "ResponseTooLarge",
 })
 
@@ -175,6 +179,15 @@ class CallFailure:
                 "exception": list(self.exception), "message": self.message,
                 "retry_after_s": self.retry_after_s, "context_overflow": self.context_overflow,
                 "local": self.local}
+
+
+def redirect_refused(who: str, status: int, target: str | None, why: str) -> CallFailure:
+    """A 3xx answer that is not followed: deterministic (the same request gets the same
+    answer), naming where it pointed. Following it would send the request (its body, its
+    credentials) to wherever the answer says, and take that host's answer as this one's."""
+    where = f"redirect to {target}" if target else "redirect with no Location"
+    return CallFailure(status=status, exception=("RedirectNotFollowed",),
+                       message=f"{who}: HTTP {status} {where} not followed ({why})")
 
 
 def exception_names(exc: BaseException) -> tuple[str, ...]:

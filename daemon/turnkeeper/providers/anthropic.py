@@ -268,4 +268,5 @@ class AnthropicProvider:
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, on_delta: DeltaSink | None
                            ) -> ModelReply:
-        return await read_stream(self._client, resp, on_delta, self._model)
+        return await read_stream(self._client, resp, on_delta, self._model,
+                                 idle_s=self._cfg.idle_timeout)

@@ -19,6 +19,7 @@ from turnkeeper.providers.http import (
     INCOMPLETE,
     TRANSPORT_ERRORS,
     HttpClient,
+    IdleWatch,
     SSEDecoder,
     loads,
     send_new_text,
@@ -26,6 +27,11 @@ from turnkeeper.providers.http import (
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
          "max_tokens": "length", "refusal": "refusal"}
+
+# The stream events that build the reply; a `ping` (or an event type added later) only
+# keeps the stream alive, and a stream of those alone is cut after `idle_timeout`.
+_PROGRESS = frozenset({"message_start", "content_block_start", "content_block_delta",
+                       "content_block_stop", "message_delta", "message_stop"})
 
 # Content blocks that are not ours to read: thinking (with its signature) and redacted
 # thinking. They go back unchanged, first in the assistant message, with the tool calls
@@ -97,8 +103,10 @@ def parse_message(client: HttpClient, obj: dict[str, Any], default_model: str) -
 
 
 async def read_stream(client: HttpClient, resp: aiohttp.ClientResponse,
-                      on_delta: DeltaSink | None, default_model: str) -> ModelReply:
-    """A streamed reply: whole only when `message_stop` arrived."""
+                      on_delta: DeltaSink | None, default_model: str, *,
+                      idle_s: float) -> ModelReply:
+    """A streamed reply: whole only when `message_stop` arrived; cut when no event but
+    `ping`s (or types added later) came for `idle_s`."""
     read = resp.content.readany
     decoder = SSEDecoder()
     text: list[str] = []
@@ -112,80 +120,88 @@ async def read_stream(client: HttpClient, resp: aiohttp.ClientResponse,
     model = ""
     sent = 0  # pieces of `text` handed to `on_delta`
     eof = False
-    while not eof:
-        try:
-            chunk = await read()
-        except TRANSPORT_ERRORS as exc:
-            raise ProviderError(client.stream_read_failure(exc)) from exc
-        if chunk:
-            events = decoder.feed(chunk)
-        else:
-            events, eof = decoder.flush(), True
-        for data in events:
-            obj = loads(data)
-            if not isinstance(obj, dict):
-                raise ProviderError(client.stream_failure(
-                    CORRUPT, "stream event is not a JSON object"))
-            kind = obj.get("type")
-            if kind == "content_block_delta":
-                delta = obj.get("delta") or {}
-                dtype = delta.get("type")
-                if dtype == "text_delta":
-                    piece = delta.get("text")
-                    if piece:
-                        text.append(piece)
-                elif dtype == "input_json_delta":
-                    slot = blocks.get(obj.get("index", -1))
-                    if slot is not None and delta.get("partial_json"):
-                        slot[2].append(delta["partial_json"])
-                elif dtype in ("thinking_delta", "signature_delta"):
-                    th = thinking.get(obj.get("index", -1))
-                    if th is not None:
-                        if dtype == "thinking_delta":
-                            th[1].append(delta.get("thinking") or "")
-                        else:
-                            th[2].append(delta.get("signature") or "")
-            elif kind == "content_block_start":
-                block = obj.get("content_block") or {}
-                btype = block.get("type")
-                if btype == "tool_use":
-                    blocks[obj.get("index", len(blocks))] = [
-                        str(block.get("id") or ""), str(block.get("name") or ""), []]
-                elif btype == "text" and block.get("text"):
-                    text.append(block["text"])
-                elif btype in OPAQUE_BLOCKS:
-                    thinking[obj.get("index", len(thinking))] = [dict(block), [], []]
-            elif kind == "message_delta":
-                d = obj.get("delta") or {}
-                if d.get("stop_reason"):
-                    stop = d["stop_reason"]
-                    refusal = refusal_text(stop, d.get("stop_details"))
-                u = obj.get("usage") or {}
-                if u.get("output_tokens") is not None:
-                    output_tokens = int(u["output_tokens"])
-                if u.get("input_tokens"):  # newer servers repeat the input counts
+    async with IdleWatch(idle_s) as idle:
+        while not eof:
+            try:
+                chunk = await read()
+            except TRANSPORT_ERRORS as exc:
+                raise ProviderError(client.stream_read_failure(exc)) from exc
+            if chunk:
+                events = decoder.feed(chunk)
+            else:
+                events, eof = decoder.flush(), True
+            moved = False
+            for data in events:
+                if not data:  # an empty event: a keepalive, not progress
+                    continue
+                obj = loads(data)
+                if not isinstance(obj, dict):
+                    raise ProviderError(client.stream_failure(
+                        CORRUPT, "stream event is not a JSON object"))
+                kind = obj.get("type")
+                if kind in _PROGRESS:
+                    moved = True
+                if kind == "content_block_delta":
+                    delta = obj.get("delta") or {}
+                    dtype = delta.get("type")
+                    if dtype == "text_delta":
+                        piece = delta.get("text")
+                        if piece:
+                            text.append(piece)
+                    elif dtype == "input_json_delta":
+                        slot = blocks.get(obj.get("index", -1))
+                        if slot is not None and delta.get("partial_json"):
+                            slot[2].append(delta["partial_json"])
+                    elif dtype in ("thinking_delta", "signature_delta"):
+                        th = thinking.get(obj.get("index", -1))
+                        if th is not None:
+                            if dtype == "thinking_delta":
+                                th[1].append(delta.get("thinking") or "")
+                            else:
+                                th[2].append(delta.get("signature") or "")
+                elif kind == "content_block_start":
+                    block = obj.get("content_block") or {}
+                    btype = block.get("type")
+                    if btype == "tool_use":
+                        blocks[obj.get("index", len(blocks))] = [
+                            str(block.get("id") or ""), str(block.get("name") or ""), []]
+                    elif btype == "text" and block.get("text"):
+                        text.append(block["text"])
+                    elif btype in OPAQUE_BLOCKS:
+                        thinking[obj.get("index", len(thinking))] = [dict(block), [], []]
+                elif kind == "message_delta":
+                    d = obj.get("delta") or {}
+                    if d.get("stop_reason"):
+                        stop = d["stop_reason"]
+                        refusal = refusal_text(stop, d.get("stop_details"))
+                    u = obj.get("usage") or {}
+                    if u.get("output_tokens") is not None:
+                        output_tokens = int(u["output_tokens"])
+                    if u.get("input_tokens"):  # newer servers repeat the input counts
+                        input_usage = u
+                elif kind == "message_start":
+                    message = obj.get("message") or {}
+                    u = message.get("usage") or {}
                     input_usage = u
-            elif kind == "message_start":
-                message = obj.get("message") or {}
-                u = message.get("usage") or {}
-                input_usage = u
-                output_tokens = int(u.get("output_tokens") or 0)
-                model = str(message.get("model") or "")
-            elif kind == "message_stop":
-                calls = tuple(
-                    ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
-                    for _, slot in sorted(blocks.items()))
-                await send_new_text(text, sent, on_delta)
-                return ModelReply(
-                    text="".join(text) if text else None, tool_calls=calls,
-                    usage=usage_of(input_usage, output_tokens),
-                    finish_reason=finish_reason(stop, bool(calls)),
-                    model=model or default_model, refusal=refusal,
-                    opaque=tuple(_streamed_block(*slot) for _, slot
-                                 in sorted(thinking.items())))
-            elif kind == "error":
-                raise ProviderError(client.stream_error_event(obj))
-            # ping, content_block_stop and event types added later: nothing to do.
-        sent = await send_new_text(text, sent, on_delta)
+                    output_tokens = int(u.get("output_tokens") or 0)
+                    model = str(message.get("model") or "")
+                elif kind == "message_stop":
+                    calls = tuple(
+                        ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
+                        for _, slot in sorted(blocks.items()))
+                    await send_new_text(text, sent, on_delta)
+                    return ModelReply(
+                        text="".join(text) if text else None, tool_calls=calls,
+                        usage=usage_of(input_usage, output_tokens),
+                        finish_reason=finish_reason(stop, bool(calls)),
+                        model=model or default_model, refusal=refusal,
+                        opaque=tuple(_streamed_block(*slot) for _, slot
+                                     in sorted(thinking.items())))
+                elif kind == "error":
+                    raise ProviderError(client.stream_error_event(obj))
+                # ping, content_block_stop and event types added later: nothing to do.
+            if moved:
+                idle.progressed()
+            sent = await send_new_text(text, sent, on_delta)
     raise ProviderError(client.stream_failure(
         INCOMPLETE, "stream ended without message_stop"))

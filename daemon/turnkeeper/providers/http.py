@@ -8,6 +8,11 @@ Rules kept here so both adapters obey them alike:
   shortened answer; `CancelledError` is never caught;
 - the API key (and any secret header or query value) never appears in a failure message:
   it is redacted from anything a server or an exception says;
+- no redirect is followed: it would carry the key and the whole conversation to another
+  host and take that host's answer as the model's. A 3xx answer is a deterministic
+  failure naming where it pointed;
+- a started stream that brings no progress for `idle_timeout`, whatever keepalives it
+  sends, is cut (`IdleWatch`); the call's total bound is the turn's (`turn/model_call`);
 - low CPU per call: the URL, headers and timeouts are built once and reused, JSON is
   parsed once, and SSE is split on bytes without a per-line coroutine.
 """
@@ -23,6 +28,7 @@ import aiohttp
 from yarl import URL
 
 from turnkeeper import jsonwire
+from turnkeeper.policy.call_bound import idle_failure
 from turnkeeper.policy.classify import (
     CallFailure,
     Redactor,
@@ -30,6 +36,7 @@ from turnkeeper.policy.classify import (
     is_context_overflow,
     local_exhaustion,
     parse_retry_after,
+    redirect_refused,
     retry_after_of,
 )
 from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError
@@ -90,7 +97,7 @@ class HttpClient:
         """Send one request; a transport failure before the status line is a `ProviderError`.
         The caller owns the response and must `release()` it."""
         try:
-            return await self.session().post(self.url, data=body,
+            return await self.session().post(self.url, data=body, allow_redirects=False,
                                              timeout=self.timeout(timeout_s))
         except TRANSPORT_ERRORS as exc:
             raise ProviderError(self.transport_failure(exc)) from exc
@@ -126,6 +133,20 @@ class HttpClient:
         error_type, message = error_fields(obj)
         return CallFailure(error_type=error_type, exception=STREAM_ERROR,
                            message=self.redact(message or "error event in stream"))
+
+    def redirect_failure(self, resp: aiohttp.ClientResponse) -> CallFailure:
+        """A 3xx answer: not followed, named with where it pointed (redacted: a Location
+        may carry a key in its query)."""
+        location = resp.headers.get("Location")
+        target = None
+        if location:
+            try:
+                target = str(resp.url.join(URL(location)))
+            except ValueError:
+                target = location
+        return redirect_refused("provider", resp.status,
+                                self.redact(target) if target else None,
+                                "a provider follows no redirect")
 
     async def http_failure(self, resp: aiohttp.ClientResponse) -> CallFailure:
         """An HTTP status >= 400: the server's own word on type, message and Retry-After."""
@@ -269,8 +290,8 @@ async def exchange(client: HttpClient, body: bytes, timeout_s: float, *, stream:
     if stream:
         resp = await client.post(body, timeout_s)
         try:
-            if resp.status >= 400:
-                raise ProviderError(await client.http_failure(resp))
+            if resp.status >= 300:
+                raise ProviderError(await _status_failure(client, resp))
             if resp.content_type != "application/json":
                 return await read_stream(resp, on_delta)
             # A server that ignored `stream` and answered with one JSON body.
@@ -282,14 +303,71 @@ async def exchange(client: HttpClient, body: bytes, timeout_s: float, *, stream:
         async with asyncio.timeout(timeout_s):
             resp = await client.post(body, timeout_s)
             try:
-                if resp.status >= 400:
-                    raise ProviderError(await client.http_failure(resp))
+                if resp.status >= 300:
+                    raise ProviderError(await _status_failure(client, resp))
                 raw = await _read_body(client, resp)
             finally:
                 resp.release()
     except TimeoutError as exc:
         raise ProviderError(client.transport_failure(exc)) from exc
     return _parse_body(raw, parse)
+
+
+async def _status_failure(client: HttpClient, resp: aiohttp.ClientResponse) -> CallFailure:
+    """What an answer other than 2xx says: a redirect not followed, or the error."""
+    if resp.status < 400:
+        return client.redirect_failure(resp)
+    return await client.http_failure(resp)
+
+
+class IdleWatch:
+    """Cuts a started stream that brings no progress for `idle_s`, however many bytes
+    (keepalive comments, empty events, pings) it sends meanwhile: the per-read timeout
+    never fires on those. Around the reading loop: `async with IdleWatch(s) as idle:`,
+    `idle.progressed()` when a read brought text, a tool call or a finish; an idle stream
+    leaves as `ProviderError(idle_failure)`.
+
+    One timer per idle period, not one per read: it fires at the last progress plus
+    `idle_s` as it knew it, and looks again when progress came since. The cut itself is
+    `asyncio.timeout`'s (expired at once), which keeps any other cancellation apart."""
+
+    __slots__ = ("_expired", "_handle", "_idle_s", "_last", "_loop", "_timeout")
+
+    def __init__(self, idle_s: float) -> None:
+        self._idle_s = idle_s
+        self._expired = False
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._timeout = asyncio.timeout(None)
+
+    async def __aenter__(self) -> IdleWatch:
+        await self._timeout.__aenter__()
+        self._handle = self._loop.call_at(self._last + self._idle_s, self._check)
+        return self
+
+    def progressed(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self._idle_s
+        now = self._loop.time()
+        if now < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._expired = True
+        self._timeout.reschedule(now)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: Any) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        try:
+            await self._timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError as cut:
+            if self._expired:
+                raise ProviderError(idle_failure(self._idle_s)) from cut
+            raise
 
 
 async def _read_body(client: HttpClient, resp: aiohttp.ClientResponse) -> bytes:

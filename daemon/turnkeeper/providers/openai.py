@@ -38,6 +38,7 @@ from turnkeeper.providers.http import (
     INCOMPLETE,
     TRANSPORT_ERRORS,
     HttpClient,
+    IdleWatch,
     SSEDecoder,
     dumps,
     exchange,
@@ -135,6 +136,67 @@ def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
             for t in tools]
 
 
+class _StreamedReply:
+    """A streamed reply as its chunks build it."""
+
+    __slots__ = ("calls", "finish", "model", "refusal", "text", "usage")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.model = ""
+
+    def take(self, obj: dict[str, Any]) -> bool:
+        """Add one chunk; True when it brought progress (text, a refusal, a piece of a
+        tool call, a finish reason or the usage), False for a chunk that only keeps the
+        stream alive."""
+        moved = False
+        choices = obj.get("choices")
+        if choices:
+            ch = choices[0]
+            delta = ch.get("delta")
+            if delta:
+                piece = delta.get("content")
+                if piece:
+                    self.text.append(piece)
+                    moved = True
+                if delta.get("refusal"):
+                    self.refusal.append(delta["refusal"])
+                    moved = True
+                tcs = delta.get("tool_calls")
+                if tcs:
+                    moved = True
+                    for tc in tcs:
+                        self._tool_call_piece(tc)
+            if ch.get("finish_reason"):
+                self.finish = ch["finish_reason"]
+                moved = True
+        u = obj.get("usage")
+        if u:
+            self.usage = u
+            moved = True
+        if not self.model and obj.get("model"):
+            self.model = obj["model"]
+        return moved
+
+    def _tool_call_piece(self, tc: dict[str, Any]) -> None:
+        index = tc.get("index", 0)
+        slot = self.calls.get(index)
+        if slot is None:
+            slot = self.calls[index] = ["", "", []]
+        if tc.get("id"):
+            slot[0] = tc["id"]
+        fn = tc.get("function")
+        if fn:
+            if fn.get("name"):
+                slot[1] += fn["name"]
+            if fn.get("arguments"):
+                slot[2].append(fn["arguments"])
+
+
 class OpenAIProvider:
     """OpenAI Chat Completions over one shared aiohttp session."""
 
@@ -216,71 +278,42 @@ class OpenAIProvider:
         client = self._client
         read = resp.content.readany
         decoder = SSEDecoder()
-        text: list[str] = []
-        refusal: list[str] = []
-        calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
-        finish: str | None = None
-        usage: dict[str, Any] | None = None
-        model = ""
+        reply = _StreamedReply()
         sent = 0  # pieces of `text` handed to `on_delta`
         eof = False
-        while not eof:
-            try:
-                chunk = await read()
-            except TRANSPORT_ERRORS as exc:
-                raise ProviderError(client.stream_read_failure(exc)) from exc
-            if chunk:
-                events = decoder.feed(chunk)
-            else:
-                events, eof = decoder.flush(), True
-            for data in events:
-                if data == b"[DONE]":
-                    if finish is None:
+        async with IdleWatch(self._cfg.idle_timeout) as idle:
+            while not eof:
+                try:
+                    chunk = await read()
+                except TRANSPORT_ERRORS as exc:
+                    raise ProviderError(client.stream_read_failure(exc)) from exc
+                if chunk:
+                    events = decoder.feed(chunk)
+                else:
+                    events, eof = decoder.flush(), True
+                moved = False
+                for data in events:
+                    if data == b"[DONE]":
+                        if reply.finish is None:
+                            raise ProviderError(client.stream_failure(
+                                INCOMPLETE, "[DONE] without a finish reason"))
+                        await send_new_text(reply.text, sent, on_delta)
+                        return self._stream_reply(reply.text, reply.calls, reply.finish,
+                                                  reply.usage, reply.model, reply.refusal)
+                    if not data:  # an empty event: a keepalive, not progress
+                        continue
+                    obj = loads(data)
+                    if not isinstance(obj, dict):
                         raise ProviderError(client.stream_failure(
-                            INCOMPLETE, "[DONE] without a finish reason"))
-                    await send_new_text(text, sent, on_delta)
-                    return self._stream_reply(text, calls, finish, usage, model, refusal)
-                obj = loads(data)
-                if not isinstance(obj, dict):
-                    raise ProviderError(client.stream_failure(
-                        CORRUPT, "stream chunk is not a JSON object"))
-                if "error" in obj and not obj.get("choices"):
-                    raise ProviderError(client.stream_error_event(obj))
-                choices = obj.get("choices")
-                if choices:
-                    ch = choices[0]
-                    delta = ch.get("delta")
-                    if delta:
-                        piece = delta.get("content")
-                        if piece:
-                            text.append(piece)
-                        if delta.get("refusal"):
-                            refusal.append(delta["refusal"])
-                        tcs = delta.get("tool_calls")
-                        if tcs:
-                            for tc in tcs:
-                                index = tc.get("index", 0)
-                                slot = calls.get(index)
-                                if slot is None:
-                                    slot = calls[index] = ["", "", []]
-                                if tc.get("id"):
-                                    slot[0] = tc["id"]
-                                fn = tc.get("function")
-                                if fn:
-                                    if fn.get("name"):
-                                        slot[1] += fn["name"]
-                                    if fn.get("arguments"):
-                                        slot[2].append(fn["arguments"])
-                    if ch.get("finish_reason"):
-                        finish = ch["finish_reason"]
-                u = obj.get("usage")
-                if u:
-                    usage = u
-                if not model and obj.get("model"):
-                    model = obj["model"]
-            sent = await send_new_text(text, sent, on_delta)
+                            CORRUPT, "stream chunk is not a JSON object"))
+                    if "error" in obj and not obj.get("choices"):
+                        raise ProviderError(client.stream_error_event(obj))
+                    moved = reply.take(obj) or moved
+                if moved:
+                    idle.progressed()
+                sent = await send_new_text(reply.text, sent, on_delta)
         raise ProviderError(client.stream_failure(
-            INCOMPLETE, "stream ended without [DONE]" if finish else
+            INCOMPLETE, "stream ended without [DONE]" if reply.finish else
             "stream ended without a finish reason"))
 
     def _stream_reply(self, text: list[str], calls: dict[int, list[Any]], finish: str,

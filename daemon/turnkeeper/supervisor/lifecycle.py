@@ -1,8 +1,9 @@
 """Lifecycle room: start (resume what was unfinished), reload, drain and stop.
 
 A reload validates first and changes nothing when the file is bad; then drains: parked
-turns are suspended at once, running ones finish under their policy or are suspended at
-their next step boundary after `drain_timeout`; then the policy is swapped in one step
+turns are suspended at once, running ones finish under their policy or, after
+`drain_timeout`, are suspended: a model call cut (it has no effect), a tool call let
+finish first; then the policy is swapped in one step
 and the suspended turns go first in the queue. A stop that comes during a reload takes
 over its drain and the new policy is dropped. Every wait goes through the injected clock.
 """
@@ -215,7 +216,10 @@ class Lifecycle:
 
     async def _drain(self, timeout_s: float, *, reason: str) -> None:
         """Let running turns finish up to `timeout_s`; parked turns suspend at once, the
-        rest at their next step boundary once the time is up (a stop cuts them short).
+        rest once the time is up. A reload then cuts what has no effect (a model call, a
+        retry wait: asked again on resume under the new policy) and lets a tool call on
+        the wire finish first; a stop cuts everything but a non-idempotent call on the
+        wire. Either way the drain ends within `timeout_s` plus the longest tool timeout.
 
         While it lasts, systemd is told to extend its start/reload/stop timeout, a little
         at a time, so a drain longer than `TimeoutStopSec=` is not killed for it, while a
@@ -235,7 +239,8 @@ class Lifecycle:
                 log.info("daemon.drain_timeout", reason=reason, running=core.running)
                 for live in list(core.live.values()):
                     if live.running:
-                        live.control.suspend(now=reason == "stop")
+                        live.control.suspend(now=reason == "stop",
+                                             between_effects=reason == "reload")
                 while core.running:
                     await core.idle.wait()
             tg.cancel_scope.cancel()

@@ -35,6 +35,7 @@ from turnkeeper.policy.classify import (
     CallFailure,
     exception_names,
     local_exhaustion,
+    redirect_refused,
     retry_after_of,
 )
 from turnkeeper.policy.effects import unknown_after_status
@@ -104,10 +105,8 @@ async def call_http(session: aiohttp.ClientSession, tool: ToolConfig, args: dict
                 if 300 <= status < 400 and "Location" in resp.headers:
                     target = url.join(URL(resp.headers["Location"]))
                     if not tool.follow_redirects:
-                        return ToolOutcome(content="", failure=CallFailure(
-                            status=status, exception=("RedirectNotFollowed",),
-                            message=f"{tool.name}: HTTP {status} redirect to {target} "
-                                    "not followed (follow_redirects = false)"))
+                        return ToolOutcome(content="", failure=redirect_refused(
+                            tool.name, status, str(target), "follow_redirects = false"))
                     if status in (301, 302, 303) and method not in ("GET", "DELETE"):
                         method = "GET"
                         kwargs.pop("json", None)

@@ -31,6 +31,9 @@ class TurnControl:
     # right after it (`suspend_now`, `cancel_requested`). Only `cancel --now` cuts it.
     effect_in_flight: bool = False
     suspend_now: bool = False
+    # A reload past its drain timeout: a model call in flight (or its retry wait) is cut
+    # at once and the turn suspends at its step boundary; a tool call is never cut.
+    cut_model_call: bool = False
     cancel_now: bool = False
     # A parked turn (recovering, waiting) gives its slot of max_concurrent_turns back and
     # takes one again when it wakes: a thousand turns waiting for answers must not block new
@@ -81,12 +84,26 @@ class TurnControl:
         if self.scope is not None and (now or not self.effect_in_flight):
             self.scope.cancel()
 
-    def suspend(self, *, now: bool = False) -> None:
+    def suspend(self, *, now: bool = False, between_effects: bool = False) -> None:
         """At the next step boundary; a parked turn at once (it wakes and checkpoints as
-        `suspended`, its question or recovery wait kept); with `now`, cut the step short."""
+        `suspended`, its question or recovery wait kept); with `now` (a stop), cut the step
+        short but for an effect on the wire. With `between_effects` (a reload that waited
+        its drain timeout), cut only what has no effect: a model call in flight, or its
+        retry wait, is cut (it is asked again on resume, under the new policy), while a
+        tool call on the wire finishes (bounded by its timeout) and the turn suspends
+        right after it, before its next call."""
         self.suspend_requested = True
-        if now:
+        if now or between_effects:
             self.suspend_now = True
-        if now and not self.parked and not self.effect_in_flight and self.scope is not None:
+        if between_effects:
+            self.cut_model_call = True
+            if self.call_scope is not None:
+                self.call_scope.cancel()
+        elif now and not self.parked and not self.effect_in_flight and self.scope is not None:
             self.scope.cancel()
         self._wake()
+
+    @property
+    def model_call_cut(self) -> bool:
+        """A steer with redirect or a reload's suspend asks the model call to end now."""
+        return self.redirect_requested or self.cut_model_call

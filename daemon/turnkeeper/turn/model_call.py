@@ -19,6 +19,7 @@ from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.budget import cost_usd
+from turnkeeper.policy.call_bound import CALL_TIMEOUT, CallBound
 from turnkeeper.policy.chain import Attempt, FailOver, Recover, RetryIn
 from turnkeeper.policy.classify import CallFailure, FailureClass, classify
 from turnkeeper.policy.outcome import Stop, StopCode
@@ -86,6 +87,10 @@ class _Claims:
             self._breaker.record_failure(self._clock.monotonic(), failure_class,
                                          retry_after_s=retry_after_s)
         self._breaker = None
+
+
+class _CallCut(Exception):
+    """Internal: the call's total bound ran out (see `CallBound`)."""
 
 
 # What `_last_failure` holds before any (a CallFailure is immutable: one for every turn).
@@ -249,30 +254,47 @@ class ModelCall:
         budget.begin_request()
         call_scope = anyio.CancelScope()
         ctx.control.call_scope = call_scope
+        if ctx.control.model_call_cut:
+            call_scope.cancel()
         failure: CallFailure | None = None
         reply: ModelReply | None = None
+        bound = CallBound.of(turn_left_s=ctx.remaining_s(),
+                             max_call_s=ctx.settings.providers[name].max_call_s)
 
         async def on_delta(text: str) -> None:
             self._publish(ev.ModelDelta(text=text))
+
+        async def bounded() -> ModelReply:
+            # The whole call, however it trickles in: a per-read timeout never ends a
+            # stream that keeps sending something.
+            with ctx.clock.move_on_after(bound.seconds):
+                return await provider.complete(request, on_delta)
+            raise _CallCut
 
         try:
             with call_scope:
                 try:
                     reply = await ctx.shared.gates.run(
-                        name, lambda: provider.complete(request, on_delta),
-                        clock=ctx.clock, wait_s=ctx.remaining_s(),
+                        name, bounded, clock=ctx.clock, wait_s=ctx.remaining_s(),
                         on_wait=lambda limit, busy, queued: self._publish(ev.ModelQueued(
                             provider=name, limit=limit, in_flight=busy, waiting=queued)))
                 except ProviderError as exc:
                     failure = exc.failure
+                except _CallCut:
+                    failure = bound.failure()
         finally:
             ctx.control.call_scope = None
             budget.end_request()
             claims.end_retry()
         if call_scope.cancelled_caught:
-            ctx.chain.abandon()
-            self._publish(ev.ModelRedirected(provider=name))
-            raise Redirected
+            raise self._cut(name)
+        if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:
+            spent = ctx.time_spent()
+            if spent is not None:  # the turn's time ran out: its stop, not the provider's
+                claims.failed(FailureClass.RETRYABLE, None, local=True)
+                ctx.log.info("model.call_cut", provider=name, reason=spent.code.value,
+                             **ctx.counter_values())
+                return spent
         if reply is not None:
             claims.succeeded()
             ctx.chain.on_success()
@@ -306,6 +328,19 @@ class ModelCall:
         # provider_attempts and fallback_hops, never in restarts (a context rebuild).
         return ctx.chain.on_failure(cls, retry_after_s=failure.retry_after_s,
                                     remaining_s=ctx.remaining_s(), rand=ctx.rand)
+
+    def _cut(self, provider: str) -> Redirected:
+        """The model call was cut from outside: a steer with redirect (the step starts
+        over with it), or a reload's suspend (the step starts over at its boundary, where
+        the turn suspends; the call is asked again on resume)."""
+        ctx = self.ctx
+        ctx.chain.abandon()
+        if ctx.control.redirect_requested:
+            self._publish(ev.ModelRedirected(provider=provider))
+        else:
+            ctx.log.info("model.call_cut", provider=provider, reason="suspend",
+                         **ctx.counter_values())
+        return Redirected()
 
     def _charge(self, provider: str, reply: ModelReply) -> None:
         ctx = self.ctx
@@ -368,14 +403,13 @@ class ModelCall:
 
     async def _sleep_active(self, seconds: float) -> None:
         """A backoff wait: active time (it counts toward max_seconds), cut short by a
-        redirect steer."""
+        redirect steer or a reload's suspend."""
         control = self.ctx.control
         with self.ctx.clock.move_on_after(seconds):
-            while not control.redirect_requested:
+            while not control.model_call_cut:
                 await control.wake.wait()
-        if control.redirect_requested:
-            self.ctx.chain.abandon()
-            raise Redirected
+        if control.model_call_cut:
+            raise self._cut(self.ctx.chain.current_provider)
 
     async def _recover(self, decision: Recover) -> Stop | bool:
         """Park for a recovery cycle: not active time; cancel, steer and suspend work.

@@ -433,7 +433,19 @@ class ToolStep:
             ctx.emit(ev.ToolRetryScheduled(tool=name, key=key, attempt=attempt + 1,
                                            delay=round(delay, 3), class_=cls.value,
                                            status=outcome.failure.status))
-            await ctx.clock.sleep(delay)
+            await self._backoff(delay)
+
+    async def _backoff(self, delay: float) -> None:
+        """The wait before an idempotent call's next attempt. Nothing is on the wire: a
+        reload that is done waiting suspends the turn here (the call goes again on
+        resume, with the same Idempotency-Key), rather than after more attempts."""
+        ctx = self.ctx
+        control = ctx.control
+        with ctx.clock.move_on_after(delay):
+            while not control.suspend_now:
+                await control.wake.wait()
+        if control.suspend_now:
+            await ctx.suspend()
 
 
 def unknown_issue(tool: str, arguments: str, key: str) -> str:
