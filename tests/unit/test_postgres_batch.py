@@ -64,11 +64,31 @@ def test_segments_end_at_a_call_a_second_write_of_a_turn_and_an_ordered_statemen
 
 
 def test_the_turn_update_is_one_statement_with_a_column_per_field() -> None:
-    sql, args = pb.turn_update([upd("a", 3, checkpoint="{}"), upd("b")])
-    assert sql.startswith("UPDATE turns") and "unnest(" in sql and "RETURNING t.id" in sql
-    assert args[0] == ["a", "b"]
+    sql, args = pb.turn_update([upd("b", 3, checkpoint="{}"), upd("a")])
+    assert "UPDATE turns" in sql and "unnest(" in sql and "RETURNING t.id" in sql
+    assert args[0] == ["b", "a"]
     assert args[5] == ["{}", None]  # no checkpoint: the stored one kept (COALESCE)
     assert args[6] == ["n1", None] and args[7] == [3, None]
+    # its rows are locked first, in id order, whatever the order of the batch
+    assert "ORDER BY t.id FOR UPDATE" in sql and args[8] == ["a", "b"]
+
+
+def test_a_batch_that_locks_turn_rows_at_several_points_takes_every_lock_first() -> None:
+    async def nothing(_conn: object) -> None:
+        return None
+
+    check = pb.TurnCall("a", nothing)
+    # one update segment: it locks its own rows, nothing up front
+    one = pb.batch_locks(pb.segments([[upd("c")], [upd("b")]]))
+    assert not one.up_front
+    # an update, then a lease check of another turn, then a second write of c: one
+    # ordered lock of a, b and c, taken by the first update
+    several = pb.batch_locks(pb.segments([[upd("c")], [upd("b")], [check], [upd("c")]]))
+    assert several.up_front and several.first_is_update
+    assert (several.turns, several.points) == (["a", "b", "c"], 3)
+    # the lease check first: the locks go ahead of it (LOCK_TURNS)
+    first = pb.batch_locks(pb.segments([[check], [upd("b")]]))
+    assert first.up_front and not first.first_is_update and first.turns == ["a", "b"]
 
 
 def test_conversation_rows_of_every_turn_in_one_statement() -> None:

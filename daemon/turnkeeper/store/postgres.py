@@ -66,6 +66,7 @@ from turnkeeper.store.postgres_batch import (
     Conn,
     Op,
     Statement,
+    TurnCall,
     TurnUpdate,
 )
 from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, dumps
@@ -238,7 +239,7 @@ class PostgresStore(PostgresReads):
             await conn.execute("UPDATE turns SET updated_at = $1, record = $2 WHERE id = $3",
                                updated_at, dumps(record), turn_id)
 
-        await self._write([append, *map(self._event_op, events)])
+        await self._write([TurnCall(turn_id, append), *map(self._event_op, events)])
 
     def append_event(self, event: Event) -> None:
         if event.turn is not None and event.turn in self.lost:

@@ -59,6 +59,18 @@ class TurnUpdate:
     epoch: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TurnCall:
+    """A call that locks the row of one turn (`turn`): the batch takes that lock with
+    the others, in order, when it locks turn rows at more than one point."""
+
+    turn: str
+    call: Call
+
+    async def __call__(self, conn: Conn) -> None:
+        await self.call(conn)
+
+
 Op = Statement | Call | TurnUpdate | MessageWrite
 
 EVENT_INSERT = ("INSERT INTO events (seq, turn, ts, type, data) VALUES ($1, $2, $3, $4, $5)"
@@ -76,14 +88,28 @@ _INDEPENDENT = ("INSERT INTO events ", "INSERT INTO journal ", "UPDATE journal "
                 "INSERT INTO meta ", "INSERT INTO mail ", "DELETE FROM mail ",
                 "SELECT pg_notify(")
 
+# Every statement that locks several turn rows locks them in one order, by id: the
+# renewal of a node's leases, the claims' hand-back and the writer's batched update all
+# do, so two of them waiting for each other's rows is impossible. An UPDATE ... FROM
+# unnest(...) locks its rows in whatever order its join's plan meets them (a nested loop
+# follows the array, a hash join the table), so the order is fixed by a locking CTE
+# sorted by id (MATERIALIZED: locked first, in that order, then updated); sorting the
+# arrays alone would not fix it. `$9` names the rows to lock: the updated ones, or every
+# turn row the batch locks when it locks at more than one point (`lock_points`).
 TURN_UPDATE = (
-    "UPDATE turns AS t SET state = u.state, updated_at = u.updated_at, record = u.record,"
+    "WITH l AS MATERIALIZED (SELECT t.id FROM turns t WHERE t.id = ANY($9::text[])"
+    " ORDER BY t.id FOR UPDATE)"
+    " UPDATE turns AS t SET state = u.state, updated_at = u.updated_at, record = u.record,"
     " stop_code = u.stop_code, checkpoint = COALESCE(u.checkpoint, t.checkpoint)"
     " FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[],"
     " $6::text[], $7::text[], $8::bigint[])"
     " AS u(id, state, updated_at, record, stop_code, checkpoint, owner, epoch)"
-    " WHERE t.id = u.id AND (u.epoch IS NULL OR (t.owner = u.owner AND t.epoch = u.epoch))"
+    " WHERE t.id = u.id AND t.id IN (SELECT id FROM l)"
+    " AND (u.epoch IS NULL OR (t.owner = u.owner AND t.epoch = u.epoch))"
     " RETURNING t.id")
+# The turn rows a batch will lock, taken at its start, in order, when its first lock is
+# not a turn update that can take them all (`commit`).
+LOCK_TURNS = "SELECT 1 FROM turns WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE"
 
 
 def _rows_upsert(table: str) -> str:
@@ -173,12 +199,52 @@ def segments(writes: Sequence[Sequence[Op]]) -> list[Segment | tuple[int, Call]]
     return out
 
 
-def turn_update(updates: Sequence[TurnUpdate]) -> Statement:
-    """One UPDATE for every turn row of a segment (each turn at most once)."""
+def turn_update(updates: Sequence[TurnUpdate], lock: Sequence[str] | None = None
+                ) -> Statement:
+    """One UPDATE for every turn row of a segment (each turn at most once), locking
+    first, in id order, the rows of `lock` (None: the updated ones)."""
     return TURN_UPDATE, ([u.turn for u in updates], [u.state for u in updates],
                          [u.updated_at for u in updates], [u.record for u in updates],
                          [u.stop_code for u in updates], [u.checkpoint for u in updates],
-                         [u.owner for u in updates], [u.epoch for u in updates])
+                         [u.owner for u in updates], [u.epoch for u in updates],
+                         sorted({u.turn for u in updates} if lock is None else lock))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLocks:
+    """The turn rows a batch locks (`turns`, sorted) and at how many points (`points`:
+    each segment that updates turn rows, each call that locks one). Locked at more than
+    one point, a batch could hold a row of a high id and then wait for one of a lower
+    id that a renewal holds while it waits for the first: so such a batch takes every
+    one of its locks at its first, in order. `first_is_update`: that first lock is a
+    turn update, which then takes them all; otherwise `LOCK_TURNS` goes first."""
+
+    turns: list[str]
+    points: int
+    first_is_update: bool
+
+    @property
+    def up_front(self) -> bool:
+        return self.points > 1
+
+
+def batch_locks(parts: Sequence[Segment | tuple[int, Call]]) -> BatchLocks:
+    turns: set[str] = set()
+    points = 0
+    first_is_update = False
+    for part in parts:
+        if isinstance(part, tuple):
+            if not isinstance(part[1], TurnCall):
+                continue
+            turns.add(part[1].turn)
+        elif part.updates:
+            turns.update(u.turn for _, u in part.updates)
+        else:
+            continue
+        if points == 0:
+            first_is_update = not isinstance(part, tuple)
+        points += 1
+    return BatchLocks(sorted(turns), points, first_is_update)
 
 
 def message_upsert(messages: Sequence[MessageWrite]) -> list[Statement]:
@@ -247,8 +313,14 @@ async def commit(conn: Conn, writes: Sequence[Sequence[Op]]) -> list[BaseExcepti
     errors: list[BaseException | None] = [None] * len(writes)
     started: set[int] = set()  # writes some op of which has been sent
     events: dict[str, list[Sequence[Any]]] = {}
+    parts = segments(writes)
+    locks = batch_locks(parts)
+    lock_all: list[str] | None = locks.turns if locks.up_front else None
     async with conn.transaction():
-        for part in segments(writes):
+        if lock_all is not None and not locks.first_is_update:
+            await conn.execute(LOCK_TURNS, lock_all)
+            lock_all = None
+        for part in parts:
             if isinstance(part, tuple):
                 i, call = part
                 if errors[i] is None:
@@ -257,7 +329,8 @@ async def commit(conn: Conn, writes: Sequence[Sequence[Op]]) -> list[BaseExcepti
                 continue
             updates = [(i, u) for i, u in part.updates if errors[i] is None]
             if updates:
-                sql, args = turn_update([u for _, u in updates])
+                sql, args = turn_update([u for _, u in updates], lock_all)
+                lock_all = None
                 written = {r[0] for r in await conn.fetch(sql, *args)}
                 for i, u in stale_writes(updates, written).items():
                     if i in started:  # part of it is already sent: roll back

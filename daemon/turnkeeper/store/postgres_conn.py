@@ -21,11 +21,12 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
 import asyncpg
+import structlog
 from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock, SystemClock
@@ -53,7 +54,17 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.TooManyConnectionsError)
 DB_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, *CONNECTION_ERRORS)
 
+# A transaction the server rolled back to break a deadlock (40P01) or a serialization
+# failure (40001) did nothing: it is sent again at once, up to CONFLICT_RETRIES times,
+# not left to the next heartbeat or the writer's next batch. Lock order makes a deadlock
+# between the store's own statements impossible (see `postgres_batch.TURN_UPDATE`); the
+# retry is for what that leaves (an operator's session, a statement that locks one row).
+CONFLICTS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+CONFLICT_RETRIES = 3
+
 _T = TypeVar("_T")
+log = structlog.get_logger("turnkeeper.store")
 
 
 def lost(exc: BaseException) -> bool:
@@ -85,6 +96,7 @@ class PostgresConnection(GroupCommitWriter[Op]):
         self.outage = StoreOutage(fatal_after_s=fatal_after)
         self.commits = 0
         self.reconnects = 0
+        self.conflicts = 0  # transactions sent again after a deadlock or a serialization failure
 
     @property
     def degraded(self) -> str | None:
@@ -166,9 +178,7 @@ class PostgresConnection(GroupCommitWriter[Op]):
         """The batch in one transaction (`postgres_batch.commit`: a write whose claim no
         longer holds fails alone in it); if the server refuses it, each write in its own."""
         try:
-            errors = await commit(conn, [w.ops for w in batch])
-            self.commits += 1
-            return errors
+            return await self._commit_retrying(conn, [w.ops for w in batch])
         except Exception as exc:
             if lost(exc):
                 raise
@@ -177,13 +187,34 @@ class PostgresConnection(GroupCommitWriter[Op]):
         errors = []
         for w in batch:
             try:
-                errors += await commit(conn, [w.ops])
-                self.commits += 1
+                errors += await self._commit_retrying(conn, [w.ops])
             except Exception as exc:
                 if lost(exc):
                     raise
                 errors.append(exc)
         return errors
+
+    async def _commit_retrying(self, conn: Conn, writes: list[Sequence[Op]]
+                               ) -> list[BaseException | None]:
+        """One transaction of `writes`, sent again at once when the server rolled it back
+        for a deadlock or a serialization failure (CONFLICT_RETRIES times at most)."""
+        tries = 0
+        while True:
+            try:
+                errors = await commit(conn, writes)
+            except CONFLICTS as exc:
+                if tries >= CONFLICT_RETRIES:
+                    raise
+                tries += 1
+                self._conflicted("commit", exc)
+                continue
+            self.commits += 1
+            return errors
+
+    def _conflicted(self, what: str, exc: BaseException) -> None:
+        self.conflicts += 1
+        log.warning("store.conflict_retried", node=self.node_id, transaction=what,
+                    error=f"{type(exc).__name__}: {exc}")
 
     # -- reads --------------------------------------------------------------------
 
@@ -195,10 +226,13 @@ class PostgresConnection(GroupCommitWriter[Op]):
     async def _read(self, read: Callable[[Conn], Awaitable[_T]]) -> _T:
         """Run `read` on a pooled connection. A connection found dead (the server
         restarted, a backend terminated) is dropped and the read tried again, with
-        backoff, for up to READ_RETRY_S; then it fails (StoreError)."""
+        backoff, for up to READ_RETRY_S; then it fails (StoreError). A transaction the
+        server rolled back for a deadlock or a serialization failure is run again at
+        once (a lease renewal among them: not at the next heartbeat)."""
         pool = self._require_pool()
         started = self.clock.monotonic()
         delay = BACKOFF_FIRST
+        conflicts = 0
         while True:
             try:
                 async with pool.acquire() as conn:
@@ -208,6 +242,13 @@ class PostgresConnection(GroupCommitWriter[Op]):
                         if lost(exc):
                             conn.terminate()
                         raise
+            except CONFLICTS as exc:  # rolled back: sent again at once, a few times
+                if conflicts >= CONFLICT_RETRIES:
+                    raise StoreError(f"state database transaction failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+                conflicts += 1
+                self._conflicted(getattr(read, "__name__", "read"), exc)
+                continue
             except DB_ERRORS as exc:
                 if not lost(exc) or self.clock.monotonic() - started >= READ_RETRY_S \
                         or self._pool is None:

@@ -39,7 +39,7 @@ from turnkeeper.store.fleet import (
     StaleLease,
     breaker_notice,
 )
-from turnkeeper.store.postgres_batch import Call, Conn
+from turnkeeper.store.postgres_batch import Call, Conn, TurnCall
 from turnkeeper.store.postgres_conn import (
     CONNECT_TIMEOUT,
     DB_ERRORS,
@@ -103,8 +103,10 @@ class PostgresFleet(PostgresConnection):
                 " pid = excluded.pid, host = excluded.host, started_at = now(),"
                 " heartbeat_at = now(), stopped_at = NULL, turns = 0",
                 self.node_id, os.getpid(), host)
-            await conn.execute("UPDATE turns SET owner = NULL, lease_until = NULL"
-                               " WHERE owner = $1", self.node_id)
+            await conn.execute(
+                "WITH l AS MATERIALIZED (SELECT id FROM turns WHERE owner = $1 ORDER BY id"
+                " FOR UPDATE) UPDATE turns t SET owner = NULL, lease_until = NULL FROM l"
+                " WHERE t.id = l.id AND t.owner = $1", self.node_id)
 
     def _fence(self, turn_id: str) -> int | None:
         """The epoch a write of `turn_id` must carry (None: not a claimed turn); raises
@@ -126,7 +128,7 @@ class PostgresFleet(PostgresConnection):
                 raise StaleLease(f"turn {turn_id}: the lease of node {self.node_id} has "
                                  "run out; the call is not sent")
 
-        return check
+        return TurnCall(turn_id, check)
 
     async def event_block_start(self) -> int:
         """Where this node's bus starts numbering: the start of a block of 2**32 numbers
@@ -235,11 +237,16 @@ class PostgresFleet(PostgresConnection):
             async with conn.transaction():
                 await conn.execute("UPDATE nodes SET heartbeat_at = now(), turns = $2"
                                    " WHERE node_id = $1", self.node_id, len(held))
+                # Locked in id order, as the writer's batched update locks them
+                # (`postgres_batch.TURN_UPDATE`): the two never wait for each other.
                 return await conn.fetch(
-                    "UPDATE turns t SET lease_until = now() + make_interval(secs => $4)"
+                    "WITH l AS MATERIALIZED (SELECT t.id FROM turns t JOIN unnest("
+                    "$2::text[], $3::bigint[]) AS h(id, epoch) ON t.id = h.id"
+                    " WHERE t.epoch = h.epoch AND t.owner = $1 ORDER BY t.id FOR UPDATE OF t)"
+                    " UPDATE turns t SET lease_until = now() + make_interval(secs => $4)"
                     " FROM unnest($2::text[], $3::bigint[]) AS h(id, epoch)"
-                    " WHERE t.id = h.id AND t.epoch = h.epoch AND t.owner = $1"
-                    " RETURNING t.id, t.epoch",
+                    " WHERE t.id = h.id AND t.id IN (SELECT id FROM l) AND t.epoch = h.epoch"
+                    " AND t.owner = $1 RETURNING t.id, t.epoch",
                     self.node_id, list(held), list(held.values()), self.lease_s)
 
         return {r["id"]: r["epoch"] for r in await self._read(beat)}
@@ -261,8 +268,10 @@ class PostgresFleet(PostgresConnection):
                 await conn.execute("UPDATE nodes SET stopped_at = now(), turns = 0"
                                    " WHERE node_id = $1", self.node_id)
                 status = await conn.execute(
-                    "UPDATE turns SET owner = NULL, lease_until = NULL WHERE owner = $1"
-                    " AND id = ANY($2::text[])", self.node_id, held)
+                    "WITH l AS MATERIALIZED (SELECT id FROM turns WHERE owner = $1 AND id ="
+                    " ANY($2::text[]) ORDER BY id FOR UPDATE) UPDATE turns t SET owner ="
+                    " NULL, lease_until = NULL FROM l WHERE t.id = l.id AND t.owner = $1",
+                    self.node_id, held)
                 await conn.execute("SELECT pg_notify($1, '')", CHANNEL_TURNS)
                 return status
 
