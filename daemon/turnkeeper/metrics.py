@@ -295,10 +295,16 @@ class Metrics:
     async def watch_loop_lag(self, interval_s: float = LAG_INTERVAL_S) -> None:
         """Forever: sleep `interval_s` on the loop and record how late the wake-up was.
         Each sample also feeds the intake's overload guard, which refuses new submits
-        while the lag stays high."""
+        while the lag stays high, and the stall watch (`policy/stall.py`): a wake-up
+        seconds late means the process did not run, and calls that failed across that
+        time count against no peer."""
         intake = self.supervisor.intake
+        stalls = self.supervisor.shared.stalls
         while True:
             start = self.clock.monotonic()
+            stalled = stalls.tick(start, tick_s=interval_s)
+            if stalled is not None:  # stopped, swapped out or blocked: not the peers' fault
+                log.warning("daemon.stalled", seconds=round(stalled, 3))
             await anyio.sleep(interval_s)
             lag = max(0.0, self.clock.monotonic() - start - interval_s)
             self.record_loop_lag(lag)

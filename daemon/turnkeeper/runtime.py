@@ -13,6 +13,7 @@ from turnkeeper.config import Config, Policy, ProviderConfig, ProviderSecrets, T
 from turnkeeper.policy.breaker import BreakerChange, CircuitBreaker
 from turnkeeper.policy.retry_after import RetryAfterMemory
 from turnkeeper.policy.retry_budget import RetryBudget
+from turnkeeper.policy.stall import StallWatch
 from turnkeeper.providers.base import Provider
 from turnkeeper.providers.prices import priced
 from turnkeeper.settings import TurnSettings
@@ -97,6 +98,9 @@ class Shared:
     _made_for: dict[str, ProviderConfig | ToolConfig] = field(default_factory=dict)
     # Hears every breaker's changes (in a fleet: to share the streak), new ones too.
     breaker_observer: Callable[[BreakerChange], None] | None = None
+    # When the process did not run (or its fleet lease lapsed): a call that failed across
+    # such a time feeds no breaker and no retry budget (`policy/stall.py`).
+    stalls: StallWatch = field(default_factory=StallWatch)
 
     def observe_breakers(self, observer: Callable[[BreakerChange], None] | None) -> None:
         self.breaker_observer = observer

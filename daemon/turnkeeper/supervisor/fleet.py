@@ -62,6 +62,7 @@ class Fleet:
         self.breakers = FleetBreakers(core, store)
         self.waits = FleetWaits(core, store)
         self.lease = Lease.starting(self.timing, core.clock.monotonic())
+        core.shared.stalls.lease(self.lease.valid_until, now=core.clock.monotonic())
         self._renewed = anyio.Event()  # set (and replaced) by each confirming renewal
         # The fleet's queue: turns no node holds, as read at the last claim tick, and the
         # turns submitted here since (`waiting`): the bound `max_queued_turns` is on it.
@@ -187,6 +188,7 @@ class Fleet:
             if claimed and not self.store.claims.keys() - {c.record["id"] for c in claimed}:
                 # The only claims held are these: their leases count from now.
                 self.lease.after_claim(sent_at)
+                core.shared.stalls.lease(self.lease.valid_until, now=core.clock.monotonic())
             for c in claimed:
                 record = TurnRecord.from_json(c.record)
                 if record.state != TurnState.QUEUED:
@@ -259,6 +261,8 @@ class Fleet:
             if outcome.lost:
                 self.abandon(outcome.lost, reason="claimed by another node")
             if outcome.confirmed:
+                # Failures seen from here on count again (`policy/stall.py`).
+                core.shared.stalls.lease(self.lease.valid_until, now=core.clock.monotonic())
                 self._renewed.set()
                 self._renewed = anyio.Event()
             await self.share_budgets()

@@ -42,6 +42,9 @@ class _Claims:
         self._clock = clock
         self._retry_of: str | None = None
         self._breaker: CircuitBreaker | None = None
+        # The last failure was excused (`policy/stall.py`): its retry is not the peer's
+        # doing, and takes nothing from the retry budget.
+        self._excused = False
 
     def __enter__(self) -> _Claims:
         return self
@@ -54,7 +57,11 @@ class _Claims:
             self._breaker = None
 
     def begin_retry(self, provider: str) -> bool:
-        """Take a retry from the provider's budget; False when the budget refuses."""
+        """Take a retry from the provider's budget; False when the budget refuses. The
+        retry of an excused failure takes nothing from it."""
+        if self._excused:
+            self._excused = False
+            return True
         if not self._shared.retry_budgets[provider].try_begin_retry():
             return False
         self._retry_of = provider
@@ -77,11 +84,13 @@ class _Claims:
         self._breaker = None
 
     def failed(self, failure_class: FailureClass, retry_after_s: float | None, *,
-               local: bool = False) -> None:
-        """A failure of the peer feeds its breaker; one of our own resources (`local`)
-        only gives the slot back."""
+               local: bool = False, excused: bool = False) -> None:
+        """A failure of the peer feeds its breaker; one of our own resources (`local`),
+        or one `excused` (the process stalled, or its fleet lease lapsed, while the
+        call was out) only gives the slot back."""
         assert self._breaker is not None
-        if local:
+        self._excused = excused
+        if local or excused:
             self._breaker.release(self._clock.monotonic())
         else:
             self._breaker.record_failure(self._clock.monotonic(), failure_class,
@@ -252,6 +261,7 @@ class ModelCall:
         self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
                                       step=request.step, messages=len(request.messages)))
         budget.begin_request()
+        started_at = ctx.clock.monotonic()
         call_scope = anyio.CancelScope()
         ctx.control.call_scope = call_scope
         if ctx.control.model_call_cut:
@@ -313,7 +323,11 @@ class ModelCall:
                                                 status=failure.status, error=error))
             return None
         cls = classify(failure)
-        claims.failed(cls, failure.retry_after_s, local=failure.local)
+        excuse = ctx.shared.stalls.excuse(started_at=started_at, now=ctx.clock.monotonic())
+        if excuse is not None:
+            ctx.log.info("model.failure_not_counted", provider=name, why=excuse.value)
+        claims.failed(cls, failure.retry_after_s, local=failure.local,
+                      excused=excuse is not None)
         # What the provider asked for holds for every turn until it passes.
         ctx.shared.retry_after.heard(f"provider:{name}", failure.retry_after_s,
                                      now=ctx.clock.monotonic(),

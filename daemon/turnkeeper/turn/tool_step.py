@@ -398,6 +398,7 @@ class ToolStep:
                     exception=("CircuitOpen", "ConnectionError"),
                     message=f"the circuit breaker {tool.breaker} is open"))
             remaining = ctx.remaining_s()
+            started_at = ctx.clock.monotonic()
             try:
                 outcome = await ctx.runtime.toolbox.call(
                     name, args, idempotency_key=key,
@@ -411,9 +412,15 @@ class ToolStep:
                     breaker.record_success(ctx.clock.monotonic())
                 return outcome
             cls = classify(outcome.failure)
-            if breaker is not None and (not outcome.attempted or outcome.failure.local):
-                # nothing reached the tool (its server is down), or we ran out of
-                # descriptors or memory: the peer's breaker learns nothing from it
+            now = ctx.clock.monotonic()
+            excuse = ctx.shared.stalls.excuse(started_at=started_at, now=now)
+            if excuse is not None:
+                ctx.log.info("tool.failure_not_counted", tool=name, why=excuse.value)
+            if breaker is not None and (not outcome.attempted or outcome.failure.local
+                                        or excuse is not None):
+                # nothing reached the tool (its server is down), we ran out of
+                # descriptors or memory, or the process stalled (or its fleet lease
+                # lapsed) while the call was out: the peer's breaker learns nothing
                 breaker.release(ctx.clock.monotonic())
             elif breaker is not None:
                 breaker.record_failure(ctx.clock.monotonic(), cls,
