@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import secrets
 import socket
 import threading
+import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -100,9 +102,12 @@ class CuttableProxy:
     """A TCP proxy on 127.0.0.1 in front of the server `target_url` names, that a test
     can cut (every connection closed, new ones refused) and restore on the same port:
     the database gone, then back. Threads carry the bytes, so it serves a test's own
-    event loop and daemons in other processes alike."""
+    event loop and daemons in other processes alike. `delay`: seconds each chunk of
+    bytes waits in each direction (a database that far away, one way), its order and
+    the throughput kept."""
 
-    def __init__(self, target_url: str) -> None:
+    def __init__(self, target_url: str, *, delay: float = 0.0) -> None:
+        self.delay = delay
         parts = urllib.parse.urlsplit(target_url)
         self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self.target_url = target_url
@@ -154,15 +159,47 @@ class CuttableProxy:
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        if self.delay > 0:
+            self._pump_delayed(src, dst)
+            return
         try:
             while data := src.recv(65536):
                 dst.sendall(data)
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            self._shut(src, dst)
+
+    def _pump_delayed(self, src: socket.socket, dst: socket.socket) -> None:
+        """Read as bytes come; a second thread sends each chunk `delay` after it came."""
+        chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+
+        def send() -> None:
+            try:
+                while data := (item := chunks.get())[1]:
+                    wait = item[0] - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                self._shut(src, dst)
+
+        threading.Thread(target=send, daemon=True).start()
+        try:
+            while data := src.recv(65536):
+                chunks.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        finally:
+            chunks.put((0.0, b""))
+
+    @staticmethod
+    def _shut(*sockets: socket.socket) -> None:
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
 
     def cut(self) -> None:
         with self._lock:
