@@ -1,8 +1,8 @@
-"""A fleet node paused (SIGSTOP) past its lease while its tool calls are out, for real:
-when it runs again (SIGCONT) every call's timeout has passed and they all fail at once.
-Those failures are the pause's, not the tool's: they count in no breaker streak, so
-neither the paused node's breaker nor the fleet's shared one (nor the other node's)
-opens."""
+"""A daemon paused (SIGSTOP) while its tool calls are out, for real: when it runs again
+(SIGCONT) every call's timeout has passed and they all fail at once. Those failures are
+the pause's, not the tool's: they count in no breaker streak. On one daemon its breaker
+stays closed; on a fleet node paused past its lease, neither its breaker nor the
+fleet's shared one (nor the other node's) opens."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `se
     query,
     wait_finished,
 )
-from tests.integration.harness import Daemon
+from tests.integration.harness import Daemon, scripted_provider
 from tests.integration.test_fleet import fleet_config
 from tests.integration.tool_server import ToolServer
 
@@ -74,3 +74,38 @@ def test_a_node_paused_past_its_lease_opens_no_breaker_when_it_resumes(
     assert log.count("tool.failure_not_counted") == TURNS
     rows = query(db, "SELECT state FROM turns")
     assert [r["state"] for r in rows] == ["completed"] * TURNS
+
+
+def test_a_daemon_paused_while_its_calls_are_out_opens_no_breaker_when_it_resumes(
+        tmp_path: Path, server: ToolServer) -> None:
+    script = tmp_path / "script.toml"
+    script.write_text(SCRIPT)
+    config = f"""
+[[tools]]
+name = "effect"
+kind = "http"
+url = "{server.url('/effect')}"
+idempotent = false
+timeout = {TOOL_TIMEOUT}
+""" + BREAKER + scripted_provider(script)
+    d = Daemon(tmp_path, config)
+    server.hold("/effect")
+    try:
+        d.start()
+        ids = [d.submit(f"work {i}")["id"] for i in range(TURNS)]
+        server.wait_for_calls("/effect", TURNS, timeout=30)
+        d.signal(signal.SIGSTOP)
+        try:
+            time.sleep(PAUSE)  # the fault itself: the process does not run for this long
+        finally:
+            d.signal(signal.SIGCONT)
+        finished = [d.wait(tid, timeout=60) for tid in ids]
+        state = d.get("/v1/status")[1]["breakers"]["tool:effect"]
+        log = d.log_text()
+    finally:
+        server.release("/effect")
+        d.kill()
+    assert state == "closed"
+    assert "daemon.stalled" in log
+    assert log.count("tool.failure_not_counted") == TURNS
+    assert [t["state"] for t in finished] == ["completed"] * TURNS
