@@ -189,6 +189,28 @@ async def test_a_steer_cuts_a_recovery_wait_short_without_charging_a_cycle() -> 
     assert h.provider.requests[-1].messages[-1].content == "try again now"
 
 
+async def test_a_model_failure_across_a_stall_feeds_no_breaker_and_no_retry_budget() -> None:
+    # A budget that admits no retry: only an excused failure's retry gets through.
+    h = Harness([SERVER_DOWN, answer()],
+                retry_budget={"ratio": 0.0, "min_concurrency": 0},
+                circuit_breaker={"failure_threshold": 1})
+    h.shared.stalls.tick(h.clock.monotonic(), tick_s=0.1)  # the watch last woke now
+    paused: list[bool] = []
+
+    def pause_once() -> None:
+        if not paused:  # the process stops for 5 s while the first request is out
+            paused.append(True)
+            h.clock.advance(5.0)
+
+    h.provider.on_request = pause_once
+    result = await h.run()
+    assert result is not None and result.stopped_because.code is StopCode.COMPLETED
+    breaker = h.shared.breakers["provider:main"]
+    assert breaker.consecutive_failures == 0 and breaker.open_for(h.clock.monotonic()) is None
+    assert len(h.provider.requests) == 2 and len(h.of_type("model.retry_scheduled")) == 1
+    assert h.shared.retry_budgets["main"].retries_in_flight == 0
+
+
 # -- restarts --------------------------------------------------------------------------------
 
 
