@@ -205,6 +205,22 @@ async def test_release_hands_turns_back_at_once(nodes: list[PostgresStore]) -> N
     assert n0["stopped_at"] is not None and not n0["alive"]
 
 
+async def test_a_nodes_silence_is_measured_by_the_databases_clock(
+        nodes: list[PostgresStore]) -> None:
+    """The age of a heartbeat is the database's own `now() - heartbeat_at`, never a
+    node's wall clock against the database's timestamp (a node with a skewed clock
+    showed every heartbeat as 0 s old)."""
+    a, b, _ = nodes
+    await a.renew()
+    [n0] = [n for n in await b.nodes() if n["node_id"] == "n0"]
+    assert 0.0 <= n0["silent_s"] < 5.0
+    await a._fetch("UPDATE nodes SET heartbeat_at = now() - interval '100 seconds'"
+                   " WHERE node_id = 'n0'")
+    [n0] = [n for n in await b.nodes() if n["node_id"] == "n0"]
+    assert 100.0 <= n0["silent_s"] < 105.0
+    assert not n0["alive"]
+
+
 async def test_retry_budget_counts_are_summed_over_the_other_live_nodes(
         nodes: list[PostgresStore]) -> None:
     a, b, c = nodes

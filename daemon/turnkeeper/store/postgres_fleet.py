@@ -432,5 +432,6 @@ class PostgresFleet(PostgresConnection):
                  "started_at": float(r["started_at"]),
                  "heartbeat_at": float(r["heartbeat_at"]),
                  "stopped_at": None if r["stopped_at"] is None else float(r["stopped_at"]),
+                 "silent_s": float(r["silent_s"]),
                  "alive": r["stopped_at"] is None and float(r["silent_s"]) < self.lease_s,
                  "turns": int(r["turns"])} for r in rows]

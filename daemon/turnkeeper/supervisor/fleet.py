@@ -101,11 +101,13 @@ class Fleet:
 
     def status(self) -> dict[str, Any]:
         """This node, and every node as last read (`nodes_read_s_ago`): a node's
-        `heartbeat_age_s` is counted now, from the heartbeat time that read saw."""
+        `heartbeat_age_s` is its silence as the database's clock measured it at that
+        read, plus the time since by ours. Never our wall clock against the database's
+        timestamp: a node whose clock is skewed would show every heartbeat as 0 s old."""
         now = self.core.clock.monotonic()
-        wall = self.core.clock.time()
         nodes = None if self._nodes is None else [
-            {**n, "heartbeat_age_s": round(max(0.0, wall - n["heartbeat_at"]), 3)}
+            {**n, "heartbeat_age_s": round(
+                max(0.0, n["silent_s"] + now - self._nodes_read_at), 3)}
             for n in self._nodes]
         # The last renewal (or first claim) was sent when the leases' validity began.
         renewed = self.lease.valid_until - self.timing.valid_until(0.0)
