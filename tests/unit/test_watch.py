@@ -257,7 +257,8 @@ def test_read_config_state_names_an_unreadable_file(tmp_path: Path) -> None:
 def test_content_tracker_reports_only_a_different_hash() -> None:
     tracker = ContentTracker("a")
 
-    assert [tracker.observe(h) for h in ["a", "b", "b", None, None, "b"]] == [
+    assert [tracker.observe(ConfigChange(Path("x"), h))
+            for h in ["a", "b", "b", None, None, "b"]] == [
         False,
         True,
         False,
@@ -303,3 +304,36 @@ def test_watch_plan_for_a_link_elsewhere_adds_the_target(tmp_path: Path) -> None
     assert plan.names == {"turnkeeper.toml", "..data", "real.toml"}
     assert plan.matches(str(tmp_path / "srv" / "real.toml"))
     assert not plan.matches(str(tmp_path / "srv" / "other.toml"))
+
+
+def test_a_read_that_failed_for_want_of_descriptors_is_no_change(tmp_path: Path) -> None:
+    """At the descriptor limit the file cannot be opened: that says nothing of the file.
+    Read for real, in a child process that has used up its descriptors."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "tk.toml"
+    config.write_text("[agent]\n")
+    child = subprocess.run([sys.executable, "-c", f"""
+import os, resource
+from pathlib import Path
+from turnkeeper.lifecycle.watch import ContentTracker, read_config_state
+path = Path({str(config)!r})
+tracker = ContentTracker(read_config_state(path).sha256)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+state = read_config_state(path)
+print(state.transient, tracker.observe(state))
+"""], capture_output=True, text=True, timeout=60, check=True)
+    assert child.stdout.splitlines()[-1].split() == ["True", "False"], child.stderr
+
+
+def test_a_missing_file_is_a_change_and_not_transient(tmp_path: Path) -> None:
+    state = read_config_state(tmp_path / "gone.toml")
+    assert not state.transient
+    assert ContentTracker("abc").observe(state)

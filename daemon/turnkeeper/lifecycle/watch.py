@@ -20,6 +20,7 @@ is retried, never raised); `watch_config` is the same as a callback task.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -56,6 +57,14 @@ class ConfigChange:
     path: Path
     sha256: str | None
     error: str | None = None
+    # The daemon could not read the file for want of its own resources (descriptors,
+    # memory): that says nothing of the file, so it is no change; the next read decides.
+    transient: bool = False
+
+
+# A read that failed for one of these failed for want of the daemon's own resources.
+_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
+                               errno.EINTR})
 
 
 def read_config_state(path: Path) -> ConfigChange:
@@ -65,7 +74,8 @@ def read_config_state(path: Path) -> ConfigChange:
     except FileNotFoundError:
         return ConfigChange(path, None, f"config file missing: {path}")
     except OSError as exc:
-        return ConfigChange(path, None, f"config file unreadable: {path}: {exc.strerror or exc}")
+        return ConfigChange(path, None, f"config file unreadable: {path}: {exc.strerror or exc}",
+                            transient=exc.errno in _TRANSIENT_ERRNOS)
     return ConfigChange(path, hashlib.sha256(data).hexdigest())
 
 
@@ -75,10 +85,16 @@ class ContentTracker:
     def __init__(self, last: str | None) -> None:
         self.last = last
 
-    def observe(self, sha256: str | None) -> bool:
-        if sha256 == self.last:
+    def observe(self, state: ConfigChange) -> bool:
+        """A read that failed for want of the daemon's own resources is no change: it
+        would report a reload failure for a file nobody touched, then a reload of the
+        same content once the read works again."""
+        if state.transient:
+            _log.warning("config_watch.read_failed", path=str(state.path), error=state.error)
             return False
-        self.last = sha256
+        if state.sha256 == self.last:
+            return False
+        self.last = state.sha256
         return True
 
     def __repr__(self) -> str:
@@ -211,7 +227,7 @@ async def config_changes(
         # On every (re)start: a change made while no watcher was live (before the first start,
         # between a link swap and the new watch, during a retry) has no event to wait for.
         # Read again after each yield: the consumer may have taken its time.
-        while tracker.observe((state := await _read(path)).sha256):
+        while tracker.observe(state := await _read(path)):
             yield state
             if halt.is_set():
                 return
@@ -242,7 +258,7 @@ async def config_changes(
                 if events is None:
                     break
                 state = await _read(path)
-                if tracker.observe(state.sha256):
+                if tracker.observe(state):
                     yield state
                 if watch_plan(path) != plan:
                     break  # a link now points elsewhere: watch the new place
