@@ -13,6 +13,7 @@ messages, and everything from the first one that changed is sized again.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
 
 from turnkeeper import event_types as ev
@@ -47,20 +48,26 @@ class Meter:
         self.ctx = ctx
         self._seen: list[Message] = []
         self._sizes: list[int] = []  # each of `_seen`'s estimate
+        self._total = 0  # their sum
         self._specs: tuple[Sequence[ToolSpec], int] | None = None
+        self._system: tuple[str, int] = ("", 0)
+        # Each provider's prices, with the settings they were read from.
+        self._prices: dict[str, tuple[ProviderRequestSettings, Prices]] = {}
 
     def _messages_tokens(self, messages: Sequence[Message]) -> int:
         seen, sizes = self._seen, self._sizes
-        kept = 0
-        for a, b in zip(seen, messages, strict=False):
-            if a is not b:
-                break
-            kept += 1
-        del seen[kept:], sizes[kept:]
+        kept = len(seen)
+        if kept > len(messages) or not all(map(operator.is_, seen, messages)):
+            kept = next((i for i, (a, b) in enumerate(zip(seen, messages, strict=False))
+                         if a is not b), min(kept, len(messages)))
+            del seen[kept:], sizes[kept:]
+            self._total = sum(sizes)
         for m in messages[kept:]:
             seen.append(m)
-            sizes.append(item_tokens(message_texts(m)))
-        return sum(sizes)
+            size = item_tokens(message_texts(m))
+            sizes.append(size)
+            self._total += size
+        return self._total
 
     def _specs_tokens(self, specs: Sequence[ToolSpec]) -> int:
         if self._specs is None or self._specs[0] is not specs:
@@ -70,8 +77,10 @@ class Meter:
     def input_tokens(self) -> int:
         """The next request's input, estimated on the large side (see the module)."""
         ctx = self.ctx
-        return (REQUEST_TOKENS + item_tokens((ctx.settings.system_prompt,))
-                + self._messages_tokens(ctx.conv.messages)
+        system = ctx.settings.system_prompt
+        if self._system[0] is not system:
+            self._system = (system, item_tokens((system,)))
+        return (REQUEST_TOKENS + self._system[1] + self._messages_tokens(ctx.conv.messages)
                 + self._specs_tokens(ctx.runtime.toolbox.specs))
 
     def preflight(self, provider: str, guard: BudgetGuard | None = None) -> Preflight | Stop:
@@ -81,16 +90,22 @@ class Meter:
         settings = ctx.settings.providers[provider]
         return (guard or ctx.guard).preflight(
             ctx.usage(), input_tokens=self.input_tokens(),
-            max_output_tokens=settings.max_output_tokens, prices=prices_of(settings))
+            max_output_tokens=settings.max_output_tokens, prices=self._prices_of(provider))
+
+    def _prices_of(self, provider: str) -> Prices:
+        settings = self.ctx.settings.providers[provider]
+        known = self._prices.get(provider)
+        if known is None or known[0] is not settings:
+            known = self._prices[provider] = (settings, prices_of(settings))
+        return known[1]
 
     def charge(self, provider: str, reply: ModelReply) -> str | None:
         """Charge the reply's usage to the turn; what is wrong with the usage instead,
         charging nothing, when it is not one a provider could really have used."""
-        ctx = self.ctx
         u = reply.usage
         counted = metered(u.input_tokens, u.output_tokens, u.cache_read_tokens,
                           u.cache_write_tokens,
-                          prices=prices_of(ctx.settings.providers[provider]))
+                          prices=self._prices_of(provider))
         if isinstance(counted, str):
             return counted
         self._add(provider, reply, counted)
