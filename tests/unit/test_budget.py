@@ -178,13 +178,6 @@ def test_remaining_seconds_is_never_negative() -> None:
                                                       now=NOW) == 0.0
 
 
-def test_remaining_tokens_and_steps() -> None:
-    g = guard(max_tokens=1000, max_steps=4)
-    assert g.remaining_tokens(BudgetUsage(tokens=300)) == 700
-    assert g.remaining_tokens(BudgetUsage(tokens=3000)) == 0
-    assert g.remaining_steps(BudgetUsage(steps=1)) == 3
-
-
 # -- the pre-flight: a budget is a ceiling ------------------------------------------------
 
 def test_preflight_sends_the_providers_cap_when_it_fits() -> None:
@@ -398,3 +391,11 @@ def test_a_submit_sets_its_own_wall_seconds_and_a_checkpoint_keeps_them() -> Non
         == 600.0
     with pytest.raises(ValueError, match=r"budget\.max_wall_seconds"):
         BudgetLimits.from_config(BudgetConfig(), overrides={"max_wall_seconds": -1})
+
+
+def test_a_wait_refused_for_want_of_time_is_the_clocks_when_they_run_out_first() -> None:
+    g = guard(max_seconds=300.0, max_wall_seconds=30.0, started_at=NOW)
+    assert g.clock_binds(BudgetUsage(seconds=10.0), now=NOW + 5)
+    # 5 s of active time left, 25 s of wall clock: active time runs out first.
+    assert not g.clock_binds(BudgetUsage(seconds=295.0), now=NOW + 5)
+    assert not guard().clock_binds(BudgetUsage(seconds=10.0), now=NOW)

@@ -239,11 +239,6 @@ class BudgetGuard:
     def __repr__(self) -> str:
         return f"BudgetGuard(limits={self.limits!r}, warned={sorted(self._warned)!r})"
 
-    @classmethod
-    def from_config(cls, config: BudgetConfig, *, overrides: Mapping[str, Any] | None = None,
-                    deadline: float | None = None) -> BudgetGuard:
-        return cls(BudgetLimits.from_config(config, overrides=overrides, deadline=deadline))
-
     @property
     def warned(self) -> frozenset[str]:
         return frozenset(self._warned)
@@ -322,6 +317,12 @@ class BudgetGuard:
         if wall_end is not None:
             left = min(left, wall_end - now)
         return max(0.0, left)
+
+    def clock_binds(self, usage: BudgetUsage, *, now: float) -> bool:
+        """Whether the deadline or the wall clock runs out before the active time: a
+        wait refused for want of time then ends the turn with their stop when they are
+        reached (a wait is active time, so waiting out active time proves nothing)."""
+        return self.clock_left(now) <= self.limits.max_seconds - usage.seconds
 
     def preflight(self, usage: BudgetUsage, *, input_tokens: int, max_output_tokens: int,
                   prices: Prices | None = None) -> Preflight | Stop:
@@ -403,12 +404,6 @@ class BudgetGuard:
         left, time to the deadline and time to the end of the wall clock, never
         negative."""
         return max(0.0, min(self.limits.max_seconds - usage.seconds, self.clock_left(now)))
-
-    def remaining_tokens(self, usage: BudgetUsage) -> int:
-        return max(0, self.limits.max_tokens - usage.tokens)
-
-    def remaining_steps(self, usage: BudgetUsage) -> int:
-        return max(0, self.limits.max_steps - usage.steps)
 
     def snapshot(self) -> dict[str, Any]:
         return {"warned": sorted(self._warned) if self._warned else []}

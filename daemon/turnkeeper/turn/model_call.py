@@ -180,9 +180,10 @@ class ModelCall:
                         else:
                             decision = ctx.chain.recovery_done()
                     elif isinstance(decision, Stop):
-                        if "no_time" in ctx.chain.pass_exits:
-                            # A wait the time left could not hold: the turn stops when
-                            # that time runs out, with the time's code.
+                        if "no_time" in ctx.chain.pass_exits and ctx.guard.clock_binds(
+                                ctx.usage(), now=ctx.clock.time()):
+                            # A wait the wall clock or the deadline could not hold: the
+                            # turn stops when it runs out, with its code.
                             return await self._out_of_time(decision)
                         return self._gave_up(decision)
                     else:  # pragma: no cover - the chain's decisions are a closed set
@@ -403,10 +404,10 @@ class ModelCall:
         return replace(stop, message=message, last_error=dict(self._last_errors))
 
     async def _out_of_time(self, gave_up: Stop) -> Stop:
-        """The chain gave up after a wait was refused for want of time: the turn waits
-        out what is left (active time) and stops with the
-        code of the time limit reached, not a provider code. The providers' last errors
-        stay in the stop."""
+        """The chain gave up after a wait was refused because the wall clock or the
+        deadline would pass first: the turn waits out what is left (as a backoff wait
+        is: active time, its slot kept) and stops with the code of the limit reached,
+        not a provider code. The providers' last errors stay in the stop."""
         ctx = self.ctx
         # The chain has stopped: nothing is left to redirect, so only a cancel cuts it.
         await ctx.clock.sleep(ctx.remaining_s())
