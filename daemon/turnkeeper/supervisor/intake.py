@@ -217,8 +217,7 @@ class Intake:
         unknown = self._check_profile(profile)
         if unknown is not None:
             raise UnknownProfile(f"profile: {unknown}")
-        unpriced = self._check_cost(budget, model)
-        if unpriced is not None:
+        if (unpriced := self._check_cost(budget, model)) is not None:
             raise UnpricedCostLimit(f"budget.max_cost_usd: {unpriced}")
         self._check_open()
         live, queued = self._prepare(SubmitRequest(message=message, session=session,

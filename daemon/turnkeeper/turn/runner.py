@@ -233,7 +233,9 @@ class TurnRunner:
         verdict = judge_reply(
             finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls),
             text=reply.text, refusal=reply.refusal, provider=self.model.sent_to,
-            output_tokens=reply.usage.output_tokens, output_cap=self.model.sent_output_cap,
+            # A whole number: a reply reaches here only once its usage was checked.
+            output_tokens=int(reply.usage.output_tokens),
+            output_cap=self.model.sent_output_cap,
             continuations=len(continued), max_continuations=ctx.settings.max_continuations)
         calls = reply.tool_calls
         if isinstance(verdict, Refused):
