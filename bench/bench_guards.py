@@ -57,10 +57,11 @@ from turnkeeper.clock import SystemClock
 from turnkeeper.config import Policy, build_config
 from turnkeeper.events import EventBus
 from turnkeeper.messages import ToolCall, dumps_arguments
-from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
+from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage, Preflight
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.loops import Action, FailureLoop, LoopDetector, action_key
 from turnkeeper.policy.outcome import Stop, StopCode
+from turnkeeper.policy.usage import Prices
 from turnkeeper.providers.base import (
     DeltaSink,
     ModelReply,
@@ -118,14 +119,16 @@ class NoBudget(BudgetGuard):
                    ) -> Stop | None:
         return None
 
-    def soft_warning(self, usage: BudgetUsage, *, now: float) -> None:
+    def soft_warning(self, usage: BudgetUsage, *, now: float,
+                     short: tuple[str, ...] = ()) -> None:
         return None
 
     def remaining_seconds(self, usage: BudgetUsage, *, now: float) -> float:
         return math.inf
 
-    def max_output_tokens(self, usage: BudgetUsage, configured: int) -> int:
-        return configured
+    def preflight(self, usage: BudgetUsage, *, input_tokens: int, max_output_tokens: int,
+                  prices: Prices | None = None) -> Preflight:
+        return Preflight(max_output_tokens)
 
     def snapshot(self) -> dict[str, Any]:
         return {}
@@ -274,7 +277,8 @@ def _pure(steps: int, turns: int) -> float:
             guard.check(usage, now=1.0)
             guard.soft_warning(usage, now=1.0)
             guard.check_time(usage, now=1.0)
-            guard.max_output_tokens(usage, 4096)
+            guard.preflight(usage, input_tokens=200 + 40 * usage.steps,
+                            max_output_tokens=4096)
             guard.remaining_seconds(usage, now=1.0)
             if calls_tool:
                 guard.check_time(usage, now=1.0)

@@ -15,7 +15,7 @@ from turnkeeper.policy.retry_after import RetryAfterMemory
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.policy.stall import StallWatch
 from turnkeeper.providers.base import Provider
-from turnkeeper.providers.prices import priced
+from turnkeeper.providers.prices import check_cost_limits, priced, unpriced
 from turnkeeper.settings import TurnSettings
 from turnkeeper.tools.registry import ToolBox
 
@@ -44,8 +44,13 @@ class Runtime:
     # prices are those in force (configured, else the shipped table).
     settings: TurnSettings = field(init=False, repr=False)
 
+    # The providers with no price (none configured, none in the shipped table): a submit
+    # may not set a cost limit over a chain that holds one.
+    unpriced: frozenset[str] = field(init=False, repr=False)
+
     def __post_init__(self) -> None:
         self.settings = TurnSettings.from_config(priced(self.policy.config))
+        self.unpriced = unpriced(self.policy.config)
 
     @property
     def config(self) -> Config:
@@ -57,7 +62,8 @@ class Runtime:
         connection pool); the rest are built new. Secrets (keys, `env:` header and query
         values) are read again on every build, so a rotated key takes effect on reload
         even when the config text is the same. Raises ConfigError (e.g. an unreadable
-        script or key file)."""
+        script or key file, or a cost limit over a provider with no price)."""
+        check_cost_limits(policy.config, policy.source_path or "embedded defaults")
         old = {p.name: p for p in previous.config.providers} if previous else {}
         providers: dict[str, Provider] = {}
         digests: dict[str, str] = {}

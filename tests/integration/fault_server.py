@@ -46,9 +46,17 @@ class Answer:
     chunks and then drops the connection; `stream_error` (streams only) sends the text,
     then an error event of that type inside the HTTP 200 stream. `tool_steps` makes an
     agent: while the conversation holds fewer than that many tool results, the answer is
-    a call of the `echo` tool; then the text. `trickle` (streams only) sends one word
-    every that many seconds, forever; `keepalive` sends only SSE comments and empty
-    events, every that many seconds, forever: streams a per-read timeout never ends."""
+    a call of the `echo` tool (its text padded with `pad` characters, so the conversation
+    grows by that much twice a step: the call and the tool's echo); then the text.
+    `trickle` (streams only) sends one word every that many seconds, forever;
+    `keepalive` sends only SSE comments and empty events, every that many seconds,
+    forever: streams a per-read timeout never ends.
+
+    The usage reported counts the request's message text at four characters a token
+    (plus one) and the answer's text likewise, or `output_tokens` (a model that writes
+    that many tokens); the completion never counts more than the output cap the request
+    asked for, as a provider stops there. `usage` replaces the whole usage object, as
+    sent (a broken counter)."""
 
     status: int = 200
     text: str = "ok"
@@ -65,11 +73,16 @@ class Answer:
     raw_sse: str | None = None
     trickle: float | None = None
     keepalive: float | None = None
+    pad: int = 0
+    output_tokens: int | None = None
+    usage: dict[str, Any] | None = None
 
 
 def ok(text: str = "ok", *, tool_calls: tuple[tuple[str, dict[str, Any]], ...] = (),
-       delay: float = 0.0, tool_steps: int = 0) -> Answer:
-    return Answer(text=text, tool_calls=tool_calls, delay=delay, tool_steps=tool_steps)
+       delay: float = 0.0, tool_steps: int = 0, pad: int = 0,
+       output_tokens: int | None = None, usage: dict[str, Any] | None = None) -> Answer:
+    return Answer(text=text, tool_calls=tool_calls, delay=delay, tool_steps=tool_steps,
+                  pad=pad, output_tokens=output_tokens, usage=usage)
 
 
 def fail(status: int, *, retry_after: str | None = None, retry_after_ms: str | None = None,
@@ -234,8 +247,8 @@ class FaultServer:
         if answer.status == 200 and answer.tool_steps:
             done = sum(1 for m in body.get("messages", ()) if m.get("role") == "tool")
             if done < answer.tool_steps:
-                answer = replace(answer, text="",
-                                 tool_calls=(("echo", {"text": f"step {done + 1}"}),))
+                text = f"step {done + 1} " + "x" * answer.pad
+                answer = replace(answer, text="", tool_calls=(("echo", {"text": text}),))
         with self._lock:
             self._arrived[provider] = self._arrived.get(provider, 0) + 1
             self._in_flight += 1
@@ -401,9 +414,15 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def _usage(body: dict[str, Any], answer: Answer) -> dict[str, int]:
+def _usage(body: dict[str, Any], answer: Answer) -> dict[str, Any]:
+    if answer.usage is not None:
+        return answer.usage
     prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages", ())) // 4 + 1
-    completion = len(answer.text) // 4 + 1
+    completion = (len(answer.text) // 4 + 1 if answer.output_tokens is None
+                  else answer.output_tokens)
+    cap = body.get("max_tokens") or body.get("max_completion_tokens")
+    if isinstance(cap, int):
+        completion = min(completion, cap)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 

@@ -202,19 +202,22 @@ def test_thinking_blocks_go_back_unchanged_with_the_tool_call(
 
 def test_a_cap_cut_by_the_token_budget_lowers_the_thinking_budget_then_stops_before_the_call(
         start: Any, faults: FaultServer) -> None:
-    # 1,300 tokens of budget: the first cap (1,300) is not above the thinking budget
-    # (1,400), which is lowered to 1,299; the first reply spends 540 tokens, and the 760
-    # left cannot hold the smallest thinking budget (1,024): no second request.
+    # 1,700 tokens of budget: the first cap (what is left after the request's estimated
+    # input, some 400 tokens) is not above the thinking budget (1,400), which is lowered
+    # to the cap - 1;
+    # the first reply spends 540 tokens, and what is then left after the next request's
+    # input cannot hold the smallest thinking budget (1,024): no second request.
     faults.script("primary", replay(wire.THINKING_CALL_STREAM))
     options = {"thinking": {"type": "enabled", "budget_tokens": 1400}}
     d = start(config(anthropic(faults, stream=True, options=options, max_output_tokens=4096),
-                     budget={"max_tokens": 1300}))
+                     budget={"max_tokens": 1700}))
     turn = d.run("weather in Paris?")
     first = faults.requests("primary")[0].body
-    assert (first["max_tokens"], first["thinking"]["budget_tokens"]) == (1300, 1299)
+    assert 1024 < first["max_tokens"] <= 1400, first["max_tokens"]
+    assert first["thinking"]["budget_tokens"] == first["max_tokens"] - 1
     assert faults.count("primary") == 1
     code, counter, value, limit = stop_of(turn)
-    assert (code, counter, limit) == ("budget.tokens", "tokens", 1300)
+    assert (code, counter, limit) == ("budget.tokens", "tokens", 1700)
     assert value == 450 + 90
     assert "no request was sent" in turn["result"]["stopped_because"]["message"]
 

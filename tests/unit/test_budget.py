@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -11,10 +12,12 @@ from turnkeeper.policy.budget import (
     BudgetGuard,
     BudgetLimits,
     BudgetUsage,
+    Preflight,
     SoftWarning,
     cost_usd,
 )
 from turnkeeper.policy.outcome import Stop, StopCode
+from turnkeeper.policy.usage import Prices
 
 NOW = 1_700_000_000.0
 
@@ -175,19 +178,94 @@ def test_remaining_seconds_is_never_negative() -> None:
                                                       now=NOW) == 0.0
 
 
-def test_remaining_tokens_and_steps() -> None:
-    g = guard(max_tokens=1000, max_steps=4)
-    assert g.remaining_tokens(BudgetUsage(tokens=300)) == 700
-    assert g.remaining_tokens(BudgetUsage(tokens=3000)) == 0
-    assert g.remaining_steps(BudgetUsage(steps=1)) == 3
+# -- the pre-flight: a budget is a ceiling ------------------------------------------------
 
-
-def test_max_output_tokens_never_exceeds_tokens_left() -> None:
+def test_preflight_sends_the_providers_cap_when_it_fits() -> None:
     g = guard(max_tokens=10_000)
-    assert g.max_output_tokens(BudgetUsage(tokens=1000), 4096) == 4096
-    assert g.max_output_tokens(BudgetUsage(tokens=9000), 4096) == 1000
-    assert g.max_output_tokens(BudgetUsage(tokens=10_000), 4096) == 1
-    assert g.max_output_tokens(BudgetUsage(tokens=12_000), 4096) == 1
+    assert g.preflight(BudgetUsage(tokens=1000), input_tokens=2000,
+                       max_output_tokens=4096) == Preflight(max_output_tokens=4096)
+
+
+def test_preflight_cuts_the_cap_so_input_and_cap_fit_in_the_tokens_left() -> None:
+    g = guard(max_tokens=10_000)
+    fits = g.preflight(BudgetUsage(tokens=6000), input_tokens=2000, max_output_tokens=4096)
+    assert fits == Preflight(max_output_tokens=2000, short=("tokens",))
+    # Spent + input + cap is the limit exactly: a provider counting as the estimate
+    # does cannot take the turn past it.
+    assert 6000 + 2000 + fits.max_output_tokens == 10_000  # type: ignore[union-attr]
+
+
+def test_preflight_stops_before_a_call_whose_input_and_least_answer_do_not_fit() -> None:
+    g = guard(max_tokens=10_000)
+    # 64 answer tokens are the least a call is made for.
+    assert isinstance(g.preflight(BudgetUsage(tokens=7936), input_tokens=2000,
+                                  max_output_tokens=4096), Preflight)
+    stop = g.preflight(BudgetUsage(tokens=7937), input_tokens=2000, max_output_tokens=4096)
+    assert isinstance(stop, Stop)
+    assert (stop.code, stop.counter, stop.value, stop.limit) == (
+        StopCode.BUDGET_TOKENS, "tokens", 7937, 10_000)
+    assert stop.message == ("token budget of 10000: 7937 spent, and the next request (an "
+                            "estimated 2000 input tokens and an answer of at least 64) "
+                            "does not fit in the 2063 left")
+
+
+def test_preflight_least_answer_is_the_providers_cap_when_that_is_lower() -> None:
+    g = guard(max_tokens=1000)
+    assert g.preflight(BudgetUsage(tokens=900), input_tokens=84,
+                       max_output_tokens=16) == Preflight(max_output_tokens=16)
+
+
+def test_preflight_prices_the_input_at_its_dearest_rate_and_cuts_the_cap_to_the_cost_left(
+        ) -> None:
+    # $3 in, $15 out, cache reads at $0.30 and writes at $3.75 a million tokens: the
+    # input is priced at $3.75, whatever the cache will do.
+    prices = Prices(3.0, 15.0, cache_read_per_mtok=0.3, cache_write_per_mtok=3.75)
+    g = guard(max_cost_usd=1.0)
+    fits = g.preflight(BudgetUsage(cost_usd=0.9), input_tokens=20_000,
+                       max_output_tokens=4096, prices=prices)
+    # Left: $0.10 - $0.075 of input = $0.025 for output at $15/M: 1666 tokens.
+    assert fits == Preflight(max_output_tokens=1666, short=("cost_usd",))
+    worst = 0.9 + prices.worst_cost_usd(20_000, 1666)
+    assert worst <= 1.0
+    stop = g.preflight(BudgetUsage(cost_usd=0.925), input_tokens=20_000,
+                       max_output_tokens=4096, prices=prices)
+    assert isinstance(stop, Stop)
+    assert (stop.code, stop.counter, stop.value, stop.limit) == (
+        StopCode.BUDGET_COST, "cost_usd", 0.925, 1.0)
+    assert "estimated 20000 input tokens" in stop.message
+
+
+def test_preflight_ignores_cost_when_off_or_unpriced() -> None:
+    prices = Prices(3.0, 15.0)
+    assert guard(max_cost_usd=0.0).preflight(
+        BudgetUsage(cost_usd=99.0), input_tokens=1000, max_output_tokens=4096,
+        prices=prices) == Preflight(max_output_tokens=4096)
+    assert guard(max_cost_usd=1.0).preflight(
+        BudgetUsage(cost_usd=0.99), input_tokens=1000, max_output_tokens=4096,
+        prices=Prices()) == Preflight(max_output_tokens=4096)
+
+
+def test_preflight_names_both_dimensions_when_both_cut_the_cap() -> None:
+    g = guard(max_tokens=10_000, max_cost_usd=1.0)
+    fits = g.preflight(BudgetUsage(tokens=7000, cost_usd=0.99), input_tokens=1000,
+                       max_output_tokens=4096, prices=Prices(1.0, 10.0))
+    assert isinstance(fits, Preflight)
+    assert fits.short == ("tokens", "cost_usd")
+    assert fits.max_output_tokens == 899  # ($0.01 - $0.001 - the margin) / $10 a million
+
+
+def test_the_soft_note_comes_when_the_next_call_would_not_fit_whole() -> None:
+    """Before 80%, as soon as the provider's cap was cut: a step that would jump past
+    both the soft and the hard limit still gets its note first."""
+    g = guard(max_tokens=10_000)
+    usage = BudgetUsage(tokens=5000)
+    fits = g.preflight(usage, input_tokens=3000, max_output_tokens=4096)
+    assert isinstance(fits, Preflight) and fits.short == ("tokens",)
+    assert g.soft_warning(usage, now=NOW) is None
+    warning = g.soft_warning(usage, now=NOW, short=fits.short)
+    assert warning is not None and warning.dimensions == ("tokens",)
+    assert warning.message.startswith("Budget note: 5,000 of 10,000 tokens left.")
+    assert g.soft_warning(BudgetUsage(tokens=9000), now=NOW, short=("tokens",)) is None
 
 
 def test_cost_is_priced_per_million_tokens() -> None:
@@ -228,7 +306,8 @@ def test_guard_repr_shows_limits_and_warnings() -> None:
     g.soft_warning(BudgetUsage(steps=9), now=NOW)
     assert repr(g) == (
         "BudgetGuard(limits=BudgetLimits(max_tokens=200000, max_seconds=300.0, max_steps=10, "
-        "max_cost_usd=0.0, soft_limit=0.8, deadline=None), warned=['steps'])")
+        "max_cost_usd=0.0, soft_limit=0.8, deadline=None, max_wall_seconds=0.0, "
+        "started_at=None), warned=['steps'])")
 
 
 def test_check_time_stops_on_time_alone_not_on_the_step_in_progress() -> None:
@@ -255,3 +334,68 @@ def test_check_time_reports_the_deadline_first() -> None:
     assert stop is not None and stop.code is StopCode.DEADLINE
     assert (stop.value, stop.limit) == (NOW, NOW + 0.005)
     assert guard(deadline=NOW + 1).check_time(BudgetUsage(), now=NOW) is None
+
+
+# -- the wall clock ----------------------------------------------------------------------
+
+def test_wall_seconds_count_every_second_from_the_turns_start() -> None:
+    g = guard(max_wall_seconds=60.0, started_at=NOW)
+    # No active time at all: an hour parked in recovery is wall time.
+    assert g.check(BudgetUsage(), now=NOW + 59.9) is None
+    stop = g.check(BudgetUsage(), now=NOW + 60.0)
+    assert stop == Stop(StopCode.BUDGET_WALL_SECONDS,
+                        "wall-clock budget of 60 s since the turn started spent",
+                        value=60.0, limit=60.0)
+    assert stop.counter == "wall_seconds"
+
+
+def test_wall_seconds_are_off_at_zero_or_before_the_start() -> None:
+    assert guard(max_wall_seconds=0.0, started_at=NOW).check(
+        BudgetUsage(), now=NOW + 1e6) is None
+    assert guard(max_wall_seconds=5.0).check(BudgetUsage(), now=NOW + 1e6) is None
+
+
+def test_wall_seconds_come_after_the_deadline_and_before_active_time() -> None:
+    g = guard(max_seconds=10.0, max_wall_seconds=10.0, started_at=NOW, deadline=NOW + 10)
+    spent = BudgetUsage(seconds=10.0)
+    assert [s.code for s in g.violations(spent, now=NOW + 10)] == [
+        StopCode.DEADLINE, StopCode.BUDGET_WALL_SECONDS, StopCode.BUDGET_SECONDS]
+    assert g.check_time(spent, now=NOW + 9.995).code is StopCode.DEADLINE  # type: ignore[union-attr]
+    g = guard(max_seconds=10.0, max_wall_seconds=10.0, started_at=NOW)
+    assert g.check_time(spent, now=NOW + 9.995).code is (  # type: ignore[union-attr]
+        StopCode.BUDGET_WALL_SECONDS)
+
+
+def test_every_wait_is_bounded_by_the_wall_clock() -> None:
+    g = guard(max_seconds=300.0, max_wall_seconds=30.0, started_at=NOW)
+    assert g.remaining_seconds(BudgetUsage(seconds=1.0), now=NOW + 25) == 5.0
+    assert g.clock_left(NOW + 25) == 5.0
+    assert g.clock_left(NOW + 31) == 0.0
+    assert guard().clock_left(NOW) == math.inf
+    both = guard(max_wall_seconds=30.0, started_at=NOW, deadline=NOW + 10)
+    assert both.clock_left(NOW) == 10.0
+
+
+def test_the_wall_clock_always_enforces_like_the_deadline() -> None:
+    limits = BudgetLimits(max_wall_seconds=30.0, started_at=NOW, deadline=NOW + 60)
+    kept = limits.backstop_only()
+    assert (kept.max_wall_seconds, kept.started_at, kept.deadline) == (30.0, NOW, NOW + 60)
+
+
+def test_a_submit_sets_its_own_wall_seconds_and_a_checkpoint_keeps_them() -> None:
+    limits = BudgetLimits.from_config(BudgetConfig(max_wall_seconds=600.0),
+                                      overrides={"max_wall_seconds": 5}, started_at=NOW)
+    assert (limits.max_wall_seconds, limits.started_at) == (5.0, NOW)
+    assert BudgetLimits.restore(json.loads(json.dumps(limits.snapshot()))) == limits
+    assert BudgetLimits.from_config(BudgetConfig(max_wall_seconds=600.0)).max_wall_seconds \
+        == 600.0
+    with pytest.raises(ValueError, match=r"budget\.max_wall_seconds"):
+        BudgetLimits.from_config(BudgetConfig(), overrides={"max_wall_seconds": -1})
+
+
+def test_a_wait_refused_for_want_of_time_is_the_clocks_when_they_run_out_first() -> None:
+    g = guard(max_seconds=300.0, max_wall_seconds=30.0, started_at=NOW)
+    assert g.clock_binds(BudgetUsage(seconds=10.0), now=NOW + 5)
+    # 5 s of active time left, 25 s of wall clock: active time runs out first.
+    assert not g.clock_binds(BudgetUsage(seconds=295.0), now=NOW + 5)
+    assert not guard().clock_binds(BudgetUsage(seconds=10.0), now=NOW)

@@ -47,3 +47,10 @@ def test_each_replay_keeps_the_results_before_it() -> None:
     rec, _ = resume_state(StopCode.INTERNAL, _record(previous_results=[{"n": 1}]), {},
                           now=5.0)
     assert rec["previous_results"] == [{"n": 1}, RESULT]
+
+
+def test_a_replay_starts_the_wall_clock_again_and_keeps_the_spent_budget() -> None:
+    rec, _ = resume_state(StopCode.PROVIDERS_EXHAUSTED, _record(started_at=1.0), CHECKPOINT,
+                          now=86_400.0)
+    assert "started_at" not in rec  # set again when the replay starts running
+    assert rec["usage"] == {"total_tokens": 70}

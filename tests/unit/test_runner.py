@@ -331,3 +331,57 @@ async def test_the_echo_tool_runs_and_its_call_is_journalled() -> None:
     assert entry is not None
     assert entry["tool"] == "echo" and entry["outcome"] is not None
     assert h.record.counters.steps == 2
+
+
+# -- budgets as ceilings, the wall clock ---------------------------------------------------
+
+
+async def test_a_recovery_wait_longer_than_the_wall_clock_ends_it_with_wall_seconds() -> None:
+    h = Harness([SERVER_DOWN, answer()],
+                agent={"api_max_retries": 0, "recovery_schedule": [60.0],
+                       "recovery_jitter": 0.0},
+                budget={"max_wall_seconds": 20.0})
+    result = await h.run()
+    assert result is not None
+    stop = result.stopped_because
+    assert (stop.code, stop.counter, stop.limit) == (StopCode.BUDGET_WALL_SECONDS,
+                                                     "wall_seconds", 20.0)
+    assert stop.value == pytest.approx(20.0)
+    # Cut at the limit, not at the end of the 60 s wait; asked once.
+    assert h.clock.monotonic() == pytest.approx(20.0)
+    assert len(h.provider.requests) == 1
+
+
+async def test_a_retry_after_beyond_the_wall_clock_stops_with_it_not_with_the_providers(
+        ) -> None:
+    throttled = CallFailure(status=429, message="slow down", retry_after_s=100.0)
+    h = Harness([throttled, answer()], agent={"auto_recovery_cycles": 0},
+                budget={"max_wall_seconds": 10.0})
+    result = await h.run()
+    assert result is not None
+    assert result.stopped_because.code is StopCode.BUDGET_WALL_SECONDS
+    assert result.stopped_because.last_error == {"main": "HTTP 429: slow down"}
+    assert h.clock.monotonic() == pytest.approx(10.0)
+
+
+async def test_a_call_that_cannot_fit_the_tokens_left_is_not_made_and_one_that_fits_is_cut(
+        ) -> None:
+    def step(usage: Usage) -> ModelReply:
+        return ModelReply(text=None, tool_calls=(ToolCall(id="c1", name="echo",
+                                                          arguments='{"text":"x"}'),),
+                          usage=usage, finish_reason="tool_calls")
+
+    h = Harness([step(Usage(1000, 4000)), step(Usage(500, 1000)), answer()],
+                budget={"max_tokens": 7000})
+    result = await h.run()
+    assert result is not None
+    stop = result.stopped_because
+    # 5,000 spent, then 1,500: the 500 left cannot hold the third request's input and a
+    # 64-token answer, so it is not made, and the stop's value is what was spent.
+    assert (stop.code, stop.value, stop.limit) == (StopCode.BUDGET_TOKENS, 6500, 7000)
+    assert "does not fit in the 500 left" in stop.message
+    caps = [r.max_output_tokens for r in h.provider.requests]
+    # The provider's own cap, then the 2,000 left less the second request's input.
+    assert caps[0] == 4096 and 1 <= caps[1] < 2000, caps
+    assert len(h.provider.requests) == 2
+    assert h.record.counters.steps == 2

@@ -96,6 +96,9 @@ def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     p.add_argument("--max-seconds", type=float, help="active-seconds budget of this turn")
     p.add_argument("--max-steps", type=int, help="step budget of this turn")
     p.add_argument("--max-cost-usd", type=float, help="cost budget of this turn, in USD")
+    p.add_argument("--max-wall-seconds", type=float,
+                   help="wall-clock budget of this turn: every second from its start, "
+                   "waits included (0 = off)")
     p.add_argument("--deadline", help="when the turn must end: a span from now (30m, 2h), "
                    "an ISO 8601 time (local unless it names a zone) or epoch seconds")
     p.add_argument("--profile", help="a budget profile of the policy ([budget.profiles.NAME])")
@@ -125,7 +128,8 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
     budget = {k: v for k, v in (("max_tokens", args.max_tokens),
                                 ("max_seconds", args.max_seconds),
                                 ("max_steps", args.max_steps),
-                                ("max_cost_usd", args.max_cost_usd)) if v is not None}
+                                ("max_cost_usd", args.max_cost_usd),
+                                ("max_wall_seconds", args.max_wall_seconds)) if v is not None}
     if budget:
         body["budget"] = budget
     if args.deadline:

@@ -28,6 +28,7 @@ DEFAULT_SYSTEM_PROMPT = (
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+FiniteNonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
@@ -211,6 +212,7 @@ class BudgetProfile(_Section):
     max_seconds: PositiveFloat | None = None
     max_steps: PositiveInt | None = None
     max_cost_usd: NonNegFloat | None = None
+    max_wall_seconds: FiniteNonNegFloat | None = None
     soft_limit: Annotated[float, Field(gt=0, le=1)] | None = None
     mode: Mode | None = None
     loop_detection: LoopDetectionOverride = LoopDetectionOverride()
@@ -219,10 +221,14 @@ class BudgetProfile(_Section):
 
 
 class BudgetConfig(_Section):
+    """`max_wall_seconds`: every second from the turn's first start, waits (retries,
+    recovery, clarify) and suspensions included; 0 = off."""
+
     max_tokens: PositiveInt = 200_000
     max_seconds: PositiveFloat = 300.0
     max_steps: PositiveInt = 40
     max_cost_usd: NonNegFloat = 0.0
+    max_wall_seconds: FiniteNonNegFloat = 0.0
     soft_limit: Annotated[float, Field(gt=0, le=1)] = 0.8
     mode: Mode = "enforce"
     extension: BudgetExtensionConfig = BudgetExtensionConfig()

@@ -28,6 +28,8 @@ class BudgetOverride(Body):
     max_seconds: Annotated[StrictFiniteFloat, Field(gt=0)] | None = None
     max_steps: Annotated[StrictInt, Field(gt=0)] | None = None
     max_cost_usd: Annotated[StrictFiniteFloat, Field(ge=0)] | None = None
+    # Every second from the turn's first start, waits included; 0 = off for this turn.
+    max_wall_seconds: Annotated[StrictFiniteFloat, Field(ge=0)] | None = None
 
 
 class SubmitBody(Body):

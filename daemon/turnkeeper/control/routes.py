@@ -44,6 +44,7 @@ from turnkeeper.supervisor import (
     UnknownModel,
     UnknownProfile,
     UnknownTurn,
+    UnpricedCostLimit,
 )
 from turnkeeper.supervisor.intake import BatchItemInvalid, SubmitRequest
 
@@ -147,6 +148,8 @@ async def submit(request: web.Request) -> web.Response:
         return error(400, str(exc), field="profile")
     except UnknownModel as exc:
         return error(400, str(exc), field="model")
+    except UnpricedCostLimit as exc:
+        return error(400, str(exc), field="budget.max_cost_usd")
     except IntakeRefused as exc:
         return _refused(exc)
     except StoreError as exc:  # not kept (a full disk, a write withdrawn): not taken

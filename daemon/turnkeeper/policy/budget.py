@@ -1,17 +1,29 @@
-"""The turn's budget: tokens, active seconds, steps, cost and an optional deadline.
+"""The turn's budget: tokens, active seconds, wall seconds, steps, cost and an optional
+deadline.
 
-Two decisions live here, both taken at the top of a step before anything is spent:
+Three decisions live here:
 
-- the hard stop (`BudgetGuard.check`): a spent dimension ends the turn with its own stop
-  code, whatever the model would have liked to do next;
+- the hard stop (`BudgetGuard.check`), at the top of a step before anything is spent: a
+  spent dimension ends the turn with its own stop code, whatever the model would have
+  liked to do next;
+- the pre-flight (`BudgetGuard.preflight`), before every model call: a budget is a
+  ceiling, not a line the crossing step may pass. The request's input is estimated
+  (`policy/usage.py`, never under characters / 4, priced at its dearest input rate);
+  when it and a minimal answer do not fit in what is left of `max_tokens` or
+  `max_cost_usd` the call is not made (`budget.tokens` / `budget.cost`, value = what was
+  spent), and otherwise the output cap sent to the provider is cut so that input + cap
+  fits. A provider that counts no more than the estimate can then never take a turn
+  past its limit;
 - the soft note (`BudgetGuard.soft_warning`): once a dimension passes `soft_limit` of its
-  limit the agent is told, once, what is left, so it can wrap up before the hard stop
-  cuts it off mid-thought.
+  limit, or as soon as the next call would not fit with the provider's full output cap
+  (whichever comes first), the agent is told, once, what is left, so it can wrap up
+  before the hard stop cuts it off mid-thought.
 
 The guard never measures anything. The runner owns the counters (`BudgetUsage`) and the
 clock and passes both in; the guard only compares. Active time (`usage.seconds`) excludes
-time parked in auto-recovery or waiting for a clarify answer; the deadline is absolute
-and counts everything, so it is compared with `now` (epoch seconds), not with usage.
+time parked in auto-recovery or waiting for a clarify answer. Two limits count every
+second instead, so they are compared with `now` (epoch seconds), not with usage: the
+absolute `deadline`, and `max_wall_seconds` from the turn's first start (`started_at`).
 """
 
 from __future__ import annotations
@@ -23,12 +35,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from turnkeeper.policy.outcome import Stop, StopCode
+from turnkeeper.policy.usage import Prices
+from turnkeeper.policy.usage import cost_usd as cost_usd
 
 if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
     from turnkeeper.config import BudgetConfig
 
 # The keys a submit may override for its own turn (the `budget` object of POST /v1/turns).
-OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd")
+OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd", "max_wall_seconds")
 UNBOUNDED_TOKENS = 2**62
 
 # Soft-warning dimensions, in the order they are reported.
@@ -38,31 +52,17 @@ DIMENSIONS = ("tokens", "seconds", "steps", "cost_usd")
 # out, and timers fire a little early or late, so "exactly spent" is no reliable test.
 TIME_RESERVE_S = 0.01
 
+# The least answer a model call is made for: a request whose input leaves room for fewer
+# output tokens than this (or than the provider's own cap, if lower) is not sent. Enough
+# for a short answer or a report_blocked call.
+MIN_ANSWER_TOKENS = 64
+# Taken off the cost left before the output cap is worked out: the sums of float prices
+# and the rounding of the charged cost must not push a call that fits a hair past it.
+COST_MARGIN_USD = 1e-8
 
-def cost_usd(input_tokens: int, output_tokens: int, *, price_input_per_mtok: float,
-             price_output_per_mtok: float, cache_read_tokens: int = 0,
-             cache_write_tokens: int = 0, price_cache_read_per_mtok: float | None = None,
-             price_cache_write_per_mtok: float | None = None) -> float:
-    """Price of one model usage, prices per million tokens as providers publish them:
-
-        (plain * price_in + cache_read * price_cache_read + cache_write * price_cache_write
-         + output * price_out) / 1e6,   plain = input - cache_read - cache_write (>= 0)
-
-    `input_tokens` counts every input token, cached or not; the cache counts are the
-    parts of it read from or written to the provider's prompt cache, which providers
-    bill at other rates (a read is much cheaper, an Anthropic write dearer). A cache price
-    left None is the input price, so a provider without cache prices is charged as if
-    nothing were cached. Unpriced providers (all prices 0) cost nothing, which is why
-    `max_cost_usd` needs prices (configured or from the shipped table) to mean anything."""
-    read = max(0, min(cache_read_tokens, input_tokens))
-    write = max(0, min(cache_write_tokens, input_tokens - read))
-    plain = input_tokens - read - write
-    read_price = price_input_per_mtok if price_cache_read_per_mtok is None \
-        else price_cache_read_per_mtok
-    write_price = price_input_per_mtok if price_cache_write_per_mtok is None \
-        else price_cache_write_per_mtok
-    return (plain * price_input_per_mtok + read * read_price + write * write_price
-            + output_tokens * price_output_per_mtok) / 1e6
+# The stops of the limits that count every second, waits included: a wait that cannot
+# end before them stops the turn with their code when they are reached.
+CLOCK_STOPS = frozenset({StopCode.DEADLINE, StopCode.BUDGET_WALL_SECONDS})
 
 
 def _num(value: float) -> str:
@@ -80,8 +80,10 @@ def _usd(value: float) -> str:
 class BudgetLimits:
     """The limits of one turn: the policy's `[budget]`, adjusted by the submit.
 
-    `max_cost_usd = 0` turns the cost dimension off. `deadline` is absolute (epoch
-    seconds) and `None` when the submit set none."""
+    `max_cost_usd = 0` turns the cost dimension off, `max_wall_seconds = 0` the wall
+    clock. `deadline` is absolute (epoch seconds) and `None` when the submit set none;
+    `started_at` (epoch seconds) is when the turn first started running, from which
+    `max_wall_seconds` counts (None: not started, nothing to count)."""
 
     max_tokens: int = 200_000
     max_seconds: float = 300.0
@@ -89,17 +91,27 @@ class BudgetLimits:
     max_cost_usd: float = 0.0
     soft_limit: float = 0.8
     deadline: float | None = None
+    max_wall_seconds: float = 0.0
+    started_at: float | None = None
+
+    @property
+    def wall_deadline(self) -> float | None:
+        """When the wall clock runs out (epoch seconds), or None when it is off."""
+        if self.max_wall_seconds <= 0 or self.started_at is None:
+            return None
+        return self.started_at + self.max_wall_seconds
 
     def backstop_only(self) -> BudgetLimits:
-        """These limits with only the ones that always enforce kept: the step backstop
-        and the deadline. Tokens, time and cost become unbounded (for a budget in `warn`
-        or `observe` mode, whose real limits are only watched)."""
+        """These limits with only the ones that always enforce kept: the step backstop,
+        the deadline and the wall clock. Tokens, active time and cost become unbounded
+        (for a budget in `warn` or `observe` mode, whose real limits are only watched)."""
         return replace(self, max_tokens=UNBOUNDED_TOKENS, max_seconds=math.inf,
                        max_cost_usd=0.0)
 
     @classmethod
     def from_config(cls, config: BudgetConfig, *, overrides: Mapping[str, Any] | None = None,
-                    deadline: float | None = None) -> BudgetLimits:
+                    deadline: float | None = None,
+                    started_at: float | None = None) -> BudgetLimits:
         """The policy's budget with the submit's overrides applied.
 
         A submit may lower or raise any of `OVERRIDABLE` for its own turn. A key set to
@@ -110,6 +122,7 @@ class BudgetLimits:
             "max_seconds": config.max_seconds,
             "max_steps": config.max_steps,
             "max_cost_usd": config.max_cost_usd,
+            "max_wall_seconds": config.max_wall_seconds,
         }
         for key, raw in (overrides or {}).items():
             if key not in OVERRIDABLE:
@@ -119,19 +132,24 @@ class BudgetLimits:
             values[key] = _checked_override(key, raw)
         if deadline is not None and not math.isfinite(deadline):
             raise ValueError("deadline: must be a finite time")
-        return cls(soft_limit=config.soft_limit, deadline=deadline, **values)
+        return cls(soft_limit=config.soft_limit, deadline=deadline, started_at=started_at,
+                   **values)
 
     def snapshot(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "max_seconds": self.max_seconds,
                 "max_steps": self.max_steps, "max_cost_usd": self.max_cost_usd,
-                "soft_limit": self.soft_limit, "deadline": self.deadline}
+                "soft_limit": self.soft_limit, "deadline": self.deadline,
+                "max_wall_seconds": self.max_wall_seconds, "started_at": self.started_at}
 
     @classmethod
     def restore(cls, data: Mapping[str, Any]) -> BudgetLimits:
         return cls(max_tokens=int(data["max_tokens"]), max_seconds=float(data["max_seconds"]),
                    max_steps=int(data["max_steps"]), max_cost_usd=float(data["max_cost_usd"]),
                    soft_limit=float(data["soft_limit"]),
-                   deadline=None if data.get("deadline") is None else float(data["deadline"]))
+                   deadline=None if data.get("deadline") is None else float(data["deadline"]),
+                   max_wall_seconds=float(data.get("max_wall_seconds") or 0.0),
+                   started_at=(None if data.get("started_at") is None
+                               else float(data["started_at"])))
 
 
 def _checked_override(key: str, raw: object) -> int | float:
@@ -143,7 +161,7 @@ def _checked_override(key: str, raw: object) -> int | float:
         return int(raw)
     if key == "max_seconds" and raw <= 0:
         raise ValueError(f"budget.{key}: must be greater than 0")
-    if key == "max_cost_usd" and raw < 0:
+    if key in ("max_cost_usd", "max_wall_seconds") and raw < 0:
         raise ValueError(f"budget.{key}: must be 0 (off) or more")
     return float(raw)
 
@@ -184,20 +202,32 @@ class SoftWarning:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Preflight:
+    """The next model call fits: send `max_output_tokens`. `short` names the dimensions
+    ("tokens", "cost_usd") in which the provider's own cap did not fit and was cut: the
+    call would cross the limit if the model used all of it."""
+
+    max_output_tokens: int
+    short: tuple[str, ...] = ()
+
+
 class BudgetGuard:
-    """Hard stops and soft notes for one turn's budget.
+    """Hard stops, the pre-flight of a model call and soft notes for one turn's budget.
 
     `check` precedence, first match wins (fixed so that the same usage always names the
     same counter):
 
-    1. `deadline`       now >= deadline                         value = now, limit = deadline
-    2. `budget.seconds` usage.seconds >= max_seconds
-    3. `budget.tokens`  usage.tokens >= max_tokens
-    4. `budget.cost`    max_cost_usd > 0 and cost >= max_cost_usd
-    5. `budget.steps`   usage.steps >= max_steps  (so a turn runs at most max_steps steps)
+    1. `deadline`            now >= deadline                 value = now, limit = deadline
+    2. `budget.wall_seconds` now - started_at >= max_wall_seconds (when set)
+    3. `budget.seconds`      usage.seconds >= max_seconds
+    4. `budget.tokens`       usage.tokens >= max_tokens
+    5. `budget.cost`         max_cost_usd > 0 and cost >= max_cost_usd
+    6. `budget.steps`        usage.steps >= max_steps  (so a turn runs at most max_steps)
 
-    The deadline comes first because it is the caller's own word and counts everything;
-    steps come last because they are only a backstop behind the real budgets.
+    The clock limits come first because they count everything, the deadline being the
+    caller's own word; steps come last because they are only a backstop behind the real
+    budgets.
 
     The only state is which dimensions were already warned about, so that each warns
     once per turn; `snapshot`/`restore` carry it across a checkpoint."""
@@ -208,11 +238,6 @@ class BudgetGuard:
 
     def __repr__(self) -> str:
         return f"BudgetGuard(limits={self.limits!r}, warned={sorted(self._warned)!r})"
-
-    @classmethod
-    def from_config(cls, config: BudgetConfig, *, overrides: Mapping[str, Any] | None = None,
-                    deadline: float | None = None) -> BudgetGuard:
-        return cls(BudgetLimits.from_config(config, overrides=overrides, deadline=deadline))
 
     @property
     def warned(self) -> frozenset[str]:
@@ -229,14 +254,9 @@ class BudgetGuard:
         budget is only observed needs them all: one reached limit must not hide the
         next."""
         lim = self.limits
-        if lim.deadline is not None and now >= lim.deadline:
-            when = datetime.fromtimestamp(lim.deadline, tz=UTC).isoformat(timespec="seconds")
-            yield Stop(StopCode.DEADLINE, f"deadline {when} passed",
-                       value=now, limit=lim.deadline)
+        yield from self._clock_stops(now, reserve_s=0.0)
         if usage.seconds >= lim.max_seconds:
-            yield Stop(StopCode.BUDGET_SECONDS,
-                       f"time budget of {_num(lim.max_seconds)} s of active time spent",
-                       value=usage.seconds, limit=lim.max_seconds)
+            yield self._seconds_stop(usage)
         if usage.tokens >= lim.max_tokens:
             yield Stop(StopCode.BUDGET_TOKENS, f"token budget of {lim.max_tokens} spent",
                        value=usage.tokens, limit=lim.max_tokens)
@@ -247,35 +267,119 @@ class BudgetGuard:
             yield Stop(StopCode.BUDGET_STEPS, f"step budget of {lim.max_steps} steps spent",
                        value=usage.steps, limit=lim.max_steps)
 
+    def _clock_stops(self, now: float, *, reserve_s: float) -> Iterator[Stop]:
+        """The deadline's stop, then the wall clock's, once less than `reserve_s` is left
+        of them."""
+        lim = self.limits
+
+        def reached(end: float) -> bool:
+            return end - now < reserve_s if reserve_s > 0 else now >= end
+
+        if lim.deadline is not None and reached(lim.deadline):
+            when = datetime.fromtimestamp(lim.deadline, tz=UTC).isoformat(timespec="seconds")
+            yield Stop(StopCode.DEADLINE,
+                       f"deadline {when} {'reached' if reserve_s > 0 else 'passed'}",
+                       value=now, limit=lim.deadline)
+        wall_end = lim.wall_deadline
+        if wall_end is not None and lim.started_at is not None and reached(wall_end):
+            yield Stop(StopCode.BUDGET_WALL_SECONDS,
+                       f"wall-clock budget of {_num(lim.max_wall_seconds)} s since the turn "
+                       "started spent", value=round(now - lim.started_at, 6),
+                       limit=lim.max_wall_seconds)
+
+    def _seconds_stop(self, usage: BudgetUsage) -> Stop:
+        lim = self.limits
+        return Stop(StopCode.BUDGET_SECONDS,
+                    f"time budget of {_num(lim.max_seconds)} s of active time spent",
+                    value=usage.seconds, limit=lim.max_seconds)
+
     def check_time(self, usage: BudgetUsage, *, now: float,
                    reserve_s: float = TIME_RESERVE_S) -> Stop | None:
-        """The time stop alone (`deadline`, then `budget.seconds`) once less than
-        `reserve_s` is left. Asked between attempts and before tool calls, where the
-        step's own counters (already incremented) must not stop it but a spent clock
-        must: the value is the counter as it is, possibly a hair under the limit."""
-        lim = self.limits
-        if lim.deadline is not None and lim.deadline - now < reserve_s:
-            when = datetime.fromtimestamp(lim.deadline, tz=UTC).isoformat(timespec="seconds")
-            return Stop(StopCode.DEADLINE, f"deadline {when} reached",
-                        value=now, limit=lim.deadline)
-        if lim.max_seconds - usage.seconds < reserve_s:
-            return Stop(StopCode.BUDGET_SECONDS,
-                        f"time budget of {_num(lim.max_seconds)} s of active time spent",
-                        value=usage.seconds, limit=lim.max_seconds)
+        """The time stop alone (`deadline`, then `budget.wall_seconds`, then
+        `budget.seconds`) once less than `reserve_s` is left. Asked between attempts,
+        before tool calls and after waits, where the step's own counters (already
+        incremented) must not stop it but a spent clock must: the value is the counter
+        as it is, possibly a hair under the limit."""
+        for stop in self._clock_stops(now, reserve_s=reserve_s):
+            return stop
+        if self.limits.max_seconds - usage.seconds < reserve_s:
+            return self._seconds_stop(usage)
         return None
 
-    def soft_warning(self, usage: BudgetUsage, *, now: float) -> SoftWarning | None:
-        """A note for each dimension that has reached `soft_limit` of its limit and was
-        not warned about yet; several crossing together make one note. None otherwise.
+    def clock_left(self, now: float) -> float:
+        """Seconds until the deadline or the wall clock runs out, whichever is first;
+        inf when neither is set. What a park (a recovery or clarify wait, which is not
+        active time) may last at most."""
+        left = math.inf
+        if self.limits.deadline is not None:
+            left = self.limits.deadline - now
+        wall_end = self.limits.wall_deadline
+        if wall_end is not None:
+            left = min(left, wall_end - now)
+        return max(0.0, left)
 
-        The deadline has no soft note: without a start it has no fraction to pass, and
-        `remaining_seconds` already keeps every wait inside it. `now` is taken for that
-        symmetry with `check` and is not used today."""
+    def clock_binds(self, usage: BudgetUsage, *, now: float) -> bool:
+        """Whether the deadline or the wall clock runs out before the active time: a
+        wait refused for want of time then ends the turn with their stop when they are
+        reached (a wait is active time, so waiting out active time proves nothing)."""
+        return self.clock_left(now) <= self.limits.max_seconds - usage.seconds
+
+    def preflight(self, usage: BudgetUsage, *, input_tokens: int, max_output_tokens: int,
+                  prices: Prices | None = None) -> Preflight | Stop:
+        """Whether a model call of `input_tokens` (the estimate) may be made, and the
+        output cap to send: the provider's `max_output_tokens`, cut so that input + cap
+        fits in the tokens left and, with the cost dimension on, input at its dearest
+        rate + cap at the output rate fits in the cost left. When not even
+        `MIN_ANSWER_TOKENS` (or the provider's cap, if lower) fit, the stop of the
+        dimension that is short, before the call: value = what was spent, so it never
+        exceeds the limit."""
+        lim = self.limits
+        least = max(1, min(MIN_ANSWER_TOKENS, max_output_tokens))
+        cap = max_output_tokens
+        short: list[str] = []
+        tokens_left = lim.max_tokens - usage.tokens
+        if input_tokens + least > tokens_left:
+            return Stop(StopCode.BUDGET_TOKENS,
+                        f"token budget of {lim.max_tokens}: {usage.tokens} spent, and the "
+                        f"next request (an estimated {input_tokens} input tokens and an "
+                        f"answer of at least {least}) does not fit in the "
+                        f"{max(0, tokens_left)} left",
+                        value=usage.tokens, limit=lim.max_tokens)
+        if input_tokens + cap > tokens_left:
+            cap = tokens_left - input_tokens
+            short.append("tokens")
+        if lim.max_cost_usd > 0 and prices is not None:
+            cost_left = lim.max_cost_usd - usage.cost_usd - COST_MARGIN_USD
+            need = prices.worst_cost_usd(input_tokens, least)
+            if need > cost_left:
+                return Stop(StopCode.BUDGET_COST,
+                            f"cost budget of {_usd(lim.max_cost_usd)}: "
+                            f"${usage.cost_usd:,.4f} spent, and the next request (an "
+                            f"estimated {input_tokens} input tokens and an answer of at "
+                            f"least {least}, ${need:,.4f}) does not fit in the "
+                            f"${max(0.0, cost_left):,.4f} left",
+                            value=usage.cost_usd, limit=lim.max_cost_usd)
+            if prices.worst_cost_usd(input_tokens, cap) > cost_left:
+                spare = cost_left - prices.worst_cost_usd(input_tokens, 0)
+                cap = max(least, min(cap, math.floor(spare * 1e6 / prices.output_per_mtok)))
+                short.append("cost_usd")
+        return Preflight(max_output_tokens=max(1, cap), short=tuple(short))
+
+    def soft_warning(self, usage: BudgetUsage, *, now: float,
+                     short: tuple[str, ...] = ()) -> SoftWarning | None:
+        """A note for each dimension that has reached `soft_limit` of its limit, or in
+        which the next model call would not fit whole (`short`, from `preflight`), and
+        was not warned about yet; several together make one note. None otherwise.
+
+        The clock limits have no soft note: the deadline has no start to take a fraction
+        of, and `remaining_seconds` already keeps every wait inside both. `now` is taken
+        for that symmetry with `check` and is not used today."""
         del now
         lim = self.limits
         f = lim.soft_limit
         # Plain comparisons first: this runs every step and is almost always "no".
-        if (usage.tokens < f * lim.max_tokens and usage.seconds < f * lim.max_seconds
+        if (not short and usage.tokens < f * lim.max_tokens
+                and usage.seconds < f * lim.max_seconds
                 and usage.steps < f * lim.max_steps
                 and (lim.max_cost_usd <= 0 or usage.cost_usd < f * lim.max_cost_usd)):
             return None
@@ -286,7 +390,7 @@ class BudgetGuard:
         crossed = tuple(
             dim for dim in DIMENSIONS
             if dim not in self._warned and spent[dim][1] > 0
-            and spent[dim][0] >= f * spent[dim][1])
+            and (spent[dim][0] >= f * spent[dim][1] or dim in short))
         if not crossed:
             return None
         self._warned.update(crossed)
@@ -296,24 +400,10 @@ class BudgetGuard:
         return SoftWarning(dimensions=crossed, message=message)
 
     def remaining_seconds(self, usage: BudgetUsage, *, now: float) -> float:
-        """Time any wait or timeout may still take: the lesser of active time left and
-        time to the deadline, never negative."""
-        left = self.limits.max_seconds - usage.seconds
-        if self.limits.deadline is not None:
-            left = min(left, self.limits.deadline - now)
-        return max(0.0, left)
-
-    def remaining_tokens(self, usage: BudgetUsage) -> int:
-        return max(0, self.limits.max_tokens - usage.tokens)
-
-    def remaining_steps(self, usage: BudgetUsage) -> int:
-        return max(0, self.limits.max_steps - usage.steps)
-
-    def max_output_tokens(self, usage: BudgetUsage, configured: int) -> int:
-        """The `max_tokens` to ask the model for: the provider's configured output limit,
-        cut to the tokens left so one answer cannot overshoot the budget by much; at
-        least 1 because providers reject 0 (a spent budget is `check`'s to stop)."""
-        return max(1, min(configured, self.remaining_tokens(usage)))
+        """Time any wait, request or stream may still take: the least of active time
+        left, time to the deadline and time to the end of the wall clock, never
+        negative."""
+        return max(0.0, min(self.limits.max_seconds - usage.seconds, self.clock_left(now)))
 
     def snapshot(self) -> dict[str, Any]:
         return {"warned": sorted(self._warned) if self._warned else []}

@@ -26,6 +26,7 @@ class StopCode(StrEnum):
     BUDGET_SECONDS = "budget.seconds"
     BUDGET_STEPS = "budget.steps"
     BUDGET_COST = "budget.cost"
+    BUDGET_WALL_SECONDS = "budget.wall_seconds"
     DEADLINE = "deadline"
     LOOP_REPEATED_ACTION = "loop.repeated_action"
     LOOP_STATE_CYCLE = "loop.state_cycle"
@@ -52,6 +53,7 @@ COUNTER_OF: dict[StopCode, str | None] = {
     StopCode.BUDGET_SECONDS: "seconds",
     StopCode.BUDGET_STEPS: "steps",
     StopCode.BUDGET_COST: "cost_usd",
+    StopCode.BUDGET_WALL_SECONDS: "wall_seconds",
     StopCode.DEADLINE: "deadline",
     StopCode.LOOP_REPEATED_ACTION: "repeats",
     StopCode.LOOP_STATE_CYCLE: "state_revisits",
@@ -86,8 +88,8 @@ GUARD_FAMILY: dict[StopCode, str] = {
     StopCode.FAILURE_UNKNOWN: "failure_loop",
     StopCode.FAILURE_RETRYABLE: "failure_loop",
 }
-# `budget.steps` (the backstop) and `deadline` are in no family: no mode can make a turn
-# endless.
+# `budget.steps` (the backstop), `budget.wall_seconds` and `deadline` are in no family:
+# no mode can make a turn endless.
 
 # Codes whose turns go to the dead-letter list: the turns that stopped for a reason no
 # retry inside the turn could fix (every provider refused or stayed down, a tool that

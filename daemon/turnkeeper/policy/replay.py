@@ -38,6 +38,9 @@ def resume_state(code: StopCode, record: dict[str, Any], checkpoint: dict[str, A
         # The failure loop's streak starts again: the tool has been fixed.
         cp["failures"] = {"signature": None, "streak": 0}
     cp["pending_stop"] = None
+    # The wall clock starts again with the replay: an operator's replay comes hours or
+    # days later, and time is no budget the turn spent (its tokens, cost and steps are).
+    rec.pop("started_at", None)
     rec.update(state="queued", result=None, previous_results=previous, counters=counters,
                next_attempt_at=None, question=None, updated_at=now)
     return rec, cp

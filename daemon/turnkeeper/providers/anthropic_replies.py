@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from turnkeeper.policy.usage import wire_count
 from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError, ToolCall, Usage
 from turnkeeper.providers.http import (
     CORRUPT,
@@ -54,13 +55,14 @@ def refusal_text(stop_reason: object, details: object) -> str | None:
     return str(details.get("explanation") or "") or None
 
 
-def usage_of(u: dict[str, Any], output_tokens: int | None = None) -> Usage:
+def usage_of(u: dict[str, Any], output_tokens: float | None = None) -> Usage:
     """Anthropic reports uncached input, cache writes and cache reads apart; all three are
-    input (what the token budget is charged), the last two priced apart."""
-    write = int(u.get("cache_creation_input_tokens") or 0)
-    read = int(u.get("cache_read_input_tokens") or 0)
-    out = int(u.get("output_tokens") or 0) if output_tokens is None else output_tokens
-    return Usage(int(u.get("input_tokens") or 0) + write + read, out,
+    input (what the token budget is charged), the last two priced apart. The figures go
+    on as the wire gave them: the model call checks them before charging anything."""
+    write = wire_count(u.get("cache_creation_input_tokens"))
+    read = wire_count(u.get("cache_read_input_tokens"))
+    out = wire_count(u.get("output_tokens")) if output_tokens is None else output_tokens
+    return Usage(wire_count(u.get("input_tokens")) + write + read, out,
                  cache_read_tokens=read, cache_write_tokens=write)
 
 
@@ -116,7 +118,7 @@ async def read_stream(client: HttpClient, resp: aiohttp.ClientResponse,
     stop: str | None = None
     refusal: str | None = None
     input_usage: dict[str, Any] = {}
-    output_tokens = 0
+    output_tokens: float = 0
     model = ""
     sent = 0  # pieces of `text` handed to `on_delta`
     eof = False
@@ -176,14 +178,14 @@ async def read_stream(client: HttpClient, resp: aiohttp.ClientResponse,
                         refusal = refusal_text(stop, d.get("stop_details"))
                     u = obj.get("usage") or {}
                     if u.get("output_tokens") is not None:
-                        output_tokens = int(u["output_tokens"])
+                        output_tokens = wire_count(u["output_tokens"])
                     if u.get("input_tokens"):  # newer servers repeat the input counts
                         input_usage = u
                 elif kind == "message_start":
                     message = obj.get("message") or {}
                     u = message.get("usage") or {}
                     input_usage = u
-                    output_tokens = int(u.get("output_tokens") or 0)
+                    output_tokens = wire_count(u.get("output_tokens"))
                     model = str(message.get("model") or "")
                 elif kind == "message_stop":
                     calls = tuple(

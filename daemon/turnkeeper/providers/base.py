@@ -23,15 +23,19 @@ class Usage:
     the input, cached or not (it is what the token budget is charged); the cache counts
     are the parts of it read from or written to the provider's prompt cache, kept apart
     only because they are priced apart (OpenAI's `cached_tokens` is a read; Anthropic
-    reports reads and writes)."""
+    reports reads and writes).
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
+    The figures are the provider's word, not yet checked: an adapter passes them on as
+    its wire gave them (`policy.usage.wire_count`), and the model call charges them only
+    once `policy.usage.metered` has found them whole, non-negative and possible."""
+
+    input_tokens: float = 0
+    output_tokens: float = 0
+    cache_read_tokens: float = 0
+    cache_write_tokens: float = 0
 
     @property
-    def total_tokens(self) -> int:
+    def total_tokens(self) -> float:
         return self.input_tokens + self.output_tokens
 
 

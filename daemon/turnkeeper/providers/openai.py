@@ -21,6 +21,7 @@ import aiohttp
 
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
+from turnkeeper.policy.usage import wire_count
 from turnkeeper.providers.base import (
     CACHED_FROM,
     DeltaSink,
@@ -77,8 +78,8 @@ def max_tokens_field(cfg: ProviderConfig) -> str:
 def usage_of(u: Mapping[str, Any]) -> Usage:
     """`prompt_tokens` includes the cached part, reported in `prompt_tokens_details`."""
     details = u.get("prompt_tokens_details") or {}
-    return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
-                 cache_read_tokens=int(details.get("cached_tokens") or 0))
+    return Usage(wire_count(u.get("prompt_tokens")), wire_count(u.get("completion_tokens")),
+                 cache_read_tokens=wire_count(details.get("cached_tokens")))
 
 
 def _arguments(raw: object) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from turnkeeper.config import Config, ProviderConfig
+from turnkeeper.config import Config, ConfigError, ProviderConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +157,51 @@ def priced(config: Config) -> Config:
 def prices_status(config: Config) -> dict[str, dict[str, Any]]:
     """Per provider name: the prices in force and where they came from (for status)."""
     return {p.name: prices_in_force(p).to_json() for p in config.providers}
+
+
+def unpriced(config: Config) -> frozenset[str]:
+    """The providers with no price at all: none configured (an explicit 0 is a price)
+    and a model the shipped table does not know. They cost $0 a call, so a cost limit
+    over them could never stop a turn."""
+    return frozenset(p.name for p in config.providers if prices_in_force(p).source == "none")
+
+
+def unpriced_in(config: Config, chain: tuple[str, ...]) -> str | None:
+    """Why a cost limit over `chain` cannot be: the unpriced providers it holds (None
+    when it holds none)."""
+    names = unpriced(config)
+    found = ", ".join(f"{p.name!r} (model {p.model or p.kind!r})"
+                      for p in config.providers if p.name in chain and p.name in names)
+    if not found:
+        return None
+    return (f"a cost limit over provider {found}, which has no price (none configured, not "
+            "in the shipped price table): its calls cost $0 and the limit could never stop "
+            "the turn")
+
+
+def unpriced_under_cost_limits(config: Config) -> list[str]:
+    """A line for each cost limit (`[budget]` or a profile's) that governs an unpriced
+    provider: every turn may run on any provider of the default chain, so a limit set
+    anywhere governs them all."""
+    names = unpriced(config)
+    if not names:
+        return []
+    limits = []
+    if config.budget.max_cost_usd > 0:
+        limits.append(f"budget.max_cost_usd = {config.budget.max_cost_usd:g}")
+    for name, profile in sorted(config.budget.profiles.items()):
+        if profile.max_cost_usd is not None and profile.max_cost_usd > 0:
+            limits.append(f"budget.profiles.{name}.max_cost_usd = {profile.max_cost_usd:g}")
+    return [f"  {limit}: provider {p.name!r} (model {p.model or p.kind!r}) has no price: "
+            "none is configured and the shipped price table does not know the model, so "
+            "its calls cost $0 and the limit could never stop a turn. Set its "
+            "price_input_per_mtok and price_output_per_mtok (0 counts as a price), or "
+            "turn the limit off (0)"
+            for limit in limits for p in config.providers if p.name in names]
+
+
+def check_cost_limits(config: Config, source: str = "the configuration") -> None:
+    """Refuse (ConfigError, exit 78) a cost limit over an unpriced provider."""
+    lines = unpriced_under_cost_limits(config)
+    if lines:
+        raise ConfigError("\n".join([f"invalid configuration ({source}):", *lines]))

@@ -30,6 +30,7 @@ from turnkeeper.supervisor.core import (
     UnknownModel,
     UnknownProfile,
     UnknownTurn,
+    UnpricedCostLimit,
     new_turn_id,
 )
 from turnkeeper.supervisor.fleet import Fleet
@@ -42,6 +43,7 @@ from turnkeeper.turn.record import TurnRecord
 
 __all__ = ["InboxFull", "IntakeRefused", "LiveTurn", "NotWaiting", "ReloadOutcome",
            "Supervisor", "TurnFinished", "UnknownModel", "UnknownProfile", "UnknownTurn",
+           "UnpricedCostLimit",
            "new_turn_id"]
 
 

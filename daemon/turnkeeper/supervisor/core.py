@@ -57,6 +57,11 @@ class UnknownModel(TurnkeeperError, ValueError):
     """A submit named a model that is neither a `[models.NAME]` alias nor a provider."""
 
 
+class UnpricedCostLimit(TurnkeeperError, ValueError):
+    """A submit set a cost limit over a provider chain that holds a provider with no
+    price: its calls would cost $0, so the limit could never stop the turn."""
+
+
 class UnknownTurn(TurnkeeperError):
     pass
 

@@ -35,6 +35,7 @@ from turnkeeper.policy.overload import (
 from turnkeeper.policy.replay import resume_state
 from turnkeeper.policy.scheduler import Refusal, queue_full
 from turnkeeper.policy.turn_state import TurnState
+from turnkeeper.providers.prices import unpriced_in
 from turnkeeper.store.base import StoreError, rows_of
 from turnkeeper.supervisor.core import (
     InboxFull,
@@ -46,6 +47,7 @@ from turnkeeper.supervisor.core import (
     UnknownModel,
     UnknownProfile,
     UnknownTurn,
+    UnpricedCostLimit,
     log_context,
     new_turn_id,
 )
@@ -157,6 +159,12 @@ class Intake:
                 f"{', '.join(self.core.config.model_names())})"
         return None
 
+    def _check_cost(self, budget: dict[str, Any] | None, model: str | None) -> str | None:
+        """Why a submit's cost limit cannot be: its chain holds an unpriced provider."""
+        if not (budget or {}).get("max_cost_usd") or self._check_model(model) is not None:
+            return None  # no cost limit (absent, None or 0), or the model is unknown
+        return unpriced_in(self.core.config, self.core.config.model_chain(model))
+
     def _prepare(self, req: SubmitRequest, *, replay_of: str | None = None
                  ) -> tuple[LiveTurn, Event]:
         """A new turn's record, registered as live (so a concurrent GET sees it), and its
@@ -209,6 +217,8 @@ class Intake:
         unknown = self._check_profile(profile)
         if unknown is not None:
             raise UnknownProfile(f"profile: {unknown}")
+        if (unpriced := self._check_cost(budget, model)) is not None:
+            raise UnpricedCostLimit(f"budget.max_cost_usd: {unpriced}")
         self._check_open()
         live, queued = self._prepare(SubmitRequest(message=message, session=session,
                                                    budget=budget, deadline=deadline,
@@ -229,8 +239,10 @@ class Intake:
         """
         core = self.core
         for i, req in enumerate(requests):
-            for field, unknown in (("model", self._check_model(req.model)),
-                                   ("profile", self._check_profile(req.profile))):
+            for field, unknown in (
+                    ("model", self._check_model(req.model)),
+                    ("profile", self._check_profile(req.profile)),
+                    ("budget.max_cost_usd", self._check_cost(req.budget, req.model))):
                 if unknown is not None:
                     raise BatchItemInvalid(i, field, unknown)
         self._check_open(batch=len(requests))

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from turnkeeper.event_types import TurnWaiting
+from turnkeeper.policy.budget import CLOCK_STOPS
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.extension import Plan
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
@@ -62,8 +63,8 @@ class Builtins:
     async def clarify(self, call: ToolCall, question: str | None = None
                       ) -> TurnResult | None:
         """Ask `question` (None: the one a resumed turn was waiting on), park until the
-        answer (or the clarify timeout, or the deadline), and give the agent the
-        answer. None: the turn goes on."""
+        answer (or the clarify timeout, the deadline or the wall clock), and give the
+        agent the answer. None: the turn goes on."""
         ctx = self.ctx
         if question is None:
             question = ctx.record.question or ""
@@ -90,7 +91,7 @@ class Builtins:
         if answer is None:
             ctx.conv.add_tool_result(call, "no answer came")
             stop = ctx.time_spent()
-            if stop is not None and stop.code is StopCode.DEADLINE:
+            if stop is not None and stop.code in CLOCK_STOPS:
                 return ctx.stop(stop)
             return ctx.stop(Stop(StopCode.CLARIFY_TIMEOUT,
                                  f"no answer to the clarify question within {timeout:g} s",

@@ -93,11 +93,14 @@ class TurnContext:
         self.mode_gate = ModeGate(guards.modes)
         self.restarts = RestartCounter(self.settings.max_restarts,
                                        count=record.counters.restarts)
+        if record.started_at is None:  # its first start: the wall clock begins
+            record.started_at = clock.time()
         limits = BudgetLimits.from_config(guards.budget, overrides=record.budget,
-                                          deadline=record.deadline)
+                                          deadline=record.deadline,
+                                          started_at=record.started_at)
         self.limits = limits
         record.limits = limits.snapshot()
-        # A budget in warn/observe mode only enforces the backstop and the deadline; its
+        # A budget in warn/observe mode only enforces the backstop and the clock limits; its
         # real limits are watched by a second guard that records what would have stopped.
         enforced = limits if self.modes["budget"] == "enforce" else limits.backstop_only()
         self.watch: BudgetGuard | None = None
@@ -208,10 +211,14 @@ class TurnContext:
                            self.record.counters.steps, u.cost_usd)
 
     def remaining_s(self) -> float:
+        """The time the turn has left, the least of its active time, its wall-clock
+        budget and its deadline: what every wait, request, stream and tool call is
+        bounded by."""
         return self.guard.remaining_seconds(self.usage(), now=self.clock.time())
 
     def time_spent(self) -> Stop | None:
-        """The budget's stop when the active time or the deadline has run out."""
+        """The budget's stop when the active time, the wall clock or the deadline has
+        run out."""
         return self.guard.check_time(self.usage(), now=self.clock.time())
 
     # -- events, counters, checkpoints -------------------------------------------------
@@ -375,14 +382,13 @@ class TurnContext:
     async def park(self, state: TurnState, *, until: float,
                    done: Callable[[], bool]) -> None:
         """Wait, not as active time and without a slot, until the wall-clock time `until`
-        (never past the deadline, which counts every wait), until `done()` holds, or until
+        (never past the deadline or the wall-clock budget, which count every wait), until
+        `done()` holds, or until
         a suspend. The turn is checkpointed in `state` first, so a crash resumes it in the
         same wait. A suspend raises `Suspended`; otherwise the turn is running again on
         return, whichever way the wait ended."""
         now = self.clock.time()
-        wait_s = max(0.0, until - now)
-        if self.limits.deadline is not None:
-            wait_s = min(wait_s, max(0.0, self.limits.deadline - now))
+        wait_s = min(max(0.0, until - now), self.guard.clock_left(now))
         self.stop_active()
         await self.checkpoint(state)
         self.control.park()

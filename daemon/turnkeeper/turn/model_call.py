@@ -18,7 +18,7 @@ import anyio
 from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.policy.breaker import CircuitBreaker
-from turnkeeper.policy.budget import cost_usd
+from turnkeeper.policy.budget import CLOCK_STOPS
 from turnkeeper.policy.call_bound import CALL_TIMEOUT, CallBound
 from turnkeeper.policy.chain import Attempt, FailOver, Recover, RetryIn
 from turnkeeper.policy.classify import CallFailure, FailureClass, classify
@@ -29,6 +29,7 @@ from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import MessageCache, ModelReply, ModelRequest, ProviderError
 from turnkeeper.runtime import Shared
 from turnkeeper.turn.context import Redirected, TurnContext
+from turnkeeper.turn.metering import Meter
 
 
 class _Claims:
@@ -119,6 +120,8 @@ class ModelCall:
         # the limit of a cut one.
         self.sent_to = ""
         self.sent_output_cap = 0
+        # The size of the next request, and the charge of each reply.
+        self.meter = Meter(ctx)
 
     def _breaker(self, provider: str) -> CircuitBreaker:
         return self.ctx.shared.breakers[f"provider:{provider}"]
@@ -177,6 +180,11 @@ class ModelCall:
                         else:
                             decision = ctx.chain.recovery_done()
                     elif isinstance(decision, Stop):
+                        if "no_time" in ctx.chain.pass_exits and ctx.guard.clock_binds(
+                                ctx.usage(), now=ctx.clock.time()):
+                            # A wait the wall clock or the deadline could not hold: the
+                            # turn stops when it runs out, with its code.
+                            return await self._out_of_time(decision)
                         return self._gave_up(decision)
                     else:  # pragma: no cover - the chain's decisions are a closed set
                         raise AssertionError(f"unexpected chain decision {decision!r}")
@@ -213,14 +221,12 @@ class ModelCall:
         ctx.record.next_attempt_at = None
         return ctx.chain.retry_ready()
 
-    def _request(self) -> ModelRequest:
+    def _request(self, max_output_tokens: int) -> ModelRequest:
         ctx = self.ctx
         provider = ctx.settings.providers[ctx.chain.current_provider]
         return ModelRequest(
             system=ctx.settings.system_prompt, messages=tuple(ctx.conv.messages),
-            tools=ctx.runtime.toolbox.specs,
-            max_output_tokens=ctx.guard.max_output_tokens(ctx.usage(),
-                                                          provider.max_output_tokens),
+            tools=ctx.runtime.toolbox.specs, max_output_tokens=max_output_tokens,
             timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message}, cache=self._encoded)
@@ -239,6 +245,12 @@ class ModelCall:
             claims.end_retry()
             ctx.log.info("model.retry_after_window", provider=name, wait=round(window, 3))
             return ctx.chain.on_retry_after(wait_s=window)
+        # The budget is a ceiling: a request that cannot fit is not sent, and one that
+        # fits is sent with the output cap cut to what is left.
+        fits = self.meter.preflight(name)
+        if isinstance(fits, Stop):
+            ctx.chain.abandon()
+            return fits
         breaker = self._breaker(name)
         if not claims.acquire(breaker):
             claims.end_retry()
@@ -247,7 +259,7 @@ class ModelCall:
                 reopens_in_s=breaker.open_for(ctx.clock.monotonic()))
         ctx.sync_counters()
         provider = ctx.runtime.providers[name]
-        request = self._request()
+        request = self._request(fits.max_output_tokens)
         self.sent_to, self.sent_output_cap = name, request.max_output_tokens
         thinking = ctx.settings.providers[name].thinking_budget_tokens
         if thinking is not None:
@@ -292,6 +304,12 @@ class ModelCall:
                     failure = exc.failure
                 except _CallCut:
                     failure = bound.failure()
+                if reply is not None:
+                    wrong = self.meter.charge(name, reply)
+                    if wrong is not None:  # a broken counter: nothing of it is counted
+                        reply, failure = None, CallFailure(
+                            error_type="invalid_usage", exception=("InvalidUsage",),
+                            message=wrong)
         finally:
             ctx.control.call_scope = None
             budget.end_request()
@@ -308,7 +326,6 @@ class ModelCall:
         if reply is not None:
             claims.succeeded()
             ctx.chain.on_success()
-            self._charge(name, reply)
             return reply
         assert failure is not None
         self._last_failure = failure
@@ -356,26 +373,6 @@ class ModelCall:
                          **ctx.counter_values())
         return Redirected()
 
-    def _charge(self, provider: str, reply: ModelReply) -> None:
-        ctx = self.ctx
-        u = ctx.record.usage
-        u.input_tokens += reply.usage.input_tokens
-        u.output_tokens += reply.usage.output_tokens
-        prices = ctx.settings.providers[provider]
-        cost = cost_usd(reply.usage.input_tokens, reply.usage.output_tokens,
-                        price_input_per_mtok=prices.price_input_per_mtok,
-                        price_output_per_mtok=prices.price_output_per_mtok,
-                        cache_read_tokens=reply.usage.cache_read_tokens,
-                        cache_write_tokens=reply.usage.cache_write_tokens,
-                        price_cache_read_per_mtok=prices.price_cache_read_per_mtok,
-                        price_cache_write_per_mtok=prices.price_cache_write_per_mtok)
-        u.cost_usd = round(u.cost_usd + cost, 9)
-        self._publish(ev.ModelResponse(
-            provider=provider, usage={"input_tokens": reply.usage.input_tokens,
-                                      "output_tokens": reply.usage.output_tokens},
-            cost_usd=round(cost, 9), finish_reason=reply.finish_reason,
-            tool_calls=len(reply.tool_calls)))
-
     def _count_restart(self, why: str) -> Stop | None:
         stop = self.ctx.restarts.restart(why)
         self.ctx.log.info("turn.restart", why=why, **self.ctx.counter_values())
@@ -387,17 +384,8 @@ class ModelCall:
             return stop
         if not self.ctx.conv.compact():
             return context_exhausted(message=self._last_failure.message,
-                                     estimate_tokens=self._estimate_tokens())
+                                     estimate_tokens=self.meter.input_tokens())
         return None
-
-    def _estimate_tokens(self) -> int:
-        """The daemon's own rough size of the request (four characters a token), for an
-        overflow error that does not say the numbers."""
-        ctx = self.ctx
-        chars = len(ctx.settings.system_prompt) + sum(
-            len(m.content or "") + sum(len(c.arguments) for c in m.tool_calls)
-            for m in ctx.conv.messages)
-        return max(1, chars // 4)
 
     def _gave_up(self, stop: Stop) -> Stop:
         """A providers stop says why: each provider's last failure in its result, and in
@@ -414,6 +402,19 @@ class ModelCall:
         causes = "; ".join(f"{p}: {e}" for p, e in self._last_errors.items())
         message = f"{stop.message}; last error: {causes}" if causes else stop.message
         return replace(stop, message=message, last_error=dict(self._last_errors))
+
+    async def _out_of_time(self, gave_up: Stop) -> Stop:
+        """The chain gave up after a wait was refused because the wall clock or the
+        deadline would pass first: the turn waits out what is left (as a backoff wait
+        is: active time, its slot kept) and stops with the code of the limit reached,
+        not a provider code. The providers' last errors stay in the stop."""
+        ctx = self.ctx
+        # The chain has stopped: nothing is left to redirect, so only a cancel cuts it.
+        await ctx.clock.sleep(ctx.remaining_s())
+        stop = ctx.time_spent()
+        if stop is None:  # pragma: no cover - the wait above lasted the time left
+            return self._gave_up(gave_up)
+        return replace(stop, last_error=dict(self._last_errors) or None)
 
     async def _sleep_active(self, seconds: float) -> None:
         """A backoff wait: active time (it counts toward max_seconds), cut short by a
@@ -446,8 +447,8 @@ class ModelCall:
                        done=lambda: ctx.control.redirect_requested or ctx.has_unread_steer())
         ctx.recover_until = None
         ctx.record.next_attempt_at = None
-        stop = ctx.guard.check(ctx.usage(), now=ctx.clock.time())
-        if stop is not None and stop.code is StopCode.DEADLINE:
+        stop = ctx.time_spent()
+        if stop is not None and stop.code in CLOCK_STOPS:
             return stop
         # A steer that cut the wait short joins the conversation before the next pass,
         # checkpointed at once: its inbox entry is gone from the record from now on.

@@ -103,6 +103,9 @@ class TurnRecord:
     # a client can show live seconds against max_seconds.
     limits: dict[str, Any] = field(default_factory=dict)
     active_since: float | None = None
+    # When the turn first started running (epoch): its wall-clock budget counts from
+    # here, every second after it (parked, suspended, the daemon down) included.
+    started_at: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -121,6 +124,8 @@ class TurnRecord:
             out["limits"] = dict(self.limits)
         if self.active_since is not None:
             out["active_since"] = self.active_since
+        if self.started_at is not None:
+            out["started_at"] = self.started_at
         if self.next_attempt_at is not None:
             out["next_attempt_at"] = self.next_attempt_at
         if self.question is not None:
@@ -153,4 +158,4 @@ class TurnRecord:
             previous_results=list(d.get("previous_results") or []),
             profile=d.get("profile"), model=d.get("model"),
             would_have_stopped=list(d.get("would_have_stopped", [])),
-            limits=dict(d.get("limits") or {}))
+            limits=dict(d.get("limits") or {}), started_at=d.get("started_at"))

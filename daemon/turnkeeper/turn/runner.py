@@ -25,9 +25,9 @@ import anyio
 from turnkeeper import event_types as ev
 from turnkeeper.clock import Clock
 from turnkeeper.events import EventBus
-from turnkeeper.policy.budget import BudgetUsage
+from turnkeeper.policy.budget import BudgetUsage, Preflight
 from turnkeeper.policy.chain import Phase
-from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
+from turnkeeper.policy.outcome import COUNTER_OF, Stop, StopCode, TurnResult
 from turnkeeper.policy.replies import Continue, CutCall, Refused, Truncated, judge_reply
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import ModelReply, ToolCall
@@ -154,6 +154,11 @@ class TurnRunner:
                 if kept is not None:
                     return ctx.stop(kept)
                 stop = ctx.guard.check(usage, now=now)
+            # A budget is a ceiling: a model call that cannot fit in what is left is
+            # not made (the call checks again for the provider it is made on).
+            fits = self.model.meter.preflight(ctx.chain.current_provider)
+            if isinstance(fits, Stop):
+                return ctx.stop(fits)
             if ctx.watch is not None:
                 for reached in ctx.watch.violations(usage, now=now):
                     ctx.gate(reached)
@@ -171,7 +176,7 @@ class TurnRunner:
                 # runs this step again from the checkpoint before, which nothing
                 # acknowledged since depends on.
                 await ctx.checkpoint(TurnState.RUNNING, queued=True)
-            self._soft_warning(usage, now)
+            self._soft_warning(usage, now, fits)
             self._offered, note = ctx.runtime.toolbox.offer_note(self._offered)
             if note is not None:  # MCP tools left or came back: the agent is told
                 ctx.conv.add_note(note)
@@ -228,7 +233,9 @@ class TurnRunner:
         verdict = judge_reply(
             finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls),
             text=reply.text, refusal=reply.refusal, provider=self.model.sent_to,
-            output_tokens=reply.usage.output_tokens, output_cap=self.model.sent_output_cap,
+            # A whole number: a reply reaches here only once its usage was checked.
+            output_tokens=int(reply.usage.output_tokens),
+            output_cap=self.model.sent_output_cap,
             continuations=len(continued), max_continuations=ctx.settings.max_continuations)
         calls = reply.tool_calls
         if isinstance(verdict, Refused):
@@ -272,13 +279,20 @@ class TurnRunner:
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
 
-    def _soft_warning(self, usage: BudgetUsage, now: float) -> None:
-        """The soft-limit note. With a watched budget (warn/observe) the note comes from
-        the real limits: in warn mode the agent reads it, in observe mode only the event
-        is emitted, unless the step backstop (which always enforces) is among them."""
+    def _soft_warning(self, usage: BudgetUsage, now: float, fits: Preflight) -> None:
+        """The soft-limit note, at `soft_limit` or as soon as the next call would not fit
+        whole (`fits.short`), whichever is first. With a watched budget (warn/observe)
+        the note comes from the real limits: in warn mode the agent reads it, in observe
+        mode only the event is emitted, unless the step backstop (which always enforces)
+        is among them."""
         ctx = self.ctx
         guard = ctx.watch or ctx.guard
-        warning = guard.soft_warning(usage, now=now)
+        short = fits.short
+        if ctx.watch is not None:
+            watched = self.model.meter.preflight(ctx.chain.current_provider, ctx.watch)
+            short = watched.short if isinstance(watched, Preflight) else (
+                (COUNTER_OF[watched.code] or ""),)
+        warning = guard.soft_warning(usage, now=now, short=short)
         if warning is None:
             return
         mode = ctx.modes["budget"]

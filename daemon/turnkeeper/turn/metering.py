@@ -1,0 +1,124 @@
+"""The model call's meter: the size of the next request before it is sent, and what a
+reply is charged after.
+
+Both rules are the budget's and the usage's (`policy/budget.py`, `policy/usage.py`);
+this room only gathers their inputs from the turn. The request's text is what a
+provider is sent of it: the system prompt, each message's content and tool calls (names
+and arguments) and the tool specs (name, description, JSON schema). A conversation only
+grows between steps, so each message's estimate is kept and only the messages added
+since are sized again (as `MessageCache` does for the encoding); a compaction replaces
+messages, and everything from the first one that changed is sized again.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Sequence
+
+from turnkeeper import event_types as ev
+from turnkeeper.messages import Message, ToolSpec
+from turnkeeper.policy.budget import BudgetGuard, Preflight
+from turnkeeper.policy.outcome import Stop
+from turnkeeper.policy.usage import REQUEST_TOKENS, Metered, Prices, item_tokens, metered
+from turnkeeper.providers.base import ModelReply
+from turnkeeper.settings import ProviderRequestSettings
+from turnkeeper.turn.context import TurnContext
+
+
+def message_texts(m: Message) -> list[str]:
+    texts = [m.content or ""]
+    for c in m.tool_calls:
+        texts += (c.name, c.arguments)
+    return texts
+
+
+def spec_texts(spec: ToolSpec) -> list[str]:
+    return [spec.name, spec.description,
+            json.dumps(spec.parameters, separators=(",", ":"), ensure_ascii=False)]
+
+
+def prices_of(settings: ProviderRequestSettings) -> Prices:
+    return Prices(settings.price_input_per_mtok, settings.price_output_per_mtok,
+                  settings.price_cache_read_per_mtok, settings.price_cache_write_per_mtok)
+
+
+class Meter:
+    def __init__(self, ctx: TurnContext) -> None:
+        self.ctx = ctx
+        self._seen: list[Message] = []
+        self._sizes: list[int] = []  # each of `_seen`'s estimate
+        self._total = 0  # their sum
+        self._specs: tuple[Sequence[ToolSpec], int] | None = None
+        self._system: tuple[str, int] = ("", 0)
+        # Each provider's prices, with the settings they were read from.
+        self._prices: dict[str, tuple[ProviderRequestSettings, Prices]] = {}
+
+    def _messages_tokens(self, messages: Sequence[Message]) -> int:
+        seen, sizes = self._seen, self._sizes
+        kept = len(seen)
+        if kept > len(messages) or not all(map(operator.is_, seen, messages)):
+            kept = next((i for i, (a, b) in enumerate(zip(seen, messages, strict=False))
+                         if a is not b), min(kept, len(messages)))
+            del seen[kept:], sizes[kept:]
+            self._total = sum(sizes)
+        for m in messages[kept:]:
+            seen.append(m)
+            size = item_tokens(message_texts(m))
+            sizes.append(size)
+            self._total += size
+        return self._total
+
+    def _specs_tokens(self, specs: Sequence[ToolSpec]) -> int:
+        if self._specs is None or self._specs[0] is not specs:
+            self._specs = (specs, sum(item_tokens(spec_texts(s)) for s in specs))
+        return self._specs[1]
+
+    def input_tokens(self) -> int:
+        """The next request's input, estimated on the large side (see the module)."""
+        ctx = self.ctx
+        system = ctx.settings.system_prompt
+        if self._system[0] is not system:
+            self._system = (system, item_tokens((system,)))
+        return (REQUEST_TOKENS + self._system[1] + self._messages_tokens(ctx.conv.messages)
+                + self._specs_tokens(ctx.runtime.toolbox.specs))
+
+    def preflight(self, provider: str, guard: BudgetGuard | None = None) -> Preflight | Stop:
+        """The budget's word on the next call to `provider` (`guard`: the turn's own
+        unless another is given, e.g. the watched limits of a budget in warn mode)."""
+        ctx = self.ctx
+        settings = ctx.settings.providers[provider]
+        return (guard or ctx.guard).preflight(
+            ctx.usage(), input_tokens=self.input_tokens(),
+            max_output_tokens=settings.max_output_tokens, prices=self._prices_of(provider))
+
+    def _prices_of(self, provider: str) -> Prices:
+        settings = self.ctx.settings.providers[provider]
+        known = self._prices.get(provider)
+        if known is None or known[0] is not settings:
+            known = self._prices[provider] = (settings, prices_of(settings))
+        return known[1]
+
+    def charge(self, provider: str, reply: ModelReply) -> str | None:
+        """Charge the reply's usage to the turn; what is wrong with the usage instead,
+        charging nothing, when it is not one a provider could really have used."""
+        u = reply.usage
+        counted = metered(u.input_tokens, u.output_tokens, u.cache_read_tokens,
+                          u.cache_write_tokens,
+                          prices=self._prices_of(provider))
+        if isinstance(counted, str):
+            return counted
+        self._add(provider, reply, counted)
+        return None
+
+    def _add(self, provider: str, reply: ModelReply, counted: Metered) -> None:
+        ctx = self.ctx
+        usage = ctx.record.usage
+        usage.input_tokens += counted.input_tokens
+        usage.output_tokens += counted.output_tokens
+        usage.cost_usd = round(usage.cost_usd + counted.cost_usd, 9)
+        ctx.bus.publish(ev.ModelResponse(
+            provider=provider, usage={"input_tokens": counted.input_tokens,
+                                      "output_tokens": counted.output_tokens},
+            cost_usd=round(counted.cost_usd, 9), finish_reason=reply.finish_reason,
+            tool_calls=len(reply.tool_calls)), turn=ctx.record.id)
