@@ -405,7 +405,6 @@ async def _pieces(request: web.Request, answer: Answer) -> web.StreamResponse:
     step = answer.piece or end or 1
     for at in range(0, end, step):
         await resp.write(data[at:min(at + step, end)])
-        await resp.drain()
     if answer.cut_at is not None:
         await asyncio.sleep(0.02)  # let the bytes reach the client first
         assert request.transport is not None

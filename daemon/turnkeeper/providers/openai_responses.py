@@ -85,7 +85,9 @@ def failed(client: HttpClient, error: object) -> CallFailure:
     inner = err.get("error")
     if isinstance(inner, Mapping):
         err = inner
-    kind = err.get("type") or err.get("code")
+    kind = err.get("type")
+    if kind in (None, "error"):  # an `error` event's own type says nothing
+        kind = err.get("code")
     return CallFailure(error_type=str(kind) if kind else None, exception=STREAM_ERROR,
                        message=client.redact(str(err.get("message") or "response failed")))
 
