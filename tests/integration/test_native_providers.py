@@ -161,6 +161,26 @@ def test_a_gemini_function_call_goes_back_with_its_thought_signature_and_usage_c
     assert turn["usage"]["output_tokens"] == 14 + 96 + 12
 
 
+def test_a_gemini_turn_resumed_after_a_kill_sends_its_signed_parts(
+        start: Any, faults: FaultServer) -> None:
+    held = dataclasses.replace(replay(wire.gemini_text("never sent")), delay=30.0)
+    faults.script("primary", replay(wire.GEMINI_SIGNED_CALL), held)
+    d = start(config(gemini(faults, stream=False)) + ECHO_TOOL)
+    tid = d.submit("weather in Paris?")["id"]
+    deadline = time.monotonic() + 15
+    while faults.arrived("primary") < 2:
+        assert time.monotonic() < deadline, "the second model call never came"
+        time.sleep(0.01)
+    d.kill()
+    faults.script("primary", replay(wire.gemini_text("Sunny in Paris.")))
+    d.start()
+    done = d.wait(tid)
+    assert stop_of(done)[0] == "completed", done["result"]
+    contents = faults.requests("primary")[-1].body["contents"]
+    assert [c for c in contents if c["role"] == "model"][-1]["parts"] == [
+        wire.SIGNED_CALL_PART]
+
+
 @pytest.mark.parametrize(("stream", "recorded"), [
     (False, wire.GEMINI_SAFETY), (True, wire.GEMINI_SAFETY_STREAM),
     (False, wire.GEMINI_PROMPT_BLOCKED)], ids=["json", "stream", "prompt-blocked"])
