@@ -175,7 +175,7 @@ def test_each_provider_example_runs_a_turn(tmp_path: Path, server: ModelServer,
     env = {"OPENAI_API_KEY": "sk-openai-test", "OPENAI_BASE_URL": server.url + "/v1",
            "ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": server.url,
            "AZURE_OPENAI_API_KEY": "azure-test-key", "GEMINI_API_KEY": "gemini-test-key",
-           "GOOGLE_GEMINI_BASE_URL": server.url + "/v1beta"}
+           "GOOGLE_GEMINI_BASE_URL": server.url}
     with running(tmp_path, block, env=env) as d:
         turn = d.run("Say done.")
         assert turn["state"] == "completed", turn

@@ -140,7 +140,7 @@ async def test_gemini_reads_the_sdk_key_variables_into_x_goog_api_key(
     url = await web_server(rec.handle)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", url + "/v1beta")
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", url)  # the host, as google-genai takes it
     p = build(kind="gemini", model="models/gemini-2.5-pro")
     reply = await ask(p, make_request)
     request, body = rec.last
@@ -157,7 +157,7 @@ def test_without_a_base_url_the_vendor_endpoint_is_used() -> None:
     assert ProviderConfig(name="r", kind="openai-responses").base_url == \
         "https://api.openai.com/v1"
     assert ProviderConfig(name="g", kind="gemini").base_url == \
-        "https://generativelanguage.googleapis.com/v1beta"
+        "https://generativelanguage.googleapis.com"
 
 
 def test_the_gemini_endpoint_without_a_key_is_a_config_error_naming_both_variables() -> None:

@@ -144,3 +144,13 @@ def test_a_blocked_prompt_is_the_content_filter_s_refusal() -> None:
     reply = gemini.reply_of((), None, {"promptTokenCount": 3}, "m",
                             {"blockReason": "SAFETY"})
     assert (reply.finish_reason, reply.text, reply.tool_calls) == ("content_filter", None, ())
+
+
+@pytest.mark.parametrize(("base", "url"), [
+    ("https://generativelanguage.googleapis.com", "https://generativelanguage.googleapis.com/v1beta"),
+    ("http://127.0.0.1:8080/", "http://127.0.0.1:8080/v1beta"),
+    ("http://127.0.0.1:8080/gw/v1", "http://127.0.0.1:8080/gw/v1"),
+    ("http://127.0.0.1:8080/v1alpha/", "http://127.0.0.1:8080/v1alpha")])
+def test_the_gemini_base_url_is_a_host_the_api_version_appended_unless_it_has_one(
+        base: str, url: str) -> None:
+    assert gemini.versioned(base) == url

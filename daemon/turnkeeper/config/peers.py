@@ -39,7 +39,7 @@ SDK_BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "openai-responses": "OPENAI_BAS
 SDK_BASE_URL = {"openai": "https://api.openai.com/v1",
                 "openai-responses": "https://api.openai.com/v1",
                 "anthropic": "https://api.anthropic.com",
-                "gemini": "https://generativelanguage.googleapis.com/v1beta"}
+                "gemini": "https://generativelanguage.googleapis.com"}
 
 # Body fields the adapters write themselves: an `options` entry may not replace them (the
 # output limit is `max_output_tokens`, bounded by the turn's budget).

@@ -1,5 +1,9 @@
-"""The Gemini API (`POST {base_url}/models/{model}:generateContent`, streamed:
-`:streamGenerateContent?alt=sse`; base_url "https://generativelanguage.googleapis.com/v1beta").
+"""The Gemini API (`POST {base_url}/v1beta/models/{model}:generateContent`, streamed:
+`:streamGenerateContent?alt=sse`; base_url "https://generativelanguage.googleapis.com").
+
+The base URL is the host, as google-genai takes it (`GOOGLE_GEMINI_BASE_URL`), the API
+version appended; a base URL that ends in a version (`.../v1beta`, `.../v1`) is used as
+it is.
 
 The key goes in `x-goog-api-key` (`GOOGLE_API_KEY`, else `GEMINI_API_KEY`, as the
 google-genai SDK reads them). The system prompt is `systemInstruction`, tools are
@@ -23,6 +27,7 @@ Retry-After (see policy/classify.py).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -182,6 +187,16 @@ def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
          "parametersJsonSchema": dict(t.parameters)} for t in tools]}]
 
 
+def versioned(base_url: str) -> str:
+    """The base URL with the API version: `/v1beta` appended unless it ends in one."""
+    base = base_url.rstrip("/")
+    return base if _VERSION.search(base) else base + "/" + API_VERSION
+
+
+API_VERSION = "v1beta"
+_VERSION = re.compile(r"/v\d+(?:alpha|beta)?$")
+
+
 class GeminiProvider:
     """The Gemini API over one shared aiohttp session."""
 
@@ -198,7 +213,7 @@ class GeminiProvider:
         method = "streamGenerateContent" if self._stream else "generateContent"
         query = {**secrets.query, "alt": "sse"} if self._stream else secrets.query
         self._client = HttpClient(
-            f"{cfg.base_url.rstrip('/')}/models/{self._model}:{method}",
+            f"{versioned(cfg.base_url)}/models/{self._model}:{method}",
             request_headers(headers, secrets.headers), max_connections=cfg.max_connections,
             secret=key, secrets=secrets.values(), query=query)
         self._tools_src: Sequence[ToolSpec] | None = None
