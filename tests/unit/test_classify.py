@@ -262,6 +262,8 @@ def test_retry_after_in_the_body_as_an_http_date() -> None:
     (400, "This model's maximum context length is 128000 tokens"),
     (400, "prompt is too long: 210000 tokens > 200000 maximum"),
     (413, "Request too large for the context window"),
+    (400, "The input token count (1200000) exceeds the maximum number of tokens allowed "
+          "(1048576)."),  # Gemini
 ])
 def test_a_context_overflow_is_detected(status: int, body: str) -> None:
     assert is_context_overflow(status, body)
