@@ -280,7 +280,7 @@ class FaultServer:
                                     content_type="text/event-stream")
             elif answer.raw_json is not None:
                 resp = web.json_response(answer.raw_json)
-            elif body.get("stream"):
+            elif body.get("stream") or request.path.endswith(":streamGenerateContent"):
                 resp = await self._stream(request, body, answer)
             else:
                 resp = web.json_response(_completion(body, answer))

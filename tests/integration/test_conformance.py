@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.fault_server import FaultServer, replay
+from tests.integration.fault_server import FaultServer, keepalive, replay
 from tests.integration.test_resilience import ECHO_TOOL, config, of_type, stop_of
 from tests.integration.wire_cases import KINDS, Kind, Use
 from turnkeeper.providers.prices import shipped_table
@@ -120,11 +120,11 @@ def truncation(r: Run) -> None:
     assert turn["result"]["answer"] == "The guide, in three parts: first"
 
 
-def _retried(r: Run, first: Any, named: str) -> None:
+def _retried(r: Run, first: Any, named: str, **extra: Any) -> None:
     """`first` fails the attempt (named `named` in its event); the retry completes."""
-    d, turn = r.turn(first, sent(r.kind.text("after the retry", USE)))
+    d, turn = r.turn(first, sent(r.kind.text("after the retry", USE)), **extra)
     assert turn["result"]["answer"] == "after the retry", turn["result"]
-    assert r.faults.count("primary") == 2
+    assert r.faults.arrived("primary") == 2  # a cut stream's handler may not be done yet
     failed = of_type(d.events(turn["id"]), "model.attempt_failed")
     assert len(failed) == 1 and failed[0]["class"] == "retryable", failed
     assert named in (failed[0]["error"] or "") or str(failed[0]["status"]) == named, failed
@@ -159,10 +159,15 @@ def connection_dropped(r: Run) -> None:
              "ClientPayloadError")
 
 
+def keepalives_only(r: Run) -> None:
+    """A started stream of SSE comments and empty events, forever: cut at idle_timeout."""
+    _retried(r, keepalive(0.1), "IdleStream", idle_timeout=0.8)
+
+
 CASES: list[Callable[[Run], None]] = [
     text, parallel_tool_calls, arguments_split_across_chunks, usage_in_the_last_chunk,
     cached_tokens, refusal, truncation, mid_stream_error, overload, malformed_json,
-    stream_cut, connection_dropped]
+    stream_cut, connection_dropped, keepalives_only]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
