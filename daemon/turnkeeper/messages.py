@@ -53,7 +53,9 @@ class Message:
 
     `opaque` holds an assistant message's provider-opaque blocks, as the provider sent
     them and in its order: Anthropic's `thinking` (with its signature) and
-    `redacted_thinking`, which must go back unchanged with the tool calls they led to.
+    `redacted_thinking`, OpenAI Responses' `reasoning` items (with place-holders for
+    where the text and each call stood among them), Gemini's parts (with their
+    `thoughtSignature`), which must go back unchanged with the tool calls they led to.
     Only the adapter that reads a block's `type` sends it; the others leave it out.
     Checkpoints keep them, so a resumed turn sends them too.
     """

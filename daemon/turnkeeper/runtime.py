@@ -28,6 +28,12 @@ def make_provider(cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -
     if cfg.kind == "openai":
         from turnkeeper.providers.openai import OpenAIProvider
         return OpenAIProvider(cfg, secrets)
+    if cfg.kind == "openai-responses":
+        from turnkeeper.providers.openai_responses import ResponsesProvider
+        return ResponsesProvider(cfg, secrets)
+    if cfg.kind == "gemini":
+        from turnkeeper.providers.gemini import GeminiProvider
+        return GeminiProvider(cfg, secrets)
     from turnkeeper.providers.anthropic import AnthropicProvider
     return AnthropicProvider(cfg, secrets)
 

@@ -17,9 +17,11 @@ The server runs its own event loop in a thread, so synchronous tests drive it wh
 daemon (a subprocess) talks to it.
 
 It answers Anthropic's Messages path too (`server.anthropic_url("primary")` as the
-provider's base_url: `/primary/v1/messages`), for `replay`ed answers: a vendor's reply
-as recorded, byte for byte. There it checks the two rules of Anthropic's extended
-thinking that a request can break, and answers 400 as Anthropic does when one is broken.
+provider's base_url: `/primary/v1/messages`), OpenAI's Responses path
+(`/primary/v1/responses`) and Gemini's (`server.gemini_url("primary")`), for `replay`ed
+answers: a vendor's reply as recorded, byte for byte, whole or in small pieces. On
+Anthropic's path it checks the two rules of Anthropic's extended thinking that a request
+can break, and answers 400 as Anthropic does when one is broken.
 """
 
 from __future__ import annotations
@@ -68,14 +70,18 @@ class Answer:
     break_after: int | None = None
     stream_error: str | None = None
     tool_steps: int = 0
-    # A recorded reply sent as it is: a JSON body, or the text of an event stream.
-    raw_json: dict[str, Any] | None = None
+    # A recorded reply sent as it is: a JSON body (with `status`, an error's), or the
+    # text of an event stream, sent `piece` bytes at a time (0: at once) and cut (the
+    # connection dropped) after `cut_at` bytes.
+    raw_json: dict[str, Any] | list[Any] | None = None
     raw_sse: str | None = None
     trickle: float | None = None
     keepalive: float | None = None
     pad: int = 0
     output_tokens: int | None = None
     usage: dict[str, Any] | None = None
+    piece: int = 0
+    cut_at: int | None = None
 
 
 def ok(text: str = "ok", *, tool_calls: tuple[tuple[str, dict[str, Any]], ...] = (),
@@ -97,12 +103,14 @@ def fail(status: int, *, retry_after: str | None = None, retry_after_ms: str | N
                   message=message, delay=delay)
 
 
-def replay(recorded: dict[str, Any] | str) -> Answer:
-    """A vendor's recorded reply, sent as it is: a JSON body (a dict) or an event
-    stream's text (a str)."""
+def replay(recorded: dict[str, Any] | str, *, piece: int = 0, cut_at: int | None = None,
+           status: int = 200) -> Answer:
+    """A vendor's recorded reply, sent as it is: a JSON body (a dict; with `status`, an
+    error's) or an event stream's text (a str), `piece` bytes a write and dropped after
+    `cut_at` bytes when given."""
     if isinstance(recorded, str):
-        return Answer(raw_sse=recorded)
-    return Answer(raw_json=recorded)
+        return Answer(raw_sse=recorded, piece=piece, cut_at=cut_at)
+    return Answer(status=status, raw_json=recorded)
 
 
 def broken_stream(after_chunks: int, text: str = "partial answer that never ends") -> Answer:
@@ -137,6 +145,8 @@ class Seen:
     ended: float
     status: int
     body: dict[str, Any]
+    path: str = ""  # with its query
+    headers: dict[str, str] = field(default_factory=dict)
 
     def user_texts(self) -> list[str]:
         return [str(m.get("content")) for m in self.body.get("messages", ())
@@ -190,6 +200,10 @@ class FaultServer:
 
     def base_url(self, provider: str) -> str:
         return f"http://127.0.0.1:{self.port}/{provider}/v1"
+
+    def gemini_url(self, provider: str) -> str:
+        """The base_url of a gemini provider (its adapter appends /models/...)."""
+        return f"http://127.0.0.1:{self.port}/{provider}/v1beta"
 
     def anthropic_url(self, provider: str) -> str:
         """The base_url of an anthropic provider (its adapter appends /v1/messages)."""
@@ -264,17 +278,22 @@ class FaultServer:
         try:
             if answer.delay:
                 await asyncio.sleep(answer.delay)
-            if status != 200:
+            if status != 200 and answer.raw_json is not None:
                 resp: web.StreamResponse = web.json_response(
+                    answer.raw_json, status=status, headers=dict(answer.headers))
+            elif status != 200:
+                resp = web.json_response(
                     {"error": {"type": answer.error_type or f"http_{status}",
                                "message": answer.message}},
                     status=status, headers=dict(answer.headers))
+            elif answer.raw_sse is not None and (answer.piece or answer.cut_at is not None):
+                resp = await _pieces(request, answer)
             elif answer.raw_sse is not None:
                 resp = web.Response(body=answer.raw_sse.encode(),
                                     content_type="text/event-stream")
             elif answer.raw_json is not None:
                 resp = web.json_response(answer.raw_json)
-            elif body.get("stream"):
+            elif body.get("stream") or request.path.endswith(":streamGenerateContent"):
                 resp = await self._stream(request, body, answer)
             else:
                 resp = web.json_response(_completion(body, answer))
@@ -284,7 +303,8 @@ class FaultServer:
                 self._in_flight -= 1
                 if admitted:
                     self._busy[provider] -= 1
-                self._seen.append(Seen(provider, started, time.monotonic(), status, body))
+                self._seen.append(Seen(provider, started, time.monotonic(), status, body,
+                                       request.path_qs, dict(request.headers)))
 
     async def _stream(self, request: web.Request, body: dict[str, Any], answer: Answer
                       ) -> web.StreamResponse:
@@ -361,6 +381,10 @@ class FaultServer:
         app = web.Application()
         app.router.add_post("/{provider}/v1/chat/completions", self._handle)
         app.router.add_post("/{provider}/v1/messages", self._handle)
+        app.router.add_post("/{provider}/v1/responses", self._handle)
+        # Gemini: /{provider}/v1beta/models/{model}:generateContent (or
+        # :streamGenerateContent?alt=sse)
+        app.router.add_post("/{provider}/v1beta/models/{call}", self._handle)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
         await runner.setup()
         sock = socket.socket()
@@ -381,6 +405,26 @@ class FaultServer:
                 self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join(5)
+
+
+async def _pieces(request: web.Request, answer: Answer) -> web.StreamResponse:
+    """A recorded stream written `piece` bytes at a time (split anywhere: inside an
+    event, a line, a UTF-8 character), the connection dropped after `cut_at` bytes."""
+    assert answer.raw_sse is not None
+    data = answer.raw_sse.encode()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    end = len(data) if answer.cut_at is None else answer.cut_at
+    step = answer.piece or end or 1
+    for at in range(0, end, step):
+        await resp.write(data[at:min(at + step, end)])
+    if answer.cut_at is not None:
+        await asyncio.sleep(0.02)  # let the bytes reach the client first
+        assert request.transport is not None
+        request.transport.abort()
+        return resp
+    await resp.write_eof()
+    return resp
 
 
 def anthropic_thinking_error(body: dict[str, Any]) -> str | None:

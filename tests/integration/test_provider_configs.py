@@ -1,5 +1,5 @@
 """Provider configs as people write them, run by the real daemon against a model server of
-our own on 127.0.0.1: the four examples of docs/providers.md (the README's is one of
+our own on 127.0.0.1: the six examples of docs/providers.md (the README's is one of
 them), and a key rotated on reload."""
 
 from __future__ import annotations
@@ -44,10 +44,15 @@ class ModelServer:
                                         "headers": dict(self.headers.items()),
                                         "body": body})
                 anthropic = url.path.endswith("/v1/messages")
-                stream = bool(body.get("stream"))
+                stream = bool(body.get("stream")) or url.path.endswith(
+                    ":streamGenerateContent")
                 calls = sum(m["role"] == "assistant" for m in body.get("messages", ()))
                 if anthropic and not stream and calls < server.tool_steps:
                     payload = _anthropic_tool_use(calls + 1)
+                elif url.path.endswith("/responses"):
+                    payload = _responses(stream)
+                elif "GenerateContent" in url.path or "generateContent" in url.path:
+                    payload = _gemini(stream)
                 else:
                     payload = (_anthropic(stream) if anthropic else _openai(stream))
                 self.send_response(200)
@@ -84,6 +89,24 @@ def _openai(stream: bool) -> bytes:
                  {"model": "m", "choices": [{"index": 0, "delta": {},
                                              "finish_reason": "stop"}]},
                  {"model": "m", "choices": [], "usage": usage}], done=True)
+
+
+def _responses(stream: bool) -> bytes:
+    final = {"object": "response", "status": "completed", "model": "m", "output": [
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "done"}]}],
+        "usage": {"input_tokens": 20, "output_tokens": 2}}
+    if not stream:
+        return json.dumps(final).encode()
+    return _sse([{"type": "response.output_text.delta", "output_index": 0, "delta": "done"},
+                 {"type": "response.completed", "response": final}])
+
+
+def _gemini(stream: bool) -> bytes:
+    reply = {"candidates": [{"content": {"role": "model", "parts": [{"text": "done"}]},
+                             "finishReason": "STOP"}],
+             "usageMetadata": {"promptTokenCount": 20, "candidatesTokenCount": 2}}
+    return _sse([reply]) if stream else json.dumps(reply).encode()
 
 
 def _anthropic(stream: bool) -> bytes:
@@ -130,8 +153,11 @@ def provider_examples() -> dict[str, str]:
     return _toml_blocks(ROOT / "docs" / "providers.md", "Examples")
 
 
-def test_the_providers_page_shows_the_four_provider_examples() -> None:
-    assert list(provider_examples()) == ["openai", "anthropic", "local", "azure"]
+EXAMPLES = ["openai", "anthropic", "responses", "gemini", "local", "azure"]
+
+
+def test_the_providers_page_shows_the_six_provider_examples() -> None:
+    assert list(provider_examples()) == EXAMPLES
 
 
 def test_the_readme_s_provider_is_the_providers_page_s_openai_example() -> None:
@@ -140,7 +166,7 @@ def test_the_readme_s_provider_is_the_providers_page_s_openai_example() -> None:
     assert readme == {"openai": provider_examples()["openai"]}
 
 
-@pytest.mark.parametrize("name", ["openai", "anthropic", "local", "azure"])
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_each_provider_example_runs_a_turn(tmp_path: Path, server: ModelServer,
                                                   name: str) -> None:
     block = provider_examples()[name]
@@ -148,7 +174,8 @@ def test_each_provider_example_runs_a_turn(tmp_path: Path, server: ModelServer,
              .replace("https://my-resource.openai.azure.com", server.url))
     env = {"OPENAI_API_KEY": "sk-openai-test", "OPENAI_BASE_URL": server.url + "/v1",
            "ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": server.url,
-           "AZURE_OPENAI_API_KEY": "azure-test-key"}
+           "AZURE_OPENAI_API_KEY": "azure-test-key", "GEMINI_API_KEY": "gemini-test-key",
+           "GOOGLE_GEMINI_BASE_URL": server.url}
     with running(tmp_path, block, env=env) as d:
         turn = d.run("Say done.")
         assert turn["state"] == "completed", turn
@@ -163,6 +190,22 @@ def test_each_provider_example_runs_a_turn(tmp_path: Path, server: ModelServer,
         assert seen["path"] == "/v1/messages"
         assert headers["x-api-key"] == "sk-ant-test"
         assert seen["body"]["system"][0]["cache_control"] == {"type": "ephemeral"}
+        assert turn["usage"]["cost_usd"] > 0
+    elif name == "responses":
+        assert seen["path"] == "/v1/responses"
+        assert headers["authorization"] == "Bearer sk-openai-test"
+        body = seen["body"]
+        assert (body["model"], body["store"], body["reasoning"]) == (
+            "gpt-5-pro", False, {"effort": "high"})
+        assert body["include"] == ["reasoning.encrypted_content"]
+        assert turn["usage"]["cost_usd"] > 0
+    elif name == "gemini":
+        assert seen["path"] == "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
+        assert seen["query"] == {"alt": ["sse"]}
+        assert headers["x-goog-api-key"] == "gemini-test-key"
+        config = seen["body"]["generationConfig"]
+        assert config["thinkingConfig"] == {"thinkingBudget": 1024}
+        assert config["maxOutputTokens"] > 0
         assert turn["usage"]["cost_usd"] > 0
     elif name == "local":
         assert "authorization" not in headers

@@ -62,7 +62,8 @@ async def build() -> AsyncIterator[Callable[..., Any]]:
 @pytest.fixture(autouse=True)
 def _no_sdk_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY",
-                 "ANTHROPIC_BASE_URL", "CREDENTIALS_DIRECTORY"):
+                 "ANTHROPIC_BASE_URL", "CREDENTIALS_DIRECTORY", "GEMINI_API_KEY",
+                 "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -100,9 +101,69 @@ async def test_anthropic_reads_the_sdk_key_and_base_url_variables(
     assert request.headers["x-api-key"] == "sk-ant-from-the-sdk-variable"
 
 
+RESPONSES_REPLY = {"object": "response", "status": "completed", "model": "m", "output": [
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}],
+    "usage": {"input_tokens": 3, "output_tokens": 1}}
+GEMINI_REPLY = {"candidates": [{"content": {"role": "model", "parts": [{"text": "hi"}]},
+                                "finishReason": "STOP"}],
+                "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 1}}
+
+
+async def test_openai_responses_reads_the_openai_sdk_variables_and_takes_headers_and_query(
+        web_server: Serve, build, make_request, monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = Recorder(RESPONSES_REPLY)
+    url = await web_server(rec.handle)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-sdk-variable")
+    monkeypatch.setenv("OPENAI_BASE_URL", url + "/openai")
+    p = build(kind="openai-responses", model="o3-pro", query={"api-version": "preview"},
+              headers={"OpenAI-Organization": "org-1"}, options={"reasoning": {"effort": "high"}})
+    reply = await ask(p, make_request)
+    request, body = rec.last
+    assert request.path == "/openai/responses"
+    assert request.query["api-version"] == "preview"
+    assert request.headers["Authorization"] == "Bearer sk-from-the-sdk-variable"
+    assert request.headers["OpenAI-Organization"] == "org-1"
+    assert body["reasoning"] == {"effort": "high"} and body["store"] is False
+    assert reply.text == "hi"
+
+
+@pytest.mark.parametrize(("env", "sent"), [
+    ({"GEMINI_API_KEY": "gemini-key-0123456789"}, "gemini-key-0123456789"),
+    ({"GOOGLE_API_KEY": "google-key-0123456789"}, "google-key-0123456789"),
+    # google-genai prefers GOOGLE_API_KEY when both are set
+    ({"GEMINI_API_KEY": "gemini-key-0123456789", "GOOGLE_API_KEY": "google-key-0123456789"},
+     "google-key-0123456789")])
+async def test_gemini_reads_the_sdk_key_variables_into_x_goog_api_key(
+        web_server: Serve, build, make_request, monkeypatch: pytest.MonkeyPatch,
+        env: dict[str, str], sent: str) -> None:
+    rec = Recorder(GEMINI_REPLY)
+    url = await web_server(rec.handle)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", url)  # the host, as google-genai takes it
+    p = build(kind="gemini", model="models/gemini-2.5-pro")
+    reply = await ask(p, make_request)
+    request, body = rec.last
+    assert request.path == "/v1beta/models/gemini-2.5-pro:generateContent"
+    assert request.headers["x-goog-api-key"] == sent
+    assert "Authorization" not in request.headers
+    assert body["contents"] == [{"role": "user", "parts": [{"text": "x"}]}]
+    assert reply.text == "hi" and reply.usage.input_tokens == 3
+
+
 def test_without_a_base_url_the_vendor_endpoint_is_used() -> None:
     assert ProviderConfig(name="o", kind="openai").base_url == "https://api.openai.com/v1"
     assert ProviderConfig(name="a", kind="anthropic").base_url == "https://api.anthropic.com"
+    assert ProviderConfig(name="r", kind="openai-responses").base_url == \
+        "https://api.openai.com/v1"
+    assert ProviderConfig(name="g", kind="gemini").base_url == \
+        "https://generativelanguage.googleapis.com"
+
+
+def test_the_gemini_endpoint_without_a_key_is_a_config_error_naming_both_variables() -> None:
+    cfg = ProviderConfig(name="g", kind="gemini", model="gemini-2.5-flash")
+    with pytest.raises(ConfigError, match="GOOGLE_API_KEY or GEMINI_API_KEY"):
+        cfg.api_key()
 
 
 def test_the_vendor_endpoint_without_any_key_is_a_config_error_naming_the_variable() -> None:

@@ -220,6 +220,36 @@ def test_retry_after_in_the_body(body: object, expected: float | None) -> None:
     assert retry_after_from_body(body, now_epoch=NOW) == expected
 
 
+_RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "details": [
+        {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []},
+        {"@type": _RETRY_INFO, "retryDelay": "39s"}]}}, 39.0),
+    ({"error": {"details": [{"@type": _RETRY_INFO, "retryDelay": "0.4s"}]}}, 0.4),
+    ([{"error": {"details": [{"@type": _RETRY_INFO, "retryDelay": "2s"}]}}], 2.0),
+    ({"error": {"retry_after": 5, "details": [{"@type": _RETRY_INFO,
+                                                "retryDelay": "9s"}]}}, 5.0),
+    ({"error": {"details": [{"@type": _RETRY_INFO, "retryDelay": "soon"}]}}, None),
+    ({"error": {"details": [{"@type": "type.googleapis.com/google.rpc.Help"}]}}, None),
+    ({"error": {"details": "39s"}}, None),
+])
+def test_a_google_retry_info_delay_in_the_body_is_a_retry_after(
+        body: object, expected: float | None) -> None:
+    assert retry_after_from_body(body, now_epoch=NOW) == expected
+
+
+@pytest.mark.parametrize(("error_type", "expected"), [
+    ("RESOURCE_EXHAUSTED", FailureClass.RETRYABLE), ("UNAVAILABLE", FailureClass.RETRYABLE),
+    ("INTERNAL", FailureClass.RETRYABLE), ("INVALID_ARGUMENT", FailureClass.DETERMINISTIC),
+    ("PERMISSION_DENIED", FailureClass.DETERMINISTIC)])
+def test_google_status_words_in_a_stream_error_are_classified(
+        error_type: str, expected: FailureClass) -> None:
+    assert classify(CallFailure(error_type=error_type, exception=("StreamError",))) \
+        is expected
+
+
 def test_retry_after_in_the_body_as_an_http_date() -> None:
     body = {"error": {"retry_after": email.utils.formatdate(NOW + 20, usegmt=True)}}
     assert retry_after_from_body(body, now_epoch=NOW) == pytest.approx(20.0)
@@ -232,6 +262,8 @@ def test_retry_after_in_the_body_as_an_http_date() -> None:
     (400, "This model's maximum context length is 128000 tokens"),
     (400, "prompt is too long: 210000 tokens > 200000 maximum"),
     (413, "Request too large for the context window"),
+    (400, "The input token count (1200000) exceeds the maximum number of tokens allowed "
+          "(1048576)."),  # Gemini
 ])
 def test_a_context_overflow_is_detected(status: int, body: str) -> None:
     assert is_context_overflow(status, body)

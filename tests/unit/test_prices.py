@@ -4,6 +4,7 @@ prices, looked up by model name, and shown with its source."""
 from __future__ import annotations
 
 import datetime
+import re
 import tomllib
 from importlib import resources
 
@@ -51,6 +52,32 @@ def test_the_shipped_file_parses_and_every_entry_has_input_and_output_prices() -
             assert value >= 0, (name, key)
         assert row["input"] > 0 and row["output"] > 0, name
     assert len(PriceTable.parse(data).models) == len(data["models"])
+
+
+def test_the_gemini_and_the_responses_only_models_are_priced() -> None:
+    table = shipped_table()
+    for model, prices in [("gemini-2.5-flash", (0.3, 2.5)), ("gemini-2.5-pro", (1.25, 10.0)),
+                          ("models/gemini-2.5-flash-lite", (0.1, 0.4)),
+                          ("gemini-3.1-pro-preview", (2.0, 12.0))]:
+        row = table.lookup(model)
+        assert row is not None and (row.input, row.output) == prices, model
+        assert row.cache_read is not None and row.cache_read < row.input
+    for model in ("o1-pro", "o3-pro", "gpt-5-pro", "codex-mini", "o3-deep-research",
+                  "o4-mini-deep-research"):
+        row = table.lookup(model)
+        assert row is not None and row.entry == model
+
+
+def test_a_non_chat_row_is_kept_only_where_its_family_would_misprice_it() -> None:
+    """The header says audio, realtime, speech and legacy-completion models are left
+    out, except a variant named after a chat model (its own row keeps the prefix rule
+    from pricing it as that model): every such row has its family's row too."""
+    models = shipped_table().models
+    special = re.compile(r"audio|realtime|transcribe|tts|instruct|image|embedding|whisper")
+    for name in models:
+        if special.search(name):
+            families = [e for e in models if e != name and name.startswith(e + "-")]
+            assert families, f"{name}: a non-chat model with no chat family row"
 
 
 @pytest.mark.parametrize("model, entry, prices", [

@@ -27,16 +27,26 @@ from turnkeeper.config.sections import (
     _Section,
 )
 
-# What the official SDKs read when the config does not say: the key, the endpoint, and the
-# endpoint's default. The vendor endpoints always need a key; any other server may not.
-SDK_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-SDK_BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
-SDK_BASE_URL = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+# What the official SDKs read when the config does not say: the key (the first variable
+# set, in the SDK's order: google-genai prefers GOOGLE_API_KEY when both are), the
+# endpoint, and the endpoint's default. The vendor endpoints always need a key; any other
+# server may not.
+SDK_KEY_ENV: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY",), "openai-responses": ("OPENAI_API_KEY",),
+    "anthropic": ("ANTHROPIC_API_KEY",), "gemini": ("GOOGLE_API_KEY", "GEMINI_API_KEY")}
+SDK_BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "openai-responses": "OPENAI_BASE_URL",
+                    "anthropic": "ANTHROPIC_BASE_URL", "gemini": "GOOGLE_GEMINI_BASE_URL"}
+SDK_BASE_URL = {"openai": "https://api.openai.com/v1",
+                "openai-responses": "https://api.openai.com/v1",
+                "anthropic": "https://api.anthropic.com",
+                "gemini": "https://generativelanguage.googleapis.com"}
 
 # Body fields the adapters write themselves: an `options` entry may not replace them (the
 # output limit is `max_output_tokens`, bounded by the turn's budget).
 RESERVED_OPTIONS = frozenset({"model", "messages", "system", "tools", "stream",
-                              "stream_options", "max_tokens", "max_completion_tokens"})
+                              "stream_options", "max_tokens", "max_completion_tokens",
+                              "input", "instructions", "max_output_tokens", "contents",
+                              "systemInstruction", "system_instruction"})
 _HTTP_ONLY = ("base_url", "api_key_env", "api_key_file", "api_key_credential", "options",
               "headers", "query", "max_tokens_field", "cache")
 # A file name under $CREDENTIALS_DIRECTORY: no path separator, no leading dot.
@@ -71,8 +81,8 @@ class ProviderSecrets:
 
 class ProviderConfig(_Section):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")]
-    kind: Literal["openai", "anthropic", "scripted"]
-    base_url: str = ""  # "": $OPENAI_BASE_URL / $ANTHROPIC_BASE_URL, else the vendor's
+    kind: Literal["openai", "openai-responses", "anthropic", "gemini", "scripted"]
+    base_url: str = ""  # "": the SDK's variable ($OPENAI_BASE_URL...), else the vendor's
     model: str = ""
     # Where the key comes from, at most one of the three. api_key_env unset: the SDK's
     # variable for the kind; "": no auth (a local server).
@@ -162,10 +172,11 @@ class ProviderConfig(_Section):
     @property
     def key_env(self) -> str:
         """The variable the key is read from ("" = none): the configured one, else the
-        SDK's for the kind."""
+        SDK's for the kind (of several, the first one set, else the first)."""
         if self.api_key_env is not None:
             return self.api_key_env
-        return SDK_KEY_ENV.get(self.kind, "")
+        names = SDK_KEY_ENV.get(self.kind, ())
+        return next((n for n in names if os.environ.get(n)), names[0] if names else "")
 
     def official_endpoint(self) -> bool:
         return self.base_url.rstrip("/") == SDK_BASE_URL.get(self.kind)
@@ -194,8 +205,9 @@ class ProviderConfig(_Section):
         if self.api_key_env is None:
             if not self.official_endpoint():
                 return None
+            names = " or ".join(SDK_KEY_ENV.get(self.kind, (env,)))
             raise ConfigError(f"{where}: {redact_url(self.base_url)} needs a key and the "
-                              f"variable {env} is not set or is empty (or set api_key_env, "
+                              f"variable {names} is not set or is empty (or set api_key_env, "
                               "api_key_file or api_key_credential)")
         raise ConfigError(f"{where}.api_key_env: the variable {env} is not set or is empty")
 

@@ -61,10 +61,14 @@ DETERMINISTIC_EXCEPTIONS = frozenset({
 RETRYABLE_ERROR_TYPES = frozenset({
     "overloaded_error", "api_error", "rate_limit_error", "rate_limit_exceeded",
     "server_error", "timeout_error", "service_unavailable", "internal_error",
+    # Google's status words (Gemini), lowercased
+    "resource_exhausted", "unavailable", "internal", "deadline_exceeded",
 })
 DETERMINISTIC_ERROR_TYPES = frozenset({
     "invalid_request_error", "authentication_error", "permission_error", "not_found_error",
     "request_too_large", "invalid_api_key", "model_not_found", "billing_error",
+    "invalid_argument", "permission_denied", "unauthenticated", "not_found",
+    "failed_precondition",
 })
 
 # What a failure with no status says when a route or a service is down for now, in the
@@ -78,7 +82,8 @@ _RETRYABLE_MESSAGES = re.compile(
 
 _OVERFLOW_PATTERNS = re.compile(
     r"context_length_exceeded|context length|context window|prompt is too long|"
-    r"maximum context|too many tokens|request too large|reduce the length",
+    r"maximum context|too many tokens|request too large|reduce the length|"
+    r"exceeds the maximum number of tokens",
     re.IGNORECASE,
 )
 
@@ -284,13 +289,18 @@ def parse_retry_after(value: str | None, *, now_epoch: float) -> float | None:
 
 
 def retry_after_from_body(body: object, *, now_epoch: float) -> float | None:
-    """`retry_after` at the top of a JSON body or under `error`."""
+    """`retry_after` at the top of a JSON body or under `error`, else the `retryDelay` of
+    a Google `RetryInfo` in `error.details` ("39s", a protobuf Duration). A body that is
+    a one-element list (how Gemini's stream answers an error) is read by its element."""
+    if isinstance(body, list) and len(body) == 1:
+        body = body[0]
     if not isinstance(body, Mapping):
         return None
     candidates: list[object] = [body.get("retry_after")]
     err = body.get("error")
     if isinstance(err, Mapping):
         candidates.append(err.get("retry_after"))
+        candidates.append(_retry_info_delay(err.get("details")))
     for c in candidates:
         if isinstance(c, bool):
             continue
@@ -312,6 +322,18 @@ def retry_after_of(headers: Mapping[str, str], body: object, *,
             if parsed is not None:
                 return parsed
     return retry_after_from_body(body, now_epoch=now_epoch)
+
+
+def _retry_info_delay(details: object) -> str | None:
+    """The seconds of the first `google.rpc.RetryInfo` among `details`, as text."""
+    if not isinstance(details, list):
+        return None
+    for d in details:
+        if isinstance(d, Mapping) and str(d.get("@type", "")).endswith("google.rpc.RetryInfo"):
+            delay = d.get("retryDelay")
+            if isinstance(delay, str) and delay.endswith("s"):
+                return delay[:-1]
+    return None
 
 
 def is_context_overflow(status: int | None, body_text: str) -> bool:

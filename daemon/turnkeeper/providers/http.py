@@ -1,7 +1,8 @@
-"""What the OpenAI and Anthropic adapters share: one aiohttp session, SSE framing, and the
-translation of everything that can go wrong on the wire into one `CallFailure`.
+"""What the HTTP adapters (OpenAI, OpenAI Responses, Anthropic, Gemini) share: one
+aiohttp session, SSE framing, and the translation of everything that can go wrong on
+the wire into one `CallFailure`.
 
-Rules kept here so both adapters obey them alike:
+Rules kept here so every adapter obeys them alike:
 
 - one attempt per call: no library-level retries, no sleeping;
 - every failure leaves as `ProviderError(CallFailure)`, never a bare exception and never a
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -180,8 +181,12 @@ def retry_after_header(headers: Mapping[str, str]) -> float | None:
 
 
 def error_fields(body: object) -> tuple[str | None, str]:
-    """`error.type` (else `error.code`) and `error.message` of an OpenAI or Anthropic
-    error body; a bare string `error` is the message."""
+    """`error.type` (else Google's `error.status`, else `error.code`) and `error.message`
+    of an OpenAI, Anthropic or Gemini error body; a bare string `error` is the message.
+    A body that is a list (Gemini's stream answers errors as a one-element array) is
+    read by its first element."""
+    if isinstance(body, list) and body:
+        body = body[0]
     if not isinstance(body, Mapping):
         return None, ""
     err = body.get("error")
@@ -190,7 +195,11 @@ def error_fields(body: object) -> tuple[str | None, str]:
     if not isinstance(err, Mapping):
         msg = body.get("message")
         return None, msg if isinstance(msg, str) else ""
-    etype = err.get("type") or err.get("code")
+    # Google's errors name their kind in `status` ("RESOURCE_EXHAUSTED"); `code` is
+    # the HTTP status there, a word on OpenAI's.
+    status = err.get("status")
+    etype = err.get("type") or (status if isinstance(status, str) else None) \
+        or err.get("code")
     msg = err.get("message")
     return (str(etype) if etype else None), (msg if isinstance(msg, str) else "")
 
@@ -394,3 +403,34 @@ def request_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[s
     out = {k: v for k, v in base.items() if k.lower() not in {e.lower() for e in extra}}
     out.update(extra)
     return out
+
+
+async def sse_reads(client: HttpClient, resp: aiohttp.ClientResponse
+                    ) -> AsyncIterator[list[dict[str, Any]]]:
+    """The JSON objects of an event stream, a list per network read (so a reader hands
+    on its text once a read, see `send_new_text`), until the body ends; an empty event
+    (a keepalive) is skipped. A read that fails is a `ProviderError`; so is an event
+    whose data is not a JSON object. The reader keeps its `IdleWatch` around the loop
+    (not in here: a cut must reach the reader inside its own `async with`)."""
+    read = resp.content.readany
+    decoder = SSEDecoder()
+    eof = False
+    while not eof:
+        try:
+            chunk = await read()
+        except TRANSPORT_ERRORS as exc:
+            raise ProviderError(client.stream_read_failure(exc)) from exc
+        if chunk:
+            events = decoder.feed(chunk)
+        else:
+            events, eof = decoder.flush(), True
+        out: list[dict[str, Any]] = []
+        for data in events:
+            if not data:
+                continue
+            obj = loads(data)
+            if not isinstance(obj, dict):
+                raise ProviderError(client.stream_failure(
+                    CORRUPT, "stream event is not a JSON object"))
+            out.append(obj)
+        yield out

@@ -82,7 +82,7 @@ def usage_of(u: Mapping[str, Any]) -> Usage:
                  cache_read_tokens=wire_count(details.get("cached_tokens")))
 
 
-def _arguments(raw: object) -> str:
+def arguments_text(raw: object) -> str:
     """The raw argument text; "{}" when empty. A server that sends an object instead of
     a string (some compatible servers do) gets it back as compact JSON."""
     if isinstance(raw, str):
@@ -198,6 +198,22 @@ class _StreamedReply:
                 slot[2].append(fn["arguments"])
 
 
+def openai_client(cfg: ProviderConfig, secrets: ProviderSecrets | None, path: str
+                  ) -> HttpClient:
+    """The session of an OpenAI endpoint (`path` under `base_url`): the key as a bearer
+    token, the provider's `headers` on top and its `query` on the URL (Azure's
+    `api-version`). `secrets` as read by the caller; None reads them now."""
+    secrets = secrets if secrets is not None else cfg.secrets()
+    key = secrets.api_key
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return HttpClient(cfg.base_url.rstrip("/") + path,
+                      request_headers(headers, secrets.headers),
+                      max_connections=cfg.max_connections,
+                      secret=key, secrets=secrets.values(), query=secrets.query)
+
+
 class OpenAIProvider:
     """OpenAI Chat Completions over one shared aiohttp session."""
 
@@ -209,15 +225,7 @@ class OpenAIProvider:
         self._stream = cfg.stream
         self._max_tokens_field = max_tokens_field(cfg)
         self._options = dict(cfg.options)
-        secrets = secrets if secrets is not None else cfg.secrets()
-        key = secrets.api_key
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._client = HttpClient(cfg.base_url.rstrip("/") + "/chat/completions",
-                                  request_headers(headers, secrets.headers),
-                                  max_connections=cfg.max_connections,
-                                  secret=key, secrets=secrets.values(), query=secrets.query)
+        self._client = openai_client(cfg, secrets, "/chat/completions")
         # The tool list is the same object from one step to the next until the offer
         # changes (a policy's tools; MCP servers going and coming): encoded once for it.
         self._tools_src: Sequence[ToolSpec] | None = None
@@ -264,7 +272,7 @@ class OpenAIProvider:
         msg = choice.get("message") or {}
         calls = tuple(
             ToolCall(id=str(c.get("id") or ""), name=str(c["function"]["name"]),
-                     arguments=_arguments(c["function"].get("arguments")))
+                     arguments=arguments_text(c["function"].get("arguments")))
             for c in msg.get("tool_calls") or ())
         u = obj.get("usage") or {}
         return ModelReply(
