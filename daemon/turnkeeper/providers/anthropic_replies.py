@@ -16,14 +16,11 @@ import aiohttp
 from turnkeeper.policy.usage import wire_count
 from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError, ToolCall, Usage
 from turnkeeper.providers.http import (
-    CORRUPT,
     INCOMPLETE,
-    TRANSPORT_ERRORS,
     HttpClient,
     IdleWatch,
-    SSEDecoder,
-    loads,
     send_new_text,
+    sse_reads,
 )
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
@@ -104,106 +101,109 @@ def parse_message(client: HttpClient, obj: dict[str, Any], default_model: str) -
         opaque=tuple(opaque))
 
 
+class _Streamed:
+    """What the events of a streamed reply have said so far."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.blocks: dict[int, list[Any]] = {}  # tool_use index -> [id, name, [json]]
+        # thinking index -> [the block as it started, [thinking pieces], [signature]]
+        self.thinking: dict[int, list[Any]] = {}
+        self.stop: str | None = None
+        self.refusal: str | None = None
+        self.input_usage: dict[str, Any] = {}
+        self.output_tokens: float = 0
+        self.model = ""
+        self.done = False  # `message_stop` came: the reply is whole
+
+    def take(self, obj: dict[str, Any]) -> None:
+        kind = obj.get("type")
+        if kind == "content_block_delta":
+            self._delta(obj)
+        elif kind == "content_block_start":
+            self._start(obj)
+        elif kind == "message_delta":
+            d = obj.get("delta") or {}
+            if d.get("stop_reason"):
+                self.stop = d["stop_reason"]
+                self.refusal = refusal_text(self.stop, d.get("stop_details"))
+            u = obj.get("usage") or {}
+            if u.get("output_tokens") is not None:
+                self.output_tokens = wire_count(u["output_tokens"])
+            if u.get("input_tokens"):  # newer servers repeat the input counts
+                self.input_usage = u
+        elif kind == "message_start":
+            message = obj.get("message") or {}
+            u = message.get("usage") or {}
+            self.input_usage = u
+            self.output_tokens = wire_count(u.get("output_tokens"))
+            self.model = str(message.get("model") or "")
+        elif kind == "message_stop":
+            self.done = True
+        # ping, content_block_stop and event types added later: nothing to do.
+
+    def _delta(self, obj: dict[str, Any]) -> None:
+        delta = obj.get("delta") or {}
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            piece = delta.get("text")
+            if piece:
+                self.text.append(piece)
+        elif dtype == "input_json_delta":
+            slot = self.blocks.get(obj.get("index", -1))
+            if slot is not None and delta.get("partial_json"):
+                slot[2].append(delta["partial_json"])
+        elif dtype in ("thinking_delta", "signature_delta"):
+            th = self.thinking.get(obj.get("index", -1))
+            if th is not None:
+                if dtype == "thinking_delta":
+                    th[1].append(delta.get("thinking") or "")
+                else:
+                    th[2].append(delta.get("signature") or "")
+
+    def _start(self, obj: dict[str, Any]) -> None:
+        block = obj.get("content_block") or {}
+        btype = block.get("type")
+        if btype == "tool_use":
+            self.blocks[obj.get("index", len(self.blocks))] = [
+                str(block.get("id") or ""), str(block.get("name") or ""), []]
+        elif btype == "text" and block.get("text"):
+            self.text.append(block["text"])
+        elif btype in OPAQUE_BLOCKS:
+            self.thinking[obj.get("index", len(self.thinking))] = [dict(block), [], []]
+
+    def reply(self, default_model: str) -> ModelReply:
+        calls = tuple(
+            ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
+            for _, slot in sorted(self.blocks.items()))
+        return ModelReply(
+            text="".join(self.text) if self.text else None, tool_calls=calls,
+            usage=usage_of(self.input_usage, self.output_tokens),
+            finish_reason=finish_reason(self.stop, bool(calls)),
+            model=self.model or default_model, refusal=self.refusal,
+            opaque=tuple(_streamed_block(*slot) for _, slot in sorted(self.thinking.items())))
+
+
 async def read_stream(client: HttpClient, resp: aiohttp.ClientResponse,
                       on_delta: DeltaSink | None, default_model: str, *,
                       idle_s: float) -> ModelReply:
     """A streamed reply: whole only when `message_stop` arrived; cut when no event but
     `ping`s (or types added later) came for `idle_s`."""
-    read = resp.content.readany
-    decoder = SSEDecoder()
-    text: list[str] = []
-    blocks: dict[int, list[Any]] = {}  # tool_use index -> [id, name, [json fragments]]
-    # thinking index -> [the block as it started, [thinking pieces], [signature]]
-    thinking: dict[int, list[Any]] = {}
-    stop: str | None = None
-    refusal: str | None = None
-    input_usage: dict[str, Any] = {}
-    output_tokens: float = 0
-    model = ""
+    streamed = _Streamed()
     sent = 0  # pieces of `text` handed to `on_delta`
-    eof = False
     async with IdleWatch(idle_s) as idle:
-        while not eof:
-            try:
-                chunk = await read()
-            except TRANSPORT_ERRORS as exc:
-                raise ProviderError(client.stream_read_failure(exc)) from exc
-            if chunk:
-                events = decoder.feed(chunk)
-            else:
-                events, eof = decoder.flush(), True
+        async for events in sse_reads(client, resp):
             moved = False
-            for data in events:
-                if not data:  # an empty event: a keepalive, not progress
-                    continue
-                obj = loads(data)
-                if not isinstance(obj, dict):
-                    raise ProviderError(client.stream_failure(
-                        CORRUPT, "stream event is not a JSON object"))
-                kind = obj.get("type")
-                if kind in _PROGRESS:
-                    moved = True
-                if kind == "content_block_delta":
-                    delta = obj.get("delta") or {}
-                    dtype = delta.get("type")
-                    if dtype == "text_delta":
-                        piece = delta.get("text")
-                        if piece:
-                            text.append(piece)
-                    elif dtype == "input_json_delta":
-                        slot = blocks.get(obj.get("index", -1))
-                        if slot is not None and delta.get("partial_json"):
-                            slot[2].append(delta["partial_json"])
-                    elif dtype in ("thinking_delta", "signature_delta"):
-                        th = thinking.get(obj.get("index", -1))
-                        if th is not None:
-                            if dtype == "thinking_delta":
-                                th[1].append(delta.get("thinking") or "")
-                            else:
-                                th[2].append(delta.get("signature") or "")
-                elif kind == "content_block_start":
-                    block = obj.get("content_block") or {}
-                    btype = block.get("type")
-                    if btype == "tool_use":
-                        blocks[obj.get("index", len(blocks))] = [
-                            str(block.get("id") or ""), str(block.get("name") or ""), []]
-                    elif btype == "text" and block.get("text"):
-                        text.append(block["text"])
-                    elif btype in OPAQUE_BLOCKS:
-                        thinking[obj.get("index", len(thinking))] = [dict(block), [], []]
-                elif kind == "message_delta":
-                    d = obj.get("delta") or {}
-                    if d.get("stop_reason"):
-                        stop = d["stop_reason"]
-                        refusal = refusal_text(stop, d.get("stop_details"))
-                    u = obj.get("usage") or {}
-                    if u.get("output_tokens") is not None:
-                        output_tokens = wire_count(u["output_tokens"])
-                    if u.get("input_tokens"):  # newer servers repeat the input counts
-                        input_usage = u
-                elif kind == "message_start":
-                    message = obj.get("message") or {}
-                    u = message.get("usage") or {}
-                    input_usage = u
-                    output_tokens = wire_count(u.get("output_tokens"))
-                    model = str(message.get("model") or "")
-                elif kind == "message_stop":
-                    calls = tuple(
-                        ToolCall(id=slot[0], name=slot[1], arguments="".join(slot[2]) or "{}")
-                        for _, slot in sorted(blocks.items()))
-                    await send_new_text(text, sent, on_delta)
-                    return ModelReply(
-                        text="".join(text) if text else None, tool_calls=calls,
-                        usage=usage_of(input_usage, output_tokens),
-                        finish_reason=finish_reason(stop, bool(calls)),
-                        model=model or default_model, refusal=refusal,
-                        opaque=tuple(_streamed_block(*slot) for _, slot
-                                     in sorted(thinking.items())))
-                elif kind == "error":
+            for obj in events:
+                if obj.get("type") == "error":
                     raise ProviderError(client.stream_error_event(obj))
-                # ping, content_block_stop and event types added later: nothing to do.
+                moved = moved or obj.get("type") in _PROGRESS
+                streamed.take(obj)
+                if streamed.done:
+                    await send_new_text(streamed.text, sent, on_delta)
+                    return streamed.reply(default_model)
             if moved:
                 idle.progressed()
-            sent = await send_new_text(text, sent, on_delta)
+            sent = await send_new_text(streamed.text, sent, on_delta)
     raise ProviderError(client.stream_failure(
         INCOMPLETE, "stream ended without message_stop"))

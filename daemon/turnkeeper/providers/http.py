@@ -405,13 +405,19 @@ def request_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[s
     return out
 
 
-async def sse_reads(client: HttpClient, resp: aiohttp.ClientResponse
-                    ) -> AsyncIterator[list[dict[str, Any]]]:
+# What `sse_reads` yields for the event whose data is its `done` marker (OpenAI's
+# `[DONE]`); compared by identity.
+SSE_DONE: dict[str, Any] = {}
+
+
+async def sse_reads(client: HttpClient, resp: aiohttp.ClientResponse, *,
+                    done: bytes | None = None) -> AsyncIterator[list[dict[str, Any]]]:
     """The JSON objects of an event stream, a list per network read (so a reader hands
     on its text once a read, see `send_new_text`), until the body ends; an empty event
-    (a keepalive) is skipped. A read that fails is a `ProviderError`; so is an event
-    whose data is not a JSON object. The reader keeps its `IdleWatch` around the loop
-    (not in here: a cut must reach the reader inside its own `async with`)."""
+    (a keepalive) is skipped, and an event whose data is `done` is `SSE_DONE`. A read
+    that fails is a `ProviderError`; so is an event whose data is not a JSON object. The
+    reader keeps its `IdleWatch` around the loop (not in here: a cut must reach the
+    reader inside its own `async with`)."""
     read = resp.content.readany
     decoder = SSEDecoder()
     eof = False
@@ -427,6 +433,9 @@ async def sse_reads(client: HttpClient, resp: aiohttp.ClientResponse
         out: list[dict[str, Any]] = []
         for data in events:
             if not data:
+                continue
+            if data == done:
+                out.append(SSE_DONE)
                 continue
             obj = loads(data)
             if not isinstance(obj, dict):

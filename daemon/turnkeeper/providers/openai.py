@@ -35,17 +35,15 @@ from turnkeeper.providers.base import (
     Usage,
 )
 from turnkeeper.providers.http import (
-    CORRUPT,
     INCOMPLETE,
-    TRANSPORT_ERRORS,
+    SSE_DONE,
     HttpClient,
     IdleWatch,
-    SSEDecoder,
     dumps,
     exchange,
-    loads,
     request_headers,
     send_new_text,
+    sse_reads,
 )
 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -285,36 +283,19 @@ class OpenAIProvider:
     async def _read_stream(self, resp: aiohttp.ClientResponse, on_delta: DeltaSink | None
                            ) -> ModelReply:
         client = self._client
-        read = resp.content.readany
-        decoder = SSEDecoder()
         reply = _StreamedReply()
         sent = 0  # pieces of `text` handed to `on_delta`
-        eof = False
         async with IdleWatch(self._cfg.idle_timeout) as idle:
-            while not eof:
-                try:
-                    chunk = await read()
-                except TRANSPORT_ERRORS as exc:
-                    raise ProviderError(client.stream_read_failure(exc)) from exc
-                if chunk:
-                    events = decoder.feed(chunk)
-                else:
-                    events, eof = decoder.flush(), True
+            async for events in sse_reads(client, resp, done=b"[DONE]"):
                 moved = False
-                for data in events:
-                    if data == b"[DONE]":
+                for obj in events:
+                    if obj is SSE_DONE:
                         if reply.finish is None:
                             raise ProviderError(client.stream_failure(
                                 INCOMPLETE, "[DONE] without a finish reason"))
                         await send_new_text(reply.text, sent, on_delta)
                         return self._stream_reply(reply.text, reply.calls, reply.finish,
                                                   reply.usage, reply.model, reply.refusal)
-                    if not data:  # an empty event: a keepalive, not progress
-                        continue
-                    obj = loads(data)
-                    if not isinstance(obj, dict):
-                        raise ProviderError(client.stream_failure(
-                            CORRUPT, "stream chunk is not a JSON object"))
                     if "error" in obj and not obj.get("choices"):
                         raise ProviderError(client.stream_error_event(obj))
                     moved = reply.take(obj) or moved
