@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnkeeper.providers.http import SSEDecoder
+from turnkeeper.providers.sse import SSEDecoder
 
 BOM = b"\xef\xbb\xbf"
 STREAM = (b": a comment\n"

@@ -15,13 +15,8 @@ import aiohttp
 
 from turnkeeper.policy.usage import wire_count
 from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError, ToolCall, Usage
-from turnkeeper.providers.http import (
-    INCOMPLETE,
-    HttpClient,
-    IdleWatch,
-    send_new_text,
-    sse_reads,
-)
+from turnkeeper.providers.http import INCOMPLETE, HttpClient
+from turnkeeper.providers.sse import IdleWatch, send_new_text, sse_reads
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
          "max_tokens": "length", "refusal": "refusal"}

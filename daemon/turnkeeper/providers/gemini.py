@@ -46,16 +46,8 @@ from turnkeeper.providers.base import (
     ToolSpec,
     Usage,
 )
-from turnkeeper.providers.http import (
-    INCOMPLETE,
-    HttpClient,
-    IdleWatch,
-    dumps,
-    exchange,
-    request_headers,
-    send_new_text,
-    sse_reads,
-)
+from turnkeeper.providers.http import INCOMPLETE, HttpClient, dumps, exchange, request_headers
+from turnkeeper.providers.sse import IdleWatch, send_new_text, sse_reads
 
 PARTS = "gemini.parts"  # the `Message.opaque` entry holding a reply's parts
 # The id of a call Gemini gave none: ours, never sent back.

@@ -34,17 +34,8 @@ from turnkeeper.providers.base import (
     ToolSpec,
     Usage,
 )
-from turnkeeper.providers.http import (
-    INCOMPLETE,
-    SSE_DONE,
-    HttpClient,
-    IdleWatch,
-    dumps,
-    exchange,
-    request_headers,
-    send_new_text,
-    sse_reads,
-)
+from turnkeeper.providers.http import INCOMPLETE, HttpClient, dumps, exchange, request_headers
+from turnkeeper.providers.sse import SSE_DONE, IdleWatch, send_new_text, sse_reads
 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "length": "length"}

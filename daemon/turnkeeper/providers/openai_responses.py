@@ -36,17 +36,9 @@ from turnkeeper.providers.base import (
     ToolSpec,
     Usage,
 )
-from turnkeeper.providers.http import (
-    INCOMPLETE,
-    STREAM_ERROR,
-    HttpClient,
-    IdleWatch,
-    dumps,
-    exchange,
-    send_new_text,
-    sse_reads,
-)
+from turnkeeper.providers.http import INCOMPLETE, STREAM_ERROR, HttpClient, dumps, exchange
 from turnkeeper.providers.openai import arguments_text, openai_client
+from turnkeeper.providers.sse import IdleWatch, send_new_text, sse_reads
 
 # Place-holders in `Message.opaque` for where the reply's text and each function call
 # stood among its reasoning items.
