@@ -3,20 +3,18 @@ the retry sleeps, the failovers and the recovery waits.
 
 `ProviderChain` decides every move; this room carries them out. The shared protection
 a call claims on the way (a provider breaker's slot, a retry from the provider's retry
-budget) is held by one `_Claims` for the whole call, so every way out, a reply, a stop,
-a redirect, a cancellation, gives back exactly what it took.
+budget) is held by one `Claims` (turn/claims.py) for the whole call, so every way out, a
+reply, a stop, a redirect, a cancellation, gives back exactly what it took.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from types import TracebackType
 from typing import Any
 
 import anyio
 
 from turnkeeper import event_types as ev
-from turnkeeper.clock import Clock
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.budget import CLOCK_STOPS
 from turnkeeper.policy.call_bound import CALL_TIMEOUT, CallBound
@@ -27,76 +25,9 @@ from turnkeeper.policy.replies import thinking_stop
 from turnkeeper.policy.restarts import context_exhausted
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import MessageCache, ModelReply, ModelRequest, ProviderError
-from turnkeeper.runtime import Shared
+from turnkeeper.turn.claims import Claims
 from turnkeeper.turn.context import Redirected, TurnContext
 from turnkeeper.turn.metering import Meter
-
-
-class _Claims:
-    """What one model call holds of the shared protection: at most one breaker slot (an
-    attempt on the wire) and at most one retry of a provider's retry budget (from the
-    retry's sleep to the end of its attempt). Leaving the `with` gives back whatever is
-    still held."""
-
-    def __init__(self, shared: Shared, clock: Clock) -> None:
-        self._shared = shared
-        self._clock = clock
-        self._retry_of: str | None = None
-        self._breaker: CircuitBreaker | None = None
-        # The last failure was excused (`policy/stall.py`): its retry is not the peer's
-        # doing, and takes nothing from the retry budget.
-        self._excused = False
-
-    def __enter__(self) -> _Claims:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.end_retry()
-        if self._breaker is not None:
-            self._breaker.release(self._clock.monotonic())
-            self._breaker = None
-
-    def begin_retry(self, provider: str) -> bool:
-        """Take a retry from the provider's budget; False when the budget refuses. The
-        retry of an excused failure takes nothing from it."""
-        if self._excused:
-            self._excused = False
-            return True
-        if not self._shared.retry_budgets[provider].try_begin_retry():
-            return False
-        self._retry_of = provider
-        return True
-
-    def end_retry(self) -> None:
-        if self._retry_of is not None:
-            self._shared.retry_budgets[self._retry_of].end_retry()
-            self._retry_of = None
-
-    def acquire(self, breaker: CircuitBreaker) -> bool:
-        if not breaker.try_acquire(self._clock.monotonic()):
-            return False
-        self._breaker = breaker
-        return True
-
-    def succeeded(self) -> None:
-        assert self._breaker is not None
-        self._breaker.record_success(self._clock.monotonic())
-        self._breaker = None
-
-    def failed(self, failure_class: FailureClass, retry_after_s: float | None, *,
-               local: bool = False, excused: bool = False) -> None:
-        """A failure of the peer feeds its breaker; one of our own resources (`local`),
-        or one `excused` (the process stalled, or its fleet lease lapsed, while the
-        call was out) only gives the slot back."""
-        assert self._breaker is not None
-        self._excused = excused
-        if local or excused:
-            self._breaker.release(self._clock.monotonic())
-        else:
-            self._breaker.record_failure(self._clock.monotonic(), failure_class,
-                                         retry_after_s=retry_after_s)
-        self._breaker = None
 
 
 class _CallCut(Exception):
@@ -143,7 +74,7 @@ class ModelCall:
         decision: Any = ctx.chain.resume(now=ctx.clock.time(), recover_until=ctx.recover_until)
         first = True  # the step's guards have just checked the time
         try:
-            with _Claims(ctx.shared, ctx.clock) as claims:
+            with Claims(ctx.shared, ctx.clock) as claims:
                 while True:
                     # The active time or the deadline ran out during this call: that is
                     # the budget's stop, not a reason to fail over, park in recovery or
@@ -191,7 +122,7 @@ class ModelCall:
         finally:
             ctx.sync_counters()
 
-    async def _retry(self, decision: RetryIn, claims: _Claims) -> Any:
+    async def _retry(self, decision: RetryIn, claims: Claims) -> Any:
         """Sleep before a retry on the same provider, unless its breaker opened meanwhile
         or its retry budget refuses: then the chain moves on at once."""
         ctx = self.ctx
@@ -231,7 +162,7 @@ class ModelCall:
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message}, cache=self._encoded)
 
-    async def _attempt(self, attempt: Attempt, claims: _Claims) -> ModelReply | Any | None:
+    async def _attempt(self, attempt: Attempt, claims: Claims) -> ModelReply | Any | None:
         ctx = self.ctx
         if ctx.control.confirm_lease is not None:
             # A node whose lease lapsed asks nothing until a renewal confirms the lease:

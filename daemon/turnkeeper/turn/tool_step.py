@@ -22,18 +22,18 @@ from turnkeeper.policy.effects import EffectOutcome, Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.replies import cut_call_message
-from turnkeeper.policy.retry_after import not_sent
-from turnkeeper.policy.tool_retry import attempts_for
 from turnkeeper.providers.base import ToolCall
 from turnkeeper.tools.registry import ToolOutcome
 from turnkeeper.turn.builtins import Builtins
 from turnkeeper.turn.context import TurnContext
+from turnkeeper.turn.tool_attempts import ToolAttempts
 
 
 class ToolStep:
     def __init__(self, ctx: TurnContext, builtins: Builtins) -> None:
         self.ctx = ctx
         self.builtins = builtins
+        self.attempts = ToolAttempts(ctx)
 
     def _call_positions(self) -> dict[str, int]:
         ctx = self.ctx
@@ -303,7 +303,7 @@ class ToolStep:
             ctx.control.effect_in_flight = False
             raise
         try:
-            outcome = await self._execute(call.name, args, key, idempotent=idempotent)
+            outcome = await self.attempts.run(call.name, args, key, idempotent=idempotent)
             await ctx.store.journal_outcome(key, outcome.to_json())
         except anyio.get_cancelled_exc_class():
             if not idempotent:
@@ -369,90 +369,6 @@ class ToolStep:
         if stop is not None:
             return stop
         return (None, None)
-
-    async def _execute(self, name: str, args: dict[str, Any], key: str, *,
-                       idempotent: bool) -> ToolOutcome:
-        """Attempts of one call: idempotent tools retry retryable failures with backoff
-        (one Idempotency-Key for all attempts); others get exactly one attempt."""
-        ctx = self.ctx
-        tool = ctx.runtime.toolbox.get(name)
-        assert tool is not None
-        breaker = ctx.shared.breakers.get(tool.breaker)
-        rule = ctx.settings.tools.retry
-        max_attempts = attempts_for(idempotent=idempotent,
-                                    max_attempts=ctx.settings.tools.max_attempts(name))
-        previous: float | None = None
-        attempt = 0
-        while True:
-            attempt += 1
-            ctx.record.counters.tool_attempts = attempt
-            # Inside a Retry-After window the tool opened (for any turn): not sent. A
-            # retry is not asked: its sleep honoured the Retry-After.
-            window = (ctx.shared.retry_after.window(tool.breaker, ctx.clock.monotonic())
-                      if attempt == 1 else None)
-            if window is not None:
-                return ToolOutcome(content="", attempted=False,
-                                   failure=not_sent(f"tool {name}", window))
-            if breaker is not None and not breaker.try_acquire(ctx.clock.monotonic()):
-                return ToolOutcome(content="", failure=CallFailure(
-                    exception=("CircuitOpen", "ConnectionError"),
-                    message=f"the circuit breaker {tool.breaker} is open"))
-            remaining = ctx.remaining_s()
-            started_at = ctx.clock.monotonic()
-            try:
-                outcome = await ctx.runtime.toolbox.call(
-                    name, args, idempotency_key=key,
-                    timeout_s=max(0.001, min(tool.timeout, remaining)))
-            except BaseException:
-                if breaker is not None:
-                    breaker.release(ctx.clock.monotonic())
-                raise
-            if outcome.failure is None:
-                if breaker is not None:
-                    breaker.record_success(ctx.clock.monotonic())
-                return outcome
-            cls = classify(outcome.failure)
-            now = ctx.clock.monotonic()
-            excuse = ctx.shared.stalls.excuse(started_at=started_at, now=now)
-            if excuse is not None:
-                ctx.log.info("tool.failure_not_counted", tool=name, why=excuse.value)
-            if breaker is not None and (not outcome.attempted or outcome.failure.local
-                                        or excuse is not None):
-                # nothing reached the tool (its server is down), we ran out of
-                # descriptors or memory, or the process stalled (or its fleet lease
-                # lapsed) while the call was out: the peer's breaker learns nothing
-                breaker.release(ctx.clock.monotonic())
-            elif breaker is not None:
-                breaker.record_failure(ctx.clock.monotonic(), cls,
-                                       retry_after_s=outcome.failure.retry_after_s)
-            if outcome.attempted:
-                ctx.shared.retry_after.heard(tool.breaker, outcome.failure.retry_after_s,
-                                             now=ctx.clock.monotonic(),
-                                             max_retry_after_s=rule.max_retry_after_s)
-            delay = rule.next_delay(attempt=attempt, max_attempts=max_attempts,
-                                    failure_class=cls,
-                                    retry_after_s=outcome.failure.retry_after_s,
-                                    remaining_s=ctx.remaining_s(), previous_s=previous,
-                                    rand=ctx.rand)
-            if delay is None:
-                return outcome
-            previous = delay
-            ctx.emit(ev.ToolRetryScheduled(tool=name, key=key, attempt=attempt + 1,
-                                           delay=round(delay, 3), class_=cls.value,
-                                           status=outcome.failure.status))
-            await self._backoff(delay)
-
-    async def _backoff(self, delay: float) -> None:
-        """The wait before an idempotent call's next attempt. Nothing is on the wire: a
-        reload that is done waiting suspends the turn here (the call goes again on
-        resume, with the same Idempotency-Key), rather than after more attempts."""
-        ctx = self.ctx
-        control = ctx.control
-        with ctx.clock.move_on_after(delay):
-            while not control.suspend_now:
-                await control.wake.wait()
-        if control.suspend_now:
-            await ctx.suspend()
 
 
 def unknown_issue(tool: str, arguments: str, key: str) -> str:
