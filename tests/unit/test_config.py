@@ -207,6 +207,47 @@ def test_a_bad_value_from_the_environment_names_the_variable(
         load_config(None)
 
 
+@pytest.mark.parametrize(("variable", "value", "named", "example"), [
+    ("TURNKEEPER_AGENT__RECOVERY_SCHEDULE", "1,2", "[agent] recovery_schedule is a list",
+     "TURNKEEPER_AGENT__RECOVERY_SCHEDULE='[15.0, 30.0, 60.0, 60.0, 60.0]'"),
+    ("TURNKEEPER_DAEMON__ALLOWED_UIDS", "1000", "[daemon] allowed_uids is a list",
+     "TURNKEEPER_DAEMON__ALLOWED_UIDS='[1, 2]'"),
+    ("TURNKEEPER_BUDGET__PROFILES", "batch", "[budget] profiles is a table",
+     """TURNKEEPER_BUDGET__PROFILES='{"name": "value"}'"""),
+    ("TURNKEEPER_PROVIDERS", "primary", "providers is a list",
+     """TURNKEEPER_PROVIDERS='[{"name": "value"}]'"""),
+    ("TURNKEEPER_AGENT", "api_max_retries=1", "[agent] is a table",
+     """TURNKEEPER_AGENT='{"name": "value"}'"""),
+])
+def test_a_list_or_table_override_that_is_not_json_names_the_variable_and_the_form(
+        monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str,
+        example: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None)
+    text = str(err.value)
+    assert err.value.exit_code == 78
+    assert f"  {variable}: {named}, read from the environment as JSON, e.g. {example}" in text
+    assert "Traceback" not in text
+
+
+def test_a_list_override_in_json_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_AGENT__RECOVERY_SCHEDULE", "[1, 2.5]")
+    monkeypatch.setenv("TURNKEEPER_BUDGET__PROFILES", '{"batch": {"max_steps": 9}}')
+    config, _ = load_config(None)
+    assert config.agent.recovery_schedule == (1.0, 2.5)
+    assert config.budget.profiles["batch"].max_steps == 9
+
+
+def test_a_table_override_that_is_not_json_does_not_show_its_value(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_MODELS", "sk-secret-looking-value")
+    with pytest.raises(ConfigError) as err:
+        load_config(None)
+    assert "TURNKEEPER_MODELS" in str(err.value)
+    assert "sk-secret" not in str(err.value)
+
+
 def test_the_socket_and_config_variables_are_not_overrides(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TURNKEEPER_SOCKET", "/x.sock")
