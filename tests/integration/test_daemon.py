@@ -368,6 +368,10 @@ def test_a_list_override_that_is_not_json_exits_78_naming_the_variable(
 def test_config_show_redacts_secrets(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text("""
+[[providers]]
+name = "offline"
+kind = "scripted"
+
 [[tools]]
 name = "t"
 url = "http://127.0.0.1:9/x"

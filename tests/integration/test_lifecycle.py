@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.fault_server import FaultServer, ok
 from tests.integration.harness import (
     ECHO_TOOL,
     Daemon,
@@ -500,6 +501,43 @@ def test_turnkeeper_reload_waits_and_exits_nonzero_with_the_error(start: Any,
     assert out.returncode == 78, out
     assert "agent.max_restartz: unknown key" in out.stderr
     assert status_of(d)["policy_version"] == 3
+
+
+def test_a_config_file_without_providers_never_runs_the_demo_provider(start: Any) -> None:
+    """A file that names no [[providers]] (half-written, or written to change a limit) is
+    refused: a reload keeps the real provider, and a start with it exits 78."""
+    model = FaultServer().start()
+    try:
+        model.script("real", then=ok("from the real model"))
+        d = start(f'''
+[[providers]]
+name = "real"
+kind = "openai"
+base_url = "{model.base_url("real")}"
+model = "m"
+api_key_env = ""
+stream = false
+''')
+        assert d.run("before")["result"]["answer"] == "from the real model"
+        partial = (f'[daemon]\nsocket = "{d.socket}"\nstate_dir = "{d.state_dir}"\n'
+                   'log_format = "json"\n\n[budget]\nmax_steps = 9\n')
+        replace_file(d.config_path, partial.encode())
+        code, data = d.post("/v1/reload")
+        assert code == 422, data
+        assert "no [[providers]]" in data["error"] and 'kind = "scripted"' in data["error"]
+        st = status_of(d)
+        assert st["policy_version"] == 1 and "no [[providers]]" in st["last_reload_error"]
+        after = d.run("after the refused reload")
+        assert after["state"] == "completed", after["result"]
+        assert after["result"]["answer"] == "from the real model"
+        assert after["provider"] == "real" and len(model.requests("real")) == 2
+        out = subprocess.run([sys.executable, "-m", "turnkeeper", "serve", "--config",
+                              str(d.config_path)], capture_output=True, text=True,
+                             timeout=30, check=False)
+        assert out.returncode == 78, out.stderr
+        assert "no [[providers]]" in out.stderr
+    finally:
+        model.stop()
 
 
 @pytest.mark.slow

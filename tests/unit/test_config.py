@@ -23,6 +23,8 @@ from turnkeeper.config import (
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "turnkeeper.toml"
 
+OFFLINE = '[[providers]]\nname = "offline"\nkind = "scripted"\n\n'
+
 
 def test_embedded_defaults_are_the_documented_defaults() -> None:
     config, digest = load_config(None)
@@ -38,11 +40,37 @@ def test_embedded_defaults_are_the_documented_defaults() -> None:
 
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "c.toml"
-    f.write_text("[budget]\nmax_tokens = 1000\nmax_steps = 7\n")
+    f.write_text(OFFLINE + "[budget]\nmax_tokens = 1000\nmax_steps = 7\n")
     monkeypatch.setenv("TURNKEEPER_BUDGET__MAX_TOKENS", "5000")
     config, _ = load_config(f)
     assert config.budget.max_tokens == 5000
     assert config.budget.max_steps == 7
+
+
+def test_a_config_file_without_providers_is_invalid_and_says_how_to_ask_for_the_demo(
+        tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[budget]\nmax_steps = 7\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert err.value.exit_code == 78
+    assert f"invalid configuration ({f}): no [[providers]]" in str(err.value)
+    assert '[[providers]]\n  name = "offline"\n  kind = "scripted"' in str(err.value)
+    f.write_text("")
+    with pytest.raises(ConfigError, match=r"is empty \(half-written\?\)"):
+        load_config(f)
+    # Said explicitly, the demo runs from a file; without a file it needs no saying.
+    f.write_text(OFFLINE + "[budget]\nmax_steps = 7\n")
+    assert [p.kind for p in load_config(f)[0].providers] == ["scripted"]
+    assert [p.kind for p in load_config(None)[0].providers] == ["scripted"]
+
+
+def test_providers_from_the_environment_count_as_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[budget]\nmax_steps = 7\n")
+    monkeypatch.setenv("TURNKEEPER_PROVIDERS", '[{"name": "env", "kind": "scripted"}]')
+    assert [p.name for p in load_config(f)[0].providers] == ["env"]
 
 
 def test_an_invalid_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:

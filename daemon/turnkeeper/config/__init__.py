@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -335,8 +335,31 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
     data, digest = read_config_file(p)
     _resolve_relative_scripts(data, p.parent)
     config = build_config(data, str(p))
+    _check_providers_named(data, digest, p)
     check_provider_keys(config, str(p))
     return config, digest
+
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def _check_providers_named(data: Mapping[str, Any], digest: str, path: Path) -> None:
+    """A config file must say which providers run. The built-in demo provider is for a
+    daemon nobody configured (no file at all): a file without `[[providers]]` is far more
+    likely half-written, or written to change a few limits, than a wish to answer real
+    turns with the demo's canned replies (a reload that applied one ran 32 turns to
+    `completed` on them, their tool calls never made). `TURNKEEPER_PROVIDERS` in the
+    environment names them as well as the file does."""
+    if "providers" in data or ENV_PREFIX + "PROVIDERS" in env_names():
+        return
+    if digest == EMPTY_SHA256:
+        raise ConfigError(f"config file {path} is empty (half-written?); a config file "
+                          "must name its [[providers]]")
+    raise ConfigError(
+        f"invalid configuration ({path}): no [[providers]]. A config file must name the "
+        "providers it runs; the built-in demo provider runs only without a config file. "
+        "To run the offline demo from this file, say so:\n"
+        '  [[providers]]\n  name = "offline"\n  kind = "scripted"')
 
 
 def check_provider_keys(config: Config, source: str) -> None:
