@@ -376,8 +376,16 @@ def test_the_install_and_the_unit_name_the_installed_example() -> None:
             "/etc/turnkeeper/turnkeeper.toml") in operations
     unit = (ROOT / "systemd" / "turnkeeper.service").read_text()
     assert "--config /etc/turnkeeper/turnkeeper.toml" in unit
-    assert "\nMemoryDenyWriteExecute=yes\n" in unit
-    assert "#   MemoryDenyWriteExecute=no" in unit
+
+
+def test_the_unit_lets_jit_based_mcp_servers_run_and_says_how_to_deny_them() -> None:
+    # Every stdio MCP server inherits the unit's sandbox: with MemoryDenyWriteExecute=yes
+    # a Node.js server (the README's `npx` example) aborts at start.
+    unit = (ROOT / "systemd" / "turnkeeper.service").read_text()
+    settings = [line for line in unit.splitlines() if line.startswith("MemoryDenyWriteExecute")]
+    assert settings == []
+    assert "#   MemoryDenyWriteExecute=yes" in unit  # the drop-in that turns it on
+    assert "Node.js" in unit and "turnkeeper config check" in unit
 
 
 # -- secrets a tool result must not carry ------------------------------------------------
