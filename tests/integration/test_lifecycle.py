@@ -540,6 +540,41 @@ stream = false
         model.stop()
 
 
+def test_a_reload_reads_the_scripted_providers_script_again(start: Any,
+                                                             tmp_path: Path) -> None:
+    script = tmp_path / "versions.toml"
+    version = '[[scenarios]]\n[[scenarios.steps]]\nreply = "{}"\n'
+    script.write_text(version.format("first version"))
+    d = start(f'[[providers]]\nname = "s"\nkind = "scripted"\nscript = "{script}"\n')
+    assert d.run("which version?")["result"]["answer"] == "first version"
+    script.write_text(version.format("second version"))  # the config file is the same
+    code, data = d.post("/v1/reload")
+    assert code == 200, data
+    assert d.run("which version now?")["result"]["answer"] == "second version"
+
+
+def test_a_message_no_scenario_matches_fails_naming_the_message(start: Any,
+                                                                tmp_path: Path) -> None:
+    script = script_file(tmp_path / "two.toml", """
+[[scenarios]]
+match = "^weather"
+[[scenarios.steps]]
+reply = "sunny"
+
+[[scenarios]]
+match = "^time"
+[[scenarios.steps]]
+reply = "noon"
+""")
+    d = start(f'[[providers]]\nname = "s"\nkind = "scripted"\nscript = "{script}"\n')
+    assert d.run("time?")["result"]["answer"] == "noon"
+    turn = d.run("what news?")
+    assert turn["state"] == "failed", turn["result"]
+    assert turn["result"]["stopped_because"]["code"] == "providers.rejected"
+    assert "no scenario of" in json.dumps(turn["result"])
+    assert "matches the message 'what news?'" in json.dumps(turn["result"])
+
+
 @pytest.mark.slow
 def test_a_bad_config_file_never_replaces_the_policy(start: Any,
                                                      notify: NotifyListener) -> None:
