@@ -112,7 +112,7 @@ tool_calls = [{ name = "state", arguments = { to = "A" } }]
 [[scenarios]]
 match = "^nothing found"
 [[scenarios.steps]]
-tool_calls = [{ name = "search", arguments = { q = "query $step" } }]
+tool_calls = [{ name = "fact1", arguments = { q = "query $step" } }]
 
 [[scenarios]]
 match = "^no progress"
@@ -324,7 +324,7 @@ def guards_config(tmp: Path, server: ToolServer, script: str = SCRIPT,
     script_path.write_text(script)
     tools = "".join([
         http_tool(server, "slow", timeout=10.0),
-        http_tool(server, "state"), http_tool(server, "search"),
+        http_tool(server, "state"),
         http_tool(server, "fact1"), http_tool(server, "fact2"), http_tool(server, "fact3"),
         http_tool(server, "poll", polling=True),
         http_tool(server, "bad"), http_tool(server, "down"),
@@ -547,13 +547,13 @@ def test_a_cycle_of_actions_and_states_stops_with_state_cycle(d: Daemon,
 
 def test_new_searches_that_all_find_nothing_stop_with_no_progress(
         d: Daemon, server: ToolServer) -> None:
-    server.respond("/search", Reply(body={"results": []}))
+    server.respond("/fact1", Reply(body={"results": []}))  # a search that finds nothing
     turn = d.run("nothing found")
     # "query 1", "query 2", ...: the same empty answer each time is a state seen before,
     # but reached by a search never made before: no progress (steps 2..6), not a cycle.
     stopped(turn, "loop.no_progress", "no_progress", 5, 5)
     assert turn["counters"]["steps"] == 6
-    queries = [c.body["q"] for c in server.calls("/search")]
+    queries = [c.body["q"] for c in server.calls("/fact1") if "q" in c.body]
     assert queries == [f"query {n}" for n in range(1, 7)]
 
 
