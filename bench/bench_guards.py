@@ -59,7 +59,8 @@ from turnkeeper.events import EventBus
 from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage, Preflight
 from turnkeeper.policy.classify import FailureClass
-from turnkeeper.policy.loops import Action, FailureLoop, LoopDetector, action_key
+from turnkeeper.policy.failure_loop import FailureLoop
+from turnkeeper.policy.loops import Action, LoopDetector, action_key
 from turnkeeper.policy.outcome import Stop, StopCode
 from turnkeeper.policy.usage import Prices
 from turnkeeper.providers.base import (

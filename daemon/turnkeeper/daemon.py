@@ -23,6 +23,7 @@ from turnkeeper import exits
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.config import (
+    Config,
     ConfigError,
     Policy,
     config_path_from_env,
@@ -32,7 +33,7 @@ from turnkeeper.config import (
 )
 from turnkeeper.control.server import ControlServer, SocketError
 from turnkeeper.errors import TurnkeeperError
-from turnkeeper.lifecycle import systemd
+from turnkeeper.lifecycle import sandbox, systemd
 from turnkeeper.lifecycle.signals import signal_dispatcher
 from turnkeeper.lifecycle.watch import ConfigChange, watch_config
 from turnkeeper.metrics import Metrics
@@ -222,6 +223,19 @@ def _run(policy: Policy, config_path: str | None, control: Path) -> None:
             profiler.dump_stats(profile_to)
 
 
+def _warn_of_blocked_mcp_servers(config: Config) -> None:
+    """A stdio MCP server that runs on a JIT cannot start where this process is denied
+    writable and executable memory (its children inherit the denial): say so, with the
+    remedy, before it dies and is restarted in a loop with nothing to say why."""
+    if not any(t.kind == "mcp" and t.command for t in config.tools):
+        return
+    denied = sandbox.write_execute_denied()
+    if denied is None:
+        return
+    for problem in sandbox.jit_server_problems(config.tools, denied):
+        log.warning("mcp.server_cannot_start", error=problem)
+
+
 def serve(config_option: str | None, socket_option: str | None = None) -> int:
     config_path = config_path_from_env(config_option)
     try:
@@ -232,6 +246,7 @@ def serve(config_option: str | None, socket_option: str | None = None) -> int:
         systemd.Notifier.from_env().status(f"failed: {exc}")
         return exc.exit_code
     tk_logging.configure(log_format=config.daemon.log_format, log_level=config.daemon.log_level)
+    _warn_of_blocked_mcp_servers(config)
     policy = Policy(version=1, config=config, source_path=config_path, content_hash=digest)
     tune_gc()
     try:

@@ -5,11 +5,20 @@ which survive a reload for unchanged providers and tools)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from turnkeeper.concurrency import ProviderGates
-from turnkeeper.config import Config, Policy, ProviderConfig, ProviderSecrets, ToolConfig
+from turnkeeper.config import (
+    Config,
+    ConfigError,
+    Policy,
+    ProviderConfig,
+    ProviderSecrets,
+    ToolConfig,
+)
 from turnkeeper.policy.breaker import BreakerChange, CircuitBreaker
 from turnkeeper.policy.retry_after import RetryAfterMemory
 from turnkeeper.policy.retry_budget import RetryBudget
@@ -38,6 +47,18 @@ def make_provider(cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -
     return AnthropicProvider(cfg, secrets)
 
 
+def _script_digest(cfg: ProviderConfig) -> str:
+    """What a scripted provider answers from: its script's bytes. A reload re-reads the
+    script, as it re-reads keys, and builds the provider anew when it changed, even with
+    the config text the same (the built-in demo script does not change)."""
+    if not cfg.script:
+        return "demo"
+    try:
+        return hashlib.sha256(Path(cfg.script).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ConfigError(f"script {cfg.script} cannot be read: {exc.strerror}") from None
+
+
 @dataclass(slots=True)
 class Runtime:
     policy: Policy
@@ -64,11 +85,12 @@ class Runtime:
 
     @classmethod
     def build(cls, policy: Policy, previous: Runtime | None = None) -> Runtime:
-        """Providers whose config and secrets did not change keep their instance (and its
-        connection pool); the rest are built new. Secrets (keys, `env:` header and query
-        values) are read again on every build, so a rotated key takes effect on reload
-        even when the config text is the same. Raises ConfigError (e.g. an unreadable
-        script or key file, or a cost limit over a provider with no price)."""
+        """Providers whose config and secrets (a scripted one: its script) did not change
+        keep their instance (and its connection pool); the rest are built new. Secrets
+        (keys, `env:` header and query values) and scripts are read again on every
+        build, so a rotated key or an edited script takes effect on reload even when the
+        config text is the same. Raises ConfigError (e.g. an unreadable script or key
+        file, or a cost limit over a provider with no price)."""
         check_cost_limits(policy.config, policy.source_path or "embedded defaults")
         old = {p.name: p for p in previous.config.providers} if previous else {}
         providers: dict[str, Provider] = {}
@@ -77,7 +99,8 @@ class Runtime:
         for p in policy.config.providers:
             secrets = p.secrets() if p.kind != "scripted" else ProviderSecrets()
             held.extend(p.secret_values(secrets))
-            digests[p.name] = digest = secrets.digest()
+            digests[p.name] = digest = (secrets.digest() if p.kind != "scripted"
+                                        else _script_digest(p))
             if (previous is not None and old.get(p.name) == p
                     and previous.secret_digests.get(p.name) == digest):
                 providers[p.name] = previous.providers[p.name]

@@ -15,7 +15,8 @@ from typing import Any
 from turnkeeper.config import Config, FailureLoopConfig, LoopDetectionConfig
 from turnkeeper.policy.backoff import Backoff, Rand
 from turnkeeper.policy.chain import ProviderChain
-from turnkeeper.policy.loops import FailureLoop, LoopDetector
+from turnkeeper.policy.failure_loop import FailureLoop
+from turnkeeper.policy.loops import LoopDetector
 from turnkeeper.policy.tool_retry import ToolRetry
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import socket as socket_mod
@@ -46,9 +47,21 @@ os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 """
 
 
+# A config file must name its providers (the demo runs only without a file): a test's
+# config that names none runs on the offline scripted provider, said so explicitly.
+OFFLINE_PROVIDER = '[[providers]]\nname = "scripted"\nkind = "scripted"\n'
+
+
+def names_providers(text: str) -> bool:
+    return "[[providers]]" in text or re.search(r"^\s*providers\s*=", text, re.M) is not None
+
+
 def write_config(path: Path, body: str, *, socket: Path, state_dir: Path) -> Path:
-    """A config file: the [daemon] paths first, then the test's own TOML."""
+    """A config file: the [daemon] paths first, then the test's own TOML (and the offline
+    provider when it names none)."""
     text = textwrap.dedent(body).strip("\n")
+    if not names_providers(text):
+        text = f"{text}\n\n{OFFLINE_PROVIDER}"
     daemon_extra = ""
     if "[daemon]" in text:
         # Merge the test's [daemon] keys under ours.

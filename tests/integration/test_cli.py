@@ -61,7 +61,7 @@ def test_serve_listens_on_turnkeeper_socket(tmp_path: Path) -> None:
 
 def test_config_show_prints_the_paths_in_use(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text("")
+    cfg.write_text('[[providers]]\nname = "offline"\nkind = "scripted"\n')
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "rt"), "XDG_STATE_HOME": str(tmp_path / "st")}
     out = cli("config", "show", "--config", str(cfg), env=env)
     assert out.returncode == 0, out.stderr

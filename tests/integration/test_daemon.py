@@ -348,9 +348,30 @@ def test_invalid_config_exits_78_naming_the_key(tmp_path: Path) -> None:
     assert "budget.max_tokens" in check.stderr
 
 
+def test_a_list_override_that_is_not_json_exits_78_naming_the_variable(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "ok.toml"
+    cfg.write_text(f'[daemon]\nsocket = "{tmp_path}/c.sock"\nstate_dir = "{tmp_path}/s"\n'
+                   '[[providers]]\nname = "offline"\nkind = "scripted"\n')
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")},
+           "TURNKEEPER_AGENT__RECOVERY_SCHEDULE": "1,2"}
+    for argv in (["serve", "--config", str(cfg)], ["config", "check", str(cfg)]):
+        out = subprocess.run([sys.executable, "-m", "turnkeeper", *argv], env=env,
+                             capture_output=True, text=True, timeout=30, check=False)
+        assert out.returncode == 78, (argv, out.stderr)
+        assert "Traceback" not in out.stderr
+        assert ("TURNKEEPER_AGENT__RECOVERY_SCHEDULE: [agent] recovery_schedule is a list, "
+                "read from the environment as JSON, e.g. TURNKEEPER_AGENT__RECOVERY_SCHEDULE="
+                "'[15.0, 30.0, 60.0, 60.0, 60.0]'") in out.stderr, out.stderr
+
+
 def test_config_show_redacts_secrets(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text("""
+[[providers]]
+name = "offline"
+kind = "scripted"
+
 [[tools]]
 name = "t"
 url = "http://127.0.0.1:9/x"

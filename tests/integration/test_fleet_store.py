@@ -140,7 +140,8 @@ def test_a_bad_store_url_exits_78_and_an_unreachable_one_74(tmp_path: Path) -> N
     assert bad.returncode == 78, bad.stderr
     assert "store.url" in bad.stderr and "s3cret" not in bad.stderr
     config.write_text(f'[daemon]\nsocket = "{sock}"\nstate_dir = "{tmp_path}"\n'
-                      '[store]\nurl = "postgresql://tk:s3cret@127.0.0.1:1/x"\n')
+                      '[store]\nurl = "postgresql://tk:s3cret@127.0.0.1:1/x"\n'
+                      '[[providers]]\nname = "offline"\nkind = "scripted"\n')
     gone = serve(config)
     assert gone.returncode == 74, gone.stderr
     assert "<redacted>@127.0.0.1:1/x" in gone.stderr and "s3cret" not in gone.stderr

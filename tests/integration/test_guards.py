@@ -99,7 +99,20 @@ tool_calls = [{ name = "echo", arguments = '{"a": 1, "b": 2}' }]
 [[scenarios]]
 match = "^cycle"
 [[scenarios.steps]]
-tool_calls = [{ name = "state", arguments = { step = "$step" } }]
+tool_calls = [{ name = "state", arguments = { open = "inbox" } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "state", arguments = { to = "B" } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "state", arguments = { to = "A" } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "state", arguments = { to = "B" } }]
+[[scenarios.steps]]
+tool_calls = [{ name = "state", arguments = { to = "A" } }]
+
+[[scenarios]]
+match = "^nothing found"
+[[scenarios.steps]]
+tool_calls = [{ name = "fact1", arguments = { q = "query $step" } }]
 
 [[scenarios]]
 match = "^no progress"
@@ -521,13 +534,27 @@ def test_three_identical_calls_stop_at_the_third_before_it_runs(d: Daemon) -> No
     assert line and line[0]["repeats"] == 2 and line[0]["steps"] == 2
 
 
-def test_a_state_cycle_stops_the_turn(d: Daemon, server: ToolServer) -> None:
+def test_a_cycle_of_actions_and_states_stops_with_state_cycle(d: Daemon,
+                                                              server: ToolServer) -> None:
     server.respond("/state", *(Reply(body={"state": s}) for s in "ABABAB"))
     turn = d.run("cycle")
-    # A -> B -> A -> B -> A: the fifth state is A's second revisit (max_state_revisits 2).
+    # open -> A, then B, A, B, A by the same two moves: the fifth state is A's second
+    # revisit (max_state_revisits 2), reached by a move made before.
     stopped(turn, "loop.state_cycle", "state_revisits", 2, 2)
     assert turn["counters"]["steps"] == 5
     assert len(server.calls("/state")) == 5
+
+
+def test_new_searches_that_all_find_nothing_stop_with_no_progress(
+        d: Daemon, server: ToolServer) -> None:
+    server.respond("/fact1", Reply(body={"results": []}))  # a search that finds nothing
+    turn = d.run("nothing found")
+    # "query 1", "query 2", ...: the same empty answer each time is a state seen before,
+    # but reached by a search never made before: no progress (steps 2..6), not a cycle.
+    stopped(turn, "loop.no_progress", "no_progress", 5, 5)
+    assert turn["counters"]["steps"] == 6
+    queries = [c.body["q"] for c in server.calls("/fact1") if "q" in c.body]
+    assert queries == [f"query {n}" for n in range(1, 7)]
 
 
 def test_steps_that_find_nothing_new_stop_with_no_progress(d: Daemon,

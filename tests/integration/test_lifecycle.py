@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.fault_server import FaultServer, ok
 from tests.integration.harness import (
     ECHO_TOOL,
     Daemon,
@@ -500,6 +501,78 @@ def test_turnkeeper_reload_waits_and_exits_nonzero_with_the_error(start: Any,
     assert out.returncode == 78, out
     assert "agent.max_restartz: unknown key" in out.stderr
     assert status_of(d)["policy_version"] == 3
+
+
+def test_a_config_file_without_providers_never_runs_the_demo_provider(start: Any) -> None:
+    """A file that names no [[providers]] (half-written, or written to change a limit) is
+    refused: a reload keeps the real provider, and a start with it exits 78."""
+    model = FaultServer().start()
+    try:
+        model.script("real", then=ok("from the real model"))
+        d = start(f'''
+[[providers]]
+name = "real"
+kind = "openai"
+base_url = "{model.base_url("real")}"
+model = "m"
+api_key_env = ""
+stream = false
+''')
+        assert d.run("before")["result"]["answer"] == "from the real model"
+        partial = (f'[daemon]\nsocket = "{d.socket}"\nstate_dir = "{d.state_dir}"\n'
+                   'log_format = "json"\n\n[budget]\nmax_steps = 9\n')
+        replace_file(d.config_path, partial.encode())
+        code, data = d.post("/v1/reload")
+        assert code == 422, data
+        assert "no [[providers]]" in data["error"] and 'kind = "scripted"' in data["error"]
+        st = status_of(d)
+        assert st["policy_version"] == 1 and "no [[providers]]" in st["last_reload_error"]
+        after = d.run("after the refused reload")
+        assert after["state"] == "completed", after["result"]
+        assert after["result"]["answer"] == "from the real model"
+        assert after["provider"] == "real" and len(model.requests("real")) == 2
+        out = subprocess.run([sys.executable, "-m", "turnkeeper", "serve", "--config",
+                              str(d.config_path)], capture_output=True, text=True,
+                             timeout=30, check=False)
+        assert out.returncode == 78, out.stderr
+        assert "no [[providers]]" in out.stderr
+    finally:
+        model.stop()
+
+
+def test_a_reload_reads_the_scripted_providers_script_again(start: Any,
+                                                             tmp_path: Path) -> None:
+    script = tmp_path / "versions.toml"
+    version = '[[scenarios]]\n[[scenarios.steps]]\nreply = "{}"\n'
+    script.write_text(version.format("first version"))
+    d = start(f'[[providers]]\nname = "s"\nkind = "scripted"\nscript = "{script}"\n')
+    assert d.run("which version?")["result"]["answer"] == "first version"
+    script.write_text(version.format("second version"))  # the config file is the same
+    code, data = d.post("/v1/reload")
+    assert code == 200, data
+    assert d.run("which version now?")["result"]["answer"] == "second version"
+
+
+def test_a_message_no_scenario_matches_fails_naming_the_message(start: Any,
+                                                                tmp_path: Path) -> None:
+    script = script_file(tmp_path / "two.toml", """
+[[scenarios]]
+match = "^weather"
+[[scenarios.steps]]
+reply = "sunny"
+
+[[scenarios]]
+match = "^time"
+[[scenarios.steps]]
+reply = "noon"
+""")
+    d = start(f'[[providers]]\nname = "s"\nkind = "scripted"\nscript = "{script}"\n')
+    assert d.run("time?")["result"]["answer"] == "noon"
+    turn = d.run("what news?")
+    assert turn["state"] == "failed", turn["result"]
+    assert turn["result"]["stopped_because"]["code"] == "providers.rejected"
+    assert "no scenario of" in json.dumps(turn["result"])
+    assert "matches the message 'what news?'" in json.dumps(turn["result"])
 
 
 @pytest.mark.slow

@@ -553,7 +553,8 @@ restart_backoff = { base_delay = 5.0, max_delay = 5.0 }
 def test_kind_mcp_without_the_package_is_a_config_error_naming_the_fix(
         tmp_path: Path) -> None:
     path = tmp_path / "tk.toml"
-    path.write_text('[[tools]]\nname = "fs"\nkind = "mcp"\ncommand = "mcp-server-fs"\n')
+    path.write_text('[[providers]]\nname = "offline"\nkind = "scripted"\n\n'
+                    '[[tools]]\nname = "fs"\nkind = "mcp"\ncommand = "mcp-server-fs"\n')
     without_mcp = ("import sys; sys.modules['mcp'] = None; "  # as if it were not installed
                    "from turnkeeper.cli import main; sys.exit(main(sys.argv[1:]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
@@ -571,7 +572,8 @@ def test_kind_mcp_without_the_package_is_a_config_error_naming_the_fix(
 
 def test_config_show_redacts_literal_server_env_values(tmp_path: Path) -> None:
     path = tmp_path / "tk.toml"
-    path.write_text('[[tools]]\nname = "fs"\nkind = "mcp"\ncommand = "srv"\n'
+    path.write_text('[[providers]]\nname = "offline"\nkind = "scripted"\n\n'
+                    '[[tools]]\nname = "fs"\nkind = "mcp"\ncommand = "srv"\n'
                     'env = { API_KEY = "literal-secret", TOKEN = "env:FS_TOKEN" }\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
     out = subprocess.run([sys.executable, "-m", "turnkeeper", "config", "show", "--config",

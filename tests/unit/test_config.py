@@ -23,6 +23,8 @@ from turnkeeper.config import (
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "turnkeeper.toml"
 
+OFFLINE = '[[providers]]\nname = "offline"\nkind = "scripted"\n\n'
+
 
 def test_embedded_defaults_are_the_documented_defaults() -> None:
     config, digest = load_config(None)
@@ -38,11 +40,37 @@ def test_embedded_defaults_are_the_documented_defaults() -> None:
 
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "c.toml"
-    f.write_text("[budget]\nmax_tokens = 1000\nmax_steps = 7\n")
+    f.write_text(OFFLINE + "[budget]\nmax_tokens = 1000\nmax_steps = 7\n")
     monkeypatch.setenv("TURNKEEPER_BUDGET__MAX_TOKENS", "5000")
     config, _ = load_config(f)
     assert config.budget.max_tokens == 5000
     assert config.budget.max_steps == 7
+
+
+def test_a_config_file_without_providers_is_invalid_and_says_how_to_ask_for_the_demo(
+        tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[budget]\nmax_steps = 7\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert err.value.exit_code == 78
+    assert f"invalid configuration ({f}): no [[providers]]" in str(err.value)
+    assert '[[providers]]\n  name = "offline"\n  kind = "scripted"' in str(err.value)
+    f.write_text("")
+    with pytest.raises(ConfigError, match=r"is empty \(half-written\?\)"):
+        load_config(f)
+    # Said explicitly, the demo runs from a file; without a file it needs no saying.
+    f.write_text(OFFLINE + "[budget]\nmax_steps = 7\n")
+    assert [p.kind for p in load_config(f)[0].providers] == ["scripted"]
+    assert [p.kind for p in load_config(None)[0].providers] == ["scripted"]
+
+
+def test_providers_from_the_environment_count_as_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[budget]\nmax_steps = 7\n")
+    monkeypatch.setenv("TURNKEEPER_PROVIDERS", '[{"name": "env", "kind": "scripted"}]')
+    assert [p.name for p in load_config(f)[0].providers] == ["env"]
 
 
 def test_an_invalid_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,6 +235,47 @@ def test_a_bad_value_from_the_environment_names_the_variable(
         load_config(None)
 
 
+@pytest.mark.parametrize(("variable", "value", "named", "example"), [
+    ("TURNKEEPER_AGENT__RECOVERY_SCHEDULE", "1,2", "[agent] recovery_schedule is a list",
+     "TURNKEEPER_AGENT__RECOVERY_SCHEDULE='[15.0, 30.0, 60.0, 60.0, 60.0]'"),
+    ("TURNKEEPER_DAEMON__ALLOWED_UIDS", "1000", "[daemon] allowed_uids is a list",
+     "TURNKEEPER_DAEMON__ALLOWED_UIDS='[1, 2]'"),
+    ("TURNKEEPER_BUDGET__PROFILES", "batch", "[budget] profiles is a table",
+     """TURNKEEPER_BUDGET__PROFILES='{"name": "value"}'"""),
+    ("TURNKEEPER_PROVIDERS", "primary", "providers is a list",
+     """TURNKEEPER_PROVIDERS='[{"name": "value"}]'"""),
+    ("TURNKEEPER_AGENT", "api_max_retries=1", "[agent] is a table",
+     """TURNKEEPER_AGENT='{"name": "value"}'"""),
+])
+def test_a_list_or_table_override_that_is_not_json_names_the_variable_and_the_form(
+        monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str,
+        example: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None)
+    text = str(err.value)
+    assert err.value.exit_code == 78
+    assert f"  {variable}: {named}, read from the environment as JSON, e.g. {example}" in text
+    assert "Traceback" not in text
+
+
+def test_a_list_override_in_json_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_AGENT__RECOVERY_SCHEDULE", "[1, 2.5]")
+    monkeypatch.setenv("TURNKEEPER_BUDGET__PROFILES", '{"batch": {"max_steps": 9}}')
+    config, _ = load_config(None)
+    assert config.agent.recovery_schedule == (1.0, 2.5)
+    assert config.budget.profiles["batch"].max_steps == 9
+
+
+def test_a_table_override_that_is_not_json_does_not_show_its_value(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNKEEPER_MODELS", "sk-secret-looking-value")
+    with pytest.raises(ConfigError) as err:
+        load_config(None)
+    assert "TURNKEEPER_MODELS" in str(err.value)
+    assert "sk-secret" not in str(err.value)
+
+
 def test_the_socket_and_config_variables_are_not_overrides(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TURNKEEPER_SOCKET", "/x.sock")
@@ -307,8 +376,16 @@ def test_the_install_and_the_unit_name_the_installed_example() -> None:
             "/etc/turnkeeper/turnkeeper.toml") in operations
     unit = (ROOT / "systemd" / "turnkeeper.service").read_text()
     assert "--config /etc/turnkeeper/turnkeeper.toml" in unit
-    assert "\nMemoryDenyWriteExecute=yes\n" in unit
-    assert "#   MemoryDenyWriteExecute=no" in unit
+
+
+def test_the_unit_lets_jit_based_mcp_servers_run_and_says_how_to_deny_them() -> None:
+    # Every stdio MCP server inherits the unit's sandbox: with MemoryDenyWriteExecute=yes
+    # a Node.js server (the README's `npx` example) aborts at start.
+    unit = (ROOT / "systemd" / "turnkeeper.service").read_text()
+    settings = [line for line in unit.splitlines() if line.startswith("MemoryDenyWriteExecute")]
+    assert settings == []
+    assert "#   MemoryDenyWriteExecute=yes" in unit  # the drop-in that turns it on
+    assert "Node.js" in unit and "turnkeeper config check" in unit
 
 
 # -- secrets a tool result must not carry ------------------------------------------------

@@ -1,4 +1,5 @@
-"""Loop detection and the failure loop (the `failure_streak` counter)."""
+"""Loop detection (`policy/loops.py`) and the failure loop (`policy/failure_loop.py`,
+the `failure_streak` counter)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 
 from turnkeeper.config import FailureLoopConfig, LoopDetectionConfig
 from turnkeeper.policy.classify import FailureClass
+from turnkeeper.policy.failure_loop import FailureLoop
 from turnkeeper.policy.loops import (
     Action,
-    FailureLoop,
     LoopDetector,
     LoopWarning,
     action_key,
@@ -168,22 +169,84 @@ def test_repeat_after_deterministic_failure_counts() -> None:
 # --- state cycles -----------------------------------------------------------------------
 
 
+def step(det: LoopDetector, action: Action, observation: str) -> Stop | None:
+    """One step of one successful call, as the turn runs it."""
+    warning = det.before_action(action)
+    assert not isinstance(warning, Stop), warning
+    det.after_action(action, None)
+    return det.after_step([observation])
+
+
+def go(page: str) -> Action:
+    return Action.of("navigate", {"to": page})
+
+
 def test_a_b_a_is_a_cycle_with_one_revisit_allowed() -> None:
     det = LoopDetector(max_state_revisits=1)
-    assert det.after_step(["page A"]) is None
-    assert det.after_step(["page B"]) is None
-    stop = det.after_step(["page A"])
+    assert step(det, go("A"), "page A") is None
+    assert step(det, go("B"), "page B") is None
+    stop = step(det, go("A"), "page A")
     assert stop == Stop(StopCode.LOOP_STATE_CYCLE,
-                        "the same state came back 1 time (limit 1)", value=1, limit=1)
+                        "the same state came back 1 time, by actions taken before "
+                        "(limit 1)", value=1, limit=1)
     assert stop.counter == "state_revisits"
 
 
-def test_default_stops_at_the_third_a() -> None:
+def test_a_cycle_of_actions_and_states_stops_at_the_third_a_by_default() -> None:
+    # The first A is where the turn started (its own action); then B and A alternate,
+    # each reached by the action that reached it before.
     det = LoopDetector()
-    assert [det.after_step([s]) for s in ("A", "B", "A", "B")] == [None] * 4
-    assert det.after_step(["A"]) == Stop(
-        StopCode.LOOP_STATE_CYCLE, "the same state came back 2 times (limit 2)",
-        value=2, limit=2)
+    assert step(det, Action.of("open", {"app": "mail"}), "A") is None
+    assert [step(det, go(p), p) for p in ("B", "A", "B")] == [None] * 3
+    assert step(det, go("A"), "A") == Stop(
+        StopCode.LOOP_STATE_CYCLE, "the same state came back 2 times, by actions taken "
+        "before (limit 2)", value=2, limit=2)
+
+
+def test_new_searches_that_all_answer_nothing_are_no_progress_not_a_cycle() -> None:
+    # Every query is new; the tool answers the same empty list each time: the state comes
+    # back at every step, but the agent is not going round in circles.
+    det = LoopDetector()
+    results = [step(det, search(f"query {n}"), '{"results": []}') for n in range(1, 7)]
+    assert results[:5] == [None] * 5
+    assert results[5] == Stop(StopCode.LOOP_NO_PROGRESS,
+                              "5 steps in a row found nothing new (limit 5)",
+                              value=5, limit=5)
+
+
+def test_a_revisit_by_a_new_action_counts_as_no_progress_whatever_the_limits() -> None:
+    det = LoopDetector(max_state_revisits=1, max_no_progress=3)
+    assert step(det, search("a"), "nothing") is None
+    assert step(det, search("b"), "nothing") is None  # revisit 1 = limit, but a new search
+    assert det.no_progress == 1
+    assert step(det, search("c"), "nothing") is None
+    # A search made before, back at the same state: now the actions cycle too.
+    stop = step(det, search("a"), "nothing")
+    assert isinstance(stop, Stop) and stop.code is StopCode.LOOP_STATE_CYCLE
+    assert stop.value == 3
+
+
+def test_a_new_action_that_failed_does_not_make_the_step_new() -> None:
+    det = LoopDetector(max_state_revisits=1)
+    assert step(det, go("A"), "A") is None
+    assert step(det, go("B"), "B") is None
+    det.before_action(search("never tried"))
+    det.after_action(search("never tried"), D)  # failed: it reached no state
+    stop = step(det, go("A"), "A")
+    assert isinstance(stop, Stop) and stop.code is StopCode.LOOP_STATE_CYCLE
+
+
+def test_a_step_cut_by_a_suspend_keeps_its_new_action_across_the_checkpoint() -> None:
+    det = LoopDetector(max_state_revisits=1)
+    assert step(det, go("A"), "A") is None
+    det.before_action(go("C"))  # new, then the turn is suspended before the step ends
+    det.after_action(go("C"), None)
+    back = LoopDetector.restore(json.loads(json.dumps(det.snapshot())), det.lines,
+                                max_state_revisits=1)
+    assert back.snapshot()["fresh"] == det.snapshot()["fresh"]
+    # The step goes on after the resume and comes back to A: reached by a new action.
+    assert back.after_step(["A"]) is None
+    assert back.no_progress == 1 and "fresh" not in back.snapshot()
 
 
 def test_a_declared_state_wins_over_the_observations() -> None:
@@ -278,8 +341,8 @@ def test_loop_detector_snapshot_restore_continues_exactly() -> None:
     # the no-progress streak (2) carries over: one more step without news stops...
     # ...but A comes back a second time first, so the cycle names it
     assert back.after_step(["A"]) == Stop(
-        StopCode.LOOP_STATE_CYCLE, "the same state came back 2 times (limit 2)",
-        value=2, limit=2)
+        StopCode.LOOP_STATE_CYCLE, "the same state came back 2 times, by actions taken "
+        "before (limit 2)", value=2, limit=2)
     assert back.no_progress == 3
 
 

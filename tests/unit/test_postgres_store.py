@@ -437,7 +437,8 @@ def test_store_url_is_checked_and_picks_the_backend(tmp_path: Path) -> None:
         load_config(f)
     assert "pw" not in str(err.value)
     assert err.value.exit_code == 78
-    f.write_text('[store]\nurl = "postgres://u:pw@h/db"\n[fleet]\nlease_seconds = 5\n')
+    f.write_text('[[providers]]\nname = "offline"\nkind = "scripted"\n\n'
+                 '[store]\nurl = "postgres://u:pw@h/db"\n[fleet]\nlease_seconds = 5\n')
     config, _ = load_config(f)
     assert config.redacted()["store"]["url"] == "postgres://<redacted>@h/db"
     assert isinstance(open_store(config, tmp_path), PostgresStore)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from turnkeeper import exits
@@ -13,6 +13,9 @@ from turnkeeper.cli import render
 from turnkeeper.cli.base import UsageError, fail, get_and_print
 from turnkeeper.cli.streams import turn_exit
 from turnkeeper.control.client import Client
+
+if TYPE_CHECKING:  # the CLI imports the config only for the commands that read it
+    from turnkeeper.config import Config
 
 DEGRADED = exits.FAIL  # `status --check`: the daemon answers, but is not fully ready
 WAIT_POLL_S = 60  # one long poll of `wait`; the client allows it half a minute more
@@ -52,9 +55,12 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(f"turnkeeper: {exc}", file=sys.stderr)
         return exits.CONFIG
     if args.config_command == "check":
+        warnings = _sandbox_warnings(config)
         if args.json:
-            render.print_json({"ok": True, "path": path})
+            render.print_json({"ok": True, "path": path, "warnings": warnings})
         else:
+            for warning in warnings:
+                print(f"turnkeeper: warning: {warning}", file=sys.stderr)
             print(f"{path or 'embedded defaults'}: ok")
         return exits.OK
     shown = config.redacted()
@@ -63,6 +69,20 @@ def cmd_config(args: argparse.Namespace) -> int:
     shown["daemon"]["state_dir"] = str(state_dir(config))
     render.print_json(shown)
     return exits.OK
+
+
+def _sandbox_warnings(config: Config) -> list[str]:
+    """The stdio MCP servers that cannot start under the restrictions the daemon runs
+    with: this process's own (`config check` run as the unit runs it, or inside the
+    same sandbox), else the installed unit's, as systemd has loaded it."""
+    if not any(t.kind == "mcp" and t.command for t in config.tools):
+        return []
+    from turnkeeper.lifecycle import sandbox
+
+    denied = sandbox.write_execute_denied()
+    if denied is None and sandbox.unit_denies_write_execute():
+        denied = "turnkeeper.service sets MemoryDenyWriteExecute=yes"
+    return [] if denied is None else sandbox.jit_server_problems(config.tools, denied)
 
 
 # -- the daemon's state ----------------------------------------------------------------

@@ -20,9 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
+from turnkeeper.config.env import ENV_PREFIX, env_names, env_override_errors
 from turnkeeper.config.peers import (
     DEFAULT_PROVIDERS,
     DEFAULT_TOOLS,
@@ -275,53 +281,9 @@ class Policy:
         return out
 
 
-ENV_PREFIX = "TURNKEEPER_"
-
-
-def _env_names() -> dict[str, str]:
-    """The environment's TURNKEEPER_ variables, by upper-cased name (overrides are read
-    without regard to case)."""
-    return {k.upper(): k for k in os.environ if k.upper().startswith(ENV_PREFIX)}
-
-
-def _did_you_mean(word: str, choices: Any, spelled: str) -> str:
-    """` (did you mean X?)` with the closest choice put in `spelled` at `%s`, or ""."""
-    import difflib  # here: only a mistake needs it
-
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {spelled % close[0].upper()}?)" if close else ""
-
-
-def env_override_errors() -> list[str]:
-    """Every `TURNKEEPER_SECTION__KEY` variable naming a section or a key the config does
-    not have, blamed on the variable. pydantic-settings reads only the names it knows, so
-    a typo in the section (`TURNKEEPER_BUDGT__MAX_STEPS`) would otherwise be ignored in
-    silence, and one in the key reported as if the file had it."""
-    out = []
-    sections = Config.model_fields
-    for upper, name in sorted(_env_names().items()):
-        parts = upper[len(ENV_PREFIX):].lower().split("__")
-        if len(parts) < 2:
-            continue  # TURNKEEPER_SOCKET, TURNKEEPER_CONFIG, a whole section as JSON
-        section, key, rest = parts[0], parts[1], parts[2:]
-        field = sections.get(section)
-        if field is None:
-            tail = "__".join([key, *rest]).upper()
-            out.append(f"  {name}: there is no section {section!r}" + _did_you_mean(
-                section, sections, f"{ENV_PREFIX}%s__{tail}"))
-            continue
-        model = field.annotation
-        if isinstance(model, type) and issubclass(model, BaseModel) \
-                and key not in model.model_fields:
-            tail = "".join("__" + r.upper() for r in rest)
-            out.append(f"  {name}: [{section}] has no key {key!r}" + _did_you_mean(
-                key, model.model_fields, f"{ENV_PREFIX}{section.upper()}__%s{tail}"))
-    return out
-
-
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
-    env = _env_names()
+    env = env_names()
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
@@ -350,13 +312,16 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def build_config(data: Mapping[str, Any], source: str = "embedded defaults") -> Config:
-    wrong = env_override_errors()
+    wrong = env_override_errors(Config.model_fields)
     if wrong:
         raise ConfigError("\n".join(["invalid environment override:", *wrong]))
     try:
         return Config(**data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source)) from None
+    except SettingsError as exc:  # an override the checks above did not foresee
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        raise ConfigError(f"invalid environment override: {exc}{cause}") from None
 
 
 def load_config(path: str | Path | None) -> tuple[Config, str]:
@@ -370,8 +335,31 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
     data, digest = read_config_file(p)
     _resolve_relative_scripts(data, p.parent)
     config = build_config(data, str(p))
+    _check_providers_named(data, digest, p)
     check_provider_keys(config, str(p))
     return config, digest
+
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def _check_providers_named(data: Mapping[str, Any], digest: str, path: Path) -> None:
+    """A config file must say which providers run. The built-in demo provider is for a
+    daemon nobody configured (no file at all): a file without `[[providers]]` is far more
+    likely half-written, or written to change a few limits, than a wish to answer real
+    turns with the demo's canned replies (a reload that applied one ran 32 turns to
+    `completed` on them, their tool calls never made). `TURNKEEPER_PROVIDERS` in the
+    environment names them as well as the file does."""
+    if "providers" in data or ENV_PREFIX + "PROVIDERS" in env_names():
+        return
+    if digest == EMPTY_SHA256:
+        raise ConfigError(f"config file {path} is empty (half-written?); a config file "
+                          "must name its [[providers]]")
+    raise ConfigError(
+        f"invalid configuration ({path}): no [[providers]]. A config file must name the "
+        "providers it runs; the built-in demo provider runs only without a config file. "
+        "To run the offline demo from this file, say so:\n"
+        '  [[providers]]\n  name = "offline"\n  kind = "scripted"')
 
 
 def check_provider_keys(config: Config, source: str) -> None:

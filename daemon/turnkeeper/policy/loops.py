@@ -1,13 +1,17 @@
-"""Loop detection and the failure loop: the rules that stop a turn going round in circles
-(repeated actions, state cycles and the `failure_streak` counter).
+"""Loop detection: the rules that stop a turn going round in circles (repeated actions,
+state cycles, steps without progress); the failure loop beside it is `failure_loop.py`.
 
 Three different ways to loop, three different counters, never shared:
 
 - `repeats` (`LoopDetector.before_action`): the same call, same arguments, again. Checked
   before the call runs, so the call that would reach `max_repeats` never executes.
-- `state_revisits` and `no_progress` (`LoopDetector.after_step`): the turn keeps coming
-  back to a state it has seen, or keeps seeing nothing new.
-- `failure_streak` (`FailureLoop`): the same call failing the same way in a row.
+- `state_revisits` and `no_progress` (`LoopDetector.after_step`): the turn goes round in
+  circles (its actions repeat and so do the states they lead to), or keeps trying new
+  things that find nothing new. A state seen before, reached by an action the turn had
+  never taken (a new search answering the same empty list), is the second: no progress,
+  not a cycle.
+- `failure_streak` (`FailureLoop`, in `failure_loop.py`): the same call failing the same
+  way in a row.
 
 A repeat right after a retryable or unknown failure of the same call is a retry, not a
 loop: the failure loop's (higher) retryable threshold governs it, so a tool going through
@@ -29,7 +33,7 @@ from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop, StopCode
 
 if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
-    from turnkeeper.config import FailureLoopConfig, LoopDetectionConfig
+    from turnkeeper.config import LoopDetectionConfig
 
 _RETRY_CLASSES = frozenset({FailureClass.RETRYABLE, FailureClass.UNKNOWN})
 
@@ -144,11 +148,16 @@ class LoopDetector:
       ignoring the last note); at `max_repeats` the turn stops before the call runs.
       A repeat whose previous occurrence ended in a retryable or unknown failure is a
       retry and is not counted.
-    - `after_step`: a state seen again for the `max_state_revisits`-th time stops the
-      turn (`loop.state_cycle`; checked first, being the more specific diagnosis);
-      `max_no_progress` consecutive steps with no observation new to the turn stop it
-      (`loop.no_progress`). Steps without observations (a final answer) and steps made
-      only of polling calls are not recorded: they neither count nor reset.
+    - `after_step`: a step makes progress when it observes something new to the turn
+      in a state it has not been in; `max_no_progress` consecutive steps without
+      progress stop the turn (`loop.no_progress`). A state seen again for the
+      `max_state_revisits`-th time or more stops it as a cycle (`loop.state_cycle`,
+      checked first, being the more specific diagnosis) only when the step took no
+      action new to the turn (every call in it had been made before): the actions
+      cycle too. A revisit reached by a new action is a step without progress, never a
+      cycle: the agent is trying new things and the tools answer nothing new.
+      Steps without observations (a final answer) and steps made only of polling calls
+      are not recorded: they neither count nor reset.
 
     What grows with the turn (the keys it has counted) is kept as `lines`, appended
     once each; `snapshot()` holds the rest, which stays small. `restore(snapshot,
@@ -171,6 +180,9 @@ class LoopDetector:
         self._state_visits: dict[str, int] = {}
         self._seen: set[str] = set()
         self._no_progress = 0
+        # The kept keys of this step's actions that the turn had never taken (and that
+        # did not fail): a revisit they lead to is no progress, not a cycle.
+        self._fresh: set[str] = set()
         self._lines: list[str] = []
         # The checkpoint asks for a snapshot several times a step; rebuilt only after a
         # change (a new dict each time, never mutated: callers may keep it).
@@ -215,9 +227,6 @@ class LoopDetector:
         (appended to, never changed: read it, do not modify it)."""
         return self._lines
 
-    def state_revisits(self, key: str) -> int:
-        return max(0, self._state_visits.get(_kept(key), 0) - 1)
-
     def before_action(self, action: Action) -> Stop | LoopWarning | None:
         """Call before the tool call runs. A Stop means: do not run it, end the turn."""
         if action.polling:
@@ -228,6 +237,9 @@ class LoopDetector:
         count = self._repeats.get(key, 0) + 1
         self._repeats[key] = count
         self._lines.append(_REPEAT + key)
+        if count == 1:
+            self._fresh.add(key)
+            self._snapshot = None
         if count >= self.max_repeats:
             return Stop(StopCode.LOOP_REPEATED_ACTION,
                         f"{action.tool} called with the same arguments {count} times "
@@ -250,6 +262,9 @@ class LoopDetector:
         # Only failures are kept: a success and no record judge the next repeat alike,
         # and the common step (a success) then leaves the snapshot as it was.
         key = _kept(action.key)
+        if outcome is not None and key in self._fresh:  # led nowhere: reached no state
+            self._fresh.discard(key)
+            self._snapshot = None
         if outcome is None:
             if self._last_outcome.pop(key, None) is not None:
                 self._snapshot = None
@@ -261,6 +276,10 @@ class LoopDetector:
                    polling_only: bool = False) -> Stop | None:
         """Call after the step's tool calls, with their results. `state` is the value a
         tool declared for the step, if any; otherwise the observations make the state."""
+        fresh = bool(self._fresh)
+        if fresh:
+            self._fresh.clear()
+            self._snapshot = None
         if polling_only or not observations:
             return None
         self._snapshot = None
@@ -271,18 +290,21 @@ class LoopDetector:
         self._state_visits[key] = visits
         lines, seen = self._lines, self._seen
         lines.append(_VISIT + key)
-        progress = False
+        new_observation = False
         for k in obs_keys:
             if k not in seen:
                 seen.add(k)
                 lines.append(_SEEN + k)
-                progress = True
-        self._no_progress = 0 if progress else self._no_progress + 1
+                new_observation = True
         revisits = visits - 1
-        if revisits >= self.max_state_revisits:
+        # A state declared by a tool may come back with new observations in it: the tool
+        # says they do not make it another state, so they are no progress either.
+        progress = new_observation and revisits == 0
+        self._no_progress = 0 if progress else self._no_progress + 1
+        if revisits >= self.max_state_revisits and not fresh:
             return Stop(StopCode.LOOP_STATE_CYCLE,
-                        f"the same state came back {_times(revisits)} "
-                        f"(limit {self.max_state_revisits})",
+                        f"the same state came back {_times(revisits)}, by actions taken "
+                        f"before (limit {self.max_state_revisits})",
                         value=revisits, limit=self.max_state_revisits)
         if self._no_progress >= self.max_no_progress:
             return Stop(StopCode.LOOP_NO_PROGRESS,
@@ -292,14 +314,16 @@ class LoopDetector:
         return None
 
     def snapshot(self) -> dict[str, Any]:
-        """What `lines` does not hold: the failing calls' last outcomes and the current
-        streak without progress."""
+        """What `lines` does not hold: the failing calls' last outcomes, the current
+        streak without progress and, within a step, its actions new to the turn."""
         if self._snapshot is None:
             self._snapshot = {
                 "last_outcome": {k: (None if v is None else v.value)
                                  for k, v in self._last_outcome.items()},
                 "no_progress": self._no_progress,
             }
+            if self._fresh:  # only between a step's calls (a suspend cut the step)
+                self._snapshot["fresh"] = sorted(self._fresh)
         return self._snapshot
 
     @classmethod
@@ -314,6 +338,7 @@ class LoopDetector:
         det._last_outcome = {_kept(str(k)): FailureClass(v)
                              for k, v in data.get("last_outcome", {}).items() if v is not None}
         det._no_progress = int(data.get("no_progress", 0))
+        det._fresh = {_kept(str(k)) for k in data.get("fresh", ())}
         older = [*(_REPEAT + _kept(str(k)) for k, n in data.get("repeats", {}).items()
                    for _ in range(int(n))),
                  *(_VISIT + _kept(str(k)) for k, n in data.get("state_visits", {}).items()
@@ -334,104 +359,3 @@ class LoopDetector:
         else:
             raise ValueError(f"not a loop detector line: {line!r}")
         self._lines.append(tag + key)
-
-
-_FAILURE_CODES = {
-    FailureClass.DETERMINISTIC: StopCode.FAILURE_DETERMINISTIC,
-    FailureClass.UNKNOWN: StopCode.FAILURE_UNKNOWN,
-    FailureClass.RETRYABLE: StopCode.FAILURE_RETRYABLE,
-}
-
-
-class FailureLoop:
-    """Consecutive identical tool failures (the `failure_streak` counter).
-
-    Signature = tool + canonical arguments + failure class. A failure with the signature
-    of the previous failure extends its streak; any other failure starts a new streak of
-    1 (a different failure resets the others). A success of the same call (any class)
-    resets it; successes of other calls do not. The turn stops when the streak reaches
-    the threshold of its class: deterministic 2, unknown 3, retryable 5 by default.
-
-    Only tool failures are recorded here: provider retries and auto-recovery never
-    consume these thresholds."""
-
-    def __init__(self, *, deterministic: int = 2, unknown: int = 3, retryable: int = 5) -> None:
-        for name, value in (("deterministic", deterministic), ("unknown", unknown),
-                            ("retryable", retryable)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        self.thresholds: dict[FailureClass, int] = {
-            FailureClass.DETERMINISTIC: deterministic,
-            FailureClass.UNKNOWN: unknown,
-            FailureClass.RETRYABLE: retryable,
-        }
-        self._signature: str | None = None
-        self._streak = 0
-
-    def __repr__(self) -> str:
-        t = self.thresholds
-        return (f"FailureLoop(deterministic={t[FailureClass.DETERMINISTIC]}, "
-                f"unknown={t[FailureClass.UNKNOWN]}, retryable={t[FailureClass.RETRYABLE]}, "
-                f"signature={self._signature!r}, streak={self._streak})")
-
-    @classmethod
-    def from_config(cls, config: FailureLoopConfig) -> FailureLoop:
-        return cls(deterministic=config.deterministic, unknown=config.unknown,
-                   retryable=config.retryable)
-
-    @staticmethod
-    def signature(tool: str, arguments: object, failure_class: FailureClass) -> str:
-        """`<action key>:<class>`: readable class, and the call's own key as a prefix so a
-        success of that call finds its streak whatever the class."""
-        return f"{action_key(tool, arguments)}:{FailureClass(failure_class).value}"
-
-    @property
-    def streak(self) -> int:
-        """The current streak (of the last failure's signature); 0 after a reset."""
-        return self._streak
-
-    @property
-    def current_signature(self) -> str | None:
-        return self._signature
-
-    def streak_of(self, tool: str, arguments: object, failure_class: FailureClass) -> int:
-        sig = self.signature(tool, arguments, failure_class)
-        return self._streak if sig == self._signature else 0
-
-    def record_failure(self, tool: str, arguments: object,
-                       failure_class: FailureClass) -> Stop | None:
-        """Count one classified tool failure; a Stop when its streak hits the threshold."""
-        cls_ = FailureClass(failure_class)
-        sig = self.signature(tool, arguments, cls_)
-        if sig == self._signature:
-            self._streak += 1
-        else:
-            self._signature, self._streak = sig, 1
-        limit = self.thresholds[cls_]
-        if self._streak >= limit:
-            return Stop(_FAILURE_CODES[cls_],
-                        f"{tool} failed {self._streak} times in a row with the same arguments "
-                        f"({cls_.value} failure, limit {limit})",
-                        value=self._streak, limit=limit)
-        return None
-
-    def record_success(self, tool: str, arguments: object) -> None:
-        """A success of this call clears its streak, whatever class it was failing with."""
-        if self._signature is None:  # no streak: nothing to clear (and no key to hash)
-            return
-        if self._signature.startswith(action_key(tool, arguments) + ":"):
-            self._signature, self._streak = None, 0
-
-    def snapshot(self) -> dict[str, Any]:
-        if self._signature is None:
-            return {"signature": None, "streak": 0}
-        return {"signature": self._signature, "streak": self._streak}
-
-    @classmethod
-    def restore(cls, data: Mapping[str, Any], *, deterministic: int = 2, unknown: int = 3,
-                retryable: int = 5) -> FailureLoop:
-        loop = cls(deterministic=deterministic, unknown=unknown, retryable=retryable)
-        sig = data.get("signature")
-        loop._signature = None if sig is None else str(sig)
-        loop._streak = int(data.get("streak", 0)) if sig is not None else 0
-        return loop

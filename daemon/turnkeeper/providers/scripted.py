@@ -3,7 +3,8 @@ failures read from a script file (TOML or JSON; format in docs/providers.md). Th
 default config uses its built-in demo script.
 
 Which reply a call gets is a function of the request alone: the scenario is the first
-whose `match` regex is found in the turn's user message, the step is the turn's step
+whose `match` regex is found in the turn's user message (none: an error naming the
+message, unless the script has a single scenario), the step is the turn's step
 number (the last step repeats when the turn runs past the script). Injected failures
 are counted per (turn, step) on this provider, so "fail twice, then answer" replays the
 same way after a restart.
@@ -144,11 +145,24 @@ class ScriptedProvider:
         return self._cfg.name
 
     def _scenario(self, message: str, last_user: str) -> Scenario:
-        for sc in self._script.scenarios:
+        """The first scenario that matches. A script of one scenario answers everything;
+        in a script of several, a message that none matches is an error naming it (a
+        deterministic failure: the script, not the call, is wrong), never a silent run of
+        whichever scenario came last."""
+        scenarios = self._script.scenarios
+        for sc in scenarios:
             if (sc.match is None or re.search(sc.match, message)) and (
                     sc.match_last_user is None or re.search(sc.match_last_user, last_user)):
                 return sc
-        return self._script.scenarios[-1]
+        if len(scenarios) == 1:
+            return scenarios[0]
+        script = self._cfg.script or "the demo script"
+        shown = message if len(message) <= 200 else message[:200] + "..."
+        raise ProviderError(CallFailure(
+            status=400, error_type="no_matching_scenario",
+            message=f"no scenario of {script} matches the message {shown!r} (nor the "
+                    f"latest user message {last_user[:200]!r}); add one, or one without "
+                    "`match` last to answer everything else"))
 
     def _attempt(self, request: ModelRequest) -> int:
         key = (request.turn_id, request.step)
