@@ -360,7 +360,7 @@ def test_completion_scripts_parse_and_complete_commands(tmp_path: Path) -> None:
     assert probe.stdout.splitlines() == ["pause", "queued"], probe
     zsh = cli("completion", "zsh")
     assert zsh.returncode == 0 and "bashcompinit" in zsh.stdout
-    assert cli("completion", "fish").returncode == 2
+    assert cli("completion", "tcsh").returncode == 2
 
 
 def test_top_shows_every_live_turn_with_its_budget_use(start: Any, tmp_path: Path) -> None:

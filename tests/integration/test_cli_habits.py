@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,64 @@ def test_without_config_the_user_s_file_is_found_and_named(tmp_path: Path,
     out = cli("config", "check", env=empty)
     assert "embedded defaults (no file at any of:" in out.stdout
     assert str(tmp_path / "none" / "turnkeeper" / "turnkeeper.toml") in out.stdout
+
+
+def test_logs_follow_prints_new_lines_as_the_daemon_writes_them(start: Any) -> None:
+    d = start()
+    proc = subprocess.Popen([sys.executable, "-m", "turnkeeper", "--socket", str(d.socket),
+                             "logs", "-f", "-n", "1"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        json.loads(proc.stdout.readline())  # the newest line so far
+        turn = d.run("hello")  # written after `logs -f` started
+        seen: list[dict[str, Any]] = []
+        while not any(x.get("turn") == turn["id"] and x.get("event") == "turn.finished"
+                      for x in seen):
+            seen.append(json.loads(proc.stdout.readline()))
+        assert any(x.get("event") == "turn.queued" for x in seen)
+        assert proc.poll() is None  # still following
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _complete(script: Path, words: str, env: dict[str, str]) -> list[str]:
+    """What bash offers for the last word of `words` (a trailing space: a new word)."""
+    parts = words.split() + ([""] if words.endswith(" ") else [])
+    probe = subprocess.run(
+        ["bash", "-c", f"source {script}; COMP_WORDS=({shlex.join(parts)}); "
+         f'COMP_CWORD={len(parts) - 1}; _turnkeeper; printf "%s\\n" "${{COMPREPLY[@]}}"'],
+        capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert probe.returncode == 0, probe.stderr
+    return probe.stdout.split()
+
+
+def test_completion_offers_recent_turn_ids_in_bash_and_fish(start: Any, tmp_path: Path
+                                                            ) -> None:
+    import os
+
+    d = start()
+    ids = [d.run(f"turn {i}")["id"] for i in range(3)]
+    script = tmp_path / "c.bash"
+    script.write_text(cli("completion", "bash").stdout)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("TURNKEEPER_SOCKET", None)
+    offered = _complete(script, f"turnkeeper --socket {d.socket} show ", env)
+    assert set(ids) <= set(offered), offered
+    assert _complete(script, f"turnkeeper --socket {d.socket} cancel {ids[0][:6]}",
+                     env) == [i for i in reversed(ids) if i.startswith(ids[0][:6])]
+    # Only where a turn's id goes: not after it, not for a command that takes none.
+    assert not set(ids) & set(_complete(script, f"turnkeeper --socket {d.socket} steer "
+                                                f"{ids[0]} ", env))
+    assert not set(ids) & set(_complete(script, f"turnkeeper --socket {d.socket} status ",
+                                        env))
+    quiet = cli("turns", "--quiet", socket=d.socket).stdout.split()
+    assert quiet == list(reversed(ids))
+    fish = cli("completion", "fish")
+    assert fish.returncode == 0, fish.stderr
+    lines = fish.stdout.splitlines()
+    assert "complete -c turnkeeper -n __fish_use_subcommand -a status -d 'daemon status'" \
+        in lines
+    id_line = next(line for line in lines if "turns --quiet" in line)
+    for command in ("show", "wait", "follow", "cancel", "steer", "answer", "retry", "logs"):
+        assert f" {command}" in id_line.split("-a")[0], command

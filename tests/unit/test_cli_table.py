@@ -78,3 +78,14 @@ def test_an_unreachable_daemon_is_69(tmp_path: Path,
     assert main(["--socket", str(tmp_path / "none.sock"), "follow", "t_1", "--json"]) \
         == exits.UNAVAILABLE
     assert "turnkeeper:" in capsys.readouterr().err
+
+
+def test_the_man_page_in_the_repository_is_the_parser_s() -> None:
+    from pathlib import Path
+
+    from turnkeeper.cli import parser
+    from turnkeeper.cli.manpage import render
+
+    page = Path(__file__).resolve().parents[2] / "man" / "turnkeeper.1"
+    assert page.read_text() == render(parser()), (
+        "man/turnkeeper.1 is out of date: python -m turnkeeper.cli.manpage > man/turnkeeper.1")

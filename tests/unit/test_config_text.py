@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from turnkeeper import paths
-from turnkeeper.config import ConfigError, Config, build_config
+from turnkeeper.config import Config, ConfigError, build_config
 from turnkeeper.config.explain import did_you_mean, key_lines, line_of, named_loc
 from turnkeeper.config.toml_text import to_toml
 

@@ -173,6 +173,8 @@ def _turns_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) ->
                    help="only turns submitted in the last D (90s, 30m, 24h, 7d, 2w)")
     p.add_argument("--before", type=positive_int, metavar="SEQ",
                    help="the next page: turns numbered below SEQ (printed after a full page)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="only the ids, one a line (for scripts and shell completion)")
 
 
 def cmd_turns(client: Client, args: argparse.Namespace) -> int:
@@ -191,6 +193,10 @@ def cmd_turns(client: Client, args: argparse.Namespace) -> int:
         return fail(status, data)
     if as_json:
         render.print_json(data)
+        return exits.OK
+    if args.quiet:
+        for t in data["turns"]:
+            print(t["id"])
         return exits.OK
     if not data["turns"]:
         print("no turns" + (" matching" if args.state or args.session else ""))
@@ -416,8 +422,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             "one) as a new turn; print its id, or wait for its result.",
             retry_setup, cmd_retry),
     Command("completion", "print a shell completion script",
-            "Print a completion script for bash or zsh, generated from this command "
-            "table: eval \"$(turnkeeper completion bash)\".", completion_setup,
+            "Print a completion script for bash, zsh or fish, generated from this command "
+            "table (a turn's id completes from the recent ones): eval \"$(turnkeeper "
+            "completion bash)\"; turnkeeper completion fish | source.", completion_setup,
             run_local=cmd_completion),
     Command("config", "check or show the config",
             "Validate the config, or print the effective one; needs no daemon.",

@@ -268,7 +268,7 @@ def cmd_top(client: Client, args: argparse.Namespace) -> int:
 # -- shell completion ---------------------------------------------------------------------
 
 def completion_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete for")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete for")
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
