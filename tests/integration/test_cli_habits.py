@@ -273,3 +273,4 @@ def test_completion_offers_recent_turn_ids_in_bash_and_fish(start: Any, tmp_path
     id_line = next(line for line in lines if "turns --quiet" in line)
     for command in ("show", "wait", "follow", "cancel", "steer", "answer", "retry", "logs"):
         assert f" {command}" in id_line.split("-a")[0], command
+

@@ -101,3 +101,14 @@ def test_the_config_is_looked_for_in_order(tmp_path: Path,
     monkeypatch.setenv("TURNKEEPER_CONFIG", "/x.toml")
     assert paths.config_search(None) == ("/x.toml", "TURNKEEPER_CONFIG")
     assert paths.config_search("/y.toml") == ("/y.toml", "--config")
+
+
+def test_configuration_md_has_one_section_per_config_section_each_with_units() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    for name, field in Config.model_fields.items():
+        header = {"providers": "## `[[providers]]`", "tools": "## `[[tools]]`",
+                  "models": "## `[models.NAME]`"}.get(name, f"## `[{name}]`")
+        assert text.count("\n" + header) == 1, (name, field)
+    for line in text.splitlines():
+        if line.startswith("| key | default |") and "applies to" not in line:
+            assert "unit" in line, line
