@@ -188,7 +188,8 @@ def test_without_config_the_user_s_file_is_found_and_named(tmp_path: Path,
     home = tmp_path / "xdg"
     found = home / "turnkeeper" / "turnkeeper.toml"
     found.parent.mkdir(parents=True)
-    d = Daemon(tmp_path, "[budget]\nmax_steps = 11\n")
+    d = Daemon(tmp_path, '[budget]\nmax_steps = 11\n\n[[providers]]\nname = "offline"\n'
+                         'kind = "scripted"\n')
     found.write_text(d.config_path.read_text())
     env = {"XDG_CONFIG_HOME": str(home)}
     out = cli("config", "show", "-o", "toml", env=env)
