@@ -275,3 +275,16 @@ def test_completion_offers_recent_turn_ids_in_bash_and_fish(start: Any, tmp_path
     for command in ("show", "wait", "follow", "cancel", "steer", "answer", "retry", "logs"):
         assert f" {command}" in id_line.split("-a")[0], command
 
+
+
+def test_a_bad_save_then_a_reload_is_one_refusal(start: Any) -> None:
+    d = start()
+    text = d.config_path.read_text()
+    new = d.config_path.with_suffix(".new")
+    new.write_text(text + "\n[budget]\nmax_stpes = 9\n")
+    new.replace(d.config_path)  # the watcher refuses it, and so does the reload
+    assert cli("reload", socket=d.socket).returncode == 78
+    assert cli("reload", socket=d.socket).returncode == 78
+    assert d.get("/v1/status")[1]["reloads"]["failures"] == 1
+    status = cli("status", socket=d.socket).stdout
+    assert "0 done, 1 refused" in status, status
