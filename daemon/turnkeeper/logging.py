@@ -66,19 +66,31 @@ class RecentLines:
 
     def __init__(self, maxlen: int = RECENT_LINES) -> None:
         self._lines: deque[EventDict] = deque(maxlen=maxlen)
+        self._total = 0  # lines ever kept: the number of the newest (`logs -f` reads after it)
 
     def __repr__(self) -> str:
-        return f"RecentLines({len(self._lines)} of {self._lines.maxlen})"
+        return f"RecentLines({len(self._lines)} of {self._lines.maxlen}, {self._total} kept)"
+
+    @property
+    def total(self) -> int:
+        return self._total
 
     def keep(self, _: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
         self._lines.append(event_dict)
+        self._total += 1
         return event_dict
 
-    def lines(self, *, turn: str | None = None, limit: int) -> list[dict[str, Any]]:
-        """The newest `limit` lines (of `turn`, when given), oldest first."""
+    def lines(self, *, turn: str | None = None, limit: int, after: int = 0
+              ) -> list[dict[str, Any]]:
+        """The newest `limit` lines (of `turn`, when given; numbered above `after`),
+        oldest first. Lines are numbered from 1 as they are kept."""
         picked: list[dict[str, Any]] = []
         found: Iterator[EventDict] = reversed(self._lines)
+        number = self._total
         for line in found:
+            if number <= after:
+                break
+            number -= 1
             if turn is None or line.get("turn") == turn:
                 picked.append({k: v for k, v in line.items() if not k.startswith("_")})
                 if len(picked) >= limit:

@@ -18,6 +18,8 @@ from turnkeeper import exits
 from turnkeeper.errors import TurnkeeperError
 
 SYSTEM_SOCKET = Path("/run/turnkeeper/control.sock")
+SYSTEM_CONFIG = Path("/etc/turnkeeper/turnkeeper.toml")
+EMBEDDED = "embedded defaults"
 
 
 class UnsafeSocketDir(TurnkeeperError):
@@ -154,6 +156,33 @@ def discover_socket(candidates: list[Path] | None = None) -> Path:
     return default_socket_path()
 
 
+def user_config_path() -> Path:
+    """`$XDG_CONFIG_HOME/turnkeeper/turnkeeper.toml` (`~/.config` when it is unset)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "turnkeeper" / "turnkeeper.toml"
+
+
+def config_search(option: str | None) -> tuple[str | None, str]:
+    """The config file to read and how it was found: `--config`, then
+    TURNKEEPER_CONFIG, then the first of the user's and the system's files that exists;
+    (None, "embedded defaults") when none does. A file named by the option or the
+    variable is taken as it is (a missing one is an error, not a fall-through)."""
+    if option:
+        return option, "--config"
+    if os.environ.get("TURNKEEPER_CONFIG"):
+        return os.environ["TURNKEEPER_CONFIG"], "TURNKEEPER_CONFIG"
+    for path, how in ((user_config_path(), "$XDG_CONFIG_HOME"),
+                      (SYSTEM_CONFIG, "the system default")):
+        if path.is_file():
+            return str(path), how
+    return None, EMBEDDED
+
+
+def searched_places() -> str:
+    """Where a config is looked for, in order: for a message about the defaults."""
+    return (f"--config, TURNKEEPER_CONFIG, {user_config_path()}, {SYSTEM_CONFIG}")
+
+
 def client_socket_path(option: str | None, config_option: str | None = None) -> Path:
     """--socket, then TURNKEEPER_SOCKET, then the config file's daemon.socket (read with
     tomllib only), then TURNKEEPER_DAEMON__SOCKET, then the default locations (see
@@ -165,7 +194,7 @@ def client_socket_path(option: str | None, config_option: str | None = None) -> 
         return Path(os.environ["TURNKEEPER_SOCKET"])
     if os.environ.get("TURNKEEPER_DAEMON__SOCKET"):
         return Path(os.environ["TURNKEEPER_DAEMON__SOCKET"])
-    config = config_option or os.environ.get("TURNKEEPER_CONFIG")
+    config, _ = config_search(config_option)
     if config:
         import tomllib  # here, not at the top: most commands never read a config file
 

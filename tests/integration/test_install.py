@@ -168,6 +168,12 @@ def test_the_install_section_works_as_written_in_a_fresh_root(root: Path) -> Non
         assert oct(etc.stat().st_mode & 0o777) == "0o640"
         assert str(etc.stat().st_gid) == installer.gid("turnkeeper")
         assert (root / "var/lib/turnkeeper/turnkeeper.sqlite3").exists()
+        # turnkeeper(1) came with the package, generated from the parser, and is linked
+        # where man looks.
+        page = root / "usr/local/share/man/man1/turnkeeper.1"
+        assert page.resolve().is_file(), page
+        assert page.read_text().startswith(".TH TURNKEEPER 1")
+        assert "config show" in page.read_text()
     finally:
         if installer.daemon is not None:
             installer.daemon.terminate()

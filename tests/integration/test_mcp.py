@@ -228,6 +228,24 @@ def test_a_stdio_server_s_tools_are_offered_prefixed_and_called_through_the_daem
     assert d.get("/v1/status")[1]["breakers"]["tool:picky"] == "closed"
 
 
+def test_a_tool_that_requires_mcp_tasks_is_not_offered_and_the_log_says_why(
+        shared: Shared) -> None:
+    d = shared.d
+    offered = {t["remote"] for t in mcp_status(d, "calc")["tools"]}
+    assert "long_job" not in offered and "quiet" in offered
+    said = [r for r in d.log_records() if r.get("event") == "mcp.tools_need_tasks"]
+    assert said and said[0]["server"] == "calc" and said[0]["tools"] == ["long_job"]
+    assert "MCP tasks" in said[0]["reason"]
+
+
+def test_because_names_the_hints_a_server_gave_and_destructive_wins(shared: Shared) -> None:
+    tools = mcp_status(shared.d, "calc")["tools"]
+    traits = {t["remote"]: (t["idempotent"], t["destructive"], t["because"]) for t in tools}
+    assert traits["quiet"] == (False, False, "readOnlyHint=false, destructiveHint=false, "
+                                             "idempotentHint=false: not idempotent")
+    assert traits["wipe"] == (False, True, "destructiveHint (over idempotentHint)")
+
+
 def test_annotations_and_overrides_decide_retries(shared: Shared) -> None:
     d = shared.d
     tools = mcp_status(d, "calc")["tools"]
@@ -564,7 +582,7 @@ def test_kind_mcp_without_the_package_is_a_config_error_naming_the_fix(
         assert out.returncode == 78, (argv, out.stdout, out.stderr)
         text = out.stdout + out.stderr
         assert 'kind = "mcp"' in text and "pip install 'turnkeeper[mcp]'" in text, text
-        assert "tools.0" in text
+        assert "line 1: tools.fs:" in text, text  # by its name, at its table
     ok = subprocess.run([sys.executable, "-m", "turnkeeper", "config", "check", str(path)],
                         env=env, capture_output=True, text=True, timeout=30, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr

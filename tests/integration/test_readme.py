@@ -118,6 +118,10 @@ class Reader:
                 if not chunk:
                     break
                 seen += chunk
+            elif during:
+                # The command may have subscribed only after `during` ran (both start
+                # at once): run it again, its events come after the subscription.
+                self.run(during)
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
         proc.stdout.close()

@@ -68,12 +68,13 @@ def test_health_names_every_reason_to_be_degraded() -> None:
     assert health_problems(ok) == []
     bad = {**ok, "paused": True, "breakers": {"a": "open"},
            "mcp_servers": {"m": {"state": "restarting"}},
-           "last_reload_error": "invalid configuration (x):\n  a.b: c"}
+           "last_reload_error": "invalid configuration (x):\n  a.b: c\n  d: e"}
     problems = health_problems(bad)
     assert len(problems) == 4
     assert problems[0].startswith("paused") and "breaker a open" in problems
     assert "mcp server m restarting" in problems
-    assert problems[-1] == "last reload failed: invalid configuration (x):"
+    # The whole reason, on one line: not the head alone, which stops at its colon.
+    assert problems[-1] == "last reload failed: invalid configuration (x): a.b: c, d: e"
 
 
 def _status(**extra: object) -> dict[str, object]:

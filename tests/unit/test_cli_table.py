@@ -78,3 +78,56 @@ def test_an_unreachable_daemon_is_69(tmp_path: Path,
     assert main(["--socket", str(tmp_path / "none.sock"), "follow", "t_1", "--json"]) \
         == exits.UNAVAILABLE
     assert "turnkeeper:" in capsys.readouterr().err
+
+
+def test_the_man_page_in_the_repository_is_the_parser_s() -> None:
+    from pathlib import Path
+
+    from turnkeeper.cli import parser
+    from turnkeeper.cli.manpage import render
+
+    page = Path(__file__).resolve().parents[2] / "man" / "turnkeeper.1"
+    assert page.read_text() == render(parser()), (
+        "man/turnkeeper.1 is out of date: python -m turnkeeper.cli.manpage > man/turnkeeper.1")
+
+
+NO_FORMAT = {"serve", "completion"}  # they take -o, as every command does; nothing to format
+
+
+def _command_rows() -> dict[str, tuple[str, str]]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, tuple[str, str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    return rows
+
+
+def _leaves(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every command as typed: `status`, and `config check` for one with actions."""
+    out: dict[str, argparse.ArgumentParser] = {}
+    for name, sub in _subparsers(p).items():
+        actions = _subparsers(sub)
+        if actions:
+            out.update({f"{name} {a}": s for a, s in actions.items()})
+        else:
+            out[name] = sub
+    return out
+
+
+def test_the_operations_table_has_every_command_its_exits_and_its_formats() -> None:
+    rows = _command_rows()
+    leaves = _leaves(parser())
+    assert sorted(rows) == sorted(leaves)
+    for name, sub in leaves.items():
+        exits_cell, formats = rows[name]
+        output = next(a for a in sub._actions if a.dest == "output")
+        assert output.choices is not None
+        if name.split()[0] in NO_FORMAT:
+            assert formats == "—", name
+        else:
+            assert formats == ", ".join(output.choices), name
+        assert any(ch.isdigit() for ch in exits_cell), name
+        assert "--json" in {o for a in sub._actions for o in a.option_strings}, name

@@ -60,6 +60,23 @@ def test_a_tool_without_annotations_is_not_idempotent() -> None:
     assert hints(read_only=False, destructive=False, idempotent=False) == (False, False)
 
 
+def test_because_names_the_hints_given_when_none_decided() -> None:
+    t = tool_traits(read_only_hint=False, destructive_hint=False, idempotent_hint=False)
+    assert t.because == ("readOnlyHint=false, destructiveHint=false, idempotentHint=false: "
+                         "not idempotent")
+    t = tool_traits(read_only_hint=None, destructive_hint=False, idempotent_hint=None)
+    assert t.because == "destructiveHint=false: not idempotent"
+    both = tool_traits(read_only_hint=None, destructive_hint=True, idempotent_hint=True)
+    assert (both.idempotent, both.because) == (False, "destructiveHint (over idempotentHint)")
+
+
+def test_only_a_tool_that_requires_tasks_is_left_out() -> None:
+    from turnkeeper.policy.tool_traits import offered_without_tasks
+
+    assert not offered_without_tasks("required")
+    assert all(offered_without_tasks(v) for v in ("optional", "forbidden", None))
+
+
 def test_overrides_win_over_annotations() -> None:
     assert hints(read_only=True, override_idempotent=False) == (False, False)
     assert hints(read_only=True, override_destructive=True) == (False, True)

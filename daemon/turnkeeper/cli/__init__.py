@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from turnkeeper import __version__, exits
-from turnkeeper.cli.base import UsageError
+from turnkeeper.cli.base import UsageError, common_options, settle_output
 from turnkeeper.cli.commands import COMMANDS
 from turnkeeper.control.client import Client, ClientError, HTTPStatusError
 from turnkeeper.paths import UnsafeSocketDir, client_socket_path
@@ -32,28 +33,34 @@ EXIT_STATUSES = f"""exit statuses:
   {exits.CONFIG}  the configuration is invalid"""
 
 
-def _common(*, top: bool) -> argparse.ArgumentParser:
-    """The options every command takes, before or after the command name. On the
-    subcommands their defaults are suppressed so they do not undo a value given first."""
-    common = argparse.ArgumentParser(add_help=False)
-    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
-    common.add_argument("--socket", help="control socket (default: $TURNKEEPER_SOCKET, "
-                        "the config's daemon.socket, or the per-user default)", **kw)
-    common.add_argument("--json", action="store_true", help="print raw JSON", **kw)
-    common.add_argument("--config", help="config file (for serve, config, and to find "
-                        "the socket)", **kw)
-    return common
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a suggestion for a misspelt choice: `turnkeeper stauts`
+    answers "did you mean status?" instead of listing every command."""
+
+    def error(self, message: str) -> NoReturn:
+        m = _INVALID_CHOICE.search(message)
+        if m:
+            import difflib  # here: only a mistake needs it
+
+            choices = re.findall(r"'([^']*)'", m.group(2))
+            close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+            if close:
+                message = (message[:m.start()] + f"invalid choice: {m.group(1)!r} (did you "
+                           f"mean {close[0]}?)")
+        super().error(message)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="turnkeeper", parents=[_common(top=True)],
-                                description="Host LLM agent turns that stay alive, bounded "
-                                "and honest.", epilog=EXIT_STATUSES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="turnkeeper", parents=[common_options(top=True)],
+               description="Host LLM agent turns that stay alive, bounded and honest.",
+               epilog=EXIT_STATUSES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-V", "--version", action="version", version=f"turnkeeper {__version__}",
                    help="print the version and exit")
-    common = _common(top=False)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = common_options(top=False)
+    sub: Any = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in COMMANDS.values():
         c = sub.add_parser(cmd.name, parents=[common], help=cmd.help,
                            description=cmd.description)
@@ -65,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     cmd = COMMANDS[args.command]
     try:
+        settle_output(args)
         if cmd.run_local is not None:
             return cmd.run_local(args)
         assert cmd.run is not None

@@ -42,19 +42,43 @@ def fail(status: int, data: Any) -> int:
     return exits.FAIL
 
 
-def output_arg(p: argparse.ArgumentParser) -> None:
-    """`--output json|table` for a command that lists things."""
-    p.add_argument("-o", "--output", choices=("json", "table"),
-                   help="json: the daemon's answer as it is (as --json), for a script; "
-                   "table: columns for people (the default)")
+OUTPUTS = ("json", "table")
+
+
+def common_options(*, top: bool, outputs: tuple[str, ...] = OUTPUTS
+                   ) -> argparse.ArgumentParser:
+    """The options every command takes, before or after the command name. On the
+    subcommands their defaults are suppressed so they do not undo a value given first.
+    `-o` is declared here, once, so that every command taking `--json` takes it too
+    (and argparse never reads `-o json ID` as an id)."""
+    common = argparse.ArgumentParser(add_help=False)
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    common.add_argument("--socket", help="control socket (default: $TURNKEEPER_SOCKET, "
+                        "the config's daemon.socket, or the per-user default)", **kw)
+    common.add_argument("--json", action="store_true", help="print raw JSON (as -o json)",
+                        **kw)
+    common.add_argument("-o", "--output", choices=outputs,
+                        help="json: the daemon's answer as it is, for a script; table: "
+                        "for people (the default)"
+                        + ("; toml: a config file to paste back" if "toml" in outputs
+                           else ""), **kw)
+    common.add_argument("--config", help="config file (for serve, config, and to find "
+                        "the socket)", **kw)
+    return common
+
+
+def settle_output(args: argparse.Namespace) -> None:
+    """Fold `--json` and `-o` into one answer, `args.json`, that every command reads;
+    `args.output` keeps a third format (`config show -o toml`)."""
+    output = getattr(args, "output", None)
+    if args.json and output not in (None, "json"):
+        raise UsageError(f"--json and --output {output} ask for two formats: give one")
+    args.json = bool(args.json) or output == "json"
 
 
 def wants_json(args: argparse.Namespace) -> bool:
     """Whether to print the API's JSON: `--json` or `--output json`."""
-    output = getattr(args, "output", None)
-    if args.json and output == "table":
-        raise UsageError("--json and --output table ask for two formats: give one")
-    return bool(args.json) or output == "json"
+    return bool(args.json) or getattr(args, "output", None) == "json"
 
 
 def get_and_print(client: Client, args: argparse.Namespace, path: str,

@@ -23,7 +23,6 @@ from turnkeeper.cli.base import (
     fail,
     get_and_print,
     no_args,
-    output_arg,
     positive_int,
     turn_id_arg,
     wants_json,
@@ -174,7 +173,8 @@ def _turns_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) ->
                    help="only turns submitted in the last D (90s, 30m, 24h, 7d, 2w)")
     p.add_argument("--before", type=positive_int, metavar="SEQ",
                    help="the next page: turns numbered below SEQ (printed after a full page)")
-    output_arg(p)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="only the ids, one a line (for scripts and shell completion)")
 
 
 def cmd_turns(client: Client, args: argparse.Namespace) -> int:
@@ -193,6 +193,10 @@ def cmd_turns(client: Client, args: argparse.Namespace) -> int:
         return fail(status, data)
     if as_json:
         render.print_json(data)
+        return exits.OK
+    if args.quiet:
+        for t in data["turns"]:
+            print(t["id"])
         return exits.OK
     if not data["turns"]:
         print("no turns" + (" matching" if args.state or args.session else ""))
@@ -233,6 +237,10 @@ def _message(client: Client, args: argparse.Namespace, kind: str) -> int:
     if kind == "steer" and args.redirect:
         body["redirect"] = True
     status, data = client.request("POST", f"/v1/turns/{quote(args.id)}/messages", body)
+    if status == 409:  # a finished turn, or an answer to a turn that asked nothing
+        code, turn = client.request("GET", f"/v1/turns/{quote(args.id)}")
+        if code == 200 and turn["turn"].get("result"):
+            return finished(args.id, turn["turn"]["state"], kind)
     if status != 202:
         return fail(status, data)
     if args.json:
@@ -254,6 +262,14 @@ def cmd_answer(client: Client, args: argparse.Namespace) -> int:
     return _message(client, args, "answer")
 
 
+def finished(turn_id: str, state: str, what: str) -> int:
+    """The one rule for a command that would change a finished turn (cancel, steer,
+    answer): nothing changes, and it exits 1 saying how the turn ended."""
+    print(f"turnkeeper: turn {turn_id} has already finished ({state}): nothing to {what}",
+          file=sys.stderr)
+    return exits.FAIL
+
+
 def _cancel_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
     turn_id_arg(p, common)
     p.add_argument("--now", action="store_true",
@@ -266,6 +282,8 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
                                   {"now": True} if args.now else None)
     if status != 202:
         return fail(status, data)
+    if data.get("finished"):  # it had ended before: nothing was cancelled
+        return finished(args.id, data["state"], "cancel")
     if args.json:
         render.print_json(data)
     else:
@@ -302,7 +320,6 @@ def _limits_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     rep.add_argument("--since", help="only turns finished in this window: 90s, 30m, 24h, 7d")
     rep.add_argument("--factor", type=float, default=2.5,
                      help="suggested limit = factor x p95 (default 2.5)")
-    output_arg(rep)
 
 
 def cmd_limits(client: Client, args: argparse.Namespace) -> int:
@@ -322,7 +339,6 @@ def _dead_letters_setup(p: argparse.ArgumentParser, common: argparse.ArgumentPar
     p.add_argument("action", nargs="?", choices=["replay"],
                    help="replay: resume the dead letter's turn from its last checkpoint")
     p.add_argument("id", nargs="?", help="the dead letter to replay")
-    output_arg(p)
 
 
 def cmd_dead_letters(client: Client, args: argparse.Namespace) -> int:
@@ -406,8 +422,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             "one) as a new turn; print its id, or wait for its result.",
             retry_setup, cmd_retry),
     Command("completion", "print a shell completion script",
-            "Print a completion script for bash or zsh, generated from this command "
-            "table: eval \"$(turnkeeper completion bash)\".", completion_setup,
+            "Print a completion script for bash, zsh or fish, generated from this command "
+            "table (a turn's id completes from the recent ones): eval \"$(turnkeeper "
+            "completion bash)\"; turnkeeper completion fish | source.", completion_setup,
             run_local=cmd_completion),
     Command("config", "check or show the config",
             "Validate the config, or print the effective one; needs no daemon.",

@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from turnkeeper import event_types as ev
-from turnkeeper.cli.render import fmt_measure
+from turnkeeper.cli.render import fmt_measure, result_message, result_title
 from turnkeeper.control.client import Client, ClientError, HTTPStatusError
 from turnkeeper.event_types import parse
 from turnkeeper.policy.turn_state import TurnState
@@ -291,13 +291,14 @@ def render_result(result: dict[str, Any]) -> RenderableType:
     status = result["status"]
     style = _STATE_STYLE.get(status, "bold")
     lines = Text()
-    lines.append(f"{status}: ", style=style)
-    lines.append(sb["code"], style=style)
+    lines.append(result_title(result), style=style)
     if sb.get("counter"):
         c = sb["counter"]
         lines.append(f"   {c} = {fmt_measure(c, sb['value'])} of limit "
                      f"{fmt_measure(c, sb['limit'])}", style="bold")
-    lines.append(f"\n{sb['message']}")
+    message = result_message(result)
+    if message:
+        lines.append(f"\n{message}")
     if result.get("answer"):
         lines.append("\n\nanswer  ", style="bold")
         lines.append(str(result["answer"]))

@@ -10,9 +10,10 @@ from urllib.parse import quote
 
 from turnkeeper import exits
 from turnkeeper.cli import render
-from turnkeeper.cli.base import UsageError, fail, get_and_print
+from turnkeeper.cli.base import UsageError, common_options, fail, get_and_print
 from turnkeeper.cli.streams import turn_exit
 from turnkeeper.control.client import Client
+from turnkeeper.paths import EMBEDDED, config_search, searched_places
 
 if TYPE_CHECKING:  # the CLI imports the config only for the commands that read it
     from turnkeeper.config import Config
@@ -30,44 +31,54 @@ def config_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) ->
     sub = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     chk = sub.add_parser("check", parents=[common], help="validate without running",
                          description="Load and validate a config file, then exit.")
-    chk.add_argument("path", nargs="?", help="the file (default: --config, or the "
-                     "config the daemon would read)")
-    sub.add_parser("show", parents=[common], help="effective config, secrets redacted",
-                   description="Print the effective config as JSON, secrets redacted.")
+    chk.add_argument("path", nargs="?", help="the file (default: the config the daemon "
+                     f"would read: {searched_places()}, else the embedded defaults)")
+    show = sub.add_parser("show", parents=[common_options(top=False, outputs=SHOW_OUTPUTS)],
+                          help="effective config, secrets redacted",
+                          description="Print the effective config, secrets redacted: as "
+                          "JSON (the default), or with -o toml as a file to paste back.")
+    show.add_argument("path", nargs="?", help="the file (default: as for check)")
+
+
+SHOW_OUTPUTS = ("json", "table", "toml")
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from turnkeeper.config import (
-        ConfigError,
-        Policy,
-        config_path_from_env,
-        load_config,
-        socket_path,
-        state_dir,
-    )
+    from turnkeeper.config import ConfigError, Policy, load_config, socket_path, state_dir
     from turnkeeper.runtime import Runtime
 
-    path = getattr(args, "path", None) or config_path_from_env(args.config)
+    path, how = (args.path, "the command line") if getattr(args, "path", None) \
+        else config_search(args.config)
     try:
         config, digest = load_config(path)
         Runtime.build(Policy(version=0, config=config, source_path=path, content_hash=digest))
     except ConfigError as exc:
         print(f"turnkeeper: {exc}", file=sys.stderr)
         return exits.CONFIG
+    where = f"{path} (found by {how})" if path else \
+        f"{EMBEDDED} (no file at any of: {searched_places()})"
     if args.config_command == "check":
         warnings = _sandbox_warnings(config)
         if args.json:
-            render.print_json({"ok": True, "path": path, "warnings": warnings})
+            render.print_json({"ok": True, "path": path, "found_by": how,
+                               "warnings": warnings})
         else:
             for warning in warnings:
                 print(f"turnkeeper: warning: {warning}", file=sys.stderr)
-            print(f"{path or 'embedded defaults'}: ok")
+            print(f"{where}: ok")
         return exits.OK
-    shown = config.redacted()
+    as_toml = not args.json and args.output is not None
+    shown = config.redacted(as_written=as_toml)
     # The paths in use, not the "" that means "the default": what an operator looks for.
     shown["daemon"]["socket"] = str(socket_path(config, args.socket))
     shown["daemon"]["state_dir"] = str(state_dir(config))
-    render.print_json(shown)
+    if not as_toml:
+        render.print_json(shown)
+        return exits.OK
+    from turnkeeper.config.toml_text import to_toml
+
+    print(f"# the effective config of {where}; secrets are shown as <redacted>\n")
+    print(to_toml(shown), end="")
     return exits.OK
 
 
@@ -278,7 +289,7 @@ def cmd_top(client: Client, args: argparse.Namespace) -> int:
 # -- shell completion ---------------------------------------------------------------------
 
 def completion_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    p.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete for")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete for")
 
 
 def cmd_completion(args: argparse.Namespace) -> int:

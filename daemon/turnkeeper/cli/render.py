@@ -74,17 +74,29 @@ def summary(turn: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def result_title(result: dict[str, Any]) -> str:
+    """`partial: budget.steps`, but `blocked`, not `blocked: blocked`: the code is shown
+    when it adds to the status (the terminal view and `show` say it the same way)."""
+    code, status = str(result["stopped_because"]["code"]), str(result["status"])
+    return status + (f": {code}" if code != status else "")
+
+
+def result_message(result: dict[str, Any]) -> str:
+    """The stop's message, or "" when it only repeats the code or the status."""
+    sb = result["stopped_because"]
+    message = str(sb.get("message") or "")
+    return message if message not in (sb["code"], result["status"]) else ""
+
+
 def result_lines(result: dict[str, Any]) -> list[str]:
     sb = result["stopped_because"]
-    # `completed: completed` says nothing twice: the code is shown when it adds to the
-    # status, and the message when it adds to the code.
-    head = result["status"] + (f": {sb['code']}" if sb["code"] != result["status"] else "")
+    head = result_title(result)
     if sb.get("counter"):
         c = sb["counter"]
         head += (f"  ({c} = {fmt_measure(c, sb['value'])} of limit "
                  f"{fmt_measure(c, sb['limit'])})")
-    message = sb.get("message") or ""
-    if message and message not in (sb["code"], result["status"]):
+    message = result_message(result)
+    if message:
         head += f"  {message}"
     lines = [f"result    {head}"]
     if result.get("answer"):
@@ -109,13 +121,17 @@ def duration(seconds: float) -> str:
     return f"{s // 86400} d {s % 86400 // 3600:02d} h"
 
 
+NO_CONFIG = ("embedded defaults (no config file: none given, none at "
+             "$XDG_CONFIG_HOME/turnkeeper/turnkeeper.toml or /etc/turnkeeper/turnkeeper.toml)")
+
+
 def status_lines(data: dict[str, Any]) -> list[str]:
     """`turnkeeper status` for people: one line per concern, problems in capitals."""
     t, q, r = data["turns"], data.get("queue") or {}, data.get("reloads") or {}
     lines = [f"state        {data['state']}  (turnkeeper {data['version']}, up "
              f"{duration(data['uptime_s'])})",
              f"policy       v{data['policy_version']}  "
-             f"{data['config_path'] or 'embedded defaults'}"]
+             f"{data['config_path'] or NO_CONFIG}"]
     reloads = f"{r.get('count', 0)} done, {r.get('failures', 0)} refused; " if r else ""
     error = data.get("last_reload_error")
     lines.append(f"reloads      {reloads}last "

@@ -96,7 +96,11 @@ def logs_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
     p.add_argument("id", nargs="?", metavar="ID", help="only this turn's lines")
     p.add_argument("-n", "--lines", type=int, default=200, metavar="N",
                    help="at most this many, the newest (default 200, at most 10000)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then print new lines as the daemon writes them, until Ctrl-C")
 
+
+LOGS_POLL_S = 0.5  # `logs -f`: how often new lines are asked for
 
 def _journal_lines(turn_id: str, limit: int) -> list[str]:
     """A turn's lines from systemd's journal, for a turn older than the daemon's window
@@ -114,17 +118,30 @@ def _journal_lines(turn_id: str, limit: int) -> list[str]:
     return [line for line in out.stdout.splitlines() if turn_id in line][-limit:]
 
 
+def _print_log_lines(lines: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    for line in lines:
+        if args.json or not sys.stdout.isatty():
+            print(json.dumps(line, ensure_ascii=False, default=str), flush=True)
+        else:
+            print(render.log_line(line), flush=True)
+
+
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     from turnkeeper.cli.base import UsageError, fail
 
     if not 1 <= args.lines <= 10_000:
         raise UsageError("--lines: from 1 to 10000")
-    query = {"limit": args.lines, **({"turn": args.id} if args.id else {})}
-    status, data = client.request("GET", "/v1/logs?" + urlencode(query))
+    if args.id:  # an unknown id is an error, as for every command that names a turn
+        status, data = client.request("GET", f"/v1/turns/{quote(args.id)}")
+        if status != 200:
+            return fail(status, data)
+    turn = {"turn": args.id} if args.id else {}
+    status, data = client.request("GET", "/v1/logs?" + urlencode(
+        {"limit": args.lines, **turn}))
     if status != 200:
         return fail(status, data)
     lines = data["lines"]
-    if not lines and args.id:
+    if not lines and args.id and not args.follow:
         journal = _journal_lines(args.id, args.lines)
         if journal:
             print("\n".join(journal))
@@ -132,9 +149,20 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
         print(f"no log lines of {args.id} in the daemon's last {data['window']} lines"
               " (nor in the journal)", file=sys.stderr)
         return exits.OK
-    for line in lines:
-        if args.json or not sys.stdout.isatty():
-            print(json.dumps(line, ensure_ascii=False, default=str))
-        else:
-            print(render.log_line(line))
-    return exits.OK
+    _print_log_lines(lines, args)
+    if not args.follow:
+        return exits.OK
+    import time  # here: only -f needs it
+
+    after = data["next"]
+    while True:
+        time.sleep(LOGS_POLL_S)
+        status, data = client.request("GET", "/v1/logs?" + urlencode(
+            {"limit": 10_000, "after": after, **turn}))
+        if status != 200:
+            return fail(status, data)
+        if data["next"] < after:  # the daemon restarted and numbers from 1 again
+            after = 0
+            continue
+        _print_log_lines(data["lines"], args)
+        after = data["next"]

@@ -21,6 +21,7 @@ from turnkeeper.control.client import Client
 from turnkeeper.policy.turn_state import LIVE_STATES
 
 ROWS = 200  # turns per live state asked for each refresh
+PIPE_WIDTH = 10_000  # the "terminal" width of a pipe: wider than any row
 
 
 def snapshot(client: Client) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -75,7 +76,11 @@ def screen(status: dict[str, Any], turns: list[dict[str, Any]], now: float
 def run_top(client: Client, *, interval_s: float, once: bool) -> None:
     """Refresh until Ctrl-C (or print one snapshot with `once`, or when not a terminal)."""
     console = Console()
-    if once or not console.is_terminal:
+    if not console.is_terminal:
+        # Into a pipe or a file nothing is cut to a terminal's width: every column whole.
+        Console(width=PIPE_WIDTH, soft_wrap=True).print(screen(*snapshot(client), time.time()))
+        return
+    if once:
         console.print(screen(*snapshot(client), time.time()))
         return
     with Live(console=console, auto_refresh=False, screen=False) as live:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +28,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from turnkeeper.config import explain
 from turnkeeper.config.env import ENV_PREFIX, env_names, env_override_errors
 from turnkeeper.config.peers import (
     DEFAULT_PROVIDERS,
@@ -76,7 +77,7 @@ from turnkeeper.config.sections import (
     ToolsRetryConfig,
     _overrides,
 )
-from turnkeeper.paths import default_socket_path, default_state_dir
+from turnkeeper.paths import config_search, default_socket_path, default_state_dir
 
 __all__ = [
     "BUILTIN_TOOL_NAMES",
@@ -226,20 +227,29 @@ class Config(BaseSettings):
             self.loop_detection.model_copy(update=_overrides(p.loop_detection)),
             self.failure_loop.model_copy(update=_overrides(p.failure_loop)))
 
-    def redacted(self) -> dict[str, Any]:
+    def redacted(self, *, as_written: bool = False) -> dict[str, Any]:
         """The effective config as JSON, secrets replaced: literal header (and provider
         query) values and MCP server env values (an `env:NAME` reference is shown, never
-        its value), and the credentials inside any URL (`redact_url`)."""
+        its value), and the credentials inside any URL (`redact_url`). `as_written`
+        keeps of each provider and tool only the keys its file gave (and its name and
+        kind): the others, filled in by kind, would be refused if read back."""
         data = self.model_dump(mode="json")
         data["store"]["url"] = redact_url(self.store.url)
+        if as_written:
+            for key, items in (("providers", self.providers), ("tools", self.tools)):
+                data[key] = [{k: v for k, v in dumped.items()
+                              if k in item.model_fields_set or k in ("name", "kind")}
+                             for dumped, item in zip(data[key], items, strict=True)]
         for provider in data["providers"]:
             for key in ("headers", "query"):
-                provider[key] = {k: (v if v.startswith("env:") else REDACTED)
-                                 for k, v in provider[key].items()}
+                if key in provider:
+                    provider[key] = {k: (v if v.startswith("env:") else REDACTED)
+                                     for k, v in provider[key].items()}
         for tool in data["tools"]:
             for key in ("headers", "env"):
-                tool[key] = {k: (v if v.startswith("env:") else REDACTED)
-                             for k, v in tool[key].items()}
+                if key in tool:
+                    tool[key] = {k: (v if v.startswith("env:") else REDACTED)
+                                 for k, v in tool[key].items()}
         shown: dict[str, Any] = redact_urls(data)
         return shown
 
@@ -281,23 +291,66 @@ class Policy:
         return out
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def _model_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The config model that holds the key at `loc` (its last part), or None."""
+    model: Any = Config
+    item_key = False  # the next part is a list index or a dict key, not a field
+    for part in loc[:-1]:
+        if item_key or isinstance(part, int):
+            item_key = False
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = field.annotation
+        origin = get_origin(model)
+        if origin in (tuple, list, dict):
+            item_key = True
+            model = [a for a in get_args(model) if a is not Ellipsis][-1]
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _hint(e: Any) -> str:
+    """` (did you mean X?)` for an unknown key or a misspelt value, or ""."""
+    loc = e["loc"]
+    if e["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        model = _model_at(loc)
+        close = explain.did_you_mean(loc[-1], model.model_fields if model else ())
+    elif e["type"] == "literal_error" and isinstance(e.get("input"), str):
+        close = explain.did_you_mean(e["input"], explain.expected_values(
+            str((e.get("ctx") or {}).get("expected", ""))))
+    else:
+        return ""
+    return f" (did you mean {close}?)" if close else ""
+
+
+def _format_errors(err: ValidationError, source: str, data: Mapping[str, Any] | None = None,
+                   text: str | None = None) -> str:
     lines = [f"invalid configuration ({source}):"]
     env = env_names()
+    where = explain.key_lines(text) if text is not None else {}
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
+        loc = explain.named_loc(e["loc"], data or {})
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        msg += _hint(e)
         var = ENV_PREFIX + "__".join(str(p) for p in e["loc"]).upper()
         if var in env:  # the environment overrides the file: blame the variable
             msg += f" (from the environment variable {env[var]})"
+        else:
+            line = explain.line_of(where, e["loc"])
+            if line is not None:
+                loc = f"line {line}: {loc}"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
 
-def read_config_file(path: Path) -> tuple[dict[str, Any], str]:
-    """The parsed TOML and the hash of its bytes. Raises ConfigError naming the file."""
+def _read_config(path: Path) -> tuple[dict[str, Any], str, str]:
+    """The parsed TOML, the hash of its bytes and its text. Raises ConfigError naming
+    the file."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -305,20 +358,29 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], str]:
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"invalid configuration ({path}): not valid TOML: {exc}") from None
-    return data, hashlib.sha256(raw).hexdigest()
+    return data, hashlib.sha256(raw).hexdigest(), text
 
 
-def build_config(data: Mapping[str, Any], source: str = "embedded defaults") -> Config:
+def read_config_file(path: Path) -> tuple[dict[str, Any], str]:
+    """The parsed TOML and the hash of its bytes. Raises ConfigError naming the file."""
+    data, digest, _ = _read_config(path)
+    return data, digest
+
+
+def build_config(data: Mapping[str, Any], source: str = "embedded defaults",
+                 text: str | None = None) -> Config:
+    """`text`: the file's, to point at the line of an error."""
     wrong = env_override_errors(Config.model_fields)
     if wrong:
         raise ConfigError("\n".join(["invalid environment override:", *wrong]))
     try:
         return Config(**data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source)) from None
+        raise ConfigError(_format_errors(exc, source, data, text)) from None
     except SettingsError as exc:  # an override the checks above did not foresee
         cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
         raise ConfigError(f"invalid environment override: {exc}{cause}") from None
@@ -332,9 +394,9 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
         check_provider_keys(config, "embedded defaults")
         return config, ""
     p = Path(path)
-    data, digest = read_config_file(p)
+    data, digest, text = _read_config(p)
     _resolve_relative_scripts(data, p.parent)
-    config = build_config(data, str(p))
+    config = build_config(data, str(p), text)
     _check_providers_named(data, digest, p)
     check_provider_keys(config, str(p))
     return config, digest
@@ -394,7 +456,8 @@ def _resolve_relative_scripts(data: dict[str, Any], base: Path) -> None:
 
 
 def config_path_from_env(cli_value: str | None) -> str | None:
-    return cli_value or os.environ.get("TURNKEEPER_CONFIG") or None
+    """The config file to read (`paths.config_search`), or None for the defaults."""
+    return config_search(cli_value)[0]
 
 
 def socket_path(config: Config, option: str | None = None) -> Path:

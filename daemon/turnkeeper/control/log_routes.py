@@ -17,8 +17,15 @@ async def recent_logs(request: web.Request) -> web.Response:
     limit = query_float(request, "limit", 200, lo=1, hi=MAX_LINES)
     if isinstance(limit, web.Response):
         return limit
-    assert limit is not None
-    lines = tk_logging.recent.lines(turn=request.query.get("turn") or None, limit=int(limit))
+    after = query_float(request, "after", 0, lo=0, hi=2**62)
+    if isinstance(after, web.Response):
+        return after
+    assert limit is not None and after is not None
+    recent = tk_logging.recent
+    total = recent.total
+    lines = recent.lines(turn=request.query.get("turn") or None, limit=int(limit),
+                         after=int(after))
     # A line may hold a value JSON has no form for (an exception object): its text.
-    return web.json_response({"lines": lines, "window": MAX_LINES},
+    # `next`: the number of the newest line seen, for `?after=` (`turnkeeper logs -f`).
+    return web.json_response({"lines": lines, "window": MAX_LINES, "next": total},
                              dumps=lambda v: json.dumps(v, default=str))

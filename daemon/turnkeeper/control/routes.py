@@ -323,8 +323,11 @@ async def limits_report(request: web.Request) -> web.Response:
     if isinstance(factor, web.Response):
         return factor
     assert factor is not None
-    report = await request.app[SUPERVISOR].limits_report(
-        profile=request.query.get("profile") or None, since_s=since, factor=factor)
+    try:
+        report = await request.app[SUPERVISOR].limits_report(
+            profile=request.query.get("profile") or None, since_s=since, factor=factor)
+    except UnknownProfile as exc:
+        return error(400, str(exc), field="profile")
     return json_response(report)
 
 

@@ -16,6 +16,16 @@ true, idempotentHint false). The daemon maps them, first rule that applies wins:
 4. `idempotentHint: true` => idempotent;
 5. otherwise not idempotent: the safe default for a tool that says nothing.
 
+So a tool whose server says both `destructiveHint: true` and `idempotentHint: true` is
+not idempotent: rule 3 comes first (an idempotent effect that destroys something is
+still not re-run without a person deciding). `because` names the rule, and for the
+last one the hints the server gave (`readOnlyHint=false, idempotentHint=false: not
+idempotent`), or that it gave none.
+
+A tool that requires MCP tasks (`execution.taskSupport: "required"`) cannot be called
+with a plain request, and the daemon does not run MCP tasks: it is not offered at all
+(`offered_without_tasks`), and the edge logs which tools were left out and why.
+
 Failures are mapped onto `CallFailure` exception names that `classify` already knows, the
 most specific name first and a base that carries the class second (as `CircuitOpen,
 ConnectionError` does for an open breaker):
@@ -97,10 +107,21 @@ def tool_traits(*, read_only_hint: bool | None, destructive_hint: bool | None,
     if read_only_hint:
         return ToolTraits(True, destructive, "readOnlyHint")
     if destructive_hint and override_destructive is None:
-        return ToolTraits(False, True, "destructiveHint")
+        return ToolTraits(False, True, "destructiveHint (over idempotentHint)"
+                          if idempotent_hint else "destructiveHint")
     if idempotent_hint:
         return ToolTraits(True, destructive, "idempotentHint")
-    return ToolTraits(False, destructive, "no hint: not idempotent")
+    given = [f"{name}={str(value).lower()}" for name, value in (
+        ("readOnlyHint", read_only_hint), ("destructiveHint", destructive_hint),
+        ("idempotentHint", idempotent_hint)) if value is not None]
+    return ToolTraits(False, destructive, (", ".join(given) if given else "no hint")
+                      + ": not idempotent")
+
+
+def offered_without_tasks(task_support: str | None) -> bool:
+    """Whether a tool can be offered while MCP tasks are not supported: every tool but
+    one that requires them (`forbidden`, `optional` and unset run as plain calls)."""
+    return task_support != "required"
 
 
 def selected(tool: str, *, include: Iterable[str], exclude: Iterable[str]) -> bool:

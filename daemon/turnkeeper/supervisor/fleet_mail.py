@@ -51,7 +51,7 @@ class FleetMail:
     async def send_cancel(self, turn_id: str, data: dict[str, Any], *, now: bool
                           ) -> dict[str, Any]:
         if data.get("result") is not None or TurnState(data["state"]).terminal:
-            return {"turn": turn_id, "state": data["state"]}
+            return {"turn": turn_id, "state": data["state"], "finished": True}
         await self.store.post_mail(turn_id, "cancel", {"now": now})
         return {"turn": turn_id, "state": "cancelling"}
 

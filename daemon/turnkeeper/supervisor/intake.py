@@ -340,7 +340,7 @@ class Intake:
                 raise UnknownTurn(turn_id)
             if core.fleet is not None:  # run by another node, or by none yet: mail it
                 return await core.fleet.mail.send_cancel(turn_id, data, now=now)
-            return {"turn": turn_id, "state": data["state"]}
+            return {"turn": turn_id, "state": data["state"], "finished": True}
         if live.running:
             live.control.cancel(now=now)
         else:

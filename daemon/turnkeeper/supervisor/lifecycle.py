@@ -136,8 +136,11 @@ class Lifecycle:
             runtime = Runtime.build(candidate, core.runtime)
         except Exception as exc:  # ConfigError, or whatever building a provider raised
             error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            # The same refusal again (a bad save the watcher refused, then `turnkeeper
+            # reload`) is one refused config, not two; each trigger still hears it.
+            if error != core.last_reload_error:
+                core.reload_failures += 1
             core.last_reload_error = error
-            core.reload_failures += 1
             core.bus.publish(ev.DaemonReloadFailed(trigger=trigger, error=error,
                                                    policy_version=core.policy.version))
             log.error("daemon.reload_failed", trigger=trigger, error=error,

@@ -13,7 +13,7 @@ from turnkeeper.policy import limits
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import LIVE_STATES
 from turnkeeper.providers.prices import prices_status
-from turnkeeper.supervisor.core import SupervisorCore, UnknownTurn
+from turnkeeper.supervisor.core import SupervisorCore, UnknownProfile, UnknownTurn
 
 FLEET_WAIT_POLL_S = 0.25
 
@@ -90,6 +90,11 @@ class Queries:
         core = self.core
         since = None if since_s is None else core.clock.time() - since_s
         usage = await core.store.finished_usage(since=since)
+        known = {"default", *core.config.budget.profiles, *(t.profile for t in usage)}
+        if profile is not None and profile not in known:
+            # A typo must not read as "no data yet": name what there is.
+            raise UnknownProfile(f"profile: no budget profile {profile!r} (known: "
+                                 f"{', '.join(sorted(known))})")
         current: dict[str, dict[str, float]] = {}
         for name in ("default", *core.config.budget.profiles):
             b = core.config.guards(None if name == "default" else name).budget
@@ -174,7 +179,10 @@ def health_problems(status: dict[str, Any]) -> list[str]:
         out.append(f"store unwritable for {store.get('failing_for_s')} s: "
                    f"{store.get('last_error')}")
     if status.get("last_reload_error"):
-        out.append("last reload failed: " + str(status["last_reload_error"]).splitlines()[0])
+        # The whole reason on one line: the head alone ends at a colon, before the key.
+        head, *rest = str(status["last_reload_error"]).splitlines() or [""]
+        reasons = ", ".join(line.strip() for line in rest if line.strip())
+        out.append(f"last reload failed: {head}" + (f" {reasons}" if reasons else ""))
     return out
 
 

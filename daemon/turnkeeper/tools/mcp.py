@@ -44,6 +44,7 @@ from turnkeeper.policy.tool_traits import (
     SERVER_DOWN,
     RestartSchedule,
     exposed_names,
+    offered_without_tasks,
     selected,
     tool_traits,
 )
@@ -72,6 +73,7 @@ class McpServer:
         self.tools: dict[str, McpTool] = {}
         self.generation = 0
         self.listed = False
+        self._need_tasks: list[str] = []  # tools left out as they require MCP tasks
         self.last_error: str | None = None
         self.up_since: float | None = None
         self.next_restart_at: float | None = None
@@ -246,8 +248,17 @@ class McpServer:
 
     def _set_tools(self, listing: list[mcp_types.Tool]) -> None:
         cfg = self.cfg
-        chosen = [t for t in listing if selected(t.name, include=cfg.include,
+        picked = [t for t in listing if selected(t.name, include=cfg.include,
                                                  exclude=cfg.exclude)]
+        chosen = [t for t in picked if offered_without_tasks(
+            t.execution.task_support if t.execution else None)]
+        need_tasks = sorted(t.name for t in picked if t not in chosen)
+        if need_tasks != self._need_tasks:
+            self._need_tasks = need_tasks
+            if need_tasks:  # offered, they could never be called: say why they are not
+                log.warning("mcp.tools_need_tasks", server=self.name, tools=need_tasks,
+                            reason="these tools require MCP tasks (taskSupport: "
+                            "required), which turnkeeper does not run: not offered")
         names = exposed_names(self.name, (t.name for t in chosen))
         tools: dict[str, McpTool] = {}
         for t in chosen:

@@ -320,12 +320,12 @@ class ModelCall:
 
     def _gave_up(self, stop: Stop) -> Stop:
         """A providers stop says why: each provider's last failure in its result, and in
-        `partial` what was attempted."""
+        `open_issues` what was attempted (not in `partial`: it is not work done)."""
         if stop.code not in (StopCode.PROVIDERS_EXHAUSTED, StopCode.PROVIDERS_REJECTED):
             return stop
         ctx = self.ctx
         tried = ", ".join(f"{p} ({e})" for p, e in self._last_errors.items()) or "none"
-        ctx.partial.append(
+        ctx.open_issues.append(
             f"step {ctx.record.counters.steps}: the model call was attempted on "
             f"{len(ctx.chain.providers)} provider(s) over {ctx.chain.recovery_cycles} "
             f"recovery cycle(s) and none answered; last errors: {tried}")

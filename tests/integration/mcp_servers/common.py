@@ -12,18 +12,31 @@ from pathlib import Path
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import Tool, ToolAnnotations, ToolExecution
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 IDEMPOTENT = ToolAnnotations(idempotent_hint=True, destructive_hint=False)
 DESTRUCTIVE = ToolAnnotations(destructive_hint=True)
+ALL_FALSE = ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                            idempotent_hint=False)
+BOTH = ToolAnnotations(destructive_hint=True, idempotent_hint=True)
+NEEDS_TASKS = {"long_job"}  # listed with execution.taskSupport = "required"
+
+
+class _Server(MCPServer):
+    """The SDK's server, listing the NEEDS_TASKS tools as requiring MCP tasks (its
+    decorator has no argument for it)."""
+
+    async def list_tools(self) -> list[Tool]:
+        return [t.model_copy(update={"execution": ToolExecution(task_support="required")})
+                if t.name in NEEDS_TASKS else t for t in await super().list_tools()]
 
 
 def build(name: str, workdir: Path) -> MCPServer:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "pids").mkdir(exist_ok=True)
     (workdir / "pids" / str(os.getpid())).write_text(" ".join(sys.argv))
-    server = MCPServer(name, log_level="WARNING")
+    server = _Server(name, log_level="WARNING")
 
     def mark(what: str) -> None:
         (workdir / what).write_text(str(os.getpid()))
@@ -98,6 +111,21 @@ def build(name: str, workdir: Path) -> MCPServer:
     def fail(message: str) -> str:
         """Answer with isError and the given text."""
         raise ToolError(message)
+
+    @server.tool(annotations=ALL_FALSE)
+    def quiet() -> str:
+        """Every hint given, all false."""
+        return "quiet"
+
+    @server.tool(annotations=BOTH)
+    def wipe() -> str:
+        """Destructive and idempotent, as its server says."""
+        return "wiped"
+
+    @server.tool()
+    def long_job() -> str:
+        """Requires MCP tasks: never offered."""
+        return "should never be called"
 
     @server.tool()
     def secret_admin() -> str:
