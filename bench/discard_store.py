@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnkeeper.events import Event
+from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.store.base import MessageRows, Store
@@ -34,8 +35,8 @@ class DiscardStore:
         return None
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = (), within_s: float | None = None
-                          ) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None,
+                          idempotency: IdempotencyKey | None = None) -> int:
         self._seq += 1
         self.writes += 1
         return self._seq
@@ -74,6 +75,12 @@ class DiscardStore:
 
     async def prune(self, *, finished_before: float, dead_letters: bool = False,
                     limit: int) -> int:
+        return 0
+
+    async def idempotency_key(self, key: str) -> StoredKey | None:
+        return None
+
+    async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
         return 0
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -23,8 +23,9 @@ from tests.pg import FreshPostgresStore
 
 import turnkeeper
 from turnkeeper.events import Event
+from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
 from turnkeeper.policy.limits import TurnUsage
-from turnkeeper.store.base import MessageRows, Store, StoreError, rows_of
+from turnkeeper.store.base import KeyTaken, MessageRows, Store, StoreError, rows_of
 from turnkeeper.store.memory import MemoryStore
 from turnkeeper.store.sqlite import (
     EVENTS_OF_TURN,
@@ -388,6 +389,74 @@ async def test_prune_deletes_finished_turns_past_their_keep_with_all_they_hold(
     assert await store.prune(finished_before=300.0, dead_letters=True, limit=10) == 1
     assert await store.dead_letters() == []
     assert [r["id"] for r, _ in await store.unfinished_turns()] == ["t_live"]
+
+
+def key(name: str, *, fp: str = "fp1", at: float = 100.0, stale_before: float = 0.0
+        ) -> IdempotencyKey:
+    return IdempotencyKey(key=name, fingerprint=fp, created_at=at, stale_before=stale_before)
+
+
+async def test_an_idempotency_key_is_written_with_its_turn_and_read_back(store: Store
+                                                                         ) -> None:
+    assert await store.idempotency_key("k-1") is None
+    await store.insert_turn(record("t_a"), {}, idempotency=key("k-1"))
+    assert await store.idempotency_key("k-1") == StoredKey("k-1", "t_a", "fp1", 100.0)
+
+
+async def test_a_live_key_makes_one_turn_and_the_second_insert_writes_nothing(
+        store: Store) -> None:
+    await store.insert_turn(record("t_a"), {}, idempotency=key("k-1"))
+    with pytest.raises(KeyTaken):
+        await store.insert_turn(record("t_b"), {}, events=[event(5, "t_b")],
+                                idempotency=key("k-1", fp="fp2", at=150.0,
+                                                stale_before=50.0))
+    assert await store.get_turn("t_b") is None
+    assert await store.events(turn="t_b") == []
+    assert (await store.idempotency_key("k-1")) == StoredKey("k-1", "t_a", "fp1", 100.0)
+
+
+async def test_two_inserts_with_one_key_at_once_make_one_turn(store: Store) -> None:
+    outcomes: list[BaseException | None] = []
+
+    async def insert(turn: str) -> None:
+        try:
+            await store.insert_turn(record(turn), {}, idempotency=key("k-1"))
+            outcomes.append(None)
+        except StoreError as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for turn in ("t_a", "t_b", "t_c"):
+            tg.start_soon(insert, turn)
+    assert sum(o is None for o in outcomes) == 1
+    assert all(isinstance(o, KeyTaken) for o in outcomes if o is not None)
+    held = await store.idempotency_key("k-1")
+    assert held is not None
+    assert [r["id"] for r in await store.list_turns()] == [held.turn]
+
+
+async def test_an_expired_key_or_one_whose_turn_is_gone_is_replaced(store: Store) -> None:
+    await store.insert_turn(record("t_a"), {}, idempotency=key("k-1", at=100.0))
+    await store.insert_turn(record("t_b"), {},
+                            idempotency=key("k-1", fp="fp2", at=200.0, stale_before=150.0))
+    assert await store.idempotency_key("k-1") == StoredKey("k-1", "t_b", "fp2", 200.0)
+    await store.save_turn(finished(record("t_b"), "completed", "completed", at=210.0))
+    assert await store.prune(finished_before=300.0, limit=10) == 1  # t_b
+    await store.insert_turn(record("t_c"), {},
+                            idempotency=key("k-1", fp="fp3", at=220.0, stale_before=150.0))
+    assert await store.idempotency_key("k-1") == StoredKey("k-1", "t_c", "fp3", 220.0)
+
+
+async def test_prune_idempotency_keys_deletes_those_written_before_a_time(store: Store
+                                                                          ) -> None:
+    for i, at in enumerate((100.0, 110.0, 300.0)):
+        await store.insert_turn(record(f"t_{i}"), {}, idempotency=key(f"k{i}", at=at))
+    assert await store.prune_idempotency_keys(created_before=200.0, limit=1) == 1
+    assert await store.idempotency_key("k0") is None
+    assert await store.prune_idempotency_keys(created_before=200.0, limit=10) == 1
+    assert await store.prune_idempotency_keys(created_before=200.0, limit=10) == 0
+    assert await store.idempotency_key("k2") is not None
+    assert await store.get_turn("t_0") is not None  # the key goes, not its turn
 
 
 @pytest.mark.postgres  # every backend, PostgreSQL among them

@@ -103,6 +103,9 @@ def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     p.add_argument("--profile", help="a budget profile of the policy ([budget.profiles.NAME])")
     p.add_argument("--model", help="the provider chain to run: a [models.NAME] alias or one "
                    "provider's name (default: every provider, in order)")
+    p.add_argument("--idempotency-key", metavar="K",
+                   help="submit at most once: the same K with the same submit answers the "
+                   "turn it made ([daemon] idempotency_window), so a retry is safe")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--wait", action="store_true", help="wait for the result")
     g.add_argument("--follow", action="store_true", help="show the turn live")
@@ -139,17 +142,19 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
         body["profile"] = args.profile
     if args.model:
         body["model"] = args.model
+    if args.idempotency_key:
+        body["idempotency_key"] = args.idempotency_key
     return body
 
 
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     status, data = client.request("POST", "/v1/turns", _submit_body(args))
-    if status != 202:
+    if status not in (200, 202):  # 200: the idempotency key's turn, made before
         return fail(status, data)
     turn = data["turn"]
     if args.follow:
         if not args.json:
-            print(f"turn {turn['id']} queued")
+            print(f"turn {turn['id']} {'queued' if status == 202 else 'submitted before'}")
         return follow_turn(client, turn["id"], args.json)
     if not args.wait:
         if args.json:

@@ -66,6 +66,8 @@ class DaemonConfig(_Section):
     # A submit whose turn the store cannot keep within this long (a full disk) is
     # answered 507 and its write withdrawn: never left hanging, never run unanswered.
     submit_timeout: Annotated[float, Field(gt=0)] = 5.0
+    # How long a submit's Idempotency-Key answers the turn it made (a duration: "24h").
+    idempotency_window: str = "24h"
     # Steers and answers a turn holds before its next step takes them: more are refused.
     max_pending_messages: PositiveInt = 32
     # Overload: new submits get 503 while the event loop's lag stays at or over
@@ -74,6 +76,16 @@ class DaemonConfig(_Section):
     overload_lag: NonNegFloat = 0.5
     overload_samples: PositiveInt = 2
     overload_clear_after: NonNegFloat = 2.0
+
+    @field_validator("idempotency_window")
+    @classmethod
+    def _window(cls, v: str) -> str:
+        parse_duration(v)
+        return v
+
+    @property
+    def idempotency_window_s(self) -> float:
+        return parse_duration(self.idempotency_window)
 
     @field_validator("socket_mode")
     @classmethod

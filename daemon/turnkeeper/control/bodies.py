@@ -40,6 +40,10 @@ class SubmitBody(Body):
     deadline: float | datetime | None = None
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    # The same key with the same body within `[daemon] idempotency_window` answers the
+    # turn it made (200); also the `Idempotency-Key` header.
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=255,
+                                          pattern=r"^[ -~]+$")] | None = None
 
     @field_validator("deadline", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ streams in `event_routes.py`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aiohttp import web
@@ -34,9 +35,11 @@ from turnkeeper.control.http import (
     validate,
 )
 from turnkeeper.durations import parse_duration
+from turnkeeper.policy.idempotency import key_problem
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
 from turnkeeper.supervisor import (
+    IdempotencyConflict,
     InboxFull,
     IntakeRefused,
     NotWaiting,
@@ -47,6 +50,9 @@ from turnkeeper.supervisor import (
     UnpricedCostLimit,
 )
 from turnkeeper.supervisor.intake import BatchItemInvalid, SubmitRequest
+from turnkeeper.supervisor.keyed import Existing
+
+KEY_HEADER = "Idempotency-Key"
 
 MAX_WAIT_S = 3600.0
 TEN_YEARS_S = 10 * 365 * 86400  # how far back `since` may reach
@@ -122,6 +128,35 @@ def _submit_request(request: web.Request, body: SubmitBody, *, prefix: str = "",
     return SubmitRequest(**rest, budget=budget, deadline=deadline)
 
 
+def _header_key(request: web.Request) -> str | web.Response | None:
+    """The `Idempotency-Key` header, or the 400 naming it."""
+    key = request.headers.get(KEY_HEADER)
+    if key is None:
+        return None
+    problem = key_problem(key)
+    if problem is not None:
+        return error(400, f"idempotency_key: the {KEY_HEADER} header: {problem}",
+                     field="idempotency_key")
+    return key
+
+
+def _with_key(req: SubmitRequest, header: str | None, *, prefix: str = "",
+              index: int | None = None) -> SubmitRequest | web.Response:
+    """The request with the header's key (a batch item's: the header's key, `/`, its
+    index) unless the body names its own; a body naming another one than a single
+    submit's header is a 400."""
+    if header is None:
+        return req
+    if index is not None:
+        if req.idempotency_key is not None:
+            return req
+        return dataclasses.replace(req, idempotency_key=f"{header}/{index}")
+    if req.idempotency_key not in (None, header):
+        return error(400, f"idempotency_key: the body's {req.idempotency_key!r} is not the "
+                     f"{KEY_HEADER} header's {header!r}", field=f"{prefix}idempotency_key")
+    return dataclasses.replace(req, idempotency_key=header)
+
+
 def _refused(exc: IntakeRefused) -> web.Response:
     return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
@@ -131,8 +166,11 @@ async def submit(request: web.Request) -> web.Response:
     data = await read_json(request)
     if isinstance(data, web.Response):
         return data
+    header = _header_key(request)
+    if isinstance(header, web.Response):
+        return header
     if isinstance(data, list):
-        return await submit_batch(request, data)
+        return await submit_batch(request, data, header)
     body = validate(SubmitBody, data)
     if isinstance(body, web.Response):
         return body
@@ -140,10 +178,13 @@ async def submit(request: web.Request) -> web.Response:
     req = _submit_request(request, body)
     if isinstance(req, web.Response):
         return req
+    req = _with_key(req, header)
+    if isinstance(req, web.Response):
+        return req
     try:
-        record = await request.app[SUPERVISOR].submit(
-            message=req.message, session=req.session, budget=req.budget or {},
-            deadline=req.deadline, profile=req.profile, model=req.model)
+        turn, created = await request.app[SUPERVISOR].keyed.submit(req)
+    except IdempotencyConflict as exc:
+        return error(422, str(exc), field=exc.field)
     except UnknownProfile as exc:
         return error(400, str(exc), field="profile")
     except UnknownModel as exc:
@@ -154,15 +195,19 @@ async def submit(request: web.Request) -> web.Response:
         return _refused(exc)
     except StoreError as exc:  # not kept (a full disk, a write withdrawn): not taken
         return error(507, f"no turn was queued: {exc}")
-    return json_response({"turn": record.to_json()}, status=202)
+    # 200: the key made this turn before (a retry); 202: made now.
+    return json_response({"turn": turn}, status=202 if created else 200)
 
 
-async def submit_batch(request: web.Request, items: list[Any]) -> web.Response:
+async def submit_batch(request: web.Request, items: list[Any], header: str | None
+                       ) -> web.Response:
     """Every item is checked before any is taken: one bad item is a 400 (or 413) naming
     its index and field, and nothing is queued. A batch the queue cannot hold whole is
     refused whole (503). Otherwise 202 with `{"results": [...]}` in the order sent: each
-    `{"status": 202, "turn": {...}}`, or `{"status": 507, "error": ...}` for an item
-    whose write failed (the others are taken); 507 for the request when none was."""
+    `{"status": 202, "turn": {...}}`, `{"status": 200, "turn": {...}}` for an item whose
+    Idempotency-Key made its turn before, or `{"status": 507, "error": ...}` for an item
+    whose write failed (the others are taken); 507 for the request when none was, 200
+    when every item's key had made its turn before."""
     if not items:
         return error(400, "a batch needs at least one submit", field="(body)")
     if len(items) > MAX_BATCH:
@@ -178,11 +223,14 @@ async def submit_batch(request: web.Request, items: list[Any]) -> web.Response:
         req = _submit_request(request, body, prefix=prefix, index=i)
         if isinstance(req, web.Response):
             return req
+        req = _with_key(req, header, prefix=prefix, index=i)
+        if isinstance(req, web.Response):
+            return req
         reqs.append(req)
     try:
-        results = await request.app[SUPERVISOR].intake.submit_batch(reqs)
+        results = await request.app[SUPERVISOR].keyed.submit_batch(reqs)
     except BatchItemInvalid as exc:
-        return error(400, str(exc), field=exc.field, index=exc.index)
+        return error(exc.status, str(exc), field=exc.field, index=exc.index)
     except IntakeRefused as exc:
         return _refused(exc)
     failed = [r for r in results if isinstance(r, Exception)]
@@ -190,11 +238,16 @@ async def submit_batch(request: web.Request, items: list[Any]) -> web.Response:
         return error(_write_failed_status(failed[0]), f"no turn was queued: {failed[0]}")
     out: list[dict[str, Any]] = []
     for result in results:
-        if isinstance(result, Exception):
+        if isinstance(result, Existing):  # its key made it before
+            out.append({"status": 200, "turn": result.turn})
+        elif isinstance(result, IdempotencyConflict):
+            out.append({"status": 422, "error": str(result), "field": result.field})
+        elif isinstance(result, Exception):
             out.append({"status": _write_failed_status(result), "error": str(result)})
         else:
             out.append({"status": 202, "turn": result})
-    return json_response({"results": out}, status=202)
+    again = all(isinstance(r, Existing) for r in results)
+    return json_response({"results": out}, status=200 if again else 202)
 
 
 def _write_failed_status(exc: Exception) -> int:

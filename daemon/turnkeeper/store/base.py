@@ -45,6 +45,7 @@ from turnkeeper import exits
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
 from turnkeeper.messages import json_text
+from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import StoreOutage
@@ -87,6 +88,11 @@ class StoreError(TurnkeeperError):
     """The store cannot be used: the message says why and where."""
 
     exit_code = exits.IOERR
+
+
+class KeyTaken(StoreError):
+    """A submit's Idempotency-Key is held by another turn: nothing of the write was
+    made. The caller reads the key again and answers with the turn that holds it."""
 
 
 class StoreUnavailable(StoreError):
@@ -285,13 +291,24 @@ class Store(Protocol):
         ...
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = (), within_s: float | None = None
-                          ) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None,
+                          idempotency: IdempotencyKey | None = None) -> int:
         """The turn's row and its message, durable on return, with `events`. With
         `within_s`: not made within that long, the write is withdrawn (`WriteWithdrawn`)
         and never commits, unless a commit holding it is under way, whose answer is
         then awaited. A submit is answered within a bound, and what it is answered is
-        what the store holds."""
+        what the store holds. With `idempotency`: the key's row in the same transaction,
+        replacing one of the same key written before its `stale_before` (or whose turn
+        is gone); a live row of the key held by another turn fails the whole write
+        (`KeyTaken`, or a StoreError), so one key makes one turn."""
+        ...
+
+    async def idempotency_key(self, key: str) -> StoredKey | None:
+        """The row of `key`, expired or not (the caller's policy decides)."""
+        ...
+
+    async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
+        """Delete up to `limit` key rows written before `created_before`; how many went."""
         ...
 
     async def save_turn(self, record: dict[str, Any],

@@ -28,12 +28,14 @@ from typing import Any
 import anyio
 
 from turnkeeper.events import Event
+from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import goes_to_dead_letters
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
     DEAD_LETTERS_SHOWN,
+    KeyTaken,
     MessageRows,
     StoreError,
     dead_letter_entry,
@@ -95,6 +97,7 @@ class MemoryStore:
         self._events: dict[int, dict[str, Any]] = {}
         self._event_turn: dict[int, str | None] = {}
         self._journal: dict[str, dict[str, Any]] = {}
+        self._keys: dict[str, StoredKey] = {}
         self._reserved = 0
         self._next_seq = 0
         self._open = False
@@ -141,11 +144,20 @@ class MemoryStore:
                 self._event_turn[event.seq] = event.turn
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = (), within_s: float | None = None
-                          ) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None,
+                          idempotency: IdempotencyKey | None = None) -> int:
         self._check_open()
         if record["id"] in self._turns:
             raise StoreError(f"state store write failed: turn {record['id']} exists")
+        if idempotency is not None:
+            held = self._keys.get(idempotency.key)
+            if held is not None and held.created_at >= idempotency.stale_before \
+                    and held.turn in self._turns:
+                raise KeyTaken(f"idempotency key {idempotency.key!r} is held by turn "
+                               f"{held.turn}")
+            self._keys[idempotency.key] = StoredKey(
+                key=idempotency.key, turn=record["id"], fingerprint=idempotency.fingerprint,
+                created_at=idempotency.created_at)
         self._next_seq += 1
         record["seq"] = self._next_seq
         self._turns[record["id"]] = _Row(
@@ -257,7 +269,18 @@ class MemoryStore:
         self.durable_writes += 1
         return len(due)
 
+    async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
+        self._check_open()
+        due = [k for k, row in self._keys.items() if row.created_at < created_before][:limit]
+        for key in due:
+            del self._keys[key]
+        return len(due)
+
     # -- reading ------------------------------------------------------------------
+
+    async def idempotency_key(self, key: str) -> StoredKey | None:
+        self._check_open()
+        return self._keys.get(key)
 
     async def max_event_seq(self) -> int:
         return max(max(self._events, default=0), self._reserved)

@@ -50,10 +50,12 @@ import anyio
 
 from turnkeeper.clock import Clock
 from turnkeeper.events import Event
+from turnkeeper.policy.idempotency import IdempotencyKey
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
     TERMINAL_SQL,
+    KeyTaken,
     MessageRows,
     StoreError,
     stored_message,
@@ -92,6 +94,26 @@ def _event_statement(event: Event) -> Statement:
 
 
 _NOTIFY_TURNS: Statement = ("SELECT pg_notify($1, '')", (CHANNEL_TURNS,))
+
+
+async def _take_key(conn: Conn, turn: str, key: IdempotencyKey) -> None:
+    """The key's row for `turn`, replacing an expired one (or one whose turn was
+    pruned). A live row of another turn raises `KeyTaken`, which rolls back the turn's
+    insert with it: two nodes given one key at once make one turn (the second waits on
+    the first's row in the unique index, then finds it)."""
+    await conn.execute(
+        "DELETE FROM idempotency_keys WHERE key = $1 AND (created_at < $2 OR NOT EXISTS"
+        " (SELECT 1 FROM turns WHERE turns.id = idempotency_keys.turn))",
+        key.key, key.stale_before)
+    holder = await conn.fetchval(
+        "INSERT INTO idempotency_keys (key, turn, fingerprint, created_at) VALUES"
+        " ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING turn",
+        key.key, turn, key.fingerprint, key.created_at)
+    if holder is None:  # held: by this turn after a lost answer, or by another one
+        holder = await conn.fetchval("SELECT turn FROM idempotency_keys WHERE key = $1",
+                                     key.key)
+        if holder != turn:
+            raise KeyTaken(f"idempotency key {key.key!r} is held by turn {holder}")
 
 
 class PostgresStore(PostgresReads):
@@ -134,13 +156,16 @@ class PostgresStore(PostgresReads):
     # -- writing ------------------------------------------------------------------
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = (), within_s: float | None = None
-                          ) -> int:
-        """The turn's row, durable when this returns; `events` commit with it. Its number
-        comes from a sequence, so turns submitted on any daemon share one order."""
+                          events: Sequence[Event] = (), within_s: float | None = None,
+                          idempotency: IdempotencyKey | None = None) -> int:
+        """The turn's row, durable when this returns; `events` commit with it, and the
+        key's row when given (`_take_key`). Its number comes from a sequence, so turns
+        submitted on any daemon share one order."""
         checkpoint_json = dumps(checkpoint)
 
         async def insert(conn: Conn) -> None:
+            if idempotency is not None:
+                await _take_key(conn, record["id"], idempotency)
             record["seq"] = int(await conn.fetchval("SELECT nextval('turn_seq')"))
             inserted = await conn.fetchval(
                 "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from turnkeeper.policy.idempotency import StoredKey
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
@@ -168,3 +169,17 @@ class PostgresReads(PostgresFleet):
             f" {DEAD_LETTER_SQL} ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
         return [dead_letter_entry(record_of(record_json, message), replayed_by)
                 for record_json, message, replayed_by in rows]
+
+    async def idempotency_key(self, key: str) -> StoredKey | None:
+        rows = await self._fetch("SELECT turn, fingerprint, created_at FROM"
+                                 " idempotency_keys WHERE key = $1", key)
+        return StoredKey(key, *rows[0]) if rows else None
+
+    async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
+        rows = await self._fetch("SELECT key FROM idempotency_keys WHERE created_at < $1"
+                                 " ORDER BY created_at LIMIT $2", created_before, limit)
+        keys = [r[0] for r in rows]
+        if keys:
+            await self._write([("DELETE FROM idempotency_keys WHERE key = ANY($1::text[])"
+                                " AND created_at < $2", (keys, created_before))])
+        return len(keys)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -173,6 +173,18 @@ MIGRATIONS: tuple[tuple[str | Callable[[Conn], Awaitable[None]], ...], ...] = (
             until TIMESTAMPTZ NOT NULL,
             node TEXT NOT NULL
         )""",
+    ),
+    (
+        # Submits' Idempotency-Keys: the turn each made and the fingerprint of the submit,
+        # written in the turn's transaction; the key is unique, so one key is one turn
+        # whichever node took the submit.
+        """CREATE TABLE idempotency_keys (
+            key TEXT PRIMARY KEY,
+            turn TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
     ),
 )
 

@@ -31,13 +31,16 @@ from typing import Any
 
 from turnkeeper import jsonwire
 from turnkeeper.events import Event
+from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
     DEAD_LETTERS_SHOWN,
     TERMINAL_SQL,
+    KeyTaken,
     MessageRows,
+    StoreError,
     dead_letter_entry,
     journal_entry,
     list_turns_sql,
@@ -128,6 +131,19 @@ def _attach(checkpoint_json: str, rows: list[str], trail: list[str]) -> dict[str
     return with_messages(json.loads(checkpoint_json), rows, trail)
 
 
+def _key_rows(turn: str, idempotency: IdempotencyKey | None) -> list[Statement]:
+    """A submit's key row, replacing an expired one of the key (or one whose turn was
+    pruned); a live one held by another turn makes the INSERT fail."""
+    if idempotency is None:
+        return []
+    return [("DELETE FROM idempotency_keys WHERE key = ? AND (created_at < ?"
+             " OR turn NOT IN (SELECT id FROM turns))",
+             (idempotency.key, idempotency.stale_before)),
+            ("INSERT INTO idempotency_keys (key, turn, fingerprint, created_at)"
+             " VALUES (?, ?, ?, ?)",
+             (idempotency.key, turn, idempotency.fingerprint, idempotency.created_at))]
+
+
 class SQLiteStore(SQLiteConnection):
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
@@ -145,21 +161,29 @@ class SQLiteStore(SQLiteConnection):
         return [_event_statement(e, number) for e in events]
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
-                          events: Sequence[Event] = (), within_s: float | None = None
-                          ) -> int:
+                          events: Sequence[Event] = (), within_s: float | None = None,
+                          idempotency: IdempotencyKey | None = None) -> int:
         """The turn's row and its message, durable when this returns; `events` commit
-        with them."""
+        with them, and the key's row when given (its primary key refuses a second
+        turn for a live key: the whole write fails, `KeyTaken`)."""
         self._next_seq += 1
         record["seq"] = number = self._next_seq
-        await self._write([(
-            "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
-            " checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (record["id"], number, record["session"], record["state"],
-             record["created_at"], record["updated_at"], _dumps(stored_record(record)),
-             _dumps(checkpoint)),
-        ), ("INSERT INTO turn_input (turn, message) VALUES (?, ?)",
-            (record["id"], stored_message(record))), *self._event_rows(events, number)],
-            within_s=within_s)
+        try:
+            await self._write([*_key_rows(record["id"], idempotency), (
+                "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
+                " checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (record["id"], number, record["session"], record["state"],
+                 record["created_at"], record["updated_at"], _dumps(stored_record(record)),
+                 _dumps(checkpoint)),
+            ), ("INSERT INTO turn_input (turn, message) VALUES (?, ?)",
+                (record["id"], stored_message(record))), *self._event_rows(events, number)],
+                within_s=within_s)
+        except StoreError as exc:
+            if idempotency is not None and isinstance(exc.__cause__, sqlite3.IntegrityError) \
+                    and "idempotency_keys" in str(exc.__cause__):
+                raise KeyTaken(f"idempotency key {idempotency.key!r} is held by another "
+                               "turn") from None
+            raise
         if record["state"] not in TERMINAL_STATES:
             self._numbers[record["id"]] = number
         return number
@@ -261,7 +285,21 @@ class SQLiteStore(SQLiteConnection):
         await self._write(statements)
         return len(ids)
 
+    async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
+        rows = await self._read("SELECT key FROM idempotency_keys WHERE created_at < ?"
+                                " ORDER BY created_at LIMIT ?", (created_before, limit))
+        keys = [r[0] for r in rows]
+        if keys:
+            await self._write([(f"DELETE FROM idempotency_keys WHERE key IN"
+                                f" ({','.join('?' * len(keys))})", keys)])
+        return len(keys)
+
     # -- reading ------------------------------------------------------------------
+
+    async def idempotency_key(self, key: str) -> StoredKey | None:
+        rows = await self._read("SELECT turn, fingerprint, created_at FROM idempotency_keys"
+                                " WHERE key = ?", (key,))
+        return StoredKey(key, *rows[0]) if rows else None
 
     async def max_event_seq(self) -> int:
         rows = await self._read(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from turnkeeper.store.base import StoreError, stored_message_of
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def _messages_apart(conn: sqlite3.Connection) -> None:
@@ -128,6 +128,17 @@ MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] =
             "ALTER TABLE {table}_by_no RENAME TO {table}",
             "CREATE UNIQUE INDEX {table}_turn ON {table}(turn_no, idx)",
         )),
+    ),
+    (
+        # Submits' Idempotency-Keys: the turn each made and the fingerprint of the submit,
+        # written in the turn's transaction; the key is unique, so one key is one turn.
+        """CREATE TABLE idempotency_keys (
+            key TEXT PRIMARY KEY,
+            turn TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX idempotency_keys_created ON idempotency_keys(created_at)",
     ),
 )
 

@@ -21,6 +21,7 @@ from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import Store
 from turnkeeper.store.fleet import FleetStore
 from turnkeeper.supervisor.core import (
+    IdempotencyConflict,
     InboxFull,
     IntakeRefused,
     LiveTurn,
@@ -35,13 +36,16 @@ from turnkeeper.supervisor.core import (
 )
 from turnkeeper.supervisor.fleet import Fleet
 from turnkeeper.supervisor.intake import Intake
+from turnkeeper.supervisor.keyed import KeyedSubmits
 from turnkeeper.supervisor.lifecycle import Lifecycle, ReloadOutcome
 from turnkeeper.supervisor.queries import Queries
+from turnkeeper.supervisor.replays import Replays
 from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
-__all__ = ["InboxFull", "IntakeRefused", "LiveTurn", "NotWaiting", "ReloadOutcome",
+__all__ = ["IdempotencyConflict", "InboxFull", "IntakeRefused", "LiveTurn", "NotWaiting",
+           "ReloadOutcome",
            "Supervisor", "TurnFinished", "UnknownModel", "UnknownProfile", "UnknownTurn",
            "UnpricedCostLimit",
            "new_turn_id"]
@@ -54,6 +58,8 @@ class Supervisor(SupervisorCore):
                          config_path=config_path)
         self.scheduling = Scheduling(self)
         self.intake = Intake(self)
+        self.keyed = KeyedSubmits(self, self.intake)
+        self.replays = Replays(self, self.intake)
         self.queries = Queries(self)
         self.lifecycle = Lifecycle(self)
         self.retention = Retention(self)
@@ -98,7 +104,7 @@ class Supervisor(SupervisorCore):
         return await self.intake.cancel(turn_id, now=now)
 
     async def replay(self, turn_id: str) -> TurnRecord:
-        return await self.intake.replay(turn_id)
+        return await self.replays.replay(turn_id)
 
     async def prune(self, *, older_than_s: float, dead_letters: bool = False) -> int:
         return await self.retention.prune(older_than_s=older_than_s,

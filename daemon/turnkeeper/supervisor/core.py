@@ -62,6 +62,14 @@ class UnpricedCostLimit(TurnkeeperError, ValueError):
     price: its calls would cost $0, so the limit could never stop the turn."""
 
 
+class IdempotencyConflict(TurnkeeperError, ValueError):
+    """A submit's Idempotency-Key made another turn from a different submit (422)."""
+
+    def __init__(self, message: str, *, field: str = "idempotency_key") -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class UnknownTurn(TurnkeeperError):
     pass
 

@@ -1,5 +1,6 @@
 """Intake room: what comes in from clients (a new turn, a message to a running one, a
-cancel, a replay of a dead letter), checked and made durable before it is acknowledged.
+cancel), checked and made durable before it is acknowledged; a dead letter taken again
+goes through `replays.py`, a keyed submit through `keyed.py`.
 
 Submits are cheap on purpose: a submit is checked, written with its `turn.queued` event
 and answered; the turn runs later, in the scheduler's order. Submits that arrive together
@@ -23,7 +24,8 @@ from turnkeeper.config import DaemonConfig
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
 from turnkeeper.policy.admission import inbox_full
-from turnkeeper.policy.outcome import Stop, StopCode, TurnResult, goes_to_dead_letters
+from turnkeeper.policy.idempotency import IdempotencyKey
+from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.overload import (
     Cleared,
     OverloadGuard,
@@ -32,11 +34,10 @@ from turnkeeper.policy.overload import (
     Shed,
     batch_refusal,
 )
-from turnkeeper.policy.replay import resume_state
 from turnkeeper.policy.scheduler import Refusal, queue_full
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.prices import unpriced_in
-from turnkeeper.store.base import StoreError, rows_of
+from turnkeeper.store.base import StoreError
 from turnkeeper.supervisor.core import (
     InboxFull,
     IntakeRefused,
@@ -69,15 +70,18 @@ class SubmitRequest:
     deadline: float | None = None
     profile: str | None = None
     model: str | None = None
+    # Not part of the submit's fingerprint: the key names the submit, it is not in it.
+    idempotency_key: str | None = None
 
 
 class BatchItemInvalid(TurnkeeperError, ValueError):
     """One item of a batch cannot be taken; nothing of the batch was."""
 
-    def __init__(self, index: int, field: str, message: str) -> None:
+    def __init__(self, index: int, field: str, message: str, *, status: int = 400) -> None:
         super().__init__(f"[{index}].{field}: {message}")
         self.index = index
         self.field = f"[{index}].{field}"
+        self.status = status
 
 
 def overload_settings(daemon: DaemonConfig) -> OverloadSettings:
@@ -185,7 +189,8 @@ class Intake:
                                   turn=turn_id)
         return live, queued
 
-    async def _write(self, live: LiveTurn, queued: Event) -> dict[str, Any]:
+    async def _write(self, live: LiveTurn, queued: Event,
+                     idempotency: IdempotencyKey | None = None) -> dict[str, Any]:
         """The turn on disk with its `turn.queued` event, then queued and published (a
         turn started earlier would not know its seq, which orders its session's
         history). A failed write forgets the turn. Returns the record as written."""
@@ -194,7 +199,8 @@ class Intake:
         data = record.to_json()
         try:
             record.seq = await core.store.insert_turn(
-                data, {}, events=[queued], within_s=core.config.daemon.submit_timeout)
+                data, {}, events=[queued], within_s=core.config.daemon.submit_timeout,
+                idempotency=idempotency)
         except BaseException:
             core.live.pop(record.id, None)
             raise
@@ -209,7 +215,8 @@ class Intake:
 
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
                      deadline: float | None, replay_of: str | None = None,
-                     profile: str | None = None, model: str | None = None) -> TurnRecord:
+                     profile: str | None = None, model: str | None = None,
+                     idempotency: IdempotencyKey | None = None) -> TurnRecord:
         core = self.core
         unknown = self._check_model(model)
         if unknown is not None:
@@ -224,18 +231,21 @@ class Intake:
                                                    budget=budget, deadline=deadline,
                                                    profile=profile, model=model),
                                      replay_of=replay_of)
-        await self._write(live, queued)
+        await self._write(live, queued, idempotency)
         log.info("turn.queued", **log_context(live.record), queued=len(core.queue))
         core.scheduling.dispatch()
         return live.record
 
-    async def submit_batch(self, requests: Sequence[SubmitRequest]
+    async def submit_batch(self, requests: Sequence[SubmitRequest],
+                           keys: Sequence[IdempotencyKey | None] = ()
                            ) -> list[dict[str, Any] | Exception]:
         """Several submits taken together: all checked first (an unknown profile raises
         `BatchItemInvalid` naming its index; no room in the queue for all of them, or
         an overload, raises `IntakeRefused`: nothing is taken), then written at once so
         they share one store transaction. The answer is in the order of `requests`: each
         turn as written, or the error its write met (the others are taken all the same).
+        `keys`: each request's Idempotency-Key row, written with its turn (none when
+        shorter).
         """
         core = self.core
         for i, req in enumerate(requests):
@@ -251,7 +261,8 @@ class Intake:
 
         async def write(i: int, live: LiveTurn, queued: Event) -> None:
             try:
-                results[i] = await self._write(live, queued)
+                results[i] = await self._write(live, queued,
+                                               keys[i] if i < len(keys) else None)
             except Exception as exc:  # this one fails alone; its neighbours are taken
                 results[i] = exc
 
@@ -348,53 +359,3 @@ class Intake:
             await core.scheduling.finish(live, TurnResult(stopped_because=Stop(
                 StopCode.CANCELLED, "cancelled before it started")))
         return {"turn": turn_id, "state": "cancelling" if live.running else "cancelled"}
-
-    async def replay(self, turn_id: str) -> TurnRecord:
-        """Resume a dead letter from its last checkpoint: the same turn, its journal and
-        its history, under the policy in force now, with a fresh start for the guard that
-        stopped it (see `policy/replay.py`). It leaves the dead-letter list at once."""
-        core = self.core
-        if core.state in ("starting", "stopping"):
-            raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
-        self.refuse_while_unwritable()
-        if turn_id in core.live:
-            raise TurnFinished(f"turn {turn_id} is not a dead letter: it is live")
-        data = await core.store.get_turn(turn_id)
-        if data is None:
-            raise UnknownTurn(turn_id)
-        if not goes_to_dead_letters(data.get("result")):
-            raise TurnFinished(f"turn {turn_id} is not a dead letter")
-        code = StopCode(data["result"]["stopped_because"]["code"])
-        TurnState(data["state"]).to(TurnState.QUEUED)  # the table allows it, or raises
-        checkpoint = await core.store.get_checkpoint(turn_id) or {}
-        if turn_id in core.live:  # replayed by another request while we read
-            raise TurnFinished(f"turn {turn_id} is not a dead letter: it is live")
-        rec_json, checkpoint = resume_state(code, data, checkpoint, now=core.clock.time())
-        rec_json.pop("replayed_by", None)
-        rec_json["replay_of"] = turn_id  # a replay of itself: the marker clients know
-        record = TurnRecord.from_json(rec_json)
-        if record.profile is not None and record.profile not in core.config.budget.profiles:
-            record.profile = None
-        live = LiveTurn(record=record, checkpoint=checkpoint)
-        core.live[turn_id] = live
-        replayed = core.bus.prepare(ev.TurnReplayed(previous=data["result"],
-                                                    policy_version=core.policy.version),
-                                    turn=turn_id)
-        try:
-            # The checkpoint read back holds its messages and trail lines inline: they
-            # go back as rows.
-            stored, rows, lines = rows_of(checkpoint)
-            await core.store.requeue_turn(record.to_json(), stored, messages=rows,
-                                          trail=lines, events=[replayed])
-        except BaseException:
-            core.live.pop(turn_id, None)
-            raise
-        if core.fleet is not None:  # the fleet's: whichever node claims it runs it
-            core.live.pop(turn_id, None)
-            core.fleet.wake(submitted=1)
-        elif turn_id in core.live:  # not cancelled while the write ran
-            core.scheduler.enqueue(turn_id, record.session)
-        core.bus.deliver(replayed)
-        log.info("turn.replayed", **log_context(record), code=code.value)
-        core.scheduling.dispatch()
-        return record
