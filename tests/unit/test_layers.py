@@ -47,6 +47,7 @@ ROOM_OF: dict[str, str] = {
     "metrics": "metrics", "metrics_state": "metrics",
     "control": "control",
     "control.client": "client",
+    "client": "client",
     "daemon": "daemon",
     "cli": "cli", "__main__": "cli",
 }
@@ -72,7 +73,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "metrics": frozenset(_BELOW_TURN | {"turn", "lifecycle", "supervisor", "metrics"}),
     "control": frozenset(_BELOW_TURN | {"turn", "lifecycle", "supervisor", "metrics",
                                         "control"}),
-    "client": frozenset({"base", "kit"}),
+    "client": frozenset({"base", "kit", "client"}),
     "daemon": frozenset(_BELOW_TURN | {"turn", "lifecycle", "supervisor", "metrics",
                                        "control", "client"}),
     "cli": frozenset(_BELOW_TURN | {"turn", "lifecycle", "supervisor", "metrics",

@@ -48,12 +48,14 @@ class _Response:
         self.status = int(parts[1])
         self._length: int | None = None
         self._chunked = False
+        self.headers: dict[str, str] = {}
         while True:
             line = self._line()
             if line in (b"\r\n", b"\n", b""):
                 break
             name, _, value = line.partition(b":")
             name = name.strip().lower()
+            self.headers[name.decode("latin-1")] = value.strip().decode("latin-1")
             if name == b"content-length":
                 self._length = int(value.strip())
             elif name == b"transfer-encoding" and b"chunked" in value.lower():
