@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from turnkeeper.control import event_routes, log_routes
+from turnkeeper.control import event_routes, log_routes, openapi
 from turnkeeper.control.bodies import (
     CancelBody,
     IntakeBody,
@@ -72,6 +72,11 @@ async def health(request: web.Request) -> web.Response:
     """200 when ready; 503 when degraded, naming every reason."""
     out = request.app[SUPERVISOR].queries.health()
     return json_response(out, status=200 if out["status"] == "ok" else 503)
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    """This API described as OpenAPI 3.1 (the same text as docs/openapi.json)."""
+    return web.Response(text=openapi.text(), content_type="application/json")
 
 
 async def intake(request: web.Request) -> web.Response:
@@ -388,6 +393,7 @@ def add_routes(app: web.Application) -> None:
     app[FOLLOWERS] = {}
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/openapi.json", openapi_document)
     app.router.add_post("/v1/intake", intake)
     app.router.add_post("/v1/prune", prune)
     app.router.add_post("/v1/turns", submit)
