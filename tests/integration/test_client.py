@@ -24,6 +24,7 @@ from turnkeeper.client import (
     InvalidRequest,
     Overloaded,
     TurnNotFound,
+    Unreachable,
 )
 
 QUICK = """
@@ -135,6 +136,28 @@ def test_a_submit_refused_503_is_sent_again_after_retry_after_and_makes_one_turn
     with pytest.raises(Overloaded) as refused:
         tk.submit("no room", retry_for=0)
     assert refused.value.retry_after == 1.0
+
+
+def test_a_submit_made_while_the_daemon_is_down_is_taken_once_it_is_back(
+        start: Any, tmp_path: Path) -> None:
+    d = start(config(tmp_path))
+    d.kill()  # the socket file stays, refusing connections, until the daemon is back
+    tk = Client(socket=d.socket)
+    retries: list[ClientError] = []
+    answer: list[Any] = []
+    worker = threading.Thread(target=lambda: answer.append(tk.submit(
+        "while down", retry_for=60, on_retry=lambda e, s: retries.append(e))))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not retries:
+        assert time.monotonic() < deadline and worker.is_alive()
+        time.sleep(0.02)
+    assert isinstance(retries[0], Unreachable)
+    d.start()
+    worker.join(60)
+    [turn] = answer
+    assert tk.wait(turn.id, timeout=30).result.answer == "answer to: while down"
+    assert len(tk.turns()) == 1
 
 
 def follow_across_a_restart(d: Daemon, collect: Any) -> list[Event]:

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `server`
     fleet_db,
@@ -19,6 +23,7 @@ from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `se
 from tests.integration.harness import ECHO_TOOL, Daemon, script_file, scripted_provider
 from tests.integration.test_fleet import fleet_config
 from tests.integration.tool_server import ToolServer
+from turnkeeper.store import DB_NAME
 
 SCRIPT = """
 [[scenarios]]
@@ -161,3 +166,38 @@ def test_a_key_makes_one_turn_across_the_nodes_of_a_fleet(
     finally:
         for n in nodes:
             n.kill()
+
+
+@pytest.mark.slow  # waits out a 3 s window and a retention round
+def test_a_key_past_the_window_makes_a_new_turn_and_retention_deletes_it(
+        start: Any, tmp_path: Path) -> None:
+    d = start(config(tmp_path, '\n[daemon]\nidempotency_window = "3s"\n'
+                               '\n[store]\nkeep_finished = "10s"\n'))
+    status, first = post(d.socket, {"message": "short-lived"}, key="brief")
+    assert status == 202
+    deadline = time.monotonic() + 30
+    while True:  # the same key answers the first turn until its window has passed
+        status, again = post(d.socket, {"message": "short-lived"}, key="brief")
+        if status == 202:
+            break
+        assert (status, again["turn"]["id"]) == (200, first["turn"]["id"])
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert again["turn"]["id"] != first["turn"]["id"]
+    assert turn_count(d) == 2
+    # The background retention (a round a second with this keep) deletes the expired
+    # row; the live one stays.
+    db = d.state_dir / DB_NAME
+    while True:
+        with sqlite3.connect(db) as conn:
+            keys = conn.execute("SELECT key, turn FROM idempotency_keys").fetchall()
+        if keys == [("brief", again["turn"]["id"])] or not keys:
+            break
+        assert time.monotonic() < deadline + 30, keys
+        time.sleep(0.2)
+    # Once its window passes too, nothing is kept of the key.
+    while keys:
+        with sqlite3.connect(db) as conn:
+            keys = conn.execute("SELECT key FROM idempotency_keys").fetchall()
+        assert time.monotonic() < deadline + 60, keys
+        time.sleep(0.2)
