@@ -127,7 +127,9 @@ def validate(model: type[Body], data: Any, *, prefix: str = "",
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = prefix + ".".join(str(p) for p in first["loc"]) if first["loc"] else where
+        # A field named "" (`{"": 1}`) is named `""`: an empty `field` would name nothing.
+        field = prefix + ".".join(str(p) or '""' for p in first["loc"]) if first["loc"] \
+            else where
         msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
         return error(400, f"{field}: {msg}", field=field, index=index)
     except RecursionError:
