@@ -582,7 +582,7 @@ def test_kind_mcp_without_the_package_is_a_config_error_naming_the_fix(
         assert out.returncode == 78, (argv, out.stdout, out.stderr)
         text = out.stdout + out.stderr
         assert 'kind = "mcp"' in text and "pip install 'turnkeeper[mcp]'" in text, text
-        assert "line 1: tools.fs:" in text, text  # by its name, at its table
+        assert "line 5: tools.fs:" in text, text  # by its name, at its table
     ok = subprocess.run([sys.executable, "-m", "turnkeeper", "config", "check", str(path)],
                         env=env, capture_output=True, text=True, timeout=30, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
