@@ -42,7 +42,7 @@ from turnkeeper.providers.base import (
     ModelRequest,
     ToolSpec,
 )
-from turnkeeper.providers.http import HttpClient, dumps, exchange, request_headers
+from turnkeeper.providers.http import HttpAdapter, HttpClient, dumps, request_headers
 
 API_VERSION = "2023-06-01"
 
@@ -187,7 +187,7 @@ def mark_cache(messages: list[dict[str, Any]]) -> None:
         content[-1] = {**content[-1], "cache_control": EPHEMERAL}
 
 
-class AnthropicProvider:
+class AnthropicProvider(HttpAdapter):
     """Anthropic Messages over one shared aiohttp session."""
 
     def __init__(self, cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> None:
@@ -251,15 +251,6 @@ class AnthropicProvider:
             if budget is not None and budget != self._thinking_budget:
                 body["thinking"] = {**self._options["thinking"], "budget_tokens": budget}
         return dumps(body)
-
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
-                       ) -> ModelReply:
-        return await exchange(self._client, self.encode(request), request.timeout_s,
-                              stream=self._stream, parse=self._parse,
-                              read_stream=self._read_stream, on_delta=on_delta)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     # -- replies -------------------------------------------------------------------------
 

@@ -46,7 +46,13 @@ from turnkeeper.providers.base import (
     ToolSpec,
     Usage,
 )
-from turnkeeper.providers.http import INCOMPLETE, HttpClient, dumps, exchange, request_headers
+from turnkeeper.providers.http import (
+    INCOMPLETE,
+    HttpAdapter,
+    HttpClient,
+    dumps,
+    request_headers,
+)
 from turnkeeper.providers.sse import IdleWatch, send_new_text, sse_reads
 
 PARTS = "gemini.parts"  # the `Message.opaque` entry holding a reply's parts
@@ -189,7 +195,7 @@ API_VERSION = "v1beta"
 _VERSION = re.compile(r"/v\d+(?:alpha|beta)?$")
 
 
-class GeminiProvider:
+class GeminiProvider(HttpAdapter):
     """The Gemini API over one shared aiohttp session."""
 
     def __init__(self, cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> None:
@@ -229,15 +235,6 @@ class GeminiProvider:
         body["generationConfig"] = {**(config if isinstance(config, dict) else {}),
                                     "maxOutputTokens": request.max_output_tokens}
         return dumps(body)
-
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
-                       ) -> ModelReply:
-        return await exchange(self._client, self.encode(request), request.timeout_s,
-                              stream=self._stream, parse=self._parse,
-                              read_stream=self._read_stream, on_delta=on_delta)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     def _parse(self, obj: dict[str, Any]) -> ModelReply:
         candidates = obj.get("candidates") or [{}]

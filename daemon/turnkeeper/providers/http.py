@@ -39,7 +39,7 @@ from turnkeeper.policy.classify import (
     redirect_refused,
     retry_after_of,
 )
-from turnkeeper.providers.base import DeltaSink, ModelReply, ProviderError
+from turnkeeper.providers.base import DeltaSink, ModelReply, ModelRequest, ProviderError
 
 # What a broken transport raises: aiohttp's own errors, timeouts (asyncio.TimeoutError is
 # the builtin TimeoutError on 3.11) and socket errors.
@@ -285,3 +285,31 @@ def request_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[s
     out = {k: v for k, v in base.items() if k.lower() not in {e.lower() for e in extra}}
     out.update(extra)
     return out
+
+
+class HttpAdapter:
+    """What every HTTP adapter does alike: a call is one `exchange` of its encoded
+    request, read whole (`_parse`) or streamed (`_read_stream`); closing closes its
+    session. An adapter sets `_client` and `_stream` and writes those three."""
+
+    _client: HttpClient
+    _stream: bool
+
+    def encode(self, request: ModelRequest) -> bytes:
+        raise NotImplementedError
+
+    def _parse(self, obj: dict[str, Any]) -> ModelReply:
+        raise NotImplementedError
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, on_delta: DeltaSink | None
+                           ) -> ModelReply:
+        raise NotImplementedError
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
+                       ) -> ModelReply:
+        return await exchange(self._client, self.encode(request), request.timeout_s,
+                              stream=self._stream, parse=self._parse,
+                              read_stream=self._read_stream, on_delta=on_delta)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

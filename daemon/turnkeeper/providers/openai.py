@@ -34,7 +34,13 @@ from turnkeeper.providers.base import (
     ToolSpec,
     Usage,
 )
-from turnkeeper.providers.http import INCOMPLETE, HttpClient, dumps, exchange, request_headers
+from turnkeeper.providers.http import (
+    INCOMPLETE,
+    HttpAdapter,
+    HttpClient,
+    dumps,
+    request_headers,
+)
 from turnkeeper.providers.sse import SSE_DONE, IdleWatch, send_new_text, sse_reads
 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -203,7 +209,7 @@ def openai_client(cfg: ProviderConfig, secrets: ProviderSecrets | None, path: st
                       secret=key, secrets=secrets.values(), query=secrets.query)
 
 
-class OpenAIProvider:
+class OpenAIProvider(HttpAdapter):
     """OpenAI Chat Completions over one shared aiohttp session."""
 
     def __init__(self, cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> None:
@@ -244,15 +250,6 @@ class OpenAIProvider:
         if self._options:
             body.update(self._options)
         return dumps(body)
-
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
-                       ) -> ModelReply:
-        return await exchange(self._client, self.encode(request), request.timeout_s,
-                              stream=self._stream, parse=self._parse,
-                              read_stream=self._read_stream, on_delta=on_delta)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     # -- replies -------------------------------------------------------------------------
 

@@ -36,7 +36,13 @@ from turnkeeper.providers.base import (
     ToolSpec,
     Usage,
 )
-from turnkeeper.providers.http import INCOMPLETE, STREAM_ERROR, HttpClient, dumps, exchange
+from turnkeeper.providers.http import (
+    INCOMPLETE,
+    STREAM_ERROR,
+    HttpAdapter,
+    HttpClient,
+    dumps,
+)
 from turnkeeper.providers.openai import arguments_text, openai_client
 from turnkeeper.providers.sse import IdleWatch, send_new_text, sse_reads
 
@@ -164,7 +170,7 @@ def encode_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
              "parameters": dict(t.parameters)} for t in tools]
 
 
-class ResponsesProvider:
+class ResponsesProvider(HttpAdapter):
     """OpenAI Responses over one shared aiohttp session."""
 
     def __init__(self, cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> None:
@@ -195,15 +201,6 @@ class ResponsesProvider:
         if self._options:
             body.update(self._options)
         return dumps(body)
-
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
-                       ) -> ModelReply:
-        return await exchange(self._client, self.encode(request), request.timeout_s,
-                              stream=self._stream, parse=self._parse,
-                              read_stream=self._read_stream, on_delta=on_delta)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     def _parse(self, obj: dict[str, Any]) -> ModelReply:
         if obj.get("status") == "failed":
