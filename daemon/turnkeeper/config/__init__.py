@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -291,63 +291,6 @@ class Policy:
         return out
 
 
-def _model_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
-    """The config model that holds the key at `loc` (its last part), or None."""
-    model: Any = Config
-    item_key = False  # the next part is a list index or a dict key, not a field
-    for part in loc[:-1]:
-        if item_key or isinstance(part, int):
-            item_key = False
-            continue
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        model = field.annotation
-        origin = get_origin(model)
-        if origin in (tuple, list, dict):
-            item_key = True
-            model = [a for a in get_args(model) if a is not Ellipsis][-1]
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _hint(e: Any) -> str:
-    """` (did you mean X?)` for an unknown key or a misspelt value, or ""."""
-    loc = e["loc"]
-    if e["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
-        model = _model_at(loc)
-        close = explain.did_you_mean(loc[-1], model.model_fields if model else ())
-    elif e["type"] == "literal_error" and isinstance(e.get("input"), str):
-        close = explain.did_you_mean(e["input"], explain.expected_values(
-            str((e.get("ctx") or {}).get("expected", ""))))
-    else:
-        return ""
-    return f" (did you mean {close}?)" if close else ""
-
-
-def _format_errors(err: ValidationError, source: str, data: Mapping[str, Any] | None = None,
-                   text: str | None = None) -> str:
-    lines = [f"invalid configuration ({source}):"]
-    env = env_names()
-    where = explain.key_lines(text) if text is not None else {}
-    for e in err.errors():
-        loc = explain.named_loc(e["loc"], data or {})
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        msg += _hint(e)
-        var = ENV_PREFIX + "__".join(str(p) for p in e["loc"]).upper()
-        if var in env:  # the environment overrides the file: blame the variable
-            msg += f" (from the environment variable {env[var]})"
-        else:
-            line = explain.line_of(where, e["loc"])
-            if line is not None:
-                loc = f"line {line}: {loc}"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def _read_config(path: Path) -> tuple[dict[str, Any], str, str]:
     """The parsed TOML, the hash of its bytes and its text. Raises ConfigError naming
     the file."""
@@ -380,7 +323,7 @@ def build_config(data: Mapping[str, Any], source: str = "embedded defaults",
     try:
         return Config(**data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source, data, text)) from None
+        raise ConfigError(explain.format_errors(exc, source, Config, data, text)) from None
     except SettingsError as exc:  # an override the checks above did not foresee
         cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
         raise ConfigError(f"invalid environment override: {exc}{cause}") from None

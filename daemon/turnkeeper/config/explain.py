@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from turnkeeper.config.env import ENV_PREFIX, env_names
 
 Loc = tuple[str | int, ...]
 
@@ -94,3 +98,63 @@ def named_loc(loc: Sequence[str | int], data: Mapping[str, Any]) -> str:
         parts.append(str(part))
         node = node.get(part) if isinstance(node, dict) else None
     return ".".join(parts) or "(top level)"
+
+
+def _model_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The config model that holds the key at `loc` (its last part), or None."""
+    model: Any = root
+    item_key = False  # the next part is a list index or a dict key, not a field
+    for part in loc[:-1]:
+        if item_key or isinstance(part, int):
+            item_key = False
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = field.annotation
+        origin = get_origin(model)
+        if origin in (tuple, list, dict):
+            item_key = True
+            model = [a for a in get_args(model) if a is not Ellipsis][-1]
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _hint(root: type[BaseModel], e: Any) -> str:
+    """` (did you mean X?)` for an unknown key or a misspelt value, or ""."""
+    loc = e["loc"]
+    if e["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        model = _model_at(root, loc)
+        close = did_you_mean(loc[-1], model.model_fields if model else ())
+    elif e["type"] == "literal_error" and isinstance(e.get("input"), str):
+        close = did_you_mean(e["input"], expected_values(
+            str((e.get("ctx") or {}).get("expected", ""))))
+    else:
+        return ""
+    return f" (did you mean {close}?)" if close else ""
+
+
+def format_errors(err: ValidationError, source: str, root: type[BaseModel],
+                  data: Mapping[str, Any] | None = None, text: str | None = None) -> str:
+    """A validation error of the config as an operator reads it: each key by its name
+    (a provider or tool by `name`), at its line in the file, with "did you mean" for a
+    misspelt key or value, or blamed on the environment variable that set it."""
+    lines = [f"invalid configuration ({source}):"]
+    env = env_names()
+    where = key_lines(text) if text is not None else {}
+    for e in err.errors():
+        loc = named_loc(e["loc"], data or {})
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        msg += _hint(root, e)
+        var = ENV_PREFIX + "__".join(str(p) for p in e["loc"]).upper()
+        if var in env:  # the environment overrides the file: blame the variable
+            msg += f" (from the environment variable {env[var]})"
+        else:
+            line = line_of(where, e["loc"])
+            if line is not None:
+                loc = f"line {line}: {loc}"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
