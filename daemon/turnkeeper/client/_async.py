@@ -219,25 +219,18 @@ class AsyncClient:
         """As `Client.events`: reopened after a drop, from the last `seq` seen."""
         state = _wire.StreamState(turn_id, after)
         keep = _wire.type_filter(types)
-        dropped_at: float | None = None
-        attempt = 0
+        reconnects = _wire.Reconnects(self.socket, reconnect_for)
         while True:
             try:
                 async for raw in self._stream(state.path(None if turn_id else types)):
-                    dropped_at, attempt = None, 0
+                    reconnects.connected()
                     if state.take(raw) and keep(state.last_type):
                         yield Event.from_json(raw)
             except Unreachable:
                 pass
             if state.ended:
                 return
-            now = anyio.current_time()
-            dropped_at = now if dropped_at is None else dropped_at
-            if now - dropped_at >= reconnect_for:
-                raise Unreachable(f"control socket {self.socket}: the event stream could "
-                                  f"not be opened again within {reconnect_for} s")
-            await anyio.sleep(_wire.reconnect_delay(attempt))
-            attempt += 1
+            await anyio.sleep(reconnects.delay(anyio.current_time()))
 
     async def _stream(self, target: str) -> AsyncIterator[dict[str, Any]]:
         resp = await self._open("GET", target)

@@ -164,25 +164,18 @@ class Client:
         given twice. `types`: only events of these types (`turn.*,tool.call`)."""
         state = _wire.StreamState(turn_id, after)
         keep = _wire.type_filter(types)
-        dropped_at: float | None = None
-        attempt = 0
+        reconnects = _wire.Reconnects(self.socket, reconnect_for)
         while True:
             try:
                 for raw in self._stream(state.path(None if turn_id else types)):
-                    dropped_at, attempt = None, 0
+                    reconnects.connected()
                     if state.take(raw) and keep(state.last_type):
                         yield Event.from_json(raw)
             except Unreachable:
                 pass
             if state.ended:
                 return
-            now = time.monotonic()
-            dropped_at = now if dropped_at is None else dropped_at
-            if now - dropped_at >= reconnect_for:
-                raise Unreachable(f"control socket {self.socket}: the event stream could "
-                                  f"not be opened again within {reconnect_for} s")
-            time.sleep(_wire.reconnect_delay(attempt))
-            attempt += 1
+            time.sleep(reconnects.delay(time.monotonic()))
 
     def _stream(self, target: str) -> Iterator[dict[str, Any]]:
         sock, resp = self._open("GET", target, timeout=self.timeout)

@@ -119,6 +119,31 @@ def reconnect_delay(attempt: int) -> float:
     return min(MAX_DELAY_S, FIRST_DELAY_S * float(2 ** min(attempt, 10)))
 
 
+class Reconnects:
+    """When a dropped event stream is opened again: a growing delay from the drop, and
+    `Unreachable` once it has stayed down `within_s` (an event read resets both)."""
+
+    def __init__(self, socket: object, within_s: float) -> None:
+        self._socket = socket
+        self._within_s = within_s
+        self._dropped_at: float | None = None
+        self._attempt = 0
+
+    def connected(self) -> None:
+        self._dropped_at, self._attempt = None, 0
+
+    def delay(self, now: float) -> float:
+        """How long to wait before the next try; raises when the time is up."""
+        if self._dropped_at is None:
+            self._dropped_at = now
+        if now - self._dropped_at >= self._within_s:
+            raise Unreachable(f"control socket {self._socket}: the event stream could "
+                              f"not be opened again within {self._within_s} s")
+        delay = reconnect_delay(self._attempt)
+        self._attempt += 1
+        return delay
+
+
 class StreamState:
     """What a followed stream has seen: the last `seq`, and whether it ended as a turn's
     stream ends (with its `turn.finished`), so a drop is told from an end."""
