@@ -57,9 +57,14 @@ class Bench:
         self.notify = NotifyListener(where / "notify.sock")
         self.client = Client(self.socket, timeout=120)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.state = "state"
+        self.nudges = 0
         self.log = open(where / "daemon.log", "ab")  # noqa: SIM115 - closed in close()
 
-    def write_config(self, state: str) -> None:
+    def write_config(self, state: str, nudge: int = 0) -> None:
+        """`nudge`: a setting no turn here feels (`body_read_timeout`), so each reload
+        is a new policy: a reload of the running one makes no version and drains nothing."""
+        self.state = state
         self.config.write_text(f"""
 [daemon]
 socket = "{self.socket}"
@@ -68,6 +73,7 @@ log_format = "json"
 watch_config = false
 max_queued_turns = {self.parked * 5}
 drain_timeout = 30.0
+body_read_timeout = {10 + nudge}.0
 
 [[providers]]
 name = "scripted"
@@ -94,6 +100,8 @@ script = "{self.where / 'script.toml'}"
 
     def reload(self) -> float:
         assert self.proc is not None
+        self.nudges += 1
+        self.write_config(self.state, self.nudges)
         mark = len(self.notify.messages)
         t0 = time.monotonic()
         self.proc.send_signal(signal.SIGHUP)

@@ -410,6 +410,7 @@ class DaemonReloaded(EventBody):
     pending_restart: list[str]
     duration_s: float
     resumed: int
+    unchanged: bool = False  # the running policy again: no drain, no new version
 
 
 @dataclass(slots=True, kw_only=True)

@@ -109,7 +109,8 @@ class Metrics:
             "turnkeeper_guard_warnings", "Notes given to the agent by a guard "
             "(budget soft limit, repeated action)", ["guard"], registry=r)
         self.reloads = Counter(
-            "turnkeeper_reloads", "Reloads by result (ok, failed)", ["result"], registry=r)
+            "turnkeeper_reloads", "Reloads by result (ok, unchanged, failed)", ["result"],
+            registry=r)
         self.reload_duration = Histogram(
             "turnkeeper_reload_duration_seconds",
             "Duration of successful reloads, drain included",
@@ -136,7 +137,7 @@ class Metrics:
         # Series that exist from the first scrape, so rate() and absent() work at once.
         for code in StopCode:
             self.turns_finished.labels(status_of(code).value, code.value)
-        for result in ("ok", "failed"):
+        for result in ("ok", "unchanged", "failed"):
             self.reloads.labels(result)
         self._label_providers()
         self._steps: dict[str, tuple[int, float]] = {}  # turn -> (step, monotonic start)
@@ -262,7 +263,7 @@ class Metrics:
         self._inc(self.turns_submitted)
 
     def _reloaded(self, e: ev.DaemonReloaded, turn: str | None) -> None:
-        self._inc(self.reloads, "ok")
+        self._inc(self.reloads, "unchanged" if e.unchanged else "ok")
         self.reload_duration.observe(float(e.duration_s or 0.0))
         self._label_providers()
 

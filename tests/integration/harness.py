@@ -104,6 +104,21 @@ class Daemon:
     def set_config(self, body: str) -> None:
         write_config(self.config_path, body, socket=self.socket, state_dir=self.state_dir)
 
+    def change_policy(self) -> None:
+        """Make the next reload a new policy version. A reload of the policy that runs
+        already drains nothing and makes no new version, so a test of what a reload does
+        changes something first: `[daemon] body_read_timeout`, which these tests do not
+        watch, one second more each time. Written whole and renamed over the file."""
+        text = self.config_path.read_text()
+        found = re.search(r"^body_read_timeout = (\d+)\.0\n", text, flags=re.M)
+        seconds = int(found.group(1)) + 1 if found else 11
+        if found:
+            text = text.replace(found.group(0), "")
+        text = text.replace("[daemon]\n", f"[daemon]\nbody_read_timeout = {seconds}.0\n", 1)
+        tmp = self.config_path.with_name(self.config_path.name + ".next")
+        tmp.write_text(text)
+        os.replace(tmp, self.config_path)
+
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_")}
         for name in SYSTEMD_ENV:

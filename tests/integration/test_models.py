@@ -120,6 +120,7 @@ def test_a_turn_parked_on_its_alias_resumes_on_it_after_a_reload(
     d: Daemon = start(body)
     turn = d.submit("hello", model="cheap")
     _wait_for_state(d, turn["id"], "recovering")
+    d.change_policy()
     status, data = d.post("/v1/reload")
     assert status == 200, data
     done = d.wait(turn["id"])

@@ -310,6 +310,8 @@ def cmd_reload(client: Client, args: argparse.Namespace) -> int:
         render.print_json(data)
     else:
         print(f"reloaded: policy v{data['policy_version']}"
+              + (" unchanged (the file gives the running policy: no new version)"
+                 if data.get("unchanged") else "")
               + (f" (pending restart: {', '.join(data['pending_restart'])})"
                  if data.get("pending_restart") else ""))
     return exits.OK

@@ -132,7 +132,9 @@ def status_lines(data: dict[str, Any]) -> list[str]:
              f"{duration(data['uptime_s'])})",
              f"policy       v{data['policy_version']}  "
              f"{data['config_path'] or NO_CONFIG}"]
-    reloads = f"{r.get('count', 0)} done, {r.get('failures', 0)} refused; " if r else ""
+    same = f", {r['unchanged']} unchanged" if r.get("unchanged") else ""
+    reloads = (f"{r.get('count', 0)} done{same}, {r.get('failures', 0)} refused; "
+               if r else "")
     error = data.get("last_reload_error")
     lines.append(f"reloads      {reloads}last "
                  + ("FAILED (the running policy is kept):\n             "

@@ -154,6 +154,7 @@ class SupervisorCore:
         self.last_reload_error: str | None = None
         self.reload_count = 0
         self.reload_failures = 0
+        self.reload_unchanged = 0  # reloads that found the running policy
         self.tg: TaskGroup | None = None
         self.idle = anyio.Event()  # set (and replaced) each time the last task ends
         self.started_event = anyio.Event()

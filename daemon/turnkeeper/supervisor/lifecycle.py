@@ -5,12 +5,14 @@ turns are suspended at once, running ones finish under their policy or, after
 `drain_timeout`, are suspended: a model call cut (it has no effect), a tool call let
 finish first; then the policy is swapped in one step
 and the suspended turns go first in the queue. A stop that comes during a reload takes
-over its drain and the new policy is dropped. Every wait goes through the injected clock.
+over its drain and the new policy is dropped. A file that gives the running policy again
+(a comment edited, a save the watcher already applied) drains nothing and makes no new
+version. Every wait goes through the injected clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -18,7 +20,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from turnkeeper import event_types as ev
-from turnkeeper.config import ConfigError, Policy, keep_restart_keys, load_config
+from turnkeeper.config import Config, ConfigError, Policy, keep_restart_keys, load_config
 from turnkeeper.lifecycle.systemd import extend_timeout_loop
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime
@@ -37,13 +39,15 @@ class ReloadOutcome:
     error: str | None = None
     duration_s: float = 0.0
     stopping: bool = False  # refused because the daemon is stopping, not for the config
+    # The file read gives the policy already running: no drain, no new version.
+    unchanged: bool = False
 
     def to_json(self) -> dict[str, Any]:
         if not self.ok:
             return {"error": self.error, "policy_version": self.policy_version}
         return {"policy_version": self.policy_version,
                 "pending_restart": list(self.pending_restart),
-                "duration_s": round(self.duration_s, 6)}
+                "duration_s": round(self.duration_s, 6), "unchanged": self.unchanged}
 
 
 class Lifecycle:
@@ -150,6 +154,10 @@ class Lifecycle:
         if core.state == "stopping":  # a SIGTERM came while the file was read
             await self._discard(runtime)
             return self._stopping_outcome()
+        pending = core.policy.pending_restart(config)
+        applied = keep_restart_keys(core.policy.config, config)
+        if self._same_policy(applied, pending, runtime):
+            return await self._unchanged(trigger, runtime, digest, started)
         core.state = "reloading"
         core.notifier.reloading(core.status_line())
         core.bus.publish(ev.DaemonReloading(trigger=trigger,
@@ -168,9 +176,7 @@ class Lifecycle:
             return self._stopping_outcome()
         # Swap atomically: nothing runs under the old policy any more.
         previous = core.runtime
-        pending = core.policy.pending_restart(config)
         core.pending_restart = tuple(pending)
-        applied = keep_restart_keys(core.policy.config, config)
         candidate = Policy(version=candidate.version, config=applied,
                            source_path=core.config_path, content_hash=digest)
         runtime.policy = candidate
@@ -203,6 +209,41 @@ class Lifecycle:
             await previous.toolbox.aclose()
         return ReloadOutcome(ok=True, policy_version=candidate.version,
                              pending_restart=tuple(pending), duration_s=duration)
+
+    def _same_policy(self, applied: Config, pending: list[str], runtime: Runtime) -> bool:
+        """The reload would run what runs now: the same settings (a comment or the order
+        of keys may differ), the same restart-only keys pending, and every provider kept
+        (a rotated key or an edited script builds a new one, so that is a change)."""
+        core = self.core
+        running = core.runtime.providers
+        return (applied == core.policy.config and tuple(pending) == core.pending_restart
+                and runtime.providers.keys() == running.keys()
+                and all(runtime.providers[name] is p for name, p in running.items()))
+
+    async def _unchanged(self, trigger: str, runtime: Runtime, digest: str,
+                         started: float) -> ReloadOutcome:
+        """A reload that changes nothing makes no new version and drains nothing (a save
+        the file watcher applied, then `turnkeeper reload`, is one version, not two). It
+        still says RELOADING=1 then READY=1: systemd's reload waits for both. A refusal
+        the file had earned is cleared: the file is good again."""
+        core = self.core
+        await self._discard(runtime)
+        core.notifier.reloading(core.status_line())
+        core.policy = replace(core.policy, content_hash=digest)
+        core.runtime.policy = core.policy
+        core.last_reload_error = None
+        core.reload_unchanged += 1
+        duration = core.clock.monotonic() - started
+        core.notifier.ready(core.status_line())
+        core.bus.publish(ev.DaemonReloaded(
+            trigger=trigger, policy_version=core.policy.version, content_hash=digest,
+            pending_restart=list(core.pending_restart), duration_s=round(duration, 6),
+            resumed=0, unchanged=True))
+        log.info("daemon.reload_unchanged", trigger=trigger,
+                 policy_version=core.policy.version, content_hash=digest)
+        return ReloadOutcome(ok=True, policy_version=core.policy.version,
+                             pending_restart=core.pending_restart, duration_s=duration,
+                             unchanged=True)
 
     async def _discard(self, runtime: Runtime) -> None:
         """Close what a reload built and will not use."""

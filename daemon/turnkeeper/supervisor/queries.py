@@ -136,7 +136,8 @@ class Queries:
                             round(left, 3)
                             for name, left in core.shared.retry_after.windows(now).items()},
             "in_flight": core.shared.gates.snapshot(),
-            "reloads": {"count": core.reload_count, "failures": core.reload_failures},
+            "reloads": {"count": core.reload_count, "failures": core.reload_failures,
+                        "unchanged": core.reload_unchanged},
             "mcp_servers": core.runtime.toolbox.server_status(),
             "store": store_status(core.store.outage, now=now),
             "prices": prices_status(core.runtime.config),
