@@ -14,7 +14,6 @@ from turnkeeper.policy.classify import (
     FailureClass,
     Redactor,
     classify,
-    classify_exception,
     exception_names,
     is_context_overflow,
     parse_retry_after,
@@ -26,6 +25,13 @@ R = FailureClass.RETRYABLE
 D = FailureClass.DETERMINISTIC
 U = FailureClass.UNKNOWN
 NOW = 1_700_000_000.0  # a fixed "wall clock" for HTTP dates
+
+
+
+
+def classify_exception(exc: BaseException) -> FailureClass:
+    """What a provider adapter does with an exception from its transport."""
+    return classify(CallFailure(exception=exception_names(exc), message=str(exc)))
 
 
 @pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 502, 503, 504, 529])

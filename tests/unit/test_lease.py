@@ -33,7 +33,6 @@ def test_a_renewal_moves_the_deadline_on() -> None:
     timing = LeaseTiming(6.0)
     lease = Lease.starting(timing, clock.monotonic())
     clock.advance(timing.renew_every_s)
-    assert timing.next_renewal(0.0) == clock.monotonic()
     sent_at = clock.monotonic()
     outcome = lease.after_renewal({"t_a": 1}, {"t_a": 1}, sent_at=sent_at,
                                   now=sent_at + 0.1)

@@ -261,10 +261,6 @@ def classify(failure: CallFailure) -> FailureClass:
     return FailureClass.UNKNOWN
 
 
-def classify_exception(exc: BaseException) -> FailureClass:
-    return classify(CallFailure(exception=exception_names(exc), message=str(exc)))
-
-
 def parse_retry_after(value: str | None, *, now_epoch: float) -> float | None:
     """Retry-After as delta-seconds or an HTTP date; None when absent or unreadable.
     Negative and past values clamp to 0."""

@@ -42,9 +42,6 @@ class LeaseTiming:
         (local monotonic) is still this node's for sure, the margin taken off."""
         return sent_at + self.lease_s - self.margin_s
 
-    def next_renewal(self, last_sent_at: float) -> float:
-        return last_sent_at + self.renew_every_s
-
 
 @dataclass(frozen=True, slots=True)
 class RenewalOutcome:
