@@ -17,10 +17,11 @@ from prometheus_client.registry import Collector
 from turnkeeper import __version__
 from turnkeeper.clock import Clock
 from turnkeeper.policy.breaker import BreakerState
+from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.turn.record import LIVE_STATES
 
-DAEMON_STATES = ("starting", "ready", "reloading", "stopping")
+DAEMON_STATES = tuple(DaemonState)
 
 
 class StateCollector(Collector):
@@ -40,8 +41,8 @@ class StateCollector(Collector):
         yield info
         state = GaugeMetricFamily("turnkeeper_daemon_state",
                                   "1 for the daemon's current state", labels=["state"])
-        for name in DAEMON_STATES:
-            state.add_metric([name], 1.0 if sup.state == name else 0.0)
+        for daemon_state in DAEMON_STATES:
+            state.add_metric([daemon_state], 1.0 if sup.state is daemon_state else 0.0)
         yield state
         yield GaugeMetricFamily("turnkeeper_policy_version",
                                 "Version of the running policy", value=sup.policy.version)

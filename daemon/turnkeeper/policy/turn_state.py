@@ -51,8 +51,11 @@ class TurnState(StrEnum):
 
 
 class IllegalTransition(TurnkeeperError):
-    def __init__(self, old: TurnState, new: TurnState) -> None:
-        super().__init__(f"a turn cannot move from {old.value} to {new.value}")
+    """A move its state table does not list: a bug that names itself. `what`: whose state
+    (a turn, the daemon, an MCP server)."""
+
+    def __init__(self, old: StrEnum, new: StrEnum, what: str = "a turn") -> None:
+        super().__init__(f"{what} cannot move from {old.value} to {new.value}")
         self.old, self.new = old, new
 
 

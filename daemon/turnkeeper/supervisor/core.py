@@ -26,6 +26,7 @@ from turnkeeper.config import Config, Policy
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import EventBus
 from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.outcome import TurnResult
 from turnkeeper.policy.scheduler import SessionScheduler
 from turnkeeper.runtime import Runtime, Shared
@@ -143,7 +144,7 @@ class SupervisorCore:
         self.config_path = config_path
         self.bus = EventBus(clock=clock, persist=store.append_event,
                             reserve=store.reserve_event_seqs)
-        self.state = "starting"
+        self.state = DaemonState.STARTING
         self.started_at = clock.monotonic()
         self.live: dict[str, LiveTurn] = {}
         self.scheduler = SessionScheduler(
@@ -186,6 +187,14 @@ class SupervisorCore:
     def active(self) -> int:
         """Turns holding one of the concurrency slots."""
         return self.scheduler.active
+
+    @property
+    def stopping(self) -> bool:
+        return self.state is DaemonState.STOPPING
+
+    def move_to(self, state: DaemonState) -> None:
+        """The daemon's state, moved as its table allows (`policy/daemon_state.py`)."""
+        self.state = self.state.to(state)
 
     def status_line(self) -> str:
         """systemd's STATUS=: state, counts, policy version, and a failed reload's error."""

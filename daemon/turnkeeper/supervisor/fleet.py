@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.lease import Lease, LeaseTiming
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
@@ -160,16 +161,17 @@ class Fleet:
             self._wake = anyio.Event()
             # Mail is looked for when NOTIFY announced some, and every tick (a NOTIFY
             # missed while the listener reconnected): not at each submit or freed slot.
-            if core.state != "stopping" and (tick.cancelled_caught or self._mail_due):
+            if not core.stopping and (tick.cancelled_caught or self._mail_due):
                 self._mail_due = False
                 await self.mail.deliver()
-            if core.state != "stopping" and (tick.cancelled_caught or self.breakers.due):
+            if not core.stopping and (tick.cancelled_caught or self.breakers.due):
                 await self.breakers.read()
-            if core.state != "stopping" and (tick.cancelled_caught or self.waits.due):
+            if not core.stopping and (tick.cancelled_caught or self.waits.due):
                 await self.waits.read()
             if tick.cancelled_caught:
                 await self.read_backlog()
-            if core.state != "ready" or not core.intake_open or core.scheduler.paused:
+            if (core.state is not DaemonState.READY or not core.intake_open
+                    or core.scheduler.paused):
                 continue
             # Parked turns (waiting, recovering) give their slot back, as on one daemon.
             free = core.config.daemon.max_concurrent_turns - core.active - len(core.queue)

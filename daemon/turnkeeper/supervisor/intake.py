@@ -118,7 +118,7 @@ class Intake:
     def _check_open(self, batch: int | None = None) -> None:
         """Raise `IntakeRefused` unless a submit (or a batch of `batch`) can be taken."""
         core = self.core
-        if core.state in ("starting", "stopping"):
+        if not core.state.takes_submits:
             raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
         self.refuse_while_unwritable()
         refusal: Refusal | OverloadRefusal | None

@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from turnkeeper import event_types as ev
 from turnkeeper.config import Config, ConfigError, Policy, keep_restart_keys, load_config
 from turnkeeper.lifecycle.systemd import extend_timeout_loop
+from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore
@@ -81,7 +82,7 @@ class Lifecycle:
         if resumed:
             log.info("daemon.resuming", turns=resumed)
         tg.start_soon(core.retention.run, name="retention")
-        core.state = "ready"
+        core.move_to(DaemonState.READY)
         core.intake_open = True
         core.started_event.set()
         core.scheduling.dispatch()
@@ -128,7 +129,7 @@ class Lifecycle:
 
     async def _reload(self, trigger: str) -> ReloadOutcome:
         core = self.core
-        if core.state == "stopping":
+        if core.stopping:
             return self._stopping_outcome()
         started = core.clock.monotonic()
         try:
@@ -151,14 +152,14 @@ class Lifecycle:
                       policy_version=core.policy.version)
             core.notifier.status(core.status_line())
             return ReloadOutcome(ok=False, policy_version=core.policy.version, error=error)
-        if core.state == "stopping":  # a SIGTERM came while the file was read
+        if core.stopping:  # a SIGTERM came while the file was read
             await self._discard(runtime)
             return self._stopping_outcome()
         pending = core.policy.pending_restart(config)
         applied = keep_restart_keys(core.policy.config, config)
         if self._same_policy(applied, pending, runtime):
             return await self._unchanged(trigger, runtime, digest, started)
-        core.state = "reloading"
+        core.move_to(DaemonState.RELOADING)
         core.notifier.reloading(core.status_line())
         core.bus.publish(ev.DaemonReloading(trigger=trigger,
                                             policy_version=core.policy.version))
@@ -167,7 +168,7 @@ class Lifecycle:
                  queued=len(core.queue))
         core.intake_open = False
         await self._drain(core.config.daemon.drain_timeout, reason="reload")
-        if core.state == "stopping":
+        if core.stopping:
             # A SIGTERM during the drain: the stop owns the turns now (what this drain
             # suspended resumes at the next start); the new policy is not applied.
             await self._discard(runtime)
@@ -192,7 +193,7 @@ class Lifecycle:
                                      for turn_id in suspended if turn_id in core.live)
         core.last_reload_error = None
         core.reload_count += 1
-        core.state = "ready"
+        core.move_to(DaemonState.READY)
         core.intake_open = True
         core.scheduling.dispatch()
         duration = core.clock.monotonic() - started
@@ -289,7 +290,7 @@ class Lifecycle:
         every turn is suspended now (cut at once; it resumes from its last checkpoint at
         the next start), as an operator pressing Ctrl-C twice expects."""
         core = self.core
-        if core.stop_requested_event.is_set() and core.state == "stopping" and core.running:
+        if core.stop_requested_event.is_set() and core.stopping and core.running:
             log.warning("daemon.stop_now", running=core.running)
             for live in list(core.live.values()):
                 if live.running:
@@ -302,9 +303,9 @@ class Lifecycle:
 
     async def stop(self) -> None:
         core = self.core
-        if core.state == "stopping":
+        if core.stopping:
             return
-        core.state = "stopping"
+        core.move_to(DaemonState.STOPPING)
         core.intake_open = False
         core.notifier.stopping(core.status_line())
         core.bus.publish(ev.DaemonStopping(running=core.active,

@@ -36,7 +36,7 @@ class Replays:
         its history, under the policy in force now, with a fresh start for the guard that
         stopped it (see `policy/replay.py`). It leaves the dead-letter list at once."""
         core = self.core
-        if core.state in ("starting", "stopping"):
+        if not core.state.takes_submits:
             raise IntakeRefused(f"the daemon is {core.state}", retry_after_s=5)
         self.intake.refuse_while_unwritable()
         if turn_id in core.live:

@@ -69,7 +69,7 @@ class Scheduling:
         that parks while a reload or a stop drains is suspended at once, as parked turns
         are when the drain begins."""
         core = self.core
-        if core.state in ("reloading", "stopping"):
+        if core.state.draining:
             live.control.suspend()
         if core.scheduler.release_slot(live.record.id):
             self.dispatch()
@@ -125,7 +125,7 @@ class Scheduling:
                 live.control = TurnControl()
                 log.info("turn.suspended", turn=record.id, session=record.session,
                          policy_version=record.policy_version, **record.counters.to_json())
-                if core.state != "stopping":
+                if not core.stopping:
                     core.suspended_turns.append(record.id)
                 return
             await self.finish(live, result, checkpoint=runner.ctx.result_checkpoint)

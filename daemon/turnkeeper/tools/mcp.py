@@ -39,6 +39,7 @@ from jsonschema.exceptions import SchemaError
 from turnkeeper.config import ToolConfig
 from turnkeeper.policy.backoff import Backoff
 from turnkeeper.policy.classify import CallFailure
+from turnkeeper.policy.mcp_state import McpServerState
 from turnkeeper.policy.tool_traits import (
     NAME_SEPARATOR,
     SERVER_DOWN,
@@ -61,15 +62,15 @@ log = structlog.get_logger("turnkeeper.mcp")
 
 
 class McpServer:
-    """One supervised MCP server connection. States: `stopped` (not started or closed),
-    `starting`, `up`, `down` (waiting to restart)."""
+    """One supervised MCP server connection. Its state (`stopped`, `starting`, `up`,
+    `down`: waiting to restart) moves as `policy/mcp_state.py`'s table allows."""
 
     def __init__(self, cfg: ToolConfig, *,
                  rand: Callable[[float, float], float] = random.uniform) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.transport = "stdio" if cfg.command else "http"
-        self.state = "stopped"
+        self.state = McpServerState.STOPPED
         self.tools: dict[str, McpTool] = {}
         self.generation = 0
         self.listed = False
@@ -99,7 +100,7 @@ class McpServer:
     # -- what the ToolBox reads -----------------------------------------------------
 
     def offered(self) -> Iterable[McpTool]:
-        return self.tools.values() if self.state == "up" else ()
+        return self.tools.values() if self.state is McpServerState.UP else ()
 
     def lookup(self, name: str) -> McpTool | None:
         """A tool by its offered name, also while the server is down (a call then fails
@@ -117,7 +118,7 @@ class McpServer:
                        polling=False, timeout=self.cfg.timeout, because="not listed yet")
 
     def down_reason(self) -> str:
-        if self.state == "starting":
+        if self.state is McpServerState.STARTING:
             return "it is starting"
         reason = f"it is down: {self.last_error}" if self.last_error else "it is down"
         if self.next_restart_at is not None:
@@ -130,7 +131,8 @@ class McpServer:
                 "tools": [t.to_json() for t in self.tools.values()],
                 "restarts": self.schedule.restarts, "last_error": self.last_error,
                 "up_since": self.up_since,
-                "next_restart_at": self.next_restart_at if self.state == "down" else None}
+                "next_restart_at": (self.next_restart_at if self.state is McpServerState.DOWN
+                                    else None)}
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -161,7 +163,7 @@ class McpServer:
         try:
             with self._scope:
                 while True:
-                    self.state = "starting"
+                    self.state = self.state.to(McpServerState.STARTING)
                     self.next_restart_at = None
                     try:
                         await self._serve_once()
@@ -173,7 +175,7 @@ class McpServer:
                     await anyio.sleep(delay)
         finally:
             self._session = None
-            self.state = "stopped"
+            self.state = self.state.to(McpServerState.STOPPED)
             self.generation += 1
             if self._first_attempt is not None:
                 self._first_attempt.set()
@@ -188,7 +190,7 @@ class McpServer:
         """The read stream ended: no new call may start on this session."""
         if self._session is not None:
             self._session = None
-            self.state = "down"
+            self.state = self.state.to(McpServerState.DOWN)
             self.generation += 1
         self._poke()
 
@@ -302,7 +304,7 @@ class McpServer:
     def _went_up(self, session: ClientSession, listing: list[mcp_types.Tool]) -> None:
         self._set_tools(listing)
         self._session = session
-        self.state = "up"
+        self.state = self.state.to(McpServerState.UP)
         self.up_since = time.time()
         self._up_mono = time.monotonic()
         self.generation += 1
@@ -319,7 +321,7 @@ class McpServer:
         self._up_mono = None
         self._session = None
         self.up_since = None
-        self.state = "down"
+        self.state = self.state.to(McpServerState.DOWN)
         self.generation += 1
         delay = self.schedule.connection_ended(lived_s=lived, rand=self._rand)
         self.next_restart_at = time.time() + delay

@@ -25,6 +25,7 @@ from jsonschema.exceptions import SchemaError
 from turnkeeper.config import ConfigError, ToolConfig
 from turnkeeper.messages import ToolSpec
 from turnkeeper.policy.classify import CallFailure, Redactor
+from turnkeeper.policy.mcp_state import McpServerState
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
 from turnkeeper.tools.builtin import BUILTIN_SPECS
 from turnkeeper.tools.http import call_http
@@ -215,14 +216,14 @@ class ToolBox:
         for server in self._servers.values():
             prefix = server.name + NAME_SEPARATOR
             if previous is None:
-                if server.state != "up":
+                if server.state is not McpServerState.UP:
                     notes.append(f"The tools of MCP server {server.name} are unavailable "
                                  f"right now ({server.down_reason()}); they are offered "
                                  "again when it is back.")
                 continue
             gone = _names(n for n in previous - current if n.startswith(prefix))
             back = _names(n for n in current - previous if n.startswith(prefix))
-            if gone and server.state != "up":
+            if gone and server.state is not McpServerState.UP:
                 notes.append(f"MCP server {server.name} went down "
                              f"({server.down_reason()}); these tools are not offered "
                              f"until it is back: {gone}. Do not call them now.")
