@@ -37,7 +37,12 @@ from turnkeeper.lifecycle import sandbox, systemd
 from turnkeeper.lifecycle.signals import signal_dispatcher
 from turnkeeper.lifecycle.watch import ConfigChange, watch_config
 from turnkeeper.metrics import Metrics
-from turnkeeper.paths import StateDirUnusable, UnsafeStateDir, prepare_state_dir
+from turnkeeper.paths import (
+    StateDirUnusable,
+    UnsafeSocketDir,
+    UnsafeStateDir,
+    prepare_state_dir,
+)
 from turnkeeper.store import open_store
 from turnkeeper.store.base import Store, StoreError
 from turnkeeper.supervisor import Supervisor
@@ -133,7 +138,7 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
                            inherited=systemd.take_unix_listener())
     try:
         await server.start(metrics.install)
-    except (SocketError, OSError) as exc:
+    except (SocketError, UnsafeSocketDir, OSError) as exc:
         await store.close()
         raise BootError(f"control socket: {exc}",
                         getattr(exc, "exit_code", SocketError.exit_code)) from None

@@ -15,12 +15,11 @@ from aiohttp import web
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from turnkeeper import jsonwire
-from turnkeeper.control.http import SUPERVISOR, error, follower, too_many_followers
+from turnkeeper.control.http import SUPERVISOR, BadRequest, follower, too_many_followers
 from turnkeeper.event_types import TurnReplayed
 from turnkeeper.events import TERMINAL_EVENT, Event
 from turnkeeper.supervisor import (
     Supervisor,
-    UnknownTurn,
 )
 
 # The largest seq a store can hold (a signed 64-bit integer in SQLite and PostgreSQL): a
@@ -69,13 +68,10 @@ def _ready(live: MemoryObjectReceiveStream[Event], first: Event) -> list[Event]:
 async def turn_events(request: web.Request) -> web.StreamResponse:
     sup = request.app[SUPERVISOR]
     turn_id = request.match_info["id"]
-    try:
-        await sup.get_turn(turn_id)
-    except UnknownTurn:
-        return error(404, f"no turn {turn_id}")
+    await sup.get_turn(turn_id)  # raises UnknownTurn (404)
     with follower(request) as admitted:
         if not admitted:
-            return too_many_followers(request)
+            raise too_many_followers(request)
         return await _turn_events(request, sup, turn_id)
 
 
@@ -159,9 +155,10 @@ async def all_events(request: web.Request) -> web.StreamResponse:
         try:
             after = int(str(raw_after))
         except ValueError:
-            return error(400, "after must be a whole number (an event's seq)", field="after")
+            raise BadRequest("after must be a whole number (an event's seq)",
+                             field="after") from None
         if not 0 <= after <= MAX_SEQ:
-            return error(400, f"after must be from 0 to {MAX_SEQ}", field="after")
+            raise BadRequest(f"after must be from 0 to {MAX_SEQ}", field="after")
     turn = request.query.get("turn") or None
     keep = type_filter(request.query.get("type") or "")
 
@@ -214,5 +211,5 @@ async def all_events(request: web.Request) -> web.StreamResponse:
 
     with follower(request) as admitted:
         if not admitted:
-            return too_many_followers(request)
+            raise too_many_followers(request)
         return await _ndjson(request, stream())

@@ -1,7 +1,9 @@
 """What every control route shares: the app's keys, JSON errors, strict bodies read
 within a time limit, query numbers in range, and the per-client caps.
 
-Every error is JSON: `{"error": "...", "field": "..."}` where a field is to blame. Input
+Every error is JSON: `{"error": "...", "field": "..."}` where a field is to blame. A
+handler raises (`BadRequest` for its input, the supervisor's `Refused` errors for the
+rest) and one middleware (`refusals`) answers: no handler maps an error itself. Input
 is strict: a number is a JSON number, finite, never a string or a boolean (a
 `"deadline": Infinity` once queued a turn that never ran); a body is read within
 `daemon.body_read_timeout` or the connection is closed (a client trickling a body would
@@ -13,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import resource
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import anyio
 import structlog
@@ -25,12 +27,15 @@ from pydantic import ValidationError
 from turnkeeper import jsonwire
 from turnkeeper.config import DaemonConfig
 from turnkeeper.control.bodies import Body
+from turnkeeper.errors import Refused
 from turnkeeper.policy.admission import ControlLimits, default_max_connections
 from turnkeeper.supervisor import (
     Supervisor,
 )
 
 log = structlog.get_logger("turnkeeper.control")
+
+B = TypeVar("B", bound=Body)
 
 SUPERVISOR: web.AppKey[Supervisor] = web.AppKey("supervisor", Supervisor)
 # Event followers open per peer uid (-1: a peer without credentials), for the cap.
@@ -75,7 +80,35 @@ def error(status: int, message: str, *, field: str | None = None,
     return json_response(body, status=status, headers=headers)
 
 
-async def _read(request: web.Request) -> bytes | web.Response:
+class BadRequest(Refused):
+    """A request's body or query at fault (400; 408 a body not sent in time, 413 one too
+    large). `close`: the connection is closed once answered."""
+
+    def __init__(self, message: str, *, field: str | None = None, status: int = 400,
+                 index: int | None = None, close: bool = False) -> None:
+        super().__init__(message, status=status, field=field, index=index)
+        self.close = close
+
+
+@web.middleware
+async def refusals(request: web.Request,
+                   handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                   ) -> web.StreamResponse:
+    """Every `Refused` a handler raises, answered the one way: its status, `error`,
+    `field` and `index`, and `Retry-After` when it says when to ask again."""
+    try:
+        return await handler(request)
+    except Refused as exc:
+        headers = (None if exc.retry_after_s is None
+                   else {"Retry-After": f"{exc.retry_after_s:g}"})
+        response = error(exc.status, str(exc), field=exc.field, headers=headers,
+                         index=exc.index)
+        if isinstance(exc, BadRequest) and exc.close:
+            response.force_close()  # answered, then closed: not waited for again
+        return response
+
+
+async def _read(request: web.Request) -> bytes:
     """The body, read within `daemon.body_read_timeout`. A client too slow, or gone, has
     its connection closed; leaving mid-body is one log line, not a traceback."""
     sup = request.app[SUPERVISOR]
@@ -91,38 +124,35 @@ async def _read(request: web.Request) -> bytes | web.Response:
     except (ConnectionError, web.HTTPException, HttpProcessingError) as exc:
         # Gone mid-body, or a malformed body framing: one line, no traceback.
         log.info("control.client_left", path=request.path, error=type(exc).__name__)
-        return error(400, "the body could not be read", field="(body)")
+        raise BadRequest("the body could not be read", field="(body)") from None
     if raw is None:
         log.info("control.body_timeout", path=request.path)
-        late = error(408, "the body was not sent in time", field="(body)")
-        late.force_close()  # answered, then the connection is closed: not waited for again
-        return late
+        raise BadRequest("the body was not sent in time", field="(body)", status=408,
+                         close=True)
     return raw
 
 
 async def read_json(request: web.Request) -> Any:
-    """The body parsed as JSON (`{}` when empty), or a 400 / 408 `web.Response`."""
+    """The body parsed as JSON (`{}` when empty); raises `BadRequest` (400, 408)."""
     raw = await _read(request)
-    if isinstance(raw, web.Response):
-        return raw
     if not raw:
         return {}
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return error(400, f"body is not valid JSON: {exc}", field="(body)")
+        raise BadRequest(f"body is not valid JSON: {exc}", field="(body)") from None
     except RecursionError:
-        return error(400, "body is nested too deeply", field="(body)")
+        raise BadRequest("body is nested too deeply", field="(body)") from None
 
 
-def validate(model: type[Body], data: Any, *, prefix: str = "",
-             index: int | None = None) -> Body | web.Response:
-    """`data` as a `model`, or a 400 naming the first field at fault (after `prefix`,
-    e.g. `[3].` for the item at `index` 3 of a batch)."""
+def validate(model: type[B], data: Any, *, prefix: str = "",
+             index: int | None = None) -> B:
+    """`data` as a `model`; raises `BadRequest` naming the first field at fault (after
+    `prefix`, e.g. `[3].` for the item at `index` 3 of a batch)."""
     where = prefix.rstrip(".") or "(body)"
     if not isinstance(data, dict):
-        return error(400, f"{where}: must be a JSON object" if prefix
-                     else "body must be a JSON object", field=where, index=index)
+        raise BadRequest(f"{where}: must be a JSON object" if prefix
+                         else "body must be a JSON object", field=where, index=index)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -131,18 +161,14 @@ def validate(model: type[Body], data: Any, *, prefix: str = "",
         field = prefix + ".".join(str(p) or '""' for p in first["loc"]) if first["loc"] \
             else where
         msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
-        return error(400, f"{field}: {msg}", field=field, index=index)
+        raise BadRequest(f"{field}: {msg}", field=field, index=index) from None
     except RecursionError:
-        return error(400, f"{where}: nested too deeply", field=where, index=index)
+        raise BadRequest(f"{where}: nested too deeply", field=where, index=index) from None
 
 
-async def read_body(request: web.Request, model: type[Body]) -> Body | web.Response:
-    data = await read_json(request)
-    if isinstance(data, web.Response):
-        return data
-    if not isinstance(data, dict):
-        return error(400, "body must be a JSON object", field="(body)")
-    return validate(model, data)
+async def read_body(request: web.Request, model: type[B]) -> B:
+    """The body as a `model`; raises `BadRequest`."""
+    return validate(model, await read_json(request))
 
 
 _limits_cache: tuple[DaemonConfig, ControlLimits] | None = None
@@ -170,18 +196,19 @@ def limits_of(request: web.Request) -> ControlLimits:
     return cached[1]
 
 
-def too_large(request: web.Request, field: str, text: str) -> web.Response | None:
-    """413 naming `field` when `text` is over `daemon.max_message_bytes` (UTF-8)."""
+def check_size(request: web.Request, field: str, text: str, *,
+               index: int | None = None) -> None:
+    """Raises `BadRequest` (413) naming `field` when `text` is over
+    `daemon.max_message_bytes` (UTF-8)."""
     limits = limits_of(request)
     # A str of n characters is at most 4n bytes in UTF-8: most never need encoding.
     if not limits.message_too_large(4 * len(text)):
-        return None
+        return
     limit = request.app[SUPERVISOR].config.daemon.max_message_bytes
     size = len(text.encode("utf-8", "surrogatepass"))
     if limits.message_too_large(size):
-        return error(413, f"{field} is {size} bytes, more than the {limit} allowed "
-                          f"(daemon.max_message_bytes)", field=field)
-    return None
+        raise BadRequest(f"{field} is {size} bytes, more than the {limit} allowed "
+                         f"(daemon.max_message_bytes)", field=field, status=413, index=index)
 
 
 @contextlib.contextmanager
@@ -201,23 +228,24 @@ def follower(request: web.Request) -> Iterator[bool]:
             del followers[uid]
 
 
-def too_many_followers(request: web.Request) -> web.Response:
+def too_many_followers(request: web.Request) -> Refused:
     limit = request.app[SUPERVISOR].config.daemon.max_followers_per_client
-    return error(429, f"more than {limit} event streams open for this client "
-                      f"(daemon.max_followers_per_client)", headers={"Retry-After": "1"})
+    return Refused(f"more than {limit} event streams open for this client "
+                   f"(daemon.max_followers_per_client)", status=429, retry_after_s=1)
 
 
 def query_float(request: web.Request, name: str, default: float | None,
-                 *, lo: float, hi: float) -> float | web.Response | None:
+                *, lo: float, hi: float) -> float | None:
+    """The query parameter `name` as a number in [lo, hi]; raises `BadRequest`."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        return error(400, f"{name} must be a number", field=name)
+        raise BadRequest(f"{name} must be a number", field=name) from None
     if not lo <= value <= hi:
-        return error(400, f"{name} must be between {lo:g} and {hi:g}", field=name)
+        raise BadRequest(f"{name} must be between {lo:g} and {hi:g}", field=name)
     return value
 
 

@@ -15,11 +15,7 @@ MAX_LINES = tk_logging.RECENT_LINES
 
 async def recent_logs(request: web.Request) -> web.Response:
     limit = query_float(request, "limit", 200, lo=1, hi=MAX_LINES)
-    if isinstance(limit, web.Response):
-        return limit
     after = query_float(request, "after", 0, lo=0, hi=2**62)
-    if isinstance(after, web.Response):
-        return after
     assert limit is not None and after is not None
     recent = tk_logging.recent
     total = recent.total

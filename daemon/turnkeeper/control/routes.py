@@ -1,8 +1,9 @@
 """The control API: HTTP/1.1 + JSON over the Unix socket.
 
-Handlers validate, call the supervisor, and shape answers; they hold no state. What
-every route shares (errors, strict bodies, the app's keys) is in `http.py`, the event
-streams in `event_routes.py`.
+Handlers validate, call the supervisor, and shape answers; they hold no state and map
+no error to a status: what they or the supervisor refuse is raised (`errors.Refused`) and
+answered by one middleware. What every route shares (errors, strict bodies, the app's
+keys) is in `http.py`, the event streams in `event_routes.py`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from turnkeeper.control.http import (
     FOLLOWERS,
     PEER_UID,
     SUPERVISOR,
+    BadRequest,
+    check_size,
     control_limits,
     error,
     json_response,
@@ -31,25 +34,16 @@ from turnkeeper.control.http import (
     query_float,
     read_body,
     read_json,
-    too_large,
+    refusals,
     validate,
 )
 from turnkeeper.durations import parse_duration
+from turnkeeper.errors import Refused
 from turnkeeper.policy.idempotency import key_problem
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
-from turnkeeper.supervisor import (
-    IdempotencyConflict,
-    InboxFull,
-    IntakeRefused,
-    NotWaiting,
-    TurnFinished,
-    UnknownModel,
-    UnknownProfile,
-    UnknownTurn,
-    UnpricedCostLimit,
-)
-from turnkeeper.supervisor.intake import BatchItemInvalid, SubmitRequest
+from turnkeeper.supervisor import IdempotencyConflict
+from turnkeeper.supervisor.intake import SubmitRequest
 from turnkeeper.supervisor.keyed import Existing
 
 KEY_HEADER = "Idempotency-Key"
@@ -58,7 +52,7 @@ MAX_WAIT_S = 3600.0
 TEN_YEARS_S = 10 * 365 * 86400  # how far back `since` may reach
 STATE_NAMES = tuple(s.value for s in TurnState)
 
-__all__ = ["PEER_UID", "SUPERVISOR", "add_routes", "control_limits", "error"]
+__all__ = ["PEER_UID", "SUPERVISOR", "add_routes", "control_limits", "error", "refusals"]
 
 
 async def status(request: web.Request) -> web.Response:
@@ -82,9 +76,6 @@ async def openapi_document(request: web.Request) -> web.Response:
 async def intake(request: web.Request) -> web.Response:
     """Pause or resume the start of queued turns (submits are queued either way)."""
     body = await read_body(request, IntakeBody)
-    if isinstance(body, web.Response):
-        return body
-    assert isinstance(body, IntakeBody)
     sup = request.app[SUPERVISOR]
     changed = sup.scheduling.set_paused(not body.open)
     return json_response({"open": body.open, "changed": changed,
@@ -95,9 +86,6 @@ async def prune(request: web.Request) -> web.Response:
     """Delete the finished turns older than a duration, now (the background retention
     does the same at `store.keep_finished`)."""
     body = await read_body(request, PruneBody)
-    if isinstance(body, web.Response):
-        return body
-    assert isinstance(body, PruneBody)
     pruned = await request.app[SUPERVISOR].prune(
         older_than_s=parse_duration(body.older_than), dead_letters=body.dead_letters)
     return json_response({"pruned": pruned, "older_than": body.older_than,
@@ -113,19 +101,14 @@ _SUBMIT_FIELDS = tuple(name for name in SubmitBody.model_fields
 
 
 def _submit_request(request: web.Request, body: SubmitBody, *, prefix: str = "",
-                    index: int | None = None) -> SubmitRequest | web.Response:
-    """What the intake takes from a validated body, or the 400 / 413 naming the field."""
-    oversized = too_large(request, "message", body.message)
-    if oversized is not None:
-        if index is None:
-            return oversized
-        limit = request.app[SUPERVISOR].config.daemon.max_message_bytes
-        return error(413, f"{prefix}message: more than the {limit} bytes allowed "
-                          "(daemon.max_message_bytes)", field=f"{prefix}message", index=index)
+                    index: int | None = None) -> SubmitRequest:
+    """What the intake takes from a validated body; raises `BadRequest` (400, 413)
+    naming the field."""
+    check_size(request, f"{prefix}message", body.message, index=index)
     deadline = body.deadline_epoch()
     if deadline is not None and deadline <= request.app[SUPERVISOR].clock.time():
-        return error(400, f"{prefix}deadline: is in the past", field=f"{prefix}deadline",
-                     index=index)
+        raise BadRequest(f"{prefix}deadline: is in the past", field=f"{prefix}deadline",
+                         index=index)
     budget = body.budget.model_dump(exclude_none=True) if body.budget else {}
     # Every other field of the body as it is: a field added to the body and not to the
     # request is a TypeError here, at once, never a field dropped without a word.
@@ -133,20 +116,20 @@ def _submit_request(request: web.Request, body: SubmitBody, *, prefix: str = "",
     return SubmitRequest(**rest, budget=budget, deadline=deadline)
 
 
-def _header_key(request: web.Request) -> str | web.Response | None:
-    """The `Idempotency-Key` header, or the 400 naming it."""
+def _header_key(request: web.Request) -> str | None:
+    """The `Idempotency-Key` header; raises `BadRequest` naming it."""
     key = request.headers.get(KEY_HEADER)
     if key is None:
         return None
     problem = key_problem(key)
     if problem is not None:
-        return error(400, f"idempotency_key: the {KEY_HEADER} header: {problem}",
-                     field="idempotency_key")
+        raise BadRequest(f"idempotency_key: the {KEY_HEADER} header: {problem}",
+                         field="idempotency_key")
     return key
 
 
 def _with_key(req: SubmitRequest, header: str | None, *, prefix: str = "",
-              index: int | None = None) -> SubmitRequest | web.Response:
+              index: int | None = None) -> SubmitRequest:
     """The request with the header's key (a batch item's: the header's key, `/`, its
     index) unless the body names its own; a body naming another one than a single
     submit's header is a 400."""
@@ -157,49 +140,28 @@ def _with_key(req: SubmitRequest, header: str | None, *, prefix: str = "",
             return req
         return dataclasses.replace(req, idempotency_key=f"{header}/{index}")
     if req.idempotency_key not in (None, header):
-        return error(400, f"idempotency_key: the body's {req.idempotency_key!r} is not the "
-                     f"{KEY_HEADER} header's {header!r}", field=f"{prefix}idempotency_key")
+        raise BadRequest(f"idempotency_key: the body's {req.idempotency_key!r} is not the "
+                         f"{KEY_HEADER} header's {header!r}", field=f"{prefix}idempotency_key")
     return dataclasses.replace(req, idempotency_key=header)
 
 
-def _refused(exc: IntakeRefused) -> web.Response:
-    return error(exc.status, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+def _not_queued(exc: StoreError) -> Refused:
+    """A submit or a replay whose write failed (a full disk, a write withdrawn): not
+    taken, and the daemon cannot keep it (507)."""
+    return Refused(f"no turn was queued: {exc}", status=507)
 
 
 async def submit(request: web.Request) -> web.Response:
     """One submit (a JSON object) or a batch (a JSON list of them)."""
     data = await read_json(request)
-    if isinstance(data, web.Response):
-        return data
     header = _header_key(request)
-    if isinstance(header, web.Response):
-        return header
     if isinstance(data, list):
         return await submit_batch(request, data, header)
-    body = validate(SubmitBody, data)
-    if isinstance(body, web.Response):
-        return body
-    assert isinstance(body, SubmitBody)
-    req = _submit_request(request, body)
-    if isinstance(req, web.Response):
-        return req
-    req = _with_key(req, header)
-    if isinstance(req, web.Response):
-        return req
+    req = _with_key(_submit_request(request, validate(SubmitBody, data)), header)
     try:
         turn, created = await request.app[SUPERVISOR].keyed.submit(req)
-    except IdempotencyConflict as exc:
-        return error(422, str(exc), field=exc.field)
-    except UnknownProfile as exc:
-        return error(400, str(exc), field="profile")
-    except UnknownModel as exc:
-        return error(400, str(exc), field="model")
-    except UnpricedCostLimit as exc:
-        return error(400, str(exc), field="budget.max_cost_usd")
-    except IntakeRefused as exc:
-        return _refused(exc)
-    except StoreError as exc:  # not kept (a full disk, a write withdrawn): not taken
-        return error(507, f"no turn was queued: {exc}")
+    except StoreError as exc:
+        raise _not_queued(exc) from None
     # 200: the key made this turn before (a retry); 202: made now.
     return json_response({"turn": turn}, status=202 if created else 200)
 
@@ -214,30 +176,17 @@ async def submit_batch(request: web.Request, items: list[Any], header: str | Non
     whose write failed (the others are taken); 507 for the request when none was, 200
     when every item's key had made its turn before."""
     if not items:
-        return error(400, "a batch needs at least one submit", field="(body)")
+        raise BadRequest("a batch needs at least one submit", field="(body)")
     if len(items) > MAX_BATCH:
-        return error(400, f"a batch holds at most {MAX_BATCH} submits, not {len(items)}",
-                     field="(body)")
+        raise BadRequest(f"a batch holds at most {MAX_BATCH} submits, not {len(items)}",
+                         field="(body)")
     reqs: list[SubmitRequest] = []
     for i, item in enumerate(items):
         prefix = f"[{i}]."
         body = validate(SubmitBody, item, prefix=prefix, index=i)
-        if isinstance(body, web.Response):
-            return body
-        assert isinstance(body, SubmitBody)
         req = _submit_request(request, body, prefix=prefix, index=i)
-        if isinstance(req, web.Response):
-            return req
-        req = _with_key(req, header, prefix=prefix, index=i)
-        if isinstance(req, web.Response):
-            return req
-        reqs.append(req)
-    try:
-        results = await request.app[SUPERVISOR].keyed.submit_batch(reqs)
-    except BatchItemInvalid as exc:
-        return error(exc.status, str(exc), field=exc.field, index=exc.index)
-    except IntakeRefused as exc:
-        return _refused(exc)
+        reqs.append(_with_key(req, header, prefix=prefix, index=i))
+    results = await request.app[SUPERVISOR].keyed.submit_batch(reqs)
     failed = [r for r in results if isinstance(r, Exception)]
     if len(failed) == len(results):  # nothing was taken: the request failed
         return error(_write_failed_status(failed[0]), f"no turn was queued: {failed[0]}")
@@ -262,88 +211,51 @@ def _write_failed_status(exc: Exception) -> int:
 
 
 async def list_turns(request: web.Request) -> web.Response:
-    limit = query_float(request, "limit", 100, lo=1, hi=10_000)
-    if isinstance(limit, web.Response):
-        return limit
-    assert limit is not None
+    limit = int(query_float(request, "limit", 100, lo=1, hi=10_000) or 100)
     since = query_float(request, "since", None, lo=0, hi=TEN_YEARS_S)
-    if isinstance(since, web.Response):
-        return since
     before = query_float(request, "before", None, lo=1, hi=2**53)
-    if isinstance(before, web.Response):
-        return before
     state = request.query.get("state") or None
     if state is not None and state not in STATE_NAMES:
-        return error(400, f"state must be one of {', '.join(STATE_NAMES)}", field="state")
+        raise BadRequest(f"state must be one of {', '.join(STATE_NAMES)}", field="state")
     turns = await request.app[SUPERVISOR].list_turns(
         state=state, session=request.query.get("session") or None,
-        limit=int(limit), since_s=since, before_seq=None if before is None else int(before))
+        limit=limit, since_s=since, before_seq=None if before is None else int(before))
     # The cursor of the next page: the oldest `seq` of this one, while pages are full.
-    after_page = turns[-1]["seq"] if len(turns) == int(limit) else None
+    after_page = turns[-1]["seq"] if len(turns) == limit else None
     return await large_json_response({"turns": turns, "next": after_page})
 
 
 async def get_turn(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     wait = query_float(request, "wait", None, lo=0, hi=MAX_WAIT_S)
-    if isinstance(wait, web.Response):
-        return wait
     turn_id = request.match_info["id"]
-    try:
-        if wait:
-            turn = await sup.wait_turn(turn_id, wait)
-        else:
-            turn = await sup.get_turn(turn_id)
-    except UnknownTurn:
-        return error(404, f"no turn {turn_id}")
+    turn = await (sup.wait_turn(turn_id, wait) if wait else sup.get_turn(turn_id))
     return json_response({"turn": turn})
 
 
 async def post_message(request: web.Request) -> web.Response:
     body = await read_body(request, MessageBody)
-    if isinstance(body, web.Response):
-        return body
-    assert isinstance(body, MessageBody)
-    oversized = too_large(request, "text", body.text)
-    if oversized is not None:
-        return oversized
-    turn_id = request.match_info["id"]
-    try:
-        out = await request.app[SUPERVISOR].post_message(
-            turn_id, kind=body.kind, text=body.text, redirect=body.redirect)
-    except UnknownTurn:
-        return error(404, f"no turn {turn_id}")
-    except TurnFinished:
-        return error(409, f"turn {turn_id} has finished")
-    except NotWaiting as exc:
-        return error(409, str(exc))
-    except InboxFull as exc:
-        return error(429, str(exc), field="max_pending_messages")
+    check_size(request, "text", body.text)
+    out = await request.app[SUPERVISOR].post_message(
+        request.match_info["id"], kind=body.kind, text=body.text, redirect=body.redirect)
     return json_response(out, status=202)
 
 
 async def cancel(request: web.Request) -> web.Response:
     body = await read_body(request, CancelBody)
-    if isinstance(body, web.Response):
-        return body
-    assert isinstance(body, CancelBody)
-    turn_id = request.match_info["id"]
-    try:
-        out = await request.app[SUPERVISOR].cancel(turn_id, now=body.now)
-    except UnknownTurn:
-        return error(404, f"no turn {turn_id}")
+    out = await request.app[SUPERVISOR].cancel(request.match_info["id"], now=body.now)
     return json_response(out, status=202)
 
 
 async def fleet(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     if sup.fleet is None:
-        return error(409, "not a fleet: this daemon keeps its turns in its own SQLite file "
-                          "([store] url is empty)")
+        raise Refused("not a fleet: this daemon keeps its turns in its own SQLite file "
+                      "([store] url is empty)", status=409)
     try:
         await sup.fleet.read_nodes()
     except StoreError as exc:
-        return error(503, str(exc))
+        raise Refused(str(exc), status=503) from None
     return json_response(sup.fleet.status())
 
 
@@ -359,33 +271,18 @@ async def dead_letters(request: web.Request) -> web.Response:
 
 
 async def replay(request: web.Request) -> web.Response:
-    turn_id = request.match_info["id"]
     try:
-        record = await request.app[SUPERVISOR].replay(turn_id)
-    except UnknownTurn:
-        return error(404, f"no dead letter {turn_id}")
-    except TurnFinished as exc:
-        return error(409, str(exc))
-    except IntakeRefused as exc:
-        return _refused(exc)
-    except StoreError as exc:  # not kept (a full disk, a write withdrawn): not taken
-        return error(507, f"no turn was queued: {exc}")
+        record = await request.app[SUPERVISOR].replay(request.match_info["id"])
+    except StoreError as exc:
+        raise _not_queued(exc) from None
     return json_response({"turn": record.to_json()}, status=202)
 
 
 async def limits_report(request: web.Request) -> web.Response:
     since = query_float(request, "since", None, lo=0, hi=TEN_YEARS_S)
-    if isinstance(since, web.Response):
-        return since
-    factor = query_float(request, "factor", 2.5, lo=0.01, hi=1000)
-    if isinstance(factor, web.Response):
-        return factor
-    assert factor is not None
-    try:
-        report = await request.app[SUPERVISOR].limits_report(
-            profile=request.query.get("profile") or None, since_s=since, factor=factor)
-    except UnknownProfile as exc:
-        return error(400, str(exc), field="profile")
+    factor = query_float(request, "factor", 2.5, lo=0.01, hi=1000) or 2.5
+    report = await request.app[SUPERVISOR].limits_report(
+        profile=request.query.get("profile") or None, since_s=since, factor=factor)
     return json_response(report)
 
 

@@ -28,7 +28,7 @@ from turnkeeper import exits
 from turnkeeper.control import routes
 from turnkeeper.control.gate import BoundedSite, PeerCheck
 from turnkeeper.errors import TurnkeeperError
-from turnkeeper.paths import UnsafeSocketDir, check_socket_dir_mode, check_socket_dir_owner
+from turnkeeper.paths import check_socket_dir_mode, check_socket_dir_owner
 from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.control")
@@ -38,13 +38,6 @@ MAX_BODY = 1024 * 1024
 
 class SocketError(TurnkeeperError):
     exit_code = exits.UNAVAILABLE
-
-
-class UnsafeSocketDirError(SocketError):
-    """The socket's directory is one another user controls or others can write: a
-    setting to fix, not a busy machine (exit 78)."""
-
-    exit_code = exits.CONFIG
 
 
 def make_access_middleware(peers: PeerCheck) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -89,22 +82,19 @@ def prepare_socket_path(path: Path) -> None:
 
     A directory the daemon creates, or its own (see `_is_own_dir`) owned by its uid, is
     set to 0750; any other is left as it is. A directory another user controls, or one
-    others can write without the sticky bit, raises `UnsafeSocketDirError` (exit 78)."""
+    others can write without the sticky bit, raises `UnsafeSocketDir` (exit 78)."""
     parent = path.parent
     created = not parent.exists()
     try:
         parent.mkdir(parents=True, exist_ok=True, mode=0o750)
     except OSError as exc:
         raise SocketError(f"cannot create socket directory {parent}: {exc.strerror}") from None
-    try:
-        check_socket_dir_owner(parent)
-        st = parent.stat()
-        ours = created or (_is_own_dir(parent) and st.st_uid == os.getuid())
-        if ours and stat.S_IMODE(st.st_mode) & ~0o750:
-            os.chmod(parent, stat.S_IMODE(st.st_mode) & 0o750)
-        check_socket_dir_mode(parent)
-    except UnsafeSocketDir as exc:
-        raise UnsafeSocketDirError(str(exc)) from None
+    check_socket_dir_owner(parent)
+    st = parent.stat()
+    ours = created or (_is_own_dir(parent) and st.st_uid == os.getuid())
+    if ours and stat.S_IMODE(st.st_mode) & ~0o750:
+        os.chmod(parent, stat.S_IMODE(st.st_mode) & 0o750)
+    check_socket_dir_mode(parent)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise SocketError(f"{path} exists and is not a socket")
@@ -150,7 +140,8 @@ class ControlServer:
             return await handler(request)
 
         app = web.Application(client_max_size=MAX_BODY,
-                              middlewares=[make_access_middleware(self.peers), started])
+                              middlewares=[make_access_middleware(self.peers), started,
+                                           routes.refusals])
         app[routes.SUPERVISOR] = self.supervisor
         routes.add_routes(app)
         return app

@@ -20,19 +20,18 @@ from turnkeeper.config import Policy
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import Store
 from turnkeeper.store.fleet import FleetStore
-from turnkeeper.supervisor.core import (
+from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, new_turn_id
+from turnkeeper.supervisor.errors import (
+    BatchItemInvalid,
     IdempotencyConflict,
     InboxFull,
     IntakeRefused,
-    LiveTurn,
     NotWaiting,
-    SupervisorCore,
     TurnFinished,
     UnknownModel,
     UnknownProfile,
     UnknownTurn,
     UnpricedCostLimit,
-    new_turn_id,
 )
 from turnkeeper.supervisor.fleet import Fleet
 from turnkeeper.supervisor.intake import Intake
@@ -44,7 +43,8 @@ from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
-__all__ = ["IdempotencyConflict", "InboxFull", "IntakeRefused", "LiveTurn", "NotWaiting",
+__all__ = ["BatchItemInvalid", "IdempotencyConflict", "InboxFull", "IntakeRefused",
+           "LiveTurn", "NotWaiting",
            "ReloadOutcome",
            "Supervisor", "TurnFinished", "UnknownModel", "UnknownProfile", "UnknownTurn",
            "UnpricedCostLimit",

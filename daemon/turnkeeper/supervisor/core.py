@@ -1,5 +1,5 @@
 """What every room of the supervisor shares: the daemon's state, the turns in memory,
-and the names other modules import (errors, `LiveTurn`, `new_turn_id`).
+and the names other modules import (`LiveTurn`, `new_turn_id`).
 
 The supervisor is one object to the rest of the daemon, but its work is split into rooms
 (scheduling, intake, queries, lifecycle), each a small class holding a reference to this
@@ -23,7 +23,6 @@ from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock
 from turnkeeper.config import Config, Policy
-from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import EventBus
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.daemon_state import DaemonState
@@ -38,53 +37,6 @@ if TYPE_CHECKING:
     from turnkeeper.supervisor.fleet import Fleet
     from turnkeeper.supervisor.retention import Retention
     from turnkeeper.supervisor.scheduling import Scheduling
-
-
-class IntakeRefused(TurnkeeperError):
-    """Submit refused: the queue is full or the daemon is stopping (503), or the store
-    cannot be written (507)."""
-
-    def __init__(self, reason: str, retry_after_s: int, *, status: int = 503) -> None:
-        super().__init__(reason)
-        self.retry_after_s = retry_after_s
-        self.status = status
-
-
-class UnknownProfile(TurnkeeperError, ValueError):
-    """A submit named a budget profile the policy does not define."""
-
-
-class UnknownModel(TurnkeeperError, ValueError):
-    """A submit named a model that is neither a `[models.NAME]` alias nor a provider."""
-
-
-class UnpricedCostLimit(TurnkeeperError, ValueError):
-    """A submit set a cost limit over a provider chain that holds a provider with no
-    price: its calls would cost $0, so the limit could never stop the turn."""
-
-
-class IdempotencyConflict(TurnkeeperError, ValueError):
-    """A submit's Idempotency-Key made another turn from a different submit (422)."""
-
-    def __init__(self, message: str, *, field: str = "idempotency_key") -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class UnknownTurn(TurnkeeperError):
-    pass
-
-
-class TurnFinished(TurnkeeperError):
-    """A message to a turn that has ended."""
-
-
-class InboxFull(TurnkeeperError):
-    """A message to a turn that holds `daemon.max_pending_messages` not yet taken."""
-
-
-class NotWaiting(TurnkeeperError):
-    """An answer to a turn that asked no question: kept, it would answer a later one."""
 
 
 @dataclass(slots=True)

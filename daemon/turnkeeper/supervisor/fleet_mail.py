@@ -18,7 +18,8 @@ from turnkeeper.events import Event
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
 from turnkeeper.store.fleet import FleetStore, MailTaken
-from turnkeeper.supervisor.core import LiveTurn, NotWaiting, TurnFinished
+from turnkeeper.supervisor.core import LiveTurn
+from turnkeeper.supervisor.errors import NotWaiting, TurnFinished
 
 if TYPE_CHECKING:
     from turnkeeper.supervisor import Supervisor
@@ -40,7 +41,7 @@ class FleetMail:
         """A steer or an answer for a turn this node does not run: durable mail the node
         holding it (or the next one to claim it) applies within a second."""
         if data.get("result") is not None or TurnState(data["state"]).terminal:
-            raise TurnFinished(turn_id)
+            raise TurnFinished(f"turn {turn_id} has finished")
         if kind == "answer" and data.get("question") is None:
             raise NotWaiting(f"turn {turn_id} is {data['state']} and asked no question; "
                              "send a steer instead")

@@ -21,7 +21,6 @@ import structlog
 
 from turnkeeper import event_types as ev
 from turnkeeper.config import DaemonConfig
-from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
 from turnkeeper.policy.admission import inbox_full
 from turnkeeper.policy.idempotency import IdempotencyKey
@@ -38,19 +37,17 @@ from turnkeeper.policy.scheduler import Refusal, queue_full
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.prices import unpriced_in
 from turnkeeper.store.base import StoreError
-from turnkeeper.supervisor.core import (
+from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context, new_turn_id
+from turnkeeper.supervisor.errors import (
+    BatchItemInvalid,
     InboxFull,
     IntakeRefused,
-    LiveTurn,
     NotWaiting,
-    SupervisorCore,
     TurnFinished,
     UnknownModel,
     UnknownProfile,
     UnknownTurn,
     UnpricedCostLimit,
-    log_context,
-    new_turn_id,
 )
 from turnkeeper.turn.record import TurnRecord
 
@@ -72,16 +69,6 @@ class SubmitRequest:
     model: str | None = None
     # Not part of the submit's fingerprint: the key names the submit, it is not in it.
     idempotency_key: str | None = None
-
-
-class BatchItemInvalid(TurnkeeperError, ValueError):
-    """One item of a batch cannot be taken; nothing of the batch was."""
-
-    def __init__(self, index: int, field: str, message: str, *, status: int = 400) -> None:
-        super().__init__(f"[{index}].{field}: {message}")
-        self.index = index
-        self.field = f"[{index}].{field}"
-        self.status = status
 
 
 def overload_settings(daemon: DaemonConfig) -> OverloadSettings:
@@ -295,10 +282,11 @@ class Intake:
             if core.fleet is not None:  # run by another node, or by none yet: mail it
                 return await core.fleet.mail.send_message(turn_id, data, kind=kind,
                                                           text=text, redirect=redirect)
-            raise TurnFinished(turn_id)
+            raise TurnFinished(f"turn {turn_id} has finished")
         record = live.record
         if record.result is not None or record.terminal:
-            raise TurnFinished(turn_id)  # its result is being written: nobody would read it
+            # Its result is being written: nobody would read the message.
+            raise TurnFinished(f"turn {turn_id} has finished")
         if kind == "answer" and record.question is None:
             raise NotWaiting(f"turn {turn_id} is {record.state} and asked no question; "
                              "send a steer instead")

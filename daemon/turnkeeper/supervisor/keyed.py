@@ -24,8 +24,9 @@ from turnkeeper.policy.idempotency import (
     new_key,
 )
 from turnkeeper.store.base import KeyTaken, StoreError
-from turnkeeper.supervisor.core import IdempotencyConflict, SupervisorCore
-from turnkeeper.supervisor.intake import BatchItemInvalid, Intake, SubmitRequest
+from turnkeeper.supervisor.core import SupervisorCore
+from turnkeeper.supervisor.errors import BatchItemInvalid, IdempotencyConflict
+from turnkeeper.supervisor.intake import Intake, SubmitRequest
 
 
 @dataclass(frozen=True, slots=True)

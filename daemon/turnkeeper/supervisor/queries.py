@@ -13,7 +13,8 @@ from turnkeeper.policy import limits
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import LIVE_STATES
 from turnkeeper.providers.prices import prices_status
-from turnkeeper.supervisor.core import SupervisorCore, UnknownProfile, UnknownTurn
+from turnkeeper.supervisor.core import SupervisorCore
+from turnkeeper.supervisor.errors import UnknownProfile, UnknownTurn
 
 FLEET_WAIT_POLL_S = 0.25
 

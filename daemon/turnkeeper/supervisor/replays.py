@@ -12,14 +12,8 @@ from turnkeeper.policy.outcome import StopCode, goes_to_dead_letters
 from turnkeeper.policy.replay import resume_state
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import rows_of
-from turnkeeper.supervisor.core import (
-    IntakeRefused,
-    LiveTurn,
-    SupervisorCore,
-    TurnFinished,
-    UnknownTurn,
-    log_context,
-)
+from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
+from turnkeeper.supervisor.errors import IntakeRefused, TurnFinished, UnknownTurn
 from turnkeeper.supervisor.intake import Intake
 from turnkeeper.turn.record import TurnRecord
 
@@ -43,7 +37,7 @@ class Replays:
             raise TurnFinished(f"turn {turn_id} is not a dead letter: it is live")
         data = await core.store.get_turn(turn_id)
         if data is None:
-            raise UnknownTurn(turn_id)
+            raise UnknownTurn(turn_id, what="dead letter")
         if not goes_to_dead_letters(data.get("result")):
             raise TurnFinished(f"turn {turn_id} is not a dead letter")
         code = StopCode(data["result"]["stopped_because"]["code"])
