@@ -51,6 +51,7 @@ from turnkeeper.supervisor import (
 )
 from turnkeeper.supervisor.intake import BatchItemInvalid, SubmitRequest
 from turnkeeper.supervisor.keyed import Existing
+from turnkeeper.tracecontext import traceparent_problem
 
 KEY_HEADER = "Idempotency-Key"
 
@@ -145,11 +146,27 @@ def _header_key(request: web.Request) -> str | web.Response | None:
     return key
 
 
+def _header_trace(request: web.Request) -> str | web.Response | None:
+    """The `traceparent` header (W3C trace context), or the 400 naming it."""
+    trace = request.headers.get("traceparent")
+    if trace is None:
+        return None
+    problem = traceparent_problem(trace)
+    if problem is not None:
+        return error(400, f"traceparent: the traceparent header {problem}",
+                     field="traceparent")
+    return trace
+
+
 def _with_key(req: SubmitRequest, header: str | None, *, prefix: str = "",
-              index: int | None = None) -> SubmitRequest | web.Response:
+              index: int | None = None, trace: str | None = None
+              ) -> SubmitRequest | web.Response:
     """The request with the header's key (a batch item's: the header's key, `/`, its
     index) unless the body names its own; a body naming another one than a single
-    submit's header is a 400."""
+    submit's header is a 400. The `traceparent` header's context goes to a submit whose
+    body names none."""
+    if trace is not None and req.traceparent is None:
+        req = dataclasses.replace(req, traceparent=trace)
     if header is None:
         return req
     if index is not None:
@@ -174,8 +191,11 @@ async def submit(request: web.Request) -> web.Response:
     header = _header_key(request)
     if isinstance(header, web.Response):
         return header
+    trace = _header_trace(request)
+    if isinstance(trace, web.Response):
+        return trace
     if isinstance(data, list):
-        return await submit_batch(request, data, header)
+        return await submit_batch(request, data, header, trace)
     body = validate(SubmitBody, data)
     if isinstance(body, web.Response):
         return body
@@ -183,7 +203,7 @@ async def submit(request: web.Request) -> web.Response:
     req = _submit_request(request, body)
     if isinstance(req, web.Response):
         return req
-    req = _with_key(req, header)
+    req = _with_key(req, header, trace=trace)
     if isinstance(req, web.Response):
         return req
     try:
@@ -204,8 +224,8 @@ async def submit(request: web.Request) -> web.Response:
     return json_response({"turn": turn}, status=202 if created else 200)
 
 
-async def submit_batch(request: web.Request, items: list[Any], header: str | None
-                       ) -> web.Response:
+async def submit_batch(request: web.Request, items: list[Any], header: str | None,
+                       trace: str | None = None) -> web.Response:
     """Every item is checked before any is taken: one bad item is a 400 (or 413) naming
     its index and field, and nothing is queued. A batch the queue cannot hold whole is
     refused whole (503). Otherwise 202 with `{"results": [...]}` in the order sent: each
@@ -228,7 +248,7 @@ async def submit_batch(request: web.Request, items: list[Any], header: str | Non
         req = _submit_request(request, body, prefix=prefix, index=i)
         if isinstance(req, web.Response):
             return req
-        req = _with_key(req, header, prefix=prefix, index=i)
+        req = _with_key(req, header, prefix=prefix, index=i, trace=trace)
         if isinstance(req, web.Response):
             return req
         reqs.append(req)
