@@ -57,7 +57,7 @@ ANSWERS: dict[str, Any] = {
                    ("status", "stopped_because")),
     "Turn": _obj({"id": _STR, "session": _STR, "state": _STR, "policy_version": _INT,
                   "created_at": _NUM, "updated_at": _NUM, "provider": _NULLABLE_STR,
-                  "message": _STR, "seq": _INT,
+                  "message": _STR, "seq": _INT, "traceparent": _STR,
                   "counters": {"type": "object", "additionalProperties": _INT},
                   "usage": {"type": "object", "additionalProperties": _NUM},
                   "result": {"oneOf": [_ref("Result"), {"type": "null"}]}},
