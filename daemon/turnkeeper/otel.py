@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
 
@@ -106,7 +106,10 @@ class OtelTracer(Tracer):
     enabled = True
 
     def __init__(self, *, endpoint: str, service_name: str, sample_ratio: float,
-                 capture_content: bool, node: str | None = None) -> None:
+                 capture_content: bool, node: str | None = None,
+                 exporter: SpanExporter | None = None) -> None:
+        """`exporter`: spans handed to it as each ends, instead of batched to the
+        endpoint (the tests)."""
         attributes: dict[str, Any] = {"service.name": service_name,
                                       "service.version": __version__}
         if node:
@@ -114,8 +117,9 @@ class OtelTracer(Tracer):
         self.provider = TracerProvider(
             resource=Resource.create(attributes),
             sampler=ParentBased(root=TraceIdRatioBased(sample_ratio)))
-        self.provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=traces_url(endpoint))))
+        self.provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint)))
+            if exporter is None else SimpleSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("turnkeeper", __version__)
         self.capture_content = capture_content
         self.service_name = service_name
@@ -128,8 +132,13 @@ class OtelTracer(Tracer):
         # The agent: the one the turn was submitted to, else the service's name.
         agent = getattr(record, "agent", None) or self.service_name
         context = None
-        if record.traceparent is not None:
-            parent = parse_traceparent(record.traceparent)
+        try:
+            parent = (parse_traceparent(record.traceparent)
+                      if record.traceparent is not None else None)
+        except ValueError:  # checked at submit: a stored one is never refused, but
+            parent = None  # a trace is not worth a turn (a new one starts)
+            record.traceparent = None
+        if parent is not None:
             context = trace.set_span_in_context(NonRecordingSpan(SpanContext(
                 trace_id=int(parent.trace_id, 16), span_id=int(parent.span_id, 16),
                 is_remote=True, trace_flags=TraceFlags(parent.flags))))
