@@ -13,8 +13,8 @@ from turnkeeper.otel import OtelTracer, error_type, traces_url
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.providers.base import ModelReply, ModelRequest, Usage
-from turnkeeper.tracecontext import parse_traceparent
 from turnkeeper.tools.outcome import ToolOutcome
+from turnkeeper.tracecontext import parse_traceparent
 from turnkeeper.turn.record import TurnRecord
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
