@@ -18,8 +18,11 @@ at once, so what is measured is the runtime around it.
                tool of kind echo. Rows: a zero-CPU model (the Provider protocol, replies
                precomputed), the same on a store that discards every write (`unkept`:
                bench/discard_store.py, so no row is encoded or written: the runner, its
-               guards, events and metrics alone), and the offline `scripted` provider
-               (its own templating and token estimates included).
+               guards, events and metrics alone), the offline `scripted` provider
+               (its own templating and token estimates included), and the zero-CPU
+               model with tracing on (`traced`: the OpenTelemetry tracer, every span
+               sent over OTLP/HTTP to a sink in the loopback model's process; the `otel`
+               extra).
   floor        the same turns hand-written with nothing but their durable writes: the
                rows the daemon's SQLite store writes for them (its schema, the same
                statements, JSON documents of the same shapes and sizes: the turn's row
@@ -191,8 +194,12 @@ def write_script(path: Path, steps: int) -> Path:
 WRITER_CPU: dict[Round, float] = {}
 
 
-def turnkeeper_round(provider: str, *, keep: bool = True) -> Round:
-    """`keep=False`: on a store that discards every write (and so encodes nothing)."""
+def turnkeeper_round(provider: str, *, keep: bool = True,
+                     trace_port: int | None = None) -> Round:
+    """`keep=False`: on a store that discards every write (and so encodes nothing).
+    `trace_port`: with the OpenTelemetry tracer, its spans sent over OTLP/HTTP to the
+    loopback model's sink on that port (the batch processor's thread and the flush of
+    the round's last spans counted)."""
     async def run(turns: int, steps: int, tmp: Path) -> float:
         kind = "scripted"
         script = write_script(tmp / "script.json", steps)
@@ -217,6 +224,13 @@ def turnkeeper_round(provider: str, *, keep: bool = True) -> Round:
                          config_path=None)
         if provider == "zero":
             sup.runtime.providers["zero"] = ZeroModel(steps)
+        tracer = None
+        if trace_port is not None:
+            from turnkeeper.otel import OtelTracer
+            tracer = OtelTracer(endpoint=f"http://127.0.0.1:{trace_port}",
+                                service_name="bench", sample_ratio=1.0,
+                                capture_content=False)
+            sup.shared.tracer = tracer
         try:  # the daemon's metrics listener, when this tree has one
             from turnkeeper.metrics import Metrics
             metrics = Metrics(sup, clock=clock)
@@ -242,11 +256,15 @@ def turnkeeper_round(provider: str, *, keep: bool = True) -> Round:
             for i in range(turns):
                 tg.start_soon(_submit, sup, f"turn {i}")
             await all_done.wait()
+            if tracer is not None:  # every span of the round sent
+                await anyio.to_thread.run_sync(tracer.provider.force_flush)
             cpu = time.process_time() - cpu0
             if sqlite is not None and writer0 is not None:
                 WRITER_CPU[run] = sqlite.commit_cpu_s - writer0
             await sup.stop()
             await store.close()
+            if tracer is not None:
+                await tracer.aclose()
             tg.cancel_scope.cancel()
         bad = [(r.counters.steps, res.stopped_because.code.value) for r, res in finished
                if res.stopped_because.code is not StopCode.COMPLETED
@@ -541,7 +559,8 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def systems(only: set[str] | None) -> tuple[list[tuple[str, str, Round]], list[str]]:
+def systems(only: set[str] | None, port: int | None = None
+            ) -> tuple[list[tuple[str, str, Round]], list[str]]:
     out: list[tuple[str, str, Round]] = []
     missing: list[str] = []
 
@@ -552,6 +571,17 @@ def systems(only: set[str] | None) -> tuple[list[tuple[str, str, Round]], list[s
         out.append(("floor", "floor: the same rows, nothing else", floor_round()))
     if wanted("turnkeeper"):
         out.append(("turnkeeper", "turnkeeper (zero-CPU model)", turnkeeper_round("zero")))
+    if wanted("traced"):
+        try:
+            import turnkeeper.otel  # noqa: F401 - the `otel` extra, or not run
+        except ImportError as exc:
+            missing.append(f"traced: not run ({exc}); pip install -e '.[otel]'")
+        else:
+            if port is None:
+                missing.append("traced: not run (--no-baseline: no loopback sink)")
+            else:
+                out.append(("traced", "turnkeeper, tracing on (OTLP to loopback)",
+                            turnkeeper_round("zero", trace_port=port)))
     if wanted("unkept"):
         out.append(("unkept", "turnkeeper keeping nothing", turnkeeper_round("zero",
                                                                             keep=False)))
@@ -575,7 +605,7 @@ def systems(only: set[str] | None) -> tuple[list[tuple[str, str, Round]], list[s
 
 async def bench(args: argparse.Namespace, port: int | None) -> None:
     only = set(args.only.split(",")) if args.only else None
-    chosen, missing = systems(only)
+    chosen, missing = systems(only, port)
     total_steps = args.turns * args.steps
     raw: list[float] = []
     cpu: dict[str, list[float]] = {key: [] for key, _, _ in chosen}
@@ -665,8 +695,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--raw-calls", type=int, default=2000)
     ap.add_argument("--only", default="",
-                    help="comma-separated: floor,turnkeeper,unkept,scripted,langgraph,"
-                         "pydantic-ai "
+                    help="comma-separated: floor,turnkeeper,traced,unkept,scripted,"
+                         "langgraph,pydantic-ai "
                          "(the raw-call baseline always runs unless --no-baseline)")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--profile", type=int, default=0, metavar="N",

@@ -46,8 +46,15 @@ def make_app(latency_s: float, steps: int) -> web.Application:
             await asyncio.sleep(latency_s)
         return web.json_response(reply_for(body, steps))
 
+    async def traces(request: web.Request) -> web.Response:
+        """An OTLP/HTTP sink (bench_step's tracing row): read, answer an empty export
+        response."""
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_post("/v1/traces", traces)
     return app
 
 

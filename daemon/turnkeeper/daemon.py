@@ -130,6 +130,16 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
     except ConfigError as exc:
         await store.close()
         raise BootError(str(exc), exc.exit_code) from None
+    if config.tracing.enabled:  # OpenTelemetry is imported only here, only when asked
+        from turnkeeper.otel import OtelTracer
+
+        tracing = config.tracing
+        sup.shared.tracer = OtelTracer(
+            endpoint=tracing.endpoint, service_name=tracing.service_name,
+            sample_ratio=tracing.sample_ratio, capture_content=tracing.capture_content,
+            node=node_id)
+        log.info("tracing.enabled", endpoint=tracing.endpoint,
+                 sample_ratio=tracing.sample_ratio, capture_content=tracing.capture_content)
     # `x_created` timestamps for every counter double the scrape for no operator value.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = Metrics(sup, clock=clock)
@@ -194,6 +204,7 @@ async def _serve(policy: Policy, config_path: str | None, control: Path) -> None
         if metrics_tcp is not None:
             await metrics_tcp.cleanup()
         await store.close()
+        await sup.shared.tracer.aclose()  # the spans still buffered are sent
         log.info("daemon.stopped")
         tg.cancel_scope.cancel()
     if resume_error is not None:

@@ -27,6 +27,7 @@ from turnkeeper.providers.base import Provider
 from turnkeeper.providers.prices import check_cost_limits, priced, unpriced
 from turnkeeper.settings import TurnSettings
 from turnkeeper.tools.registry import ToolBox
+from turnkeeper.tracing import NOOP, Tracer
 
 
 def make_provider(cfg: ProviderConfig, secrets: ProviderSecrets | None = None) -> Provider:
@@ -136,6 +137,9 @@ class Shared:
     # When the process did not run (or its fleet lease lapsed): a call that failed across
     # such a time feeds no breaker and no retry budget (`policy/stall.py`).
     stalls: StallWatch = field(default_factory=StallWatch)
+    # Where the turns' spans go: nowhere (`NOOP`) unless `[tracing] enabled`, when the
+    # daemon puts the OpenTelemetry tracer here at boot.
+    tracer: Tracer = NOOP
 
     def observe_breakers(self, observer: Callable[[BreakerChange], None] | None) -> None:
         self.breaker_observer = observer

@@ -48,7 +48,7 @@ def harness(script: list[Any], outcome: ToolOutcome | None = None, *,
     sent: list[str] = []
 
     async def call(name: str, args: dict[str, Any], *, idempotency_key: str,
-                   timeout_s: float) -> ToolOutcome:
+                   timeout_s: float, traceparent: str | None = None) -> ToolOutcome:
         sent.append(idempotency_key)
         if wait_s:
             await h.clock.sleep(wait_s)
@@ -224,7 +224,7 @@ def flipped(h: Harness, *, idempotent: bool) -> tuple[Runtime, list[str]]:
     sent: list[str] = []
 
     async def call(name: str, args: dict[str, Any], *, idempotency_key: str,
-                   timeout_s: float) -> ToolOutcome:
+                   timeout_s: float, traceparent: str | None = None) -> ToolOutcome:
         sent.append(idempotency_key)
         return ToolOutcome(content='{"ticket": 2}')
 

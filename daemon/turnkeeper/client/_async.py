@@ -155,7 +155,7 @@ class AsyncClient:
     async def submit(self, message: str, *, session: str | None = None,
                      budget: dict[str, Any] | None = None, profile: str | None = None,
                      model: str | None = None, deadline: float | str | None = None,
-                     idempotency_key: str | None = None,
+                     idempotency_key: str | None = None, traceparent: str | None = None,
                      retry_for: float = _wire.SUBMIT_RETRY_FOR_S,
                      on_retry: Callable[[ClientError, float], object] | None = None
                      ) -> Turn:
@@ -163,7 +163,7 @@ class AsyncClient:
         body = _wire.submit_body(message, session=session, budget=budget, profile=profile,
                                  model=model, deadline=deadline,
                                  idempotency_key=idempotency_key
-                                 or _wire.new_idempotency_key())
+                                 or _wire.new_idempotency_key(), traceparent=traceparent)
         give_up_at = anyio.current_time() + retry_for
         attempt = 0
         while True:

@@ -77,6 +77,7 @@ from turnkeeper.config.sections import (
     ToolsRetryConfig,
     _overrides,
 )
+from turnkeeper.config.tracing import OTEL_INSTALL_HINT, TracingConfig, otel_available
 from turnkeeper.paths import config_search, default_socket_path, default_state_dir
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "DEFAULT_TOOLS",
     "MCP_INSTALL_HINT",
+    "OTEL_INSTALL_HINT",
     "RESTART_KEYS",
     "AdaptiveConcurrencyConfig",
     "AgentConfig",
@@ -123,6 +125,7 @@ __all__ = [
     "ToolConfig",
     "ToolOverride",
     "ToolsRetryConfig",
+    "TracingConfig",
     "build_config",
     "check_provider_keys",
     "config_path_from_env",
@@ -130,6 +133,7 @@ __all__ = [
     "keep_restart_keys",
     "load_config",
     "mcp_available",
+    "otel_available",
     "read_config_file",
     "redact_url",
     "socket_path",
@@ -158,6 +162,7 @@ class Config(BaseSettings):
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()
     fleet: FleetConfig = FleetConfig()
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
     models: dict[ModelName, ModelConfig] = Field(default_factory=dict)
@@ -261,7 +266,9 @@ RESTART_KEYS = (("daemon", "socket"), ("daemon", "socket_mode"), ("daemon", "sta
                 ("daemon", "allowed_uids"), ("daemon", "allowed_gids"),
                 ("daemon", "max_connections"), ("daemon", "control_idle_timeout"),
                 ("metrics", "listen"), ("store", "url"), ("store", "fatal_after"),
-                ("fleet", "node_id"))
+                ("fleet", "node_id"), ("tracing", "enabled"), ("tracing", "endpoint"),
+                ("tracing", "service_name"), ("tracing", "sample_ratio"),
+                ("tracing", "capture_content"), ("tracing", "allowed_hosts"))
 
 
 def keep_restart_keys(running: Config, new: Config) -> Config:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from turnkeeper.durations import parse_duration
+from turnkeeper.tracecontext import MAX_LENGTH, PATTERN, traceparent_problem
 
 
 class Body(BaseModel):
@@ -44,6 +45,18 @@ class SubmitBody(Body):
     # turn it made (200); also the `Idempotency-Key` header.
     idempotency_key: Annotated[str, Field(min_length=1, max_length=255,
                                           pattern=r"^[ -~]+$")] | None = None
+    # W3C trace context: the turn's spans (and the requests it makes) join the caller's
+    # trace; also the `traceparent` header.
+    traceparent: Annotated[str, Field(max_length=MAX_LENGTH, pattern=PATTERN)] | None = None
+
+    @field_validator("traceparent")
+    @classmethod
+    def _traceparent(cls, v: str | None) -> str | None:
+        if v is not None:
+            problem = traceparent_problem(v)
+            if problem is not None:
+                raise ValueError(problem)
+        return v
 
     @field_validator("deadline", mode="before")
     @classmethod

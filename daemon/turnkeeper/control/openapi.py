@@ -57,7 +57,7 @@ ANSWERS: dict[str, Any] = {
                    ("status", "stopped_because")),
     "Turn": _obj({"id": _STR, "session": _STR, "state": _STR, "policy_version": _INT,
                   "created_at": _NUM, "updated_at": _NUM, "provider": _NULLABLE_STR,
-                  "message": _STR, "seq": _INT,
+                  "message": _STR, "seq": _INT, "traceparent": _STR,
                   "counters": {"type": "object", "additionalProperties": _INT},
                   "usage": {"type": "object", "additionalProperties": _NUM},
                   "result": {"oneOf": [_ref("Result"), {"type": "null"}]}},
@@ -118,7 +118,9 @@ def _id_param() -> list[dict[str, Any]]:
 def _paths() -> dict[str, Any]:
     turn = ("TurnAnswer", "the turn")
     key = (("Idempotency-Key", "submit at most once: the same key and body answer the "
-                               "turn it made (200)"),)
+                               "turn it made (200)"),
+           ("traceparent", "W3C trace context: the turn's spans and requests join the "
+                           "caller's trace (a body's own `traceparent` wins)"))
     cancel = _op("cancel a turn", {"202": ("Object", "cancelling or cancelled")},
                  errors=("400", "404"))
     cancel["requestBody"] = _optional(_ref("CancelBody"))

@@ -45,6 +45,7 @@ from turnkeeper.store.base import StoreError
 from turnkeeper.supervisor import IdempotencyConflict
 from turnkeeper.supervisor.intake import SubmitRequest
 from turnkeeper.supervisor.keyed import Existing
+from turnkeeper.tracecontext import traceparent_problem
 
 KEY_HEADER = "Idempotency-Key"
 
@@ -128,11 +129,26 @@ def _header_key(request: web.Request) -> str | None:
     return key
 
 
+def _header_trace(request: web.Request) -> str | None:
+    """The `traceparent` header (W3C trace context); raises `BadRequest` naming it."""
+    trace = request.headers.get("traceparent")
+    if trace is None:
+        return None
+    problem = traceparent_problem(trace)
+    if problem is not None:
+        raise BadRequest(f"traceparent: the traceparent header {problem}",
+                         field="traceparent")
+    return trace
+
+
 def _with_key(req: SubmitRequest, header: str | None, *, prefix: str = "",
-              index: int | None = None) -> SubmitRequest:
+              index: int | None = None, trace: str | None = None) -> SubmitRequest:
     """The request with the header's key (a batch item's: the header's key, `/`, its
     index) unless the body names its own; a body naming another one than a single
-    submit's header is a 400."""
+    submit's header is a 400. The `traceparent` header's context goes to a submit whose
+    body names none."""
+    if trace is not None and req.traceparent is None:
+        req = dataclasses.replace(req, traceparent=trace)
     if header is None:
         return req
     if index is not None:
@@ -155,9 +171,11 @@ async def submit(request: web.Request) -> web.Response:
     """One submit (a JSON object) or a batch (a JSON list of them)."""
     data = await read_json(request)
     header = _header_key(request)
+    trace = _header_trace(request)
     if isinstance(data, list):
-        return await submit_batch(request, data, header)
-    req = _with_key(_submit_request(request, validate(SubmitBody, data)), header)
+        return await submit_batch(request, data, header, trace)
+    req = _with_key(_submit_request(request, validate(SubmitBody, data)), header,
+                    trace=trace)
     try:
         turn, created = await request.app[SUPERVISOR].keyed.submit(req)
     except StoreError as exc:
@@ -166,8 +184,8 @@ async def submit(request: web.Request) -> web.Response:
     return json_response({"turn": turn}, status=202 if created else 200)
 
 
-async def submit_batch(request: web.Request, items: list[Any], header: str | None
-                       ) -> web.Response:
+async def submit_batch(request: web.Request, items: list[Any], header: str | None,
+                       trace: str | None = None) -> web.Response:
     """Every item is checked before any is taken: one bad item is a 400 (or 413) naming
     its index and field, and nothing is queued. A batch the queue cannot hold whole is
     refused whole (503). Otherwise 202 with `{"results": [...]}` in the order sent: each
@@ -185,7 +203,7 @@ async def submit_batch(request: web.Request, items: list[Any], header: str | Non
         prefix = f"[{i}]."
         body = validate(SubmitBody, item, prefix=prefix, index=i)
         req = _submit_request(request, body, prefix=prefix, index=i)
-        reqs.append(_with_key(req, header, prefix=prefix, index=i))
+        reqs.append(_with_key(req, header, prefix=prefix, index=i, trace=trace))
     results = await request.app[SUPERVISOR].keyed.submit_batch(reqs)
     failed = [r for r in results if isinstance(r, Exception)]
     if len(failed) == len(results):  # nothing was taken: the request failed

@@ -90,7 +90,8 @@ class ModelRequest:
     timeout already bounded by the turn's remaining time; `max_output_tokens` is already
     bounded by the token budget left. `turn_id` and `step` identify the call for logs and
     for the scripted provider; real providers do not send them. `cache` is the turn's
-    `MessageCache`, for an adapter that uses one (None: every message is encoded)."""
+    `MessageCache`, for an adapter that uses one (None: every message is encoded).
+    `traceparent` (W3C trace context) goes out as the request's header when set."""
 
     system: str
     messages: Sequence[Message]
@@ -101,6 +102,7 @@ class ModelRequest:
     step: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)
     cache: MessageCache | None = field(default=None, compare=False, repr=False)
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

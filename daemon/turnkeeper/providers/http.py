@@ -93,12 +93,15 @@ class HttpClient:
             self._timeout_s = t
         return self._timeout
 
-    async def post(self, body: bytes, timeout_s: float) -> aiohttp.ClientResponse:
+    async def post(self, body: bytes, timeout_s: float, traceparent: str | None = None
+                   ) -> aiohttp.ClientResponse:
         """Send one request; a transport failure before the status line is a `ProviderError`.
-        The caller owns the response and must `release()` it."""
+        The caller owns the response and must `release()` it. `traceparent`: the W3C
+        trace context header of the call, when it has one."""
         try:
-            return await self.session().post(self.url, data=body, allow_redirects=False,
-                                             timeout=self.timeout(timeout_s))
+            return await self.session().post(
+                self.url, data=body, allow_redirects=False, timeout=self.timeout(timeout_s),
+                headers=None if traceparent is None else {"traceparent": traceparent})
         except TRANSPORT_ERRORS as exc:
             raise ProviderError(self.transport_failure(exc)) from exc
 
@@ -224,12 +227,12 @@ async def exchange(client: HttpClient, body: bytes, timeout_s: float, *, stream:
                    parse: Callable[[Any], ModelReply],
                    read_stream: Callable[[aiohttp.ClientResponse, DeltaSink | None],
                                          Awaitable[ModelReply]],
-                   on_delta: DeltaSink | None) -> ModelReply:
+                   on_delta: DeltaSink | None, traceparent: str | None = None) -> ModelReply:
     """One attempt: POST, check the status, then read a JSON body (bounded as a whole by
     `timeout_s`) or hand a started stream to `read_stream`. The response is always
     released, also when the call is cancelled."""
     if stream:
-        resp = await client.post(body, timeout_s)
+        resp = await client.post(body, timeout_s, traceparent)
         try:
             if resp.status >= 300:
                 raise ProviderError(await _status_failure(client, resp))
@@ -242,7 +245,7 @@ async def exchange(client: HttpClient, body: bytes, timeout_s: float, *, stream:
         return _parse_body(raw, parse)
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.post(body, timeout_s)
+            resp = await client.post(body, timeout_s, traceparent)
             try:
                 if resp.status >= 300:
                     raise ProviderError(await _status_failure(client, resp))
@@ -309,7 +312,8 @@ class HttpAdapter:
                        ) -> ModelReply:
         return await exchange(self._client, self.encode(request), request.timeout_s,
                               stream=self._stream, parse=self._parse,
-                              read_stream=self._read_stream, on_delta=on_delta)
+                              read_stream=self._read_stream, on_delta=on_delta,
+                              traceparent=request.traceparent)
 
     async def aclose(self) -> None:
         await self._client.aclose()

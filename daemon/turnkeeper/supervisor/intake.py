@@ -69,6 +69,8 @@ class SubmitRequest:
     model: str | None = None
     # Not part of the submit's fingerprint: the key names the submit, it is not in it.
     idempotency_key: str | None = None
+    # Not part of the fingerprint either: a retry may come from another span.
+    traceparent: str | None = None
 
 
 def overload_settings(daemon: DaemonConfig) -> OverloadSettings:
@@ -167,7 +169,8 @@ class Intake:
                             created_at=now, updated_at=now, state=TurnState.QUEUED,
                             policy_version=core.policy.version, budget=req.budget or {},
                             deadline=req.deadline, replay_of=replay_of, profile=req.profile,
-                            model=req.model, provider=core.config.model_chain(req.model)[0])
+                            model=req.model, provider=core.config.model_chain(req.model)[0],
+                            traceparent=req.traceparent)
         live = LiveTurn(record=record)
         core.live[turn_id] = live
         queued = core.bus.prepare(ev.TurnQueued(session=record.session,
@@ -203,7 +206,8 @@ class Intake:
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
                      deadline: float | None, replay_of: str | None = None,
                      profile: str | None = None, model: str | None = None,
-                     idempotency: IdempotencyKey | None = None) -> TurnRecord:
+                     idempotency: IdempotencyKey | None = None,
+                     traceparent: str | None = None) -> TurnRecord:
         core = self.core
         unknown = self._check_model(model)
         if unknown is not None:
@@ -216,7 +220,8 @@ class Intake:
         self._check_open()
         live, queued = self._prepare(SubmitRequest(message=message, session=session,
                                                    budget=budget, deadline=deadline,
-                                                   profile=profile, model=model),
+                                                   profile=profile, model=model,
+                                                   traceparent=traceparent),
                                      replay_of=replay_of)
         await self._write(live, queued, idempotency)
         log.info("turn.queued", **log_context(live.record), queued=len(core.queue))

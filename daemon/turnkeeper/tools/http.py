@@ -81,9 +81,12 @@ def error_at(body: Any, pointer: str) -> Any:
 
 
 async def call_http(session: aiohttp.ClientSession, tool: ToolConfig, args: dict[str, Any],
-                    *, idempotency_key: str, timeout_s: float) -> ToolOutcome:
+                    *, idempotency_key: str, timeout_s: float,
+                    traceparent: str | None = None) -> ToolOutcome:
     headers = {**tool.resolved_headers(), "Idempotency-Key": idempotency_key,
                "Accept": "application/json, text/plain;q=0.9"}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 10.0))
     kwargs: dict[str, Any] = {"headers": headers, "timeout": timeout,
                               "allow_redirects": False}

@@ -333,7 +333,7 @@ class McpServer:
     # -- calls ------------------------------------------------------------------------
 
     async def call(self, tool: McpTool, args: dict[str, Any], *, idempotency_key: str,
-                   timeout_s: float) -> ToolOutcome:
+                   timeout_s: float, traceparent: str | None = None) -> ToolOutcome:
         """One attempt, on the connection that is up (`call_tool`); while none is, a
         failure that never reached the server."""
         session = self._session
@@ -343,4 +343,4 @@ class McpServer:
                 message=f"MCP server {self.name} is not available ({self.down_reason()})"))
         return await call_tool(session, tool, args, server=self.name,
                                idempotency_key=idempotency_key, timeout_s=timeout_s,
-                               on_suspect=self._suspect_connection)
+                               traceparent=traceparent, on_suspect=self._suspect_connection)

@@ -150,16 +150,21 @@ async def list_tools(session: ClientSession) -> list[mcp_types.Tool]:
 
 async def call_tool(session: ClientSession, tool: McpTool, args: dict[str, Any], *,
                     server: str, idempotency_key: str, timeout_s: float,
-                    on_suspect: Callable[[], None]) -> ToolOutcome:
+                    on_suspect: Callable[[], None],
+                    traceparent: str | None = None) -> ToolOutcome:
     """One attempt on a connection that is up. The idempotency key travels in the
-    request's `_meta`, for servers that want to deduplicate. `on_suspect` is called when
-    the error suggests the connection itself has failed, so that it is checked."""
+    request's `_meta`, for servers that want to deduplicate, and so does the call's W3C
+    `traceparent` when it has one. `on_suspect` is called when the error suggests the
+    connection itself has failed, so that it is checked."""
     from mcp import MCPError
 
+    meta: dict[str, Any] = {IDEMPOTENCY_META_KEY: idempotency_key}
+    if traceparent is not None:
+        meta["traceparent"] = traceparent
     try:
         with anyio.move_on_after(timeout_s) as scope:
             result = await session.call_tool(tool.remote, args, meta=cast(
-                "mcp_types.RequestParamsMeta", {IDEMPOTENCY_META_KEY: idempotency_key}))
+                "mcp_types.RequestParamsMeta", meta))
     except MCPError as exc:
         names, suspect = rpc_error_names(exc.code, exc.message)
         if suspect:

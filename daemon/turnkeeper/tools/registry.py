@@ -177,27 +177,29 @@ class ToolBox:
         return known[1]
 
     async def call(self, name: str, args: dict[str, Any], *, idempotency_key: str,
-                   timeout_s: float) -> ToolOutcome:
+                   timeout_s: float, traceparent: str | None = None) -> ToolOutcome:
         """One attempt of a call. What comes back holds no secret of the daemon's: a
         tool that echoes its Authorization header (or a key it was never given) has it
-        replaced before anything stores, shows or sends the result."""
+        replaced before anything stores, shows or sends the result. `traceparent` (W3C
+        trace context) goes to an http tool as a header, to an MCP server in `_meta`."""
         outcome = await self._attempt(name, args, idempotency_key=idempotency_key,
-                                      timeout_s=timeout_s)
+                                      timeout_s=timeout_s, traceparent=traceparent)
         return outcome.redacted(self._redactor) if self._redactor else outcome
 
     async def _attempt(self, name: str, args: dict[str, Any], *, idempotency_key: str,
-                       timeout_s: float) -> ToolOutcome:
+                       timeout_s: float, traceparent: str | None) -> ToolOutcome:
         tool = self.get(name)
         if isinstance(tool, McpTool):
             return await self._servers[tool.server].call(
-                tool, args, idempotency_key=idempotency_key, timeout_s=timeout_s)
+                tool, args, idempotency_key=idempotency_key, timeout_s=timeout_s,
+                traceparent=traceparent)
         if tool is None:
             return ToolOutcome(content="", failure=CallFailure(
                 exception=("UnknownTool",), message=f"there is no tool named {name!r}"))
         if tool.kind == "echo":
             return ToolOutcome(content=_ECHO.encode(args))
         return await self._http(tool, args, idempotency_key=idempotency_key,
-                                timeout_s=timeout_s)
+                                timeout_s=timeout_s, traceparent=traceparent)
 
     # -- MCP servers: offer changes, status, lifecycle ---------------------------------
 
@@ -268,12 +270,12 @@ class ToolBox:
             await server.aclose()
 
     async def _http(self, tool: ToolConfig, args: dict[str, Any], *, idempotency_key: str,
-                    timeout_s: float) -> ToolOutcome:
+                    timeout_s: float, traceparent: str | None) -> ToolOutcome:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=200), auto_decompress=True)
         return await call_http(self._session, tool, args, idempotency_key=idempotency_key,
-                               timeout_s=timeout_s)
+                               timeout_s=timeout_s, traceparent=traceparent)
 
 
 # -- a plain schema, checked without jsonschema ----------------------------------------

@@ -33,6 +33,7 @@ from turnkeeper.policy.turn_state import TurnState, moved
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
 from turnkeeper.store.base import QueuesTurns, SavedCheckpoint, Store, queues_turns
+from turnkeeper.tracing import NO_SPAN, Span
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
@@ -82,6 +83,8 @@ class TurnContext:
         self.clock = clock
         self.rand = rand
         self.settings = runtime.settings
+        # The span of the turn's run here (`runner`), parent of its attempts' spans.
+        self.span: Span = NO_SPAN
         cfg = runtime.config
         if record.profile is not None and record.profile not in cfg.budget.profiles:
             # A reload removed the profile this turn was submitted with: it goes on under

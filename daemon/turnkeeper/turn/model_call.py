@@ -152,7 +152,7 @@ class ModelCall:
         ctx.record.next_attempt_at = None
         return ctx.chain.retry_ready()
 
-    def _request(self, max_output_tokens: int) -> ModelRequest:
+    def _request(self, max_output_tokens: int, traceparent: str | None) -> ModelRequest:
         ctx = self.ctx
         provider = ctx.settings.providers[ctx.chain.current_provider]
         return ModelRequest(
@@ -160,7 +160,8 @@ class ModelCall:
             tools=ctx.runtime.toolbox.specs, max_output_tokens=max_output_tokens,
             timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
-            metadata={"turn_message": ctx.record.message}, cache=self._encoded)
+            metadata={"turn_message": ctx.record.message}, cache=self._encoded,
+            traceparent=traceparent)
 
     async def _attempt(self, attempt: Attempt, claims: Claims) -> ModelReply | Any | None:
         ctx = self.ctx
@@ -190,16 +191,20 @@ class ModelCall:
                 reopens_in_s=breaker.open_for(ctx.clock.monotonic()))
         ctx.sync_counters()
         provider = ctx.runtime.providers[name]
-        request = self._request(fits.max_output_tokens)
-        self.sent_to, self.sent_output_cap = name, request.max_output_tokens
+        self.sent_to, self.sent_output_cap = name, fits.max_output_tokens
         thinking = ctx.settings.providers[name].thinking_budget_tokens
         if thinking is not None:
-            stop = thinking_stop(output_cap=request.max_output_tokens, budget_tokens=thinking,
+            stop = thinking_stop(output_cap=fits.max_output_tokens, budget_tokens=thinking,
                                  tokens_spent=ctx.usage().tokens,
                                  max_tokens=ctx.guard.limits.max_tokens)
             if stop is not None:  # no request: the cap left cannot hold the thinking
                 ctx.chain.abandon()
                 return stop
+        # The attempt's span (the turn's own with tracing off): its traceparent goes out.
+        tracer = ctx.shared.tracer
+        span = tracer.chat(ctx.span, provider=name, attempt=attempt.attempt,
+                           config=ctx.runtime.config)
+        request = self._request(fits.max_output_tokens, span.traceparent)
         budget = ctx.shared.retry_budgets[name]
         self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
                                       step=request.step, messages=len(request.messages)))
@@ -245,6 +250,7 @@ class ModelCall:
             ctx.control.call_scope = None
             budget.end_request()
             claims.end_retry()
+            tracer.chat_ended(span, request, reply, failure)
         if call_scope.cancelled_caught:
             raise self._cut(name)
         if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:

@@ -106,6 +106,10 @@ class TurnRecord:
     # When the turn first started running (epoch): its wall-clock budget counts from
     # here, every second after it (parked, suspended, the daemon down) included.
     started_at: float | None = None
+    # The W3C traceparent the turn's spans are children of: the caller's, submitted
+    # with it, or (tracing on, none submitted) its first span's. Kept with the turn, so
+    # a turn resumed after a restart or on another node continues the same trace.
+    traceparent: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -138,6 +142,8 @@ class TurnRecord:
             out["previous_results"] = list(self.previous_results)
         if self.inbox:
             out["inbox"] = list(self.inbox)
+        if self.traceparent is not None:
+            out["traceparent"] = self.traceparent
         out["profile"] = self.profile
         out["model"] = self.model
         out["would_have_stopped"] = list(self.would_have_stopped)
@@ -158,4 +164,5 @@ class TurnRecord:
             previous_results=list(d.get("previous_results") or []),
             profile=d.get("profile"), model=d.get("model"),
             would_have_stopped=list(d.get("would_have_stopped", [])),
-            limits=dict(d.get("limits") or {}), started_at=d.get("started_at"))
+            limits=dict(d.get("limits") or {}), started_at=d.get("started_at"),
+            traceparent=d.get("traceparent"))

@@ -74,6 +74,8 @@ class TurnRunner:
         scope = anyio.CancelScope()
         ctx.control.scope = scope
         result: TurnResult | None = None
+        tracer = ctx.shared.tracer
+        ctx.span = tracer.turn(ctx.record, resumed=ctx.resumed)
         try:
             with scope:
                 result = await self._run()
@@ -101,8 +103,12 @@ class TurnRunner:
         finally:
             ctx.control.scope = None
             ctx.stop_active()
+            if result is None:  # suspended here: a later run is a new span of its trace
+                tracer.turn_ended(ctx.span, ctx.record, None)
         assert result is not None
-        return self.progress.finish(result)
+        result = self.progress.finish(result)
+        tracer.turn_ended(ctx.span, ctx.record, result)
+        return result
 
     async def _run(self) -> TurnResult:
         ctx = self.ctx

@@ -23,7 +23,7 @@ class ToolAttempts:
         self.ctx = ctx
 
     async def run(self, name: str, args: dict[str, Any], key: str, *,
-                  idempotent: bool) -> ToolOutcome:
+                  idempotent: bool, call_id: str = "") -> ToolOutcome:
         ctx = self.ctx
         tool = ctx.runtime.toolbox.get(name)
         assert tool is not None
@@ -33,6 +33,7 @@ class ToolAttempts:
                                     max_attempts=ctx.settings.tools.max_attempts(name))
         previous: float | None = None
         attempt = 0
+        tracer = ctx.shared.tracer
         while True:
             attempt += 1
             ctx.record.counters.tool_attempts = attempt
@@ -40,14 +41,20 @@ class ToolAttempts:
             if refused is not None:
                 return refused
             started_at = ctx.clock.monotonic()
+            # The attempt's span (the turn's own with tracing off): its traceparent goes out.
+            span = tracer.tool(ctx.span, tool=name, call_id=call_id, key=key,
+                               attempt=attempt, arguments=args)
             try:
                 outcome = await ctx.runtime.toolbox.call(
                     name, args, idempotency_key=key,
-                    timeout_s=max(0.001, min(tool.timeout, ctx.remaining_s())))
+                    timeout_s=max(0.001, min(tool.timeout, ctx.remaining_s())),
+                    traceparent=span.traceparent)
             except BaseException:
+                tracer.tool_ended(span, None)
                 if breaker is not None:
                     breaker.release(ctx.clock.monotonic())
                 raise
+            tracer.tool_ended(span, outcome)
             if outcome.failure is None:
                 if breaker is not None:
                     breaker.record_success(ctx.clock.monotonic())

@@ -303,7 +303,8 @@ class ToolStep:
             ctx.control.effect_in_flight = False
             raise
         try:
-            outcome = await self.attempts.run(call.name, args, key, idempotent=idempotent)
+            outcome = await self.attempts.run(call.name, args, key, idempotent=idempotent,
+                                              call_id=call.id)
             await ctx.store.journal_outcome(key, outcome.to_json())
         except anyio.get_cancelled_exc_class():
             if not idempotent:

@@ -117,6 +117,12 @@ def build(name: str, workdir: Path) -> MCPServer:
         """Every hint given, all false."""
         return "quiet"
 
+    @server.tool(annotations=READ_ONLY)
+    def trace_meta(ctx: Context) -> str:
+        """The W3C traceparent the request carried in its `_meta` ("" without one)."""
+        meta = ctx.request_context.meta or {}
+        return str(meta.get("traceparent", ""))
+
     @server.tool(annotations=BOTH)
     def wipe() -> str:
         """Destructive and idempotent, as its server says."""
