@@ -2,11 +2,14 @@
 registry, drain, reload and stop all live here, and nowhere else.
 
 `Supervisor` is the one object the rest of the daemon holds. Its state is the core
-(`core.py`); its work is done by rooms, each with one job: `scheduling` (slots, dispatch,
-running and finishing a turn, as `policy/scheduler.py` decides), `intake` (submit,
-messages, cancel, replay), `queries` (turns, status, the limits report), `lifecycle`
-(start, reload, drain, stop) and, on a store several daemons share, `fleet` (claims,
-leases). The methods below only hand each call to its room.
+(`core.py`), which knows no room; its work is done by rooms, each with one job and each
+handed the rooms it calls in `Supervisor.__init__`, which reads as the rooms' graph:
+`scheduling` (slots, dispatch, running and finishing a turn, as `policy/scheduler.py`
+decides), `intake` (submit, messages, cancel), `keyed` (Idempotency-Key submits),
+`replays` (dead letters resumed), `queries` (turns, status, the limits report),
+`retention` (pruning), `lifecycle` (start, reload, drain, stop) and, on a store several
+daemons share, `fleet` (claims, leases, mail). The methods below only hand each call to
+its room.
 """
 
 from __future__ import annotations
@@ -56,15 +59,21 @@ class Supervisor(SupervisorCore):
                  config_path: str | None) -> None:
         super().__init__(policy=policy, store=store, clock=clock, notifier=notifier,
                          config_path=config_path)
-        self.scheduling = Scheduling(self)
-        self.intake = Intake(self)
+        # The rooms, each handed the rooms it calls (top to bottom: what it needs is
+        # built above it). On a store several daemons share, the fleet claims turns and
+        # carries mail; it calls back into the two rooms built after it.
+        self.fleet = Fleet(self, store) if isinstance(store, FleetStore) else None
+        self.scheduling = Scheduling(self, fleet=self.fleet)
+        self.intake = Intake(self, scheduling=self.scheduling, fleet=self.fleet)
+        if self.fleet is not None:
+            self.fleet.connect(dispatch=self.scheduling.dispatch, intake=self.intake)
         self.keyed = KeyedSubmits(self, self.intake)
-        self.replays = Replays(self, self.intake)
-        self.queries = Queries(self)
-        self.lifecycle = Lifecycle(self)
+        self.replays = Replays(self, self.intake, scheduling=self.scheduling,
+                               fleet=self.fleet)
+        self.queries = Queries(self, fleet=self.fleet)
         self.retention = Retention(self)
-        if isinstance(store, FleetStore):
-            self.fleet = Fleet(self, store)
+        self.lifecycle = Lifecycle(self, scheduling=self.scheduling,
+                                   retention=self.retention, fleet=self.fleet)
 
     # -- lifecycle --------------------------------------------------------------------
 

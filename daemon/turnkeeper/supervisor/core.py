@@ -14,16 +14,16 @@ import asyncio
 import os
 import secrets
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock
 from turnkeeper.config import Config, Policy
-from turnkeeper.events import EventBus
+from turnkeeper.events import Event, EventBus
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.outcome import TurnResult
@@ -33,10 +33,8 @@ from turnkeeper.store.base import Store
 from turnkeeper.turn.record import TurnRecord
 from turnkeeper.turn.runner import TurnControl
 
-if TYPE_CHECKING:
-    from turnkeeper.supervisor.fleet import Fleet
-    from turnkeeper.supervisor.retention import Retention
-    from turnkeeper.supervisor.scheduling import Scheduling
+# Stores a message with its event: (message, at, event).
+AppendMessage = Callable[[dict[str, Any], float, Event], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -79,10 +77,8 @@ def log_context(record: TurnRecord) -> dict[str, Any]:
 
 
 class SupervisorCore:
-    """The shared state. `Supervisor` is this plus its rooms."""
-
-    scheduling: Scheduling
-    retention: Retention
+    """The shared state: what every room reads and writes. It knows no room: each room
+    is handed the others it calls when `Supervisor` builds it."""
 
     def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
                  config_path: str | None) -> None:
@@ -115,7 +111,6 @@ class SupervisorCore:
         self.stop_requested_event = anyio.Event()
         self.on_turn_finished: list[Callable[[TurnRecord, TurnResult], None]] = []
         self.suspended_turns: list[str] = []  # suspended by a reload's drain, to requeue
-        self.fleet: Fleet | None = None  # set when the store is shared by several daemons
 
     def __repr__(self) -> str:
         return (f"Supervisor(state={self.state!r}, policy_version={self.policy.version}, "

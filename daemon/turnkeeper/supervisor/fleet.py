@@ -20,7 +20,8 @@ non-idempotent one in flight reported as outcome unknown, never sent again).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import structlog
@@ -36,24 +37,26 @@ from turnkeeper.store.fleet import (
     FleetStore,
     StaleLease,
 )
-from turnkeeper.supervisor.core import LiveTurn
+from turnkeeper.supervisor.core import LiveTurn, SupervisorCore
 from turnkeeper.supervisor.fleet_breakers import FleetBreakers
-from turnkeeper.supervisor.fleet_mail import FleetMail
+from turnkeeper.supervisor.fleet_mail import FleetMail, Recipient
 from turnkeeper.supervisor.fleet_waits import FleetWaits
 from turnkeeper.turn.record import TurnRecord
-
-if TYPE_CHECKING:
-    from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.fleet")
 
 CLAIM_EVERY_S = 1.0
 
 
+def _not_connected() -> None:
+    raise RuntimeError("a fleet used before Fleet.connect()")
+
+
 class Fleet:
-    def __init__(self, core: Supervisor, store: FleetStore) -> None:
+    def __init__(self, core: SupervisorCore, store: FleetStore) -> None:
         self.core = core
         self.store = store
+        self._dispatch: Callable[[], None] = _not_connected
         self.timing = LeaseTiming(store.lease_s)
         self._wake = anyio.Event()
         self._claim_lock = anyio.Lock()
@@ -76,6 +79,12 @@ class Fleet:
         # heartbeat's pace so `status` costs no query; None until the first read.
         self._nodes: list[dict[str, Any]] | None = None
         self._nodes_read_at = 0.0  # local monotonic
+
+    def connect(self, *, dispatch: Callable[[], None], intake: Recipient) -> None:
+        """The rooms the fleet calls, built after it (each also calls the fleet): the
+        dispatch that starts claimed turns, the intake that applies mail to them."""
+        self._dispatch = dispatch
+        self.mail.intake = intake
 
     @property
     def node_id(self) -> str:
@@ -203,7 +212,7 @@ class Fleet:
             self.claimed_total += len(claimed)
             log.info("fleet.claimed", node=self.node_id, turns=len(claimed),
                      resumed=sum(1 for c in claimed if c.record.get("state") != "queued"))
-            core.scheduling.dispatch()
+            self._dispatch()
         return len(claimed)
 
     async def _listen_loop(self) -> None:

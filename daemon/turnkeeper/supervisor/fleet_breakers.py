@@ -24,13 +24,13 @@ from turnkeeper.store.base import StoreError
 from turnkeeper.store.fleet import FleetStore, read_breaker_notice
 
 if TYPE_CHECKING:
-    from turnkeeper.supervisor import Supervisor
+    from turnkeeper.supervisor.core import SupervisorCore
 
 log = structlog.get_logger("turnkeeper.fleet")
 
 
 class FleetBreakers:
-    def __init__(self, core: Supervisor, store: FleetStore) -> None:
+    def __init__(self, core: SupervisorCore, store: FleetStore) -> None:
         self.core = core
         self.store = store
         self.due = False  # a notice that could not be applied as heard: read the table

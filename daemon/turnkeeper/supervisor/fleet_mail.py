@@ -10,7 +10,7 @@ next holder.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -18,23 +18,37 @@ from turnkeeper.events import Event
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
 from turnkeeper.store.fleet import FleetStore, MailTaken
-from turnkeeper.supervisor.core import LiveTurn
+from turnkeeper.supervisor.core import AppendMessage, LiveTurn, SupervisorCore
 from turnkeeper.supervisor.errors import NotWaiting, TurnFinished
-
-if TYPE_CHECKING:
-    from turnkeeper.supervisor import Supervisor
 
 log = structlog.get_logger("turnkeeper.fleet")
 
 
+class Recipient(Protocol):
+    """What applies mail to a turn this node runs: the intake, as for a request made
+    here."""
+
+    async def cancel(self, turn_id: str, *, now: bool = False) -> dict[str, Any]: ...
+
+    async def take_message(self, live: LiveTurn, *, kind: str, text: str, redirect: bool,
+                           write: AppendMessage | None = None, **log_extra: Any) -> None: ...
+
+
 class FleetMail:
-    def __init__(self, core: Supervisor, store: FleetStore) -> None:
+    def __init__(self, core: SupervisorCore, store: FleetStore) -> None:
         self.core = core
         self.store = store
+        # Applies mail to the turns this node runs; handed over by `Fleet.connect`.
+        self.intake: Recipient | None = None
 
     @property
     def node_id(self) -> str:
         return self.store.node_id
+
+    def _intake(self) -> Recipient:
+        if self.intake is None:
+            raise RuntimeError("fleet mail delivered before Fleet.connect()")
+        return self.intake
 
     async def send_message(self, turn_id: str, data: dict[str, Any], *, kind: str, text: str,
                            redirect: bool) -> dict[str, Any]:
@@ -77,7 +91,7 @@ class FleetMail:
                     if not live.control.cancel_requested or (
                             now and not live.control.cancel_now):
                         log.info("fleet.cancel_applied", node=self.node_id, turn=turn_id)
-                        await core.intake.cancel(turn_id, now=now)
+                        await self._intake().cancel(turn_id, now=now)
                 else:
                     await self._apply(live, mail_id, body)
             except StoreError as exc:
@@ -85,7 +99,6 @@ class FleetMail:
                             error=str(exc))
 
     async def _apply(self, live: LiveTurn, mail_id: int, body: dict[str, Any]) -> None:
-        core = self.core
         record = live.record
         kind, text, redirect = str(body["kind"]), str(body["text"]), bool(body["redirect"])
         if record.result is not None or record.terminal or (
@@ -100,7 +113,7 @@ class FleetMail:
                                             events=[event], mail_id=mail_id)
 
         try:
-            await core.intake.take_message(live, kind=kind, text=text, redirect=redirect,
+            await self._intake().take_message(live, kind=kind, text=text, redirect=redirect,
                                            write=write, node=self.node_id, via="mail")
         except MailTaken:  # not written: applied already, or the turn's claim was lost
             return

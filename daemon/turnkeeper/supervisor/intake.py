@@ -13,7 +13,7 @@ socket instead of taking work it cannot run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,13 @@ from turnkeeper.policy.scheduler import Refusal, queue_full
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.prices import unpriced_in
 from turnkeeper.store.base import StoreError
-from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context, new_turn_id
+from turnkeeper.supervisor.core import (
+    AppendMessage,
+    LiveTurn,
+    SupervisorCore,
+    log_context,
+    new_turn_id,
+)
 from turnkeeper.supervisor.errors import (
     BatchItemInvalid,
     InboxFull,
@@ -49,12 +55,12 @@ from turnkeeper.supervisor.errors import (
     UnknownTurn,
     UnpricedCostLimit,
 )
+from turnkeeper.supervisor.fleet import Fleet
+from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
 log = structlog.get_logger("turnkeeper.supervisor")
 
-# Stores a message with its event: (message, at, event).
-AppendMessage = Callable[[dict[str, Any], float, Event], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +86,11 @@ def overload_settings(daemon: DaemonConfig) -> OverloadSettings:
 
 
 class Intake:
-    def __init__(self, core: SupervisorCore) -> None:
+    def __init__(self, core: SupervisorCore, *, scheduling: Scheduling,
+                 fleet: Fleet | None) -> None:
         self.core = core
+        self.scheduling = scheduling  # starts what is taken
+        self.fleet = fleet  # on a shared store: its queue, and mail to other nodes' turns
         self._overload_of: DaemonConfig = core.config.daemon
         self.overload = OverloadGuard(overload_settings(self._overload_of))
 
@@ -112,7 +121,7 @@ class Intake:
         self.refuse_while_unwritable()
         refusal: Refusal | OverloadRefusal | None
         # A fleet's queue is the turns no node holds yet, whichever node took them.
-        queued = len(core.queue) if core.fleet is None else core.fleet.waiting()
+        queued = len(core.queue) if self.fleet is None else self.fleet.waiting()
         if batch is None:
             refusal = queue_full(queued, max_queued=core.scheduler.max_queued,
                                  running=core.running)
@@ -194,9 +203,9 @@ class Intake:
         except BaseException:
             core.live.pop(record.id, None)
             raise
-        if core.fleet is not None:  # the fleet's: whichever node claims it runs it
+        if self.fleet is not None:  # the fleet's: whichever node claims it runs it
             core.live.pop(record.id, None)
-            core.fleet.wake(submitted=1)
+            self.fleet.wake(submitted=1)
         elif record.id in core.live:  # not cancelled while the write ran
             core.scheduler.enqueue(record.id, record.session)
         core.bus.deliver(queued)
@@ -225,7 +234,7 @@ class Intake:
                                      replay_of=replay_of)
         await self._write(live, queued, idempotency)
         log.info("turn.queued", **log_context(live.record), queued=len(core.queue))
-        core.scheduling.dispatch()
+        self.scheduling.dispatch()
         return live.record
 
     async def submit_batch(self, requests: Sequence[SubmitRequest],
@@ -273,7 +282,7 @@ class Intake:
         taken = [live.record.id for live, _ in prepared if live.record.seq]
         log.info("turns.queued", turns=taken, refused=len(results) - len(taken),
                  queued=len(core.queue), policy_version=core.policy.version)
-        core.scheduling.dispatch()
+        self.scheduling.dispatch()
         return results
 
     async def post_message(self, turn_id: str, *, kind: str, text: str,
@@ -284,8 +293,8 @@ class Intake:
             data = await core.store.get_turn(turn_id)
             if data is None:
                 raise UnknownTurn(turn_id)
-            if core.fleet is not None:  # run by another node, or by none yet: mail it
-                return await core.fleet.mail.send_message(turn_id, data, kind=kind,
+            if self.fleet is not None:  # run by another node, or by none yet: mail it
+                return await self.fleet.mail.send_message(turn_id, data, kind=kind,
                                                           text=text, redirect=redirect)
             raise TurnFinished(f"turn {turn_id} has finished")
         record = live.record
@@ -342,13 +351,13 @@ class Intake:
             data = await core.store.get_turn(turn_id)
             if data is None:
                 raise UnknownTurn(turn_id)
-            if core.fleet is not None:  # run by another node, or by none yet: mail it
-                return await core.fleet.mail.send_cancel(turn_id, data, now=now)
+            if self.fleet is not None:  # run by another node, or by none yet: mail it
+                return await self.fleet.mail.send_cancel(turn_id, data, now=now)
             return {"turn": turn_id, "state": data["state"], "finished": True}
         if live.running:
             live.control.cancel(now=now)
         else:
             core.scheduler.dequeue(turn_id)
-            await core.scheduling.finish(live, TurnResult(stopped_because=Stop(
+            await self.scheduling.finish(live, TurnResult(stopped_because=Stop(
                 StopCode.CANCELLED, "cancelled before it started")))
         return {"turn": turn_id, "state": "cancelling" if live.running else "cancelled"}

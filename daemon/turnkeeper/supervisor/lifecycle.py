@@ -26,6 +26,9 @@ from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore
+from turnkeeper.supervisor.fleet import Fleet
+from turnkeeper.supervisor.retention import Retention
+from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
 log = structlog.get_logger("turnkeeper.supervisor")
@@ -52,8 +55,12 @@ class ReloadOutcome:
 
 
 class Lifecycle:
-    def __init__(self, core: SupervisorCore) -> None:
+    def __init__(self, core: SupervisorCore, *, scheduling: Scheduling, retention: Retention,
+                 fleet: Fleet | None) -> None:
         self.core = core
+        self.scheduling = scheduling
+        self.retention = retention
+        self.fleet = fleet
         # Reload triggers coalesce: a request numbered at most `_done_upto` is answered
         # by the reload that covered it (`_last`).
         self._lock = anyio.Lock()
@@ -66,11 +73,11 @@ class Lifecycle:
         core = self.core
         core.tg = tg
         await core.runtime.toolbox.start(tg)  # MCP servers: connected (or failed) once
-        core.bus.start_at(await core.fleet.store.event_block_start() if core.fleet is not None
+        core.bus.start_at(await self.fleet.store.event_block_start() if self.fleet is not None
                           else await core.store.max_event_seq())
         resumed = 0
         # In a fleet the unfinished turns are the fleet's: each is claimed, not resumed.
-        unfinished = [] if core.fleet is not None else await core.store.unfinished_turns()
+        unfinished = [] if self.fleet is not None else await core.store.unfinished_turns()
         for record_json, checkpoint in unfinished:
             record = TurnRecord.from_json(record_json)
             if record.state != TurnState.QUEUED:
@@ -81,13 +88,13 @@ class Lifecycle:
             resumed += 1
         if resumed:
             log.info("daemon.resuming", turns=resumed)
-        tg.start_soon(core.retention.run, name="retention")
+        tg.start_soon(self.retention.run, name="retention")
         core.move_to(DaemonState.READY)
         core.intake_open = True
         core.started_event.set()
-        core.scheduling.dispatch()
-        if core.fleet is not None:
-            tg.start_soon(core.fleet.run, name="fleet")
+        self.scheduling.dispatch()
+        if self.fleet is not None:
+            tg.start_soon(self.fleet.run, name="fleet")
 
     async def wait_started(self) -> None:
         """Until `start` has resumed the unfinished turns: what a request that arrives
@@ -195,7 +202,7 @@ class Lifecycle:
         core.reload_count += 1
         core.move_to(DaemonState.READY)
         core.intake_open = True
-        core.scheduling.dispatch()
+        self.scheduling.dispatch()
         duration = core.clock.monotonic() - started
         core.notifier.ready(core.status_line())
         core.bus.publish(ev.DaemonReloaded(
@@ -314,8 +321,8 @@ class Lifecycle:
         log.info("daemon.stopping", running=core.active, parked=core.running - core.active,
                  queued=len(core.queue))
         await self._drain(core.config.daemon.shutdown_timeout, reason="stop")
-        if core.fleet is not None:  # hand the turns back: another node goes on at once
-            await core.fleet.stop()
+        if self.fleet is not None:  # hand the turns back: another node goes on at once
+            await self.fleet.stop()
         core.stopping_event.set()  # long polls answer now; live event streams end
         core.bus.close_subscribers()
         await core.runtime.toolbox.aclose()

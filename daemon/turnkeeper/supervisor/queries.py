@@ -15,13 +15,15 @@ from turnkeeper.policy.turn_state import LIVE_STATES
 from turnkeeper.providers.prices import prices_status
 from turnkeeper.supervisor.core import SupervisorCore
 from turnkeeper.supervisor.errors import UnknownProfile, UnknownTurn
+from turnkeeper.supervisor.fleet import Fleet
 
 FLEET_WAIT_POLL_S = 0.25
 
 
 class Queries:
-    def __init__(self, core: SupervisorCore) -> None:
+    def __init__(self, core: SupervisorCore, *, fleet: Fleet | None) -> None:
         self.core = core
+        self.fleet = fleet  # on a shared store: turns other nodes run, the fleet's status
 
     async def get_turn(self, turn_id: str) -> dict[str, Any]:
         core = self.core
@@ -38,7 +40,7 @@ class Queries:
         long poll must not hold the shutdown up)."""
         core = self.core
         live = core.live.get(turn_id)
-        if live is None and core.fleet is not None:
+        if live is None and self.fleet is not None:
             return await self._wait_in_fleet(turn_id, timeout_s)
         if live is not None:
             with core.clock.move_on_after(timeout_s):
@@ -142,7 +144,7 @@ class Queries:
             "mcp_servers": core.runtime.toolbox.server_status(),
             "store": store_status(core.store.outage, now=now),
             "prices": prices_status(core.runtime.config),
-            "fleet": core.fleet.status() if core.fleet is not None else None,
+            "fleet": self.fleet.status() if self.fleet is not None else None,
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
         }

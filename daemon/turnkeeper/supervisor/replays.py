@@ -14,16 +14,21 @@ from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import rows_of
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
 from turnkeeper.supervisor.errors import IntakeRefused, TurnFinished, UnknownTurn
+from turnkeeper.supervisor.fleet import Fleet
 from turnkeeper.supervisor.intake import Intake
+from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
 log = structlog.get_logger("turnkeeper.supervisor")
 
 
 class Replays:
-    def __init__(self, core: SupervisorCore, intake: Intake) -> None:
+    def __init__(self, core: SupervisorCore, intake: Intake, *, scheduling: Scheduling,
+                 fleet: Fleet | None) -> None:
         self.core = core
         self.intake = intake
+        self.scheduling = scheduling
+        self.fleet = fleet
 
     async def replay(self, turn_id: str) -> TurnRecord:
         """Resume a dead letter from its last checkpoint: the same turn, its journal and
@@ -65,12 +70,12 @@ class Replays:
         except BaseException:
             core.live.pop(turn_id, None)
             raise
-        if core.fleet is not None:  # the fleet's: whichever node claims it runs it
+        if self.fleet is not None:  # the fleet's: whichever node claims it runs it
             core.live.pop(turn_id, None)
-            core.fleet.wake(submitted=1)
+            self.fleet.wake(submitted=1)
         elif turn_id in core.live:  # not cancelled while the write ran
             core.scheduler.enqueue(turn_id, record.session)
         core.bus.deliver(replayed)
         log.info("turn.replayed", **log_context(record), code=code.value)
-        core.scheduling.dispatch()
+        self.scheduling.dispatch()
         return record

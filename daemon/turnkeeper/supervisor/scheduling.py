@@ -22,14 +22,16 @@ from turnkeeper.policy.turn_state import TurnState, moved
 from turnkeeper.store.base import SavedCheckpoint
 from turnkeeper.store.fleet import StaleLease
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, log_context
+from turnkeeper.supervisor.fleet import Fleet
 from turnkeeper.turn.runner import TurnControl, TurnRunner
 
 log = structlog.get_logger("turnkeeper.supervisor")
 
 
 class Scheduling:
-    def __init__(self, core: SupervisorCore) -> None:
+    def __init__(self, core: SupervisorCore, *, fleet: Fleet | None) -> None:
         self.core = core
+        self.fleet = fleet  # on a shared store: claims, leases
 
     def dispatch(self) -> None:
         """Apply the scheduler's decision: wake the parked turns it gave a slot back to,
@@ -109,7 +111,7 @@ class Scheduling:
             control = live.control
             control.release_slot = lambda: self.release_slot(live)
             control.acquire_slot = lambda: self.acquire_slot(live)
-            fleet = core.fleet
+            fleet = self.fleet
             if fleet is not None:
                 control.confirm_lease = lambda: fleet.confirm_lease(record.id)
             runner = TurnRunner(record, live.control, runtime=core.runtime,
@@ -117,7 +119,7 @@ class Scheduling:
                                 clock=core.clock, checkpoint=live.checkpoint,
                                 history=history)
             result = await runner.run()
-            if core.fleet is not None and core.fleet.is_lost(record.id):
+            if self.fleet is not None and self.fleet.is_lost(record.id):
                 core.live.pop(record.id, None)  # another node runs it now
                 return
             if result is None:
@@ -131,7 +133,7 @@ class Scheduling:
             await self.finish(live, result, checkpoint=runner.ctx.result_checkpoint)
         except StaleLease as exc:  # another node holds it now: nothing more is ours
             core.live.pop(record.id, None)
-            fleet = core.fleet
+            fleet = self.fleet
             if fleet is not None and record.id in fleet.store.claims:
                 # Nor its claim: renewals stop holding it. A turn given up already
                 # (a renewal found it taken) is not counted or logged lost twice.
@@ -140,8 +142,8 @@ class Scheduling:
         except Exception as exc:  # the store failed under us: the turn stays resumable
             log.error("turn.supervisor_error", turn=record.id,
                       error=f"{type(exc).__name__}: {exc}")
-            if core.fleet is not None:  # let its lease run out: a node claims it again
-                core.fleet.store.abandon([record.id])
+            if self.fleet is not None:  # let its lease run out: a node claims it again
+                self.fleet.store.abandon([record.id])
                 core.live.pop(record.id, None)
         finally:
             # The callbacks refer to `live`, which holds them: dropped, a finished turn is
@@ -155,8 +157,8 @@ class Scheduling:
                 core.idle.set()
                 core.idle = anyio.Event()
             self.dispatch()
-            if core.fleet is not None:  # a slot is free: claim the next turn
-                core.fleet.wake()
+            if self.fleet is not None:  # a slot is free: claim the next turn
+                self.fleet.wake()
 
     async def finish(self, live: LiveTurn, result: TurnResult, *,
                      checkpoint: SavedCheckpoint | None = None) -> None:
