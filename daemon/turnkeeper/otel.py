@@ -35,7 +35,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusC
 from turnkeeper import __version__
 from turnkeeper.messages import Message
 from turnkeeper.tracecontext import format_traceparent, parse_traceparent
-from turnkeeper.tracing import Span, Tracer
+from turnkeeper.tracing import Span, TracedTurn, Tracer
 
 if TYPE_CHECKING:
     from turnkeeper.config import Config, ProviderConfig
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from turnkeeper.policy.outcome import TurnResult
     from turnkeeper.providers.base import ModelReply, ModelRequest
     from turnkeeper.tools.outcome import ToolOutcome
-    from turnkeeper.turn.record import TurnRecord
 
 # `gen_ai.provider.name` of each provider kind (the conventions' well-known values).
 PROVIDER_NAMES = {"openai": "openai", "openai-responses": "openai",
@@ -128,7 +127,7 @@ class OtelTracer(Tracer):
 
     # -- a turn ------------------------------------------------------------------------
 
-    def turn(self, record: TurnRecord, *, resumed: bool) -> Span:
+    def turn(self, record: TracedTurn, *, resumed: bool) -> Span:
         # The agent: the one the turn was submitted to, else the service's name.
         agent = getattr(record, "agent", None) or self.service_name
         context = None
@@ -160,7 +159,7 @@ class OtelTracer(Tracer):
             record.traceparent = span.traceparent
         return span
 
-    def turn_ended(self, span: Span, record: TurnRecord, result: TurnResult | None) -> None:
+    def turn_ended(self, span: Span, record: TracedTurn, result: TurnResult | None) -> None:
         assert isinstance(span, OtelSpan)
         s = span.span
         if s.is_recording():

@@ -16,7 +16,7 @@ daemon that does not record spans itself); a turn submitted without one sends no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from turnkeeper.config import Config
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from turnkeeper.policy.outcome import TurnResult
     from turnkeeper.providers.base import ModelReply, ModelRequest
     from turnkeeper.tools.outcome import ToolOutcome
-    from turnkeeper.turn.record import TurnRecord
 
 
 class Span:
@@ -37,6 +36,40 @@ class Span:
         self.traceparent = traceparent
 
 
+class _Counted(Protocol):
+    def to_json(self) -> dict[str, int]: ...
+
+
+class _Spent(Protocol):
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cost_usd(self) -> float: ...
+
+
+class TracedTurn(Protocol):
+    """What a tracer reads of a turn (a `turn.record.TurnRecord` is one, named so that
+    this room need not import the turn's): its identity, its message, the trace it
+    belongs to (a tracer that starts one records it here), its counters and spending."""
+
+    traceparent: str | None
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def session(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def policy_version(self) -> int: ...
+    @property
+    def counters(self) -> _Counted: ...
+    @property
+    def usage(self) -> _Spent: ...
+
+
 # The span of a turn with no trace context and tracing off: nothing to send.
 NO_SPAN = Span()
 
@@ -47,13 +80,13 @@ class Tracer:
 
     enabled = False
 
-    def turn(self, record: TurnRecord, *, resumed: bool) -> Span:
+    def turn(self, record: TracedTurn, *, resumed: bool) -> Span:
         """The span of the turn's run in this process, from its start or resume to its
         result or suspension (a resumed turn is a new segment of the same trace)."""
         tp = record.traceparent
         return NO_SPAN if tp is None else Span(tp)
 
-    def turn_ended(self, span: Span, record: TurnRecord, result: TurnResult | None) -> None:
+    def turn_ended(self, span: Span, record: TracedTurn, result: TurnResult | None) -> None:
         """The turn's run here ended: with its result, or suspended (None)."""
 
     def chat(self, turn: Span, *, provider: str, attempt: int, config: Config) -> Span:
