@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
                epilog=EXIT_STATUSES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-V", "--version", action="version", version=f"turnkeeper {__version__}",
                    help="print the version and exit")
+    p.set_defaults(parser=p)  # `completion` writes its script from the whole parser
     common = common_options(top=False)
     sub: Any = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in COMMANDS.values():

@@ -293,8 +293,9 @@ def completion_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from turnkeeper.cli import parser
     from turnkeeper.cli.completion import script  # here only: `status` stays fast
 
-    print(script(parser(), args.shell))
+    # The whole command line's parser, handed over by the parser itself (`cli.parser`):
+    # the commands are below it and do not import it.
+    print(script(args.parser, args.shell))
     return exits.OK
