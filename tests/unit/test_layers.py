@@ -143,9 +143,10 @@ def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> list[str]:
     return subs if len(subs) == len(node.names) else [base, *subs]
 
 
-def own_imports(source: str, module: str, is_package: bool = False
-                ) -> list[tuple[str, bool]]:
-    """(imported own module, at module level) for every import that runs."""
+def own_imports(source: str, module: str, is_package: bool = False, *,
+                type_checking: bool = False) -> list[tuple[str, bool]]:
+    """(imported own module, at module level) for every import that runs; with
+    `type_checking`, those under `if TYPE_CHECKING:` too (a dependency all the same)."""
     tree = ast.parse(source)
     found: list[tuple[str, bool]] = []
 
@@ -157,7 +158,8 @@ def own_imports(source: str, module: str, is_package: bool = False
                     found.append((own, top))
         elif isinstance(node, ast.ImportFrom):
             found.extend((name, top) for name in _resolve(node, module, is_package))
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif (isinstance(node, ast.If) and _is_type_checking(node.test)
+              and not type_checking):
             for stmt in node.orelse:
                 visit(stmt, top)
             return
@@ -197,6 +199,62 @@ def _modules() -> list[tuple[str, Path, bool]]:
         parts = rel.parts[:-1] if is_package else rel.parts
         found.append((".".join(parts), path, is_package))
     return found
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of modules that import each other in a loop (Tarjan's strongly
+    connected components of more than one module, or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                circles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the own modules it imports, anywhere in it, `TYPE_CHECKING` included."""
+    return {module: {imported for imported, _ in own_imports(
+                path.read_text(), module, is_package, type_checking=True)
+                     if imported != module}
+            for module, path, is_package in _modules()}
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """Inside a room too: rooms that call each other are handed their collaborators,
+    never reach them through a shared object that imports them all."""
+    circles = import_circles(module_graph())
+    assert not circles, "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_a_circle_and_only_that() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert import_circles(graph) == [["a", "b", "c"], ["e"]]
 
 
 def test_every_room_of_the_table_may_import_only_rooms_of_the_table() -> None:
