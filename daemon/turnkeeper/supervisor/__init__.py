@@ -5,8 +5,9 @@ registry, drain, reload and stop all live here, and nowhere else.
 (`core.py`); its work is done by rooms, each with one job: `scheduling` (slots, dispatch,
 running and finishing a turn, as `policy/scheduler.py` decides), `intake` (submit,
 messages, cancel, replay), `queries` (turns, status, the limits report), `lifecycle`
-(start, reload, drain, stop) and, on a store several daemons share, `fleet` (claims,
-leases). The methods below only hand each call to its room.
+(start, reload, drain, stop), `webhooks` (sending the outbox's deliveries) and, on a
+store several daemons share, `fleet` (claims, leases). The methods below only hand each
+call to its room.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from turnkeeper.supervisor.queries import Queries
 from turnkeeper.supervisor.replays import Replays
 from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
+from turnkeeper.supervisor.webhooks import Webhooks
 from turnkeeper.turn.record import TurnRecord
 
 __all__ = ["BatchItemInvalid", "IdempotencyConflict", "InboxFull", "IntakeRefused",
@@ -63,6 +65,7 @@ class Supervisor(SupervisorCore):
         self.queries = Queries(self)
         self.lifecycle = Lifecycle(self)
         self.retention = Retention(self)
+        self.webhooks = Webhooks(self)
         if isinstance(store, FleetStore):
             self.fleet = Fleet(self, store)
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from turnkeeper.supervisor.fleet import Fleet
     from turnkeeper.supervisor.retention import Retention
     from turnkeeper.supervisor.scheduling import Scheduling
+    from turnkeeper.supervisor.webhooks import Webhooks
 
 
 @dataclass(slots=True)
@@ -83,6 +84,7 @@ class SupervisorCore:
 
     scheduling: Scheduling
     retention: Retention
+    webhooks: Webhooks
 
     def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
                  config_path: str | None) -> None:

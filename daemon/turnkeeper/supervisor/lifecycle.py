@@ -82,6 +82,7 @@ class Lifecycle:
         if resumed:
             log.info("daemon.resuming", turns=resumed)
         tg.start_soon(core.retention.run, name="retention")
+        tg.start_soon(core.webhooks.run, name="webhooks")
         core.move_to(DaemonState.READY)
         core.intake_open = True
         core.started_event.set()
@@ -184,6 +185,7 @@ class Lifecycle:
         core.policy = candidate
         core.runtime = runtime
         core.shared.apply(candidate.config)
+        core.webhooks.configure()
         if core.tg is not None:  # MCP servers whose config changed restart, drained
             await runtime.toolbox.start(core.tg, replacing=previous.toolbox)
         core.scheduler.set_limits(max_concurrent=applied.daemon.max_concurrent_turns,
@@ -316,6 +318,7 @@ class Lifecycle:
         await self._drain(core.config.daemon.shutdown_timeout, reason="stop")
         if core.fleet is not None:  # hand the turns back: another node goes on at once
             await core.fleet.stop()
+        core.webhooks.stop()  # what is on the wire stays pending: sent after the restart
         core.stopping_event.set()  # long polls answer now; live event streams end
         core.bus.close_subscribers()
         await core.runtime.toolbox.aclose()

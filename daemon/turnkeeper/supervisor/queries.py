@@ -143,6 +143,7 @@ class Queries:
             "store": store_status(core.store.outage, now=now),
             "prices": prices_status(core.runtime.config),
             "fleet": core.fleet.status() if core.fleet is not None else None,
+            "webhooks": core.webhooks.status(core.clock.time()),
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
         }
