@@ -58,6 +58,7 @@ class Webhooks:
         self._wake = anyio.Event()
         self._scope: anyio.CancelScope | None = None
         self._next_prune = 0.0
+        self._next_backlog = 0.0
         self.backlog: dict[str, Backlog] = {}
         self.deliveries: dict[tuple[str, str], int] = {}  # (webhook, outcome) -> count
         self.configure()
@@ -119,10 +120,19 @@ class Webhooks:
                     except Exception as exc:  # the store failing: the next poll tries again
                         log.warning("webhook.poll_failed", error=f"{type(exc).__name__}: {exc}")
                     if not self._hooks and not self.in_flight:
-                        await self._wake.wait()  # nothing to send until a reload adds one
+                        await self._idle()  # nothing to send until a reload adds one
                         continue
                     with self.core.clock.move_on_after(POLL_S):
                         await self._wake.wait()
+
+    async def _idle(self) -> None:
+        """No webhook configured, nothing on the wire: the backlog read once more (what
+        status shows stays as the store holds it), then nothing until a reload."""
+        try:
+            self.backlog = await self.core.store.webhook_backlog()
+        except Exception as exc:  # the store failing: status keeps the last read
+            log.warning("webhook.poll_failed", error=f"{type(exc).__name__}: {exc}")
+        await self._wake.wait()
 
     def stop(self) -> None:
         """Stop sending (the daemon stops): an attempt cut on the wire stays pending and
@@ -134,7 +144,9 @@ class Webhooks:
         core = self.core
         store = core.store
         now = core.clock.time()
-        self.backlog = await store.webhook_backlog()
+        if now >= self._next_backlog:  # once a POLL_S, not at every wake
+            self._next_backlog = now + POLL_S
+            self.backlog = await store.webhook_backlog()
         for name, hook in self._hooks.items():
             excess = rules.over_cap(self.backlog.get(name, Backlog()).pending,
                                     hook.max_pending)
