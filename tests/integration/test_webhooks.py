@@ -197,18 +197,21 @@ def test_a_reload_adds_changes_and_removes_webhooks(
         assert len(tool_server.calls()) == 2
 
 
-@pytest.mark.parametrize(("entry", "key"), [
-    ('url = "http://example.com/hook"\nsecret_env = "APP_WEBHOOK_SECRET"', "url"),
-    ('url = "http://127.0.0.1:9/hook"', "secret_env"),
-    ('url = "http://127.0.0.1:9/hook"\nsecret_env = "UNSET_WEBHOOK_SECRET"', "secret_env"),
+@pytest.mark.parametrize(("entry", "said"), [
+    ('url = "http://example.com/hook"\nsecret_env = "APP_WEBHOOK_SECRET"',
+     "webhooks.0: url: host example.com is not a loopback address"),
+    ('url = "http://127.0.0.1:9/hook"',
+     "webhooks.0: secret_env, secret_file, secret_credential: set exactly one"),
+    ('url = "http://127.0.0.1:9/hook"\nsecret_env = "UNSET_WEBHOOK_SECRET"',
+     "webhooks.127.0.0.1:9/hook.secret_env: the variable UNSET_WEBHOOK_SECRET is not set"),
     ('url = "http://127.0.0.1:9/hook"\nsecret_env = "APP_WEBHOOK_SECRET"\n'
-     'events = ["turn.fin*"]', "events"),
+     'events = ["turn.fin*"]', "webhooks.0: events: 'turn.fin*' is not an event type"),
 ])
 def test_an_invalid_webhook_is_exit_78_naming_its_key(tmp_path: Path, entry: str,
-                                                     key: str) -> None:
+                                                     said: str) -> None:
     script = script_file(tmp_path / "script.toml", SCRIPT)
     d = Daemon(tmp_path, f"[[webhooks]]\n{entry}\n" + scripted_provider(script), env=ENV)
     d.start(wait=False)
     assert d.proc is not None
     assert d.proc.wait(30) == 78
-    assert "webhooks" in d.log_text() and key in d.log_text()
+    assert said in d.log_text()
