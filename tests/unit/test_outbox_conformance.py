@@ -63,6 +63,7 @@ async def test_due_rows_skip_in_flight_and_future_ones_and_settle_once(store: St
     await store.flush()
     due = await store.webhook_due("a", now=1e9, limit=10, skip={1})
     assert [d.seq for d in due] == [2, 3]
+    await store.webhook_release()  # what this daemon held is due again
     await store.webhook_settle("a", 2, state=PENDING, attempts=1, next_at=500.0,
                                error="HTTP 500", now=10.0)
     await store.webhook_settle("a", 3, state=DELIVERED, attempts=1, next_at=10.0,

@@ -386,6 +386,21 @@ async def test_one_node_sends_each_webhook_delivery_until_its_lease_ends(
     assert backlog["hook"].pending == 2 and backlog["hook"].delivered == 1
 
 
+async def test_a_node_that_stops_hands_its_webhook_deliveries_back_at_once(
+        nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for node in nodes:
+        node.set_webhook_route(lambda e: ("hook",))
+    a.append_event(Event(seq=1, ts=10.0, type="turn.finished", turn=None, data={}))
+    await a.flush()
+    assert [d.seq for d in await a.webhook_due("hook", now=100.0, limit=5,
+                                               lease_s=30.0)] == [1]
+    assert await b.webhook_due("hook", now=101.0, limit=5, lease_s=30.0) == []
+    await a.webhook_release()
+    assert [d.seq for d in await b.webhook_due("hook", now=101.0, limit=5,
+                                               lease_s=30.0)] == [1]
+
+
 async def test_webhook_delivery_of_a_lost_turn_is_not_written(
         db: str, nodes: list[PostgresStore]) -> None:
     a, b, _ = nodes

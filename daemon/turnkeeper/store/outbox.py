@@ -102,6 +102,11 @@ class Outbox(Protocol):
         `next_at`; delivered; failed), its claim released. Durable on return."""
         ...
 
+    async def webhook_release(self) -> None:
+        """Hand back the deliveries this daemon holds (it stops): on a shared store
+        another node may send them at once instead of after their lease."""
+        ...
+
     async def webhook_give_up(self, webhook: str, *, count: int, error: str,
                               now: float) -> int:
         """The `count` oldest pending deliveries of `webhook` failed with `error` (its
@@ -164,6 +169,9 @@ class MemoryOutbox:
         d = row.delivery
         row.delivery = Delivery(d.webhook, d.seq, d.type, d.body, attempts, d.created_at)
         row.state, row.next_at, row.error, row.updated_at = state, next_at, error, now
+
+    async def webhook_release(self) -> None:
+        return None  # one process: nothing is claimed
 
     async def webhook_give_up(self, webhook: str, *, count: int, error: str,
                               now: float) -> int:

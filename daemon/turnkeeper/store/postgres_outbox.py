@@ -5,8 +5,8 @@ the event is a claimed turn's (a node that lost the turn writes neither). Severa
 share the outbox: a node takes the due rows it will send in one statement that claims
 them (`FOR UPDATE SKIP LOCKED`, then `claimed_by` and a lease in `claim_until`), so two
 nodes never take the same row, and a row whose lease ran out (its node was killed while
-sending) is due again to any node. A settled attempt writes only while this node still
-holds the claim.
+sending) is due again to any node; a node that stops hands back what it holds
+(`webhook_release`). A settled attempt writes only while this node still holds the claim.
 """
 
 from __future__ import annotations
@@ -80,6 +80,11 @@ class PostgresOutbox(PostgresReads):
             " WHERE webhook = $6 AND seq = $7 AND state = $8"
             " AND (claimed_by IS NULL OR claimed_by = $9)",
             (state, attempts, next_at, error, now, webhook, seq, PENDING, self.node_id))])
+
+    async def webhook_release(self) -> None:
+        await self._write([(
+            "UPDATE webhook_outbox SET claimed_by = NULL, claim_until = NULL"
+            " WHERE claimed_by = $1 AND state = $2", (self.node_id, PENDING))])
 
     async def webhook_give_up(self, webhook: str, *, count: int, error: str,
                               now: float) -> int:

@@ -63,6 +63,9 @@ class SQLiteOutbox(SQLiteConnection):
             " updated_at = ? WHERE webhook = ? AND seq = ? AND state = ?",
             (state, attempts, next_at, error, now, webhook, seq, PENDING))])
 
+    async def webhook_release(self) -> None:
+        return None  # one daemon holds the file: nothing is claimed
+
     async def webhook_give_up(self, webhook: str, *, count: int, error: str,
                               now: float) -> int:
         rows = await self._read(

@@ -318,7 +318,7 @@ class Lifecycle:
         await self._drain(core.config.daemon.shutdown_timeout, reason="stop")
         if core.fleet is not None:  # hand the turns back: another node goes on at once
             await core.fleet.stop()
-        core.webhooks.stop()  # what is on the wire stays pending: sent after the restart
+        await core.webhooks.stop()  # what was on the wire stays pending: sent again
         core.stopping_event.set()  # long polls answer now; live event streams end
         core.bus.close_subscribers()
         await core.runtime.toolbox.aclose()

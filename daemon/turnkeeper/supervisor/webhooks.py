@@ -134,11 +134,17 @@ class Webhooks:
             log.warning("webhook.poll_failed", error=f"{type(exc).__name__}: {exc}")
         await self._wake.wait()
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         """Stop sending (the daemon stops): an attempt cut on the wire stays pending and
-        is sent again after the restart."""
+        is sent again after the restart, or at once by another node of a fleet (what
+        this one held is handed back)."""
         if self._scope is not None:
             self._scope.cancel()
+        if self._hooks:
+            try:
+                await self.core.store.webhook_release()
+            except Exception as exc:  # the store failing: the leases run out instead
+                log.warning("webhook.release_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _poll(self, tg: TaskGroup, session: aiohttp.ClientSession) -> None:
         core = self.core
