@@ -5,13 +5,12 @@ The secret comes from exactly one place, as a provider's key does: a variable
 (`secret_env`), a file (`secret_file`) or a systemd credential (`secret_credential`,
 under `$CREDENTIALS_DIRECTORY`); it is read when the config is loaded and again at every
 reload, and never printed. A webhook reaches a loopback address, or a host its
-`allowed_hosts` names (as a tool's `allowed_hosts` says where it may go): an event
+`allowed_hosts` names, the rule the tracing endpoint follows (`host_allowed`): an event
 stream of the daemon's turns is not sent anywhere by a typo.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,22 +20,12 @@ from yarl import URL
 
 from turnkeeper.config.peers import CREDENTIAL_NAME, read_credential, read_secret
 from turnkeeper.config.sections import ConfigError, PositiveFloat, PositiveInt, _Section
+from turnkeeper.config.tracing import host_allowed
 from turnkeeper.policy.webhooks import decode_secret, valid_pattern
 
 # Events never stored (streamed text), so never in an outbox.
 LIVE_ONLY = frozenset({"model.delta"})
 _SOURCES = ("secret_env", "secret_file", "secret_credential")
-
-
-def is_loopback(host: str) -> bool:
-    """`localhost`, or an address of 127.0.0.0/8 or ::1."""
-    name = host.strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 class WebhookConfig(_Section):
@@ -74,7 +63,7 @@ class WebhookConfig(_Section):
             raise ValueError("url: credentials in the URL are not sent; the "
                              "signature is what a receiver checks")
         host = url.host.lower()
-        if not is_loopback(host) and host not in {h.lower() for h in self.allowed_hosts}:
+        if not host_allowed(host, self.allowed_hosts):
             raise ValueError(f"url: host {host} is not a loopback address; list it "
                              "in allowed_hosts to send this daemon's events there")
         sources = [k for k in _SOURCES if getattr(self, k)]
