@@ -11,13 +11,15 @@ from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
 from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.store.base import MessageRows, Store
+from turnkeeper.store.outbox import MemoryOutbox
 
 
-class DiscardStore:
+class DiscardStore(MemoryOutbox):
     """The Store interface with nothing behind it: every write returns at once (and is
-    counted in `writes`)."""
+    counted in `writes`); its webhook outbox stays empty."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._seq = 0
         self.writes = 0
         self.outage = StoreOutage()  # never degraded: nothing can fail

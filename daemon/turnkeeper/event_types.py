@@ -421,6 +421,22 @@ class DaemonStopping(EventBody):
     queued: int
 
 
+# -- webhooks -----------------------------------------------------------------------------
+
+@dataclass(slots=True, kw_only=True)
+class WebhookFailed(EventBody):
+    """A webhook delivery given up for good: the receiver refused it, its attempts ran
+    out, or the webhook's outbox was full. It stays in the outbox as failed."""
+
+    TYPE = "webhook.failed"
+    webhook: str
+    webhook_id: str  # the delivery's `webhook-id` header
+    event_seq: int
+    event_type: str
+    attempts: int
+    error: str
+
+
 EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
     TurnQueued, TurnStarted, TurnResumed, TurnSuspended, TurnRecovering, TurnWaiting,
     TurnMessage, TurnFinished, TurnReplayed, StepStarted, BudgetWarning, BudgetExtended,
@@ -430,7 +446,7 @@ EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
     ModelRetryScheduled,
     ModelFailover, ModelRedirected, ToolCalled, ToolResult, ToolRetryScheduled,
     ToolOutcomeUnknown,
-    DaemonReloading, DaemonReloadFailed, DaemonReloaded, DaemonStopping)}
+    DaemonReloading, DaemonReloadFailed, DaemonReloaded, DaemonStopping, WebhookFailed)}
 
 
 def parse(event: dict[str, Any]) -> EventBody | None:

@@ -1,5 +1,5 @@
 """The metrics read at scrape time: turns by state, the queue, breakers, in-flight
-gates, MCP servers and the policy, from the supervisor and the shared breakers. Derived,
+gates, MCP servers, webhooks and the policy, from the supervisor and the shared breakers. Derived,
 never stored twice: nothing here counts; `metrics.py` holds the counters and serves."""
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class StateCollector(Collector):
         yield from self._breakers()
         yield from self._in_flight()
         yield from self._mcp_servers()
+        yield from self._webhooks()
         yield CounterMetricFamily("turnkeeper_event_subscribers_dropped",
                                   "Event stream subscribers dropped for falling behind",
                                   value=sup.bus.dropped_subscribers)
@@ -104,6 +105,28 @@ class StateCollector(Collector):
         yield up
         yield tools
         yield restarts
+
+    def _webhooks(self) -> Iterator[Metric]:
+        hooks = self.supervisor.webhooks
+        deliveries = CounterMetricFamily(
+            "turnkeeper_webhook_deliveries",
+            "Webhook delivery attempts by outcome: delivered (a 2xx), retried (a 408, 429, "
+            "5xx or no answer, tried again later), failed (given up), dropped (given up "
+            "unsent: the outbox was full)", labels=["webhook", "outcome"])
+        for (name, outcome), count in sorted(hooks.deliveries.items()):
+            deliveries.add_metric([name, outcome], count)
+        yield deliveries
+        pending = GaugeMetricFamily("turnkeeper_webhook_pending",
+                                    "Webhook deliveries waiting in the outbox",
+                                    labels=["webhook"])
+        oldest = GaugeMetricFamily("turnkeeper_webhook_oldest_pending_seconds",
+                                   "Age of the oldest webhook delivery waiting",
+                                   labels=["webhook"])
+        for name, entry in hooks.status(self.clock.time()).items():
+            pending.add_metric([name], entry["pending"])
+            oldest.add_metric([name], entry["oldest_pending_age_s"] or 0.0)
+        yield pending
+        yield oldest
 
     def _in_flight(self) -> Iterator[Metric]:
         limit = GaugeMetricFamily("turnkeeper_provider_in_flight_limit",

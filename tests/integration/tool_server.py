@@ -54,6 +54,7 @@ class Call:
     headers: dict[str, str]
     body: Any
     at: float
+    raw: bytes = b""  # the body as received (what a signature covers)
 
     @property
     def idempotency_key(self) -> str | None:
@@ -125,7 +126,7 @@ class ToolServer:
         with self._lock:
             self._calls.append(Call(method=request.method, path=path,
                                     headers=dict(request.headers), body=body,
-                                    at=time.monotonic()))
+                                    at=time.monotonic(), raw=raw))
             n = self._served.get(path, 0)
             self._served[path] = n + 1
             script = self._scripts.get(path)

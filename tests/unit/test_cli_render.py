@@ -107,3 +107,15 @@ def test_status_names_an_unwritable_store_and_an_overloaded_intake() -> None:
             "full; writes wait (exit 74 after 5 min 00 s), submits get 507") in lines
     assert ("intake       OVERLOADED: the event loop lags 0.8 s; new submits get 503 "
             "(12 so far)") in lines
+
+
+def test_status_shows_each_webhooks_backlog() -> None:
+    lines = status_lines(_status(webhooks={
+        "app": {"pending": 3, "oldest_pending_age_s": 75.0, "in_flight": 1,
+                "delivered": 10, "failed": 2, "last_error": "HTTP 410", "configured": True},
+        "gone": {"pending": 1, "oldest_pending_age_s": None, "in_flight": 0,
+                 "delivered": 0, "failed": 0, "last_error": None, "configured": False}}))
+    assert ("webhook      app 3 pending (oldest 1 min 15 s), 1 on the wire, 10 delivered, "
+            "2 FAILED; last error: HTTP 410") in lines
+    assert ("webhook      gone 1 pending, 0 on the wire, 0 delivered, 0 failed (no longer "
+            "configured)") in lines

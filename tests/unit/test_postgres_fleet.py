@@ -358,3 +358,64 @@ async def test_a_retry_after_window_is_told_to_every_node_and_the_longest_is_kep
     finally:
         await conn.close()
     assert set(await a.shared_retry_after()) == {"provider:p"}
+
+
+async def test_one_node_sends_each_webhook_delivery_until_its_lease_ends(
+        nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for node in nodes:
+        node.set_webhook_route(lambda e: ("hook",))
+    for seq in (1, 2, 3):
+        a.append_event(Event(seq=seq, ts=10.0, type="turn.finished", turn=None, data={}))
+    await a.flush()
+    taken = await a.webhook_due("hook", now=100.0, limit=2, lease_s=30.0)
+    assert [d.seq for d in taken] == [1, 2]
+    # claimed by a: b gets only the third, and nothing more while a's lease holds
+    assert [d.seq for d in await b.webhook_due("hook", now=110.0, limit=5,
+                                               lease_s=30.0)] == [3]
+    assert await b.webhook_due("hook", now=129.0, limit=5, lease_s=30.0) == []
+    # a settles the first; its claim of the second runs out (a killed while sending)
+    await a.webhook_settle("hook", 1, state="delivered", attempts=1, next_at=101.0,
+                           error=None, now=101.0)
+    again = await b.webhook_due("hook", now=131.0, limit=5, lease_s=30.0)
+    assert [d.seq for d in again] == [2]
+    # a's late answer for a row b holds now is not written over b's claim
+    await a.webhook_settle("hook", 2, state="failed", attempts=1, next_at=132.0,
+                           error="late", now=132.0)
+    backlog = await b.webhook_backlog()
+    assert backlog["hook"].pending == 2 and backlog["hook"].delivered == 1
+
+
+async def test_a_node_that_stops_hands_its_webhook_deliveries_back_at_once(
+        nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for node in nodes:
+        node.set_webhook_route(lambda e: ("hook",))
+    a.append_event(Event(seq=1, ts=10.0, type="turn.finished", turn=None, data={}))
+    await a.flush()
+    assert [d.seq for d in await a.webhook_due("hook", now=100.0, limit=5,
+                                               lease_s=30.0)] == [1]
+    assert await b.webhook_due("hook", now=101.0, limit=5, lease_s=30.0) == []
+    await a.webhook_release()
+    assert [d.seq for d in await b.webhook_due("hook", now=101.0, limit=5,
+                                               lease_s=30.0)] == [1]
+
+
+async def test_webhook_delivery_of_a_lost_turn_is_not_written(
+        db: str, nodes: list[PostgresStore]) -> None:
+    a, b, _ = nodes
+    for node in nodes:
+        node.set_webhook_route(lambda e: ("hook",) if e.type == "turn.finished" else ())
+    rec = record("t_w")
+    await a.insert_turn(rec, {})
+    [claimed] = await b.claim(1)
+    await expire(db, "t_w")
+    [taken] = await a.claim(1)
+    assert taken.record["id"] == "t_w"
+    b.append_event(Event(seq=5, ts=10.0, type="turn.finished", turn="t_w", data={}))
+    await b.flush()
+    assert await a.webhook_due("hook", now=1e9, limit=5) == []
+    a.append_event(Event(seq=6, ts=10.0, type="turn.finished", turn="t_w", data={}))
+    await a.flush()
+    assert [d.seq for d in await a.webhook_due("hook", now=1e9, limit=5)] == [6]
+    assert claimed.record["id"] == "t_w"

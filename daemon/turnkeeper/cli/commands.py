@@ -381,7 +381,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             "Queue a turn; print its id, or wait for (or follow) its result.",
             _submit_setup, cmd_submit),
     Command("status", "daemon status",
-            "The daemon's state, policy, reloads, turns, queue, breakers and MCP servers.",
+            "The daemon's state, policy, reloads, turns, queue, breakers, MCP servers and "
+            "webhooks.",
             status_setup, cmd_status),
     Command("fleet", "the daemons sharing the store",
             "Every node on the shared PostgreSQL store: up, stopped or silent, the turns it "

@@ -178,6 +178,16 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         wait = f"; next start in {max(0.0, nxt - time.time()):.1f} s" if nxt else ""
         lines.append(f"mcp server   {name} {srv['state'].upper()} ({srv['transport']}): "
                      f"{srv.get('last_error') or '-'}{wait}; {restarts}")
+    for name, hook in (data.get("webhooks") or {}).items():
+        oldest = hook.get("oldest_pending_age_s")
+        waiting = f" (oldest {duration(oldest)})" if oldest is not None else ""
+        failed = hook.get("failed") or 0
+        error = hook.get("last_error")
+        lines.append(f"webhook      {name} {hook['pending']} pending{waiting}, "
+                     f"{hook['in_flight']} on the wire, {hook['delivered']} delivered, "
+                     + (f"{failed} FAILED" if failed else "0 failed")
+                     + ("" if hook.get("configured", True) else " (no longer configured)")
+                     + (f"; last error: {error}" if error else ""))
     fleet = data.get("fleet")
     if fleet:
         lines.extend(fleet_status_lines(fleet))

@@ -78,6 +78,7 @@ from turnkeeper.config.sections import (
     _overrides,
 )
 from turnkeeper.config.tracing import OTEL_INSTALL_HINT, TracingConfig, otel_available
+from turnkeeper.config.webhooks import WebhookConfig, check_webhook_secrets
 from turnkeeper.paths import config_search, default_socket_path, default_state_dir
 
 __all__ = [
@@ -126,6 +127,7 @@ __all__ = [
     "ToolOverride",
     "ToolsRetryConfig",
     "TracingConfig",
+    "WebhookConfig",
     "build_config",
     "check_provider_keys",
     "config_path_from_env",
@@ -166,6 +168,7 @@ class Config(BaseSettings):
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
     models: dict[ModelName, ModelConfig] = Field(default_factory=dict)
+    webhooks: tuple[WebhookConfig, ...] = ()
 
     @classmethod
     def settings_customise_sources(
@@ -180,7 +183,8 @@ class Config(BaseSettings):
     def _unique_names(self) -> Config:
         if not self.providers:
             raise ValueError("providers: at least one provider is needed")
-        for kind, items in (("providers", self.providers), ("tools", self.tools)):
+        for kind, items in (("providers", self.providers), ("tools", self.tools),
+                            ("webhooks", self.webhooks)):
             seen: set[str] = set()
             for item in items:
                 if item.name in seen:
@@ -377,10 +381,11 @@ def _check_providers_named(data: Mapping[str, Any], digest: str, path: Path) -> 
 def check_provider_keys(config: Config, source: str) -> None:
     """A provider whose key cannot be read (an unset or empty variable, a missing key file
     or credential, an `env:NAME` header or query value whose variable is unset) would fail
-    every call with a 401 at run time; refuse it now, naming where the key was to come
-    from (never a value). Done on loading a file (config check, start-up, reload), not in
-    the model, so a config can still be built and inspected where the secrets are not
-    present; a reload reads every key again."""
+    every call with a 401 at run time, and a webhook whose secret cannot be read or is
+    not a Standard Webhooks secret could sign nothing; refuse it now, naming where the
+    key was to come from (never a value). Done on loading a file (config check, start-up,
+    reload), not in the model, so a config can still be built and inspected where the
+    secrets are not present; a reload reads every key again."""
     missing: list[str] = []
     for p in config.providers:
         if p.kind == "scripted":
@@ -389,6 +394,7 @@ def check_provider_keys(config: Config, source: str) -> None:
             p.secrets()
         except ConfigError as exc:
             missing.append(f"  {exc}")
+    missing.extend(check_webhook_secrets(config.webhooks))
     if missing:
         raise ConfigError("\n".join([f"invalid configuration ({source}):", *missing]))
 

@@ -50,7 +50,7 @@ RESERVED_OPTIONS = frozenset({"model", "messages", "system", "tools", "stream",
 _HTTP_ONLY = ("base_url", "api_key_env", "api_key_file", "api_key_credential", "options",
               "headers", "query", "max_tokens_field", "cache")
 # A file name under $CREDENTIALS_DIRECTORY: no path separator, no leading dot.
-_CREDENTIAL_NAME = r"^([A-Za-z0-9_@:\-][A-Za-z0-9_.@:\-]*)?$"
+CREDENTIAL_NAME = r"^([A-Za-z0-9_@:\-][A-Za-z0-9_.@:\-]*)?$"
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -88,7 +88,7 @@ class ProviderConfig(_Section):
     # variable for the kind; "": no auth (a local server).
     api_key_env: str | None = None
     api_key_file: str = ""
-    api_key_credential: Annotated[str, Field(pattern=_CREDENTIAL_NAME)] = ""
+    api_key_credential: Annotated[str, Field(pattern=CREDENTIAL_NAME)] = ""
     timeout: PositiveFloat = 60.0
     # The whole call, however the answer trickles in (a per-read timeout never cuts a
     # stream that sends a token now and then): a cut is a retryable failure.
@@ -188,14 +188,9 @@ class ProviderConfig(_Section):
         own endpoint, which always needs a key."""
         where = f"providers.{self.name}"
         if self.api_key_file:
-            return _read_secret(Path(self.api_key_file), f"{where}.api_key_file")
+            return read_secret(Path(self.api_key_file), f"{where}.api_key_file")
         if self.api_key_credential:
-            directory = os.environ.get("CREDENTIALS_DIRECTORY")
-            if not directory:
-                raise ConfigError(f"{where}.api_key_credential: $CREDENTIALS_DIRECTORY is "
-                                  "not set (systemd sets it for LoadCredential=)")
-            return _read_secret(Path(directory) / self.api_key_credential,
-                                f"{where}.api_key_credential")
+            return read_credential(self.api_key_credential, f"{where}.api_key_credential")
         env = self.key_env
         if not env:
             return None
@@ -235,8 +230,18 @@ class ProviderConfig(_Section):
         return out
 
 
-def _read_secret(path: Path, where: str) -> str:
-    """A key file's content without surrounding whitespace (editors add a newline)."""
+def read_credential(name: str, where: str) -> str:
+    """A systemd credential's content (`LoadCredential=`: a file under
+    `$CREDENTIALS_DIRECTORY`); `where` is the key that names it, for the error."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        raise ConfigError(f"{where}: $CREDENTIALS_DIRECTORY is not set (systemd sets it "
+                          "for LoadCredential=)")
+    return read_secret(Path(directory) / name, where)
+
+
+def read_secret(path: Path, where: str) -> str:
+    """A secret file's content without surrounding whitespace (editors add a newline)."""
     try:
         value = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:

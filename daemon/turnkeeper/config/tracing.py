@@ -41,12 +41,21 @@ def default_endpoint() -> str:
 
 
 def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
+    """`localhost`, or an address of 127.0.0.0/8 or ::1."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def host_allowed(host: str, allowed_hosts: tuple[str, ...]) -> bool:
+    """Whether the daemon may send to `host`: a loopback address always, another host
+    only when `allowed_hosts` names it (the rule of the tracing endpoint and of every
+    webhook: what the daemon knows leaves the machine only where the config says)."""
+    return is_loopback(host) or host.lower() in {h.lower() for h in allowed_hosts}
 
 
 class TracingConfig(BaseModel):
@@ -85,7 +94,7 @@ class TracingConfig(BaseModel):
         if not self.enabled:
             return self
         host = urllib.parse.urlsplit(self.endpoint).hostname or ""
-        if not is_loopback(host) and host.lower() not in {h.lower() for h in self.allowed_hosts}:
+        if not host_allowed(host, self.allowed_hosts):
             source = "" if "endpoint" in self.model_fields_set else f" (from ${ENDPOINT_ENV})"
             raise ValueError(f"endpoint: host {host!r}{source} is neither loopback nor in "
                              "tracing.allowed_hosts; list it there to send spans to it")

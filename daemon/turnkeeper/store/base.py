@@ -50,6 +50,7 @@ from turnkeeper.policy.limits import TurnUsage
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
+from turnkeeper.store.outbox import Outbox
 
 
 def sql_set(values: Iterable[str]) -> str:
@@ -272,7 +273,7 @@ def queues_turns(store_type: type) -> bool:
     return issubclass(store_type, QueuesTurns)
 
 
-class Store(Protocol):
+class Store(Outbox, Protocol):
     # Whether writes are going through; a backend retries the writes it cannot make for
     # its own reasons and reports here (see policy/store_outage.py).
     outage: StoreOutage

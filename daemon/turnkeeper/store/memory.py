@@ -42,6 +42,7 @@ from turnkeeper.store.base import (
     usage_of,
     with_messages,
 )
+from turnkeeper.store.outbox import MemoryOutbox
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
 
@@ -91,8 +92,9 @@ class _Row:
                              [self.trail[i] for i in sorted(self.trail)])
 
 
-class MemoryStore:
+class MemoryStore(MemoryOutbox):
     def __init__(self) -> None:
+        super().__init__()
         self._turns: dict[str, _Row] = {}
         self._events: dict[int, dict[str, Any]] = {}
         self._event_turn: dict[int, str | None] = {}
@@ -141,6 +143,7 @@ class MemoryStore:
         for event in events:
             if event.seq not in self._events:  # as INSERT OR IGNORE: the first one stays
                 self._events[event.seq] = _copy(event.to_json())
+                self._outbox_add(event)
                 self._event_turn[event.seq] = event.turn
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,

@@ -72,7 +72,7 @@ from turnkeeper.store.postgres_batch import (
     TurnUpdate,
 )
 from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, dumps
-from turnkeeper.store.postgres_reads import PostgresReads
+from turnkeeper.store.postgres_outbox import PostgresOutbox
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
@@ -116,7 +116,7 @@ async def _take_key(conn: Conn, turn: str, key: IdempotencyKey) -> None:
             raise KeyTaken(f"idempotency key {key.key!r} is held by turn {holder}")
 
 
-class PostgresStore(PostgresReads):
+class PostgresStore(PostgresOutbox):
     def __init__(self, url: str, *, clock: Clock | None = None, fatal_after: float = 300.0,
                  pool_size: int = POOL_SIZE, node_id: str | None = None,
                  lease_s: float = 15.0) -> None:
@@ -180,7 +180,7 @@ class PostgresStore(PostgresReads):
                 record["seq"] = int(await conn.fetchval(
                     "SELECT seq FROM turns WHERE id = $1", record["id"]))
 
-        await self._write([insert, *map(self._event_op, events), _NOTIFY_TURNS],
+        await self._write([insert, *self._event_ops(events), _NOTIFY_TURNS],
                           within_s=within_s)
         return int(record["seq"])
 
@@ -196,7 +196,7 @@ class PostgresStore(PostgresReads):
         turn_id = record["id"]
         ops: list[Op] = [self._turn_update(record, checkpoint),
                          *message_write(turn_id, messages, trail),
-                         *map(self._event_op, events)]
+                         *self._event_ops(events)]
         if record["state"] in TERMINAL_STATES:
             # Its end takes the turn's mail (a cancel waits there until now: see
             # `append_message`), in its transaction, and only if the claim holds.
@@ -264,20 +264,26 @@ class PostgresStore(PostgresReads):
             await conn.execute("UPDATE turns SET updated_at = $1, record = $2 WHERE id = $3",
                                updated_at, dumps(record), turn_id)
 
-        await self._write([TurnCall(turn_id, append), *map(self._event_op, events)])
+        await self._write([TurnCall(turn_id, append), *self._event_ops(events)])
 
     def append_event(self, event: Event) -> None:
         if event.turn is not None and event.turn in self.lost:
             return  # a turn another node now runs: its events are that node's
-        self._enqueue_event(self._event_op(event))
+        for op in self._event_ops((event,)):  # its outbox rows join the event's write
+            self._enqueue_event(op)
 
-    def _event_op(self, event: Event) -> Op:
-        """An event row; one of a claimed turn is written only while the claim holds."""
-        epoch = self.claims.get(event.turn) if event.turn is not None else None
-        if epoch is None:
-            return _event_statement(event)
-        return (EVENT_INSERT_FENCED, (event.seq, event.turn, event.ts, event.type,
-                                      dumps(event.to_json()), epoch))
+    def _event_ops(self, events: Sequence[Event]) -> list[Op]:
+        """The events' rows, each with its webhook outbox rows (if any); those of a
+        claimed turn are written only while the claim holds."""
+        ops: list[Op] = []
+        for event in events:
+            epoch = self.claims.get(event.turn) if event.turn is not None else None
+            ops.append(_event_statement(event) if epoch is None else (
+                EVENT_INSERT_FENCED, (event.seq, event.turn, event.ts, event.type,
+                                      dumps(event.to_json()), epoch)))
+            if self._route is not None:
+                ops.extend(self._outbox_ops(event, epoch))
+        return ops
 
     def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(
@@ -319,7 +325,7 @@ class PostgresStore(PostgresReads):
             " WHERE id = $6",
             (record["state"], record["updated_at"], dumps(stored_record(record)),
              dumps(checkpoint), _stop_code(record), record["id"])),
-            *map(self._event_op, events), _NOTIFY_TURNS])
+            *self._event_ops(events), _NOTIFY_TURNS])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
         await self._write([("UPDATE turns SET replayed_by = $1 WHERE id = $2",

@@ -80,11 +80,22 @@ EVENT_INSERT_FENCED = (
     "INSERT INTO events (seq, turn, ts, type, data) SELECT $1, $2, $3, $4, $5"
     " WHERE EXISTS (SELECT 1 FROM turns WHERE id = $2 AND epoch = $6)"
     " ON CONFLICT (seq) DO NOTHING")
-EVENT_SQL = frozenset({EVENT_INSERT, EVENT_INSERT_FENCED})
+# An event's webhook outbox rows (store/outbox.py), sent with the event rows; fenced like
+# the event of a claimed turn (the claim's epoch the last parameter).
+OUTBOX_INSERT = (
+    "INSERT INTO webhook_outbox (webhook, seq, type, body, created_at, next_at, updated_at)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (webhook, seq) DO NOTHING")
+OUTBOX_INSERT_FENCED = (
+    "INSERT INTO webhook_outbox (webhook, seq, type, body, created_at, next_at, updated_at)"
+    " SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM turns WHERE id = $8"
+    " AND epoch = $9) ON CONFLICT (webhook, seq) DO NOTHING")
+EVENT_SQL = frozenset({EVENT_INSERT, EVENT_INSERT_FENCED, OUTBOX_INSERT,
+                       OUTBOX_INSERT_FENCED})
 
 # Statements that write neither a turn's row nor its conversation or trail rows, so the
 # turn, conversation and trail rows of their segment may be written before them.
-_INDEPENDENT = ("INSERT INTO events ", "INSERT INTO journal ", "UPDATE journal ",
+_INDEPENDENT = ("INSERT INTO events ", "INSERT INTO webhook_outbox ", "INSERT INTO journal ",
+                "UPDATE journal ",
                 "INSERT INTO meta ", "INSERT INTO mail ", "DELETE FROM mail ",
                 "SELECT pg_notify(")
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -185,6 +185,27 @@ MIGRATIONS: tuple[tuple[str | Callable[[Conn], Awaitable[None]], ...], ...] = (
             created_at DOUBLE PRECISION NOT NULL
         )""",
         "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
+    ),
+    (
+        # The webhook outbox: a row per webhook and event it takes, written with the
+        # event's row, kept until it is delivered or given up; a node sending one holds
+        # it by a lease (store/outbox.py).
+        """CREATE TABLE webhook_outbox (
+            webhook TEXT NOT NULL,
+            seq BIGINT NOT NULL,
+            type TEXT NOT NULL,
+            body TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            last_error TEXT,
+            claimed_by TEXT,
+            claim_until DOUBLE PRECISION,
+            PRIMARY KEY (webhook, seq)
+        )""",
+        "CREATE INDEX webhook_outbox_due ON webhook_outbox (webhook, state, next_at)",
     ),
 )
 

@@ -51,7 +51,8 @@ from turnkeeper.store.base import (
     usage_of,
     with_messages,
 )
-from turnkeeper.store.sqlite_conn import EVENT_TURN_KEY, TURN_NO, SQLiteConnection, Statement
+from turnkeeper.store.sqlite_conn import EVENT_TURN_KEY, TURN_NO, Statement
+from turnkeeper.store.sqlite_outbox import SQLiteOutbox
 from turnkeeper.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.writer import MESSAGES, TRAIL, message_write
 
@@ -144,7 +145,7 @@ def _key_rows(turn: str, idempotency: IdempotencyKey | None) -> list[Statement]:
              (idempotency.key, turn, idempotency.fingerprint, idempotency.created_at))]
 
 
-class SQLiteStore(SQLiteConnection):
+class SQLiteStore(SQLiteOutbox):
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
 
@@ -158,7 +159,11 @@ class SQLiteStore(SQLiteConnection):
         return self._numbers.get(record["id"])
 
     def _event_rows(self, events: Sequence[Event], number: int | None) -> list[Statement]:
-        return [_event_statement(e, number) for e in events]
+        """The events' rows, each followed by its webhook outbox rows (if any)."""
+        if self._route is None:
+            return [_event_statement(e, number) for e in events]
+        return [row for e in events
+                for row in (_event_statement(e, number), *self._outbox_rows(e))]
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                           events: Sequence[Event] = (), within_s: float | None = None,
@@ -233,6 +238,9 @@ class SQLiteStore(SQLiteConnection):
         turn = event.turn
         self._enqueue_event(_event_statement(
             event, None if turn is None else self._numbers.get(turn)))
+        if self._route is not None:
+            for row in self._outbox_rows(event):  # joins the event's write
+                self._enqueue_event(row)
 
     def reserve_event_seqs(self, upto: int) -> None:
         self._enqueue([(

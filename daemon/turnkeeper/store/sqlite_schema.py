@@ -15,7 +15,7 @@ from pathlib import Path
 
 from turnkeeper.store.base import StoreError, stored_message_of
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 def _messages_apart(conn: sqlite3.Connection) -> None:
@@ -139,6 +139,24 @@ MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] =
             created_at REAL NOT NULL
         )""",
         "CREATE INDEX idempotency_keys_created ON idempotency_keys(created_at)",
+    ),
+    (
+        # The webhook outbox: a row per webhook and event it takes, written with the
+        # event's row, kept until it is delivered or given up (store/outbox.py).
+        """CREATE TABLE webhook_outbox (
+            webhook TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            body TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            last_error TEXT,
+            PRIMARY KEY (webhook, seq)
+        )""",
+        "CREATE INDEX webhook_outbox_due ON webhook_outbox(webhook, state, next_at)",
     ),
 )
 

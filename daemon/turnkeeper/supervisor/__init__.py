@@ -7,9 +7,9 @@ handed the rooms it calls in `Supervisor.__init__`, which reads as the rooms' gr
 `scheduling` (slots, dispatch, running and finishing a turn, as `policy/scheduler.py`
 decides), `intake` (submit, messages, cancel), `keyed` (Idempotency-Key submits),
 `replays` (dead letters resumed), `queries` (turns, status, the limits report),
-`retention` (pruning), `lifecycle` (start, reload, drain, stop) and, on a store several
-daemons share, `fleet` (claims, leases, mail). The methods below only hand each call to
-its room.
+`retention` (pruning), `webhooks` (sending the outbox's deliveries), `lifecycle` (start,
+reload, drain, stop) and, on a store several daemons share, `fleet` (claims, leases,
+mail). The methods below only hand each call to its room.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from turnkeeper.supervisor.queries import Queries
 from turnkeeper.supervisor.replays import Replays
 from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
+from turnkeeper.supervisor.webhooks import Webhooks
 from turnkeeper.turn.record import TurnRecord
 
 __all__ = ["BatchItemInvalid", "IdempotencyConflict", "InboxFull", "IntakeRefused",
@@ -70,10 +71,12 @@ class Supervisor(SupervisorCore):
         self.keyed = KeyedSubmits(self, self.intake)
         self.replays = Replays(self, self.intake, scheduling=self.scheduling,
                                fleet=self.fleet)
-        self.queries = Queries(self, fleet=self.fleet)
         self.retention = Retention(self)
+        self.webhooks = Webhooks(self)
+        self.queries = Queries(self, fleet=self.fleet, webhooks=self.webhooks)
         self.lifecycle = Lifecycle(self, scheduling=self.scheduling,
-                                   retention=self.retention, fleet=self.fleet)
+                                   retention=self.retention, webhooks=self.webhooks,
+                                   fleet=self.fleet)
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from turnkeeper.supervisor.core import LiveTurn, SupervisorCore
 from turnkeeper.supervisor.fleet import Fleet
 from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
+from turnkeeper.supervisor.webhooks import Webhooks
 from turnkeeper.turn.record import TurnRecord
 
 log = structlog.get_logger("turnkeeper.supervisor")
@@ -56,10 +57,11 @@ class ReloadOutcome:
 
 class Lifecycle:
     def __init__(self, core: SupervisorCore, *, scheduling: Scheduling, retention: Retention,
-                 fleet: Fleet | None) -> None:
+                 webhooks: Webhooks, fleet: Fleet | None) -> None:
         self.core = core
         self.scheduling = scheduling
         self.retention = retention
+        self.webhooks = webhooks
         self.fleet = fleet
         # Reload triggers coalesce: a request numbered at most `_done_upto` is answered
         # by the reload that covered it (`_last`).
@@ -89,6 +91,7 @@ class Lifecycle:
         if resumed:
             log.info("daemon.resuming", turns=resumed)
         tg.start_soon(self.retention.run, name="retention")
+        tg.start_soon(self.webhooks.run, name="webhooks")
         core.move_to(DaemonState.READY)
         core.intake_open = True
         core.started_event.set()
@@ -191,6 +194,7 @@ class Lifecycle:
         core.policy = candidate
         core.runtime = runtime
         core.shared.apply(candidate.config)
+        self.webhooks.configure()
         if core.tg is not None:  # MCP servers whose config changed restart, drained
             await runtime.toolbox.start(core.tg, replacing=previous.toolbox)
         core.scheduler.set_limits(max_concurrent=applied.daemon.max_concurrent_turns,
@@ -323,6 +327,7 @@ class Lifecycle:
         await self._drain(core.config.daemon.shutdown_timeout, reason="stop")
         if self.fleet is not None:  # hand the turns back: another node goes on at once
             await self.fleet.stop()
+        await self.webhooks.stop()  # what was on the wire stays pending: sent again
         core.stopping_event.set()  # long polls answer now; live event streams end
         core.bus.close_subscribers()
         await core.runtime.toolbox.aclose()

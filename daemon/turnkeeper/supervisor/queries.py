@@ -16,14 +16,17 @@ from turnkeeper.providers.prices import prices_status
 from turnkeeper.supervisor.core import SupervisorCore
 from turnkeeper.supervisor.errors import UnknownProfile, UnknownTurn
 from turnkeeper.supervisor.fleet import Fleet
+from turnkeeper.supervisor.webhooks import Webhooks
 
 FLEET_WAIT_POLL_S = 0.25
 
 
 class Queries:
-    def __init__(self, core: SupervisorCore, *, fleet: Fleet | None) -> None:
+    def __init__(self, core: SupervisorCore, *, fleet: Fleet | None,
+                 webhooks: Webhooks) -> None:
         self.core = core
         self.fleet = fleet  # on a shared store: turns other nodes run, the fleet's status
+        self.webhooks = webhooks
 
     async def get_turn(self, turn_id: str) -> dict[str, Any]:
         core = self.core
@@ -145,6 +148,7 @@ class Queries:
             "store": store_status(core.store.outage, now=now),
             "prices": prices_status(core.runtime.config),
             "fleet": self.fleet.status() if self.fleet is not None else None,
+            "webhooks": self.webhooks.status(core.clock.time()),
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
         }
