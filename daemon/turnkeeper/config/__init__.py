@@ -47,6 +47,7 @@ from turnkeeper.config.sections import (
     DEFAULT_SYSTEM_PROMPT,
     AdaptiveConcurrencyConfig,
     AgentConfig,
+    ApprovalsConfig,
     BudgetConfig,
     BudgetExtensionConfig,
     BudgetExtensionOverride,
@@ -90,6 +91,7 @@ __all__ = [
     "RESTART_KEYS",
     "AdaptiveConcurrencyConfig",
     "AgentConfig",
+    "ApprovalsConfig",
     "BudgetConfig",
     "BudgetExtensionConfig",
     "BudgetExtensionOverride",
@@ -158,6 +160,7 @@ class Config(BaseSettings):
     budget: BudgetConfig = BudgetConfig()
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     clarify: ClarifyConfig = ClarifyConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
     sessions: SessionsConfig = SessionsConfig()
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()

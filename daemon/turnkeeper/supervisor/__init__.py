@@ -20,12 +20,15 @@ from turnkeeper.config import Policy
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import Store
 from turnkeeper.store.fleet import FleetStore
+from turnkeeper.supervisor.approvals import Approvals
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, new_turn_id
 from turnkeeper.supervisor.errors import (
+    BadArguments,
     BatchItemInvalid,
     IdempotencyConflict,
     InboxFull,
     IntakeRefused,
+    NotPending,
     NotWaiting,
     TurnFinished,
     UnknownModel,
@@ -43,8 +46,8 @@ from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.turn.record import TurnRecord
 
-__all__ = ["BatchItemInvalid", "IdempotencyConflict", "InboxFull", "IntakeRefused",
-           "LiveTurn", "NotWaiting",
+__all__ = ["BadArguments", "BatchItemInvalid", "IdempotencyConflict", "InboxFull",
+           "IntakeRefused", "LiveTurn", "NotPending", "NotWaiting",
            "ReloadOutcome",
            "Supervisor", "TurnFinished", "UnknownModel", "UnknownProfile", "UnknownTurn",
            "UnpricedCostLimit",
@@ -63,6 +66,7 @@ class Supervisor(SupervisorCore):
         self.queries = Queries(self)
         self.lifecycle = Lifecycle(self)
         self.retention = Retention(self)
+        self.approvals = Approvals(self)
         if isinstance(store, FleetStore):
             self.fleet = Fleet(self, store)
 

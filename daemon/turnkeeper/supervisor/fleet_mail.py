@@ -49,6 +49,13 @@ class FleetMail:
                                                         "redirect": redirect})
         return {"turn": turn_id, "accepted": kind}
 
+    async def send_approval(self, turn_id: str, *, text: str, extra: dict[str, Any]
+                            ) -> None:
+        """A decision on a call held for approval, for a turn this node does not run
+        (checked by the caller against the turn's stored record): mail, as an answer."""
+        await self.store.post_mail(turn_id, "message", {"kind": "approval", "text": text,
+                                                        "redirect": False, **extra})
+
     async def send_cancel(self, turn_id: str, data: dict[str, Any], *, now: bool
                           ) -> dict[str, Any]:
         if data.get("result") is not None or TurnState(data["state"]).terminal:
@@ -88,8 +95,11 @@ class FleetMail:
         core = self.core
         record = live.record
         kind, text, redirect = str(body["kind"]), str(body["text"]), bool(body["redirect"])
+        extra = {k: v for k, v in body.items() if k not in ("kind", "text", "redirect")}
         if record.result is not None or record.terminal or (
-                kind == "answer" and record.question is None):
+                kind == "answer" and record.question is None) or (
+                kind == "approval" and not any(p["call_id"] == extra.get("call_id")
+                                               for p in record.pending_approvals)):
             log.warning("fleet.mail_dropped", node=self.node_id, turn=record.id, kind=kind,
                         state=record.state)
             await self.store.drop_mail(mail_id)
@@ -101,6 +111,7 @@ class FleetMail:
 
         try:
             await core.intake.take_message(live, kind=kind, text=text, redirect=redirect,
-                                           write=write, node=self.node_id, via="mail")
+                                           write=write, extra=extra or None,
+                                           node=self.node_id, via="mail")
         except MailTaken:  # not written: applied already, or the turn's claim was lost
             return
