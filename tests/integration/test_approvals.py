@@ -12,11 +12,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.integration.fault_server import FaultServer, ok
 from tests.integration.harness import Daemon
 from tests.integration.tool_server import ToolServer
+from turnkeeper.client import (
+    ApprovalDecision,
+    AsyncClient,
+    Client,
+    Conflict,
+    InvalidRequest,
+    PendingApproval,
+)
 
 PAY = {"amount": 5, "to": "bob"}
 PAY_SCHEMA = ('{ type = "object", required = ["amount", "to"], properties = { '
@@ -238,3 +247,40 @@ def test_no_decision_in_time_denies_the_calls_when_on_timeout_is_deny(
     [decided] = of_type(d.events(done["id"]), "tool.approval_decided")
     assert (decided["decision"], decided["by"]) == ("deny", "timeout")
 
+
+
+def test_the_python_clients_list_approve_and_deny_with_typed_results(
+        start: Any, faults: FaultServer, tool_server: ToolServer) -> None:
+    faults.script("primary", ok("", tool_calls=(("pay", PAY),)),
+                  ok("", tool_calls=(("pay", {"amount": 7, "to": "eve"}),)), then=ok("paid"))
+    d = start(approvals_config(faults, tool_server))
+    turn_id = d.submit("pay bob")["id"]
+    pending_of(d, turn_id)
+    with Client(socket=d.socket) as tk:
+        [held] = [a for a in tk.approvals() if a.turn == turn_id]
+        assert isinstance(held, PendingApproval)
+        assert (held.tool, held.arguments) == ("pay", PAY) and held.requested_at > 0
+        with pytest.raises(InvalidRequest) as bad:
+            tk.approve(turn_id, held.call_id, arguments={"amount": -1.5})
+        assert bad.value.field == "arguments"
+        decided = tk.approve(turn_id, held.call_id, arguments={"amount": 6, "to": "bob"})
+        assert isinstance(decided, ApprovalDecision) and decided.decision == "approve"
+        with pytest.raises(Conflict):
+            tk.approve(turn_id, held.call_id)
+
+    async def deny_next() -> None:
+        async with AsyncClient(socket=d.socket) as tk:
+            deadline = time.monotonic() + 20
+            while not (mine := [a for a in await tk.approvals() if a.turn == turn_id
+                                and a.arguments != PAY]):
+                assert time.monotonic() < deadline, "the second call was never held"
+                await anyio.sleep(0.05)
+            assert mine[0].arguments == {"amount": 7, "to": "eve"}
+            out = await tk.deny(turn_id, mine[0].call_id, reason="not eve")
+            assert out.decision == "deny"
+
+    anyio.run(deny_next)
+    done = d.wait(turn_id)
+    assert done["state"] == "completed"
+    assert [c.body for c in tool_server.calls("/pay")] == [{"amount": 6, "to": "bob"}]
+    assert "denied by the operator: not eve" in tool_messages(faults)
