@@ -10,12 +10,14 @@ from __future__ import annotations
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from tests.integration.fault_server import FaultServer, ok
+from tests.integration.fleet_helpers import fleet_db, query  # noqa: F401 - fixture `db`
 from tests.integration.harness import Daemon
 from tests.integration.tool_server import ToolServer
 from turnkeeper.client import (
@@ -284,3 +286,39 @@ def test_the_python_clients_list_approve_and_deny_with_typed_results(
     assert done["state"] == "completed"
     assert [c.body for c in tool_server.calls("/pay")] == [{"amount": 6, "to": "bob"}]
     assert "denied by the operator: not eve" in tool_messages(faults)
+
+
+def test_a_decision_taken_on_another_fleet_node_reaches_the_node_holding_the_turn(
+        tmp_path: Path, faults: FaultServer, tool_server: ToolServer, db: str) -> None:
+    agent_pays(faults)
+    body = approvals_config(faults, tool_server)
+    nodes = [Daemon(tmp_path, body + textwrap.dedent(f"""
+        [store]
+        url = "{db}"
+
+        [fleet]
+        node_id = "n{i}"
+        """), name=f"n{i}") for i in range(2)]
+    try:
+        for node in nodes:
+            node.start()
+        turn_id = nodes[0].submit("pay bob")["id"]
+        deadline = time.monotonic() + 30
+        while not (rows := query(db, "SELECT owner FROM turns WHERE id = $1 AND state ="
+                                     " 'waiting' AND owner IS NOT NULL", turn_id)):
+            assert time.monotonic() < deadline, "the turn never parked for approval"
+            time.sleep(0.05)
+        other = next(n for i, n in enumerate(nodes) if f"n{i}" != rows[0]["owner"])
+        [pending] = pending_of(other, turn_id)  # listed by a node that does not hold it
+        status, out = other.post(f"/v1/turns/{turn_id}/approvals",
+                                 {"call_id": pending["call_id"], "decision": "approve"})
+        assert status == 202, out
+        done = other.wait(turn_id, timeout=30)
+        assert done["state"] == "completed" and done["result"]["answer"] == "paid"
+        assert len(tool_server.calls("/pay")) == 1
+        status, again = other.post(f"/v1/turns/{turn_id}/approvals",
+                                   {"call_id": pending["call_id"], "decision": "deny"})
+        assert status == 409, again
+    finally:
+        for node in nodes:
+            node.kill()
