@@ -322,3 +322,20 @@ def test_a_decision_taken_on_another_fleet_node_reaches_the_node_holding_the_tur
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_a_daemon_started_after_the_approval_deadline_applies_the_timeout_at_once(
+        start: Any, faults: FaultServer, tool_server: ToolServer) -> None:
+    agent_pays(faults)
+    d = start(approvals_config(faults, tool_server, timeout="2s"))
+    turn_id = d.submit("pay bob")["id"]
+    [pending] = pending_of(d, turn_id)
+    d.kill()
+    while time.time() < pending["requested_at"] + 2.5:  # the deadline passes while down
+        time.sleep(0.1)
+    d.start()
+    done = d.wait(turn_id)
+    stop = done["result"]["stopped_because"]
+    assert (stop["code"], stop["limit"]) == ("approval.timeout", 2.0)
+    assert stop["value"] >= 2.5  # counted from the request, the time down included
+    assert tool_server.calls("/pay") == []
