@@ -360,6 +360,38 @@ class ToolResult(EventBody):
 
 
 @dataclass(slots=True, kw_only=True)
+class ToolApprovalRequested(EventBody):
+    """A call held for a person's decision (`[[tools]] approval`): not sent until it is
+    approved. `key` is the Idempotency-Key it would be sent with; `timeout_at` when the
+    wait ends without a decision (`[approvals] timeout`)."""
+
+    TYPE = "tool.approval_requested"
+    tool: str
+    call_id: str
+    key: str
+    arguments: dict[str, Any]
+    requested_at: float
+    timeout_at: float | None = field(default=None, metadata=_OMIT_NONE)
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolApprovalDecided(EventBody):
+    """A held call decided: `approve` (it runs once, with `arguments`, which differ from
+    `requested_arguments` when the person edited them) or `deny` (it never runs; the
+    agent reads the reason). `by` is `operator`, or `timeout` for `on_timeout = "deny"`."""
+
+    TYPE = "tool.approval_decided"
+    tool: str
+    call_id: str
+    decision: str
+    by: str
+    requested_arguments: dict[str, Any]
+    arguments: dict[str, Any]
+    waited_s: float
+    reason: str | None = field(default=None, metadata=_OMIT_NONE)
+
+
+@dataclass(slots=True, kw_only=True)
 class ToolRetryScheduled(EventBody):
     TYPE = "tool.retry_scheduled"
     tool: str
@@ -445,7 +477,7 @@ EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
     ModelQueued, ModelRequest, ModelDelta, ModelResponse, ModelAttemptFailed,
     ModelRetryScheduled,
     ModelFailover, ModelRedirected, ToolCalled, ToolResult, ToolRetryScheduled,
-    ToolOutcomeUnknown,
+    ToolOutcomeUnknown, ToolApprovalRequested, ToolApprovalDecided,
     DaemonReloading, DaemonReloadFailed, DaemonReloaded, DaemonStopping, WebhookFailed)}
 
 

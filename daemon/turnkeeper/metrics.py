@@ -121,6 +121,15 @@ class Metrics:
             "or the end of the turn",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
                      300.0), registry=r)
+        self.tool_approvals = Counter(
+            "turnkeeper_tool_approvals",
+            "Decisions on tool calls held for approval, by tool, decision (approve, deny) "
+            "and who decided (operator, timeout)", ["tool", "decision", "by"], registry=r)
+        self.approval_wait = Histogram(
+            "turnkeeper_approval_wait_seconds",
+            "Time a tool call held for approval waited for its decision",
+            buckets=(1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0,
+                     43200.0, 86400.0, 259200.0), registry=r)
         self.loop_lag = Gauge(
             "turnkeeper_event_loop_lag_seconds",
             f"How late the last {LAG_INTERVAL_S:g} s sleep on the event loop woke up",
@@ -232,6 +241,10 @@ class Metrics:
 
     def _tool_retry(self, e: ev.ToolRetryScheduled, turn: str | None) -> None:
         self._inc(self.tool_retries, self._tool_label(e.tool), e.class_)
+
+    def _approval_decided(self, e: ev.ToolApprovalDecided, turn: str | None) -> None:
+        self._inc(self.tool_approvals, self._tool_label(e.tool), e.decision, e.by)
+        self.approval_wait.observe(max(0.0, float(e.waited_s)))
 
     def _budget_warning(self, e: ev.BudgetWarning, turn: str | None) -> None:
         self._inc(self.guard_warnings, "budget")
@@ -372,6 +385,7 @@ _BY_CLASS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] 
     ev.ToolResult: Metrics._tool_result,
     ev.ToolRetryScheduled: Metrics._tool_retry,
     ev.ToolOutcomeUnknown: Metrics._outcome_unknown,
+    ev.ToolApprovalDecided: Metrics._approval_decided,
     ev.BudgetWarning: Metrics._budget_warning,
     ev.LoopWarning: Metrics._loop_warning,
     ev.StepStarted: Metrics._step,

@@ -56,6 +56,11 @@ class StateCollector(Collector):
         for name in LIVE_STATES:
             turns.add_metric([name], counts.get(name, 0))
         yield turns
+        yield GaugeMetricFamily("turnkeeper_approvals_pending",
+                                "Tool calls this node's turns hold for a person's approval "
+                                "(turnkeeper approvals)",
+                                value=sum(len(t.record.pending_approvals)
+                                          for t in sup.live.values()))
         yield GaugeMetricFamily("turnkeeper_queue_depth", "Turns waiting to start (FIFO)",
                                 value=len(sup.queue))
         yield GaugeMetricFamily("turnkeeper_queue_capacity", "daemon.max_queued_turns",

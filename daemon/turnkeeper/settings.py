@@ -13,11 +13,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from turnkeeper.config import Config, FailureLoopConfig, LoopDetectionConfig
+from turnkeeper.policy.approvals import ApprovalSetting, ApprovalWait
 from turnkeeper.policy.backoff import Backoff, Rand
 from turnkeeper.policy.chain import ProviderChain
 from turnkeeper.policy.failure_loop import FailureLoop
 from turnkeeper.policy.loops import LoopDetector
 from turnkeeper.policy.tool_retry import ToolRetry
+from turnkeeper.policy.tool_traits import NAME_SEPARATOR
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,17 @@ class ToolCallSettings:
     default_max_attempts: int
     max_attempts_by_tool: Mapping[str, int]
     deduping_tools: frozenset[str]
+    # `[[tools]] approval` of each configured tool that is not "never" (an MCP server's
+    # for every tool it offers, `server__tool`).
+    approval_by_tool: Mapping[str, ApprovalSetting] = field(default_factory=dict)
+
+    def approval(self, tool: str) -> ApprovalSetting:
+        """The approval setting of `tool` ("never" unless its `[[tools]]` entry, or its
+        MCP server's, says otherwise)."""
+        setting = self.approval_by_tool.get(tool)
+        if setting is None and NAME_SEPARATOR in tool:
+            setting = self.approval_by_tool.get(tool.partition(NAME_SEPARATOR)[0])
+        return setting or "never"
 
     def max_attempts(self, tool: str) -> int:
         """Attempts one call of `tool` may take when it is idempotent (an MCP tool, not
@@ -99,7 +112,9 @@ class ToolCallSettings:
                    default_max_attempts=cfg.tools_retry.max_attempts,
                    max_attempts_by_tool={t.name: cfg.tool_max_attempts(t)
                                          for t in cfg.tools},
-                   deduping_tools=frozenset(t.name for t in cfg.tools if t.dedupes_keys))
+                   deduping_tools=frozenset(t.name for t in cfg.tools if t.dedupes_keys),
+                   approval_by_tool={t.name: t.approval for t in cfg.tools
+                                     if t.approval != "never"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +126,8 @@ class TurnSettings:
     tools: ToolCallSettings
     providers: Mapping[str, ProviderRequestSettings]
     chain: ChainSettings
+    # How long calls held for approval wait, and what their timeout does.
+    approvals: ApprovalWait = field(default_factory=lambda: ApprovalWait(timeout_s=86400.0))
     # The chains a submit may choose with `model`: each `[models.NAME]` alias and each
     # provider alone, walked with the same attempts, backoff and recovery as `chain`.
     model_chains: Mapping[str, ChainSettings] = field(default_factory=dict)
@@ -135,6 +152,8 @@ class TurnSettings:
             clarify_timeout_s=cfg.clarify.timeout,
             max_restarts=cfg.agent.max_restarts,
             max_continuations=cfg.agent.max_continuations,
+            approvals=ApprovalWait(timeout_s=cfg.approvals.timeout,
+                                   on_timeout=cfg.approvals.on_timeout),
             tools=ToolCallSettings.from_config(cfg, backoff),
             providers={p.name: ProviderRequestSettings(
                 timeout_s=p.timeout, max_output_tokens=p.max_output_tokens,

@@ -119,3 +119,18 @@ def test_status_shows_each_webhooks_backlog() -> None:
             "2 FAILED; last error: HTTP 410") in lines
     assert ("webhook      gone 1 pending, 0 on the wire, 0 delivered, 0 failed (no longer "
             "configured)") in lines
+
+
+def test_show_names_each_call_held_for_approval_and_how_to_decide_it() -> None:
+    from turnkeeper.cli.render import summary
+
+    turn = {"id": "t_1", "session": "s", "state": "waiting", "policy_version": 1,
+            "created_at": 0.0, "updated_at": 0.0,
+            "counters": {"steps": 1, "provider_attempts": 1, "fallback_hops": 0,
+                         "restarts": 0, "recovery_cycles": 0},
+            "usage": {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
+                      "seconds": 0.0, "cost_usd": 0.0},
+            "pending_approvals": [{"tool": "pay", "call_id": "call_0",
+                                   "arguments": {"amount": 5}}]}
+    assert ('approval  pay call_0 {"amount": 5}  (turnkeeper approve t_1 call_0, or deny)'
+            in summary(turn).splitlines())

@@ -96,6 +96,36 @@ def test_a_clarify_question_counts_down_to_its_timeout_until_answered() -> None:
     assert "clarify in" not in text(render(st, 701.0))
 
 
+def test_a_call_held_for_approval_shows_what_the_turn_waits_on_until_decided() -> None:
+    st = state()
+    for call_id, tool in (("call_0", "pay"), ("call_1", "delete_branch")):
+        st.apply({"type": "tool.approval_requested", "ts": 100.0, "tool": tool,
+                  "call_id": call_id, "key": "k", "arguments": {}, "requested_at": 100.0,
+                  "timeout_at": 3700.0}, None)
+    screen = text(render(st, 700.0))
+    assert "approval in 3000.0 s" in screen
+    assert "pay (call_0), delete_branch (call_1)" in screen
+    assert "turnkeeper approve t_1 CALL_ID" in screen
+    st.apply({"type": "tool.approval_decided", "ts": 701.0, "tool": "pay",
+              "call_id": "call_0", "decision": "approve", "by": "operator",
+              "requested_arguments": {}, "arguments": {}, "waited_s": 601.0}, None)
+    screen = text(render(st, 701.0))
+    assert "delete_branch (call_1)" in screen and "pay (call_0)" not in screen
+    st.apply({"type": "tool.approval_decided", "ts": 702.0, "tool": "delete_branch",
+              "call_id": "call_1", "decision": "deny", "by": "operator", "reason": "no",
+              "requested_arguments": {}, "arguments": {}, "waited_s": 602.0}, None)
+    assert "approval in" not in text(render(st, 702.0))
+
+
+def test_top_shows_the_calls_a_turn_waits_to_have_approved() -> None:
+    from turnkeeper.cli.top import state_of
+
+    turn = {"state": "waiting", "pending_approvals": [
+        {"tool": "pay", "call_id": "call_0"}, {"tool": "delete_branch", "call_id": "c1"}]}
+    assert state_of(turn) == "waiting: approval of pay call_0, delete_branch c1"
+    assert state_of({"state": "running"}) == "running"
+
+
 def test_streamed_text_shows_and_a_new_attempt_starts_it_over() -> None:
     st = state()
     for chunk in ("Hello ", "there"):

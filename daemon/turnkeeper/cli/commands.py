@@ -17,6 +17,7 @@ from urllib.parse import quote, urlencode
 
 from turnkeeper import exits
 from turnkeeper.cli import render
+from turnkeeper.cli.approvals import APPROVAL_COMMANDS
 from turnkeeper.cli.base import (
     Command,
     UsageError,
@@ -403,6 +404,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("answer", "answer a clarify question",
             "Answer the question a waiting turn asked; it resumes with the answer.",
             _answer_setup, cmd_answer),
+    *APPROVAL_COMMANDS,
     Command("events", "print every event as it happens",
             "Every event of every turn and of the daemon, live, until interrupted; with "
             "--after, the stored ones after that seq first, so a consumer that "

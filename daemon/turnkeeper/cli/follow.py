@@ -49,7 +49,7 @@ _END = object()
 class Wait:
     """What the turn is waiting for, and until when (epoch seconds)."""
 
-    kind: str  # retry | recovery | clarify
+    kind: str  # retry | recovery | clarify | approval
     until: float | None
     detail: str
 
@@ -149,6 +149,24 @@ class FollowState:
         self.wait = Wait("clarify", e.timeout_at,
                          f"clarify: {e.question}  (answer with `turnkeeper answer "
                          f"{self.turn_id} TEXT`)")
+
+    def _approval_requested(self, e: ev.ToolApprovalRequested, ts: float) -> None:
+        self.state = TurnState.WAITING
+        held = f"{e.tool} ({e.call_id})"
+        if self.wait is not None and self.wait.kind == "approval":
+            held = self.wait.detail.split(": ", 1)[1].split("  (", 1)[0] + ", " + held
+        self.wait = Wait("approval", e.timeout_at,
+                         f"approval: {held}  (`turnkeeper approve {self.turn_id} CALL_ID`"
+                         " or `deny`)")
+
+    def _approval_decided(self, e: ev.ToolApprovalDecided, ts: float) -> None:
+        self.activity = f"tool {e.tool} ({e.call_id}): {e.decision}d by {e.by}"
+        if self.wait is not None and self.wait.kind == "approval":
+            held = [h for h in self.wait.detail.split(": ", 1)[1].split("  (", 1)[0]
+                    .split(", ") if h != f"{e.tool} ({e.call_id})"]
+            self.wait = None if not held else Wait(
+                "approval", self.wait.until, f"approval: {', '.join(held)}  "
+                f"(`turnkeeper approve {self.turn_id} CALL_ID` or `deny`)")
 
     def _message(self, e: ev.TurnMessage, ts: float) -> None:
         if e.kind == "answer":
@@ -390,6 +408,8 @@ _APPLY: dict[type[ev.EventBody], Callable[[FollowState, Any, float], None]] = {
     ev.TurnRecovering: FollowState._recovering,
     ev.TurnWaiting: FollowState._waiting,
     ev.TurnMessage: FollowState._message,
+    ev.ToolApprovalRequested: FollowState._approval_requested,
+    ev.ToolApprovalDecided: FollowState._approval_decided,
     ev.ToolCalled: FollowState._tool_call,
     ev.ToolRetryScheduled: FollowState._tool_retry,
     ev.ToolResult: FollowState._tool_result,

@@ -68,6 +68,10 @@ def summary(turn: dict[str, Any]) -> str:
         lines.append(f"next try  {fmt_time(turn['next_attempt_at'])}")
     if turn.get("question"):
         lines.append(f"question  {turn['question']}")
+    for held in turn.get("pending_approvals") or ():
+        args = json.dumps(held.get("arguments"), ensure_ascii=False, sort_keys=True)
+        lines.append(f"approval  {held['tool']} {held['call_id']} {args[:200]}  (turnkeeper "
+                     f"approve {turn['id']} {held['call_id']}, or deny)")
     result = turn.get("result")
     if result:
         lines.extend(result_lines(result))

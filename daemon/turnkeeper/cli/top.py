@@ -44,6 +44,18 @@ def _use(value: float, limit: float | None, text: str) -> Text:
     return Text(text, style="bold red" if share >= 0.9 else "yellow" if share >= 0.75 else "")
 
 
+def state_of(turn: dict[str, Any]) -> str:
+    """The turn's state, and for a turn waiting on people what it waits on: the tool
+    calls held for approval (tool and call id) or its clarify question."""
+    held = turn.get("pending_approvals") or []
+    if held:
+        calls = ", ".join(f"{p['tool']} {p['call_id']}" for p in held)
+        return f"{turn['state']}: approval of {calls}"
+    if turn.get("question") is not None and turn["state"] == "waiting":
+        return "waiting: an answer"
+    return str(turn["state"])
+
+
 def screen(status: dict[str, Any], turns: list[dict[str, Any]], now: float
            ) -> RenderableType:
     counts = "  ".join(f"{k} {v}" for k, v in status["turns"].items())
@@ -60,7 +72,7 @@ def screen(status: dict[str, Any], turns: list[dict[str, Any]], now: float
         if t.get("active_since"):
             seconds += max(0.0, now - float(t["active_since"]))
         table.add_row(
-            t["id"], t["state"],
+            t["id"], state_of(t),
             _use(c["steps"], lim.get("max_steps"), f"{c['steps']}/{lim.get('max_steps', '-')}"),
             t.get("provider") or "-",
             _use(u["total_tokens"], lim.get("max_tokens"),

@@ -31,9 +31,11 @@ from turnkeeper.client.errors import (
     WaitTimedOut,
 )
 from turnkeeper.client.models import (
+    ApprovalDecision,
     DeadLetter,
     Event,
     Health,
+    PendingApproval,
     Result,
     Status,
     StoppedBecause,
@@ -45,8 +47,9 @@ TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs star
 if TYPE_CHECKING:
     from turnkeeper.client._async import AsyncClient
 
-__all__ = ["APIError", "AsyncClient", "Client", "ClientError", "Conflict", "DeadLetter",
-           "Event", "Health", "InvalidRequest", "Overloaded", "Result", "Retryable",
+__all__ = ["APIError", "ApprovalDecision", "AsyncClient", "Client", "ClientError",
+           "Conflict", "DeadLetter", "Event", "Health", "InvalidRequest", "Overloaded",
+           "PendingApproval", "Result", "Retryable",
            "Status", "StoppedBecause", "StoreUnavailable", "Turn", "TurnNotFound",
            "Unreachable", "Usage", "WaitTimedOut"]
 

@@ -17,7 +17,15 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from turnkeeper.client import _wire
 from turnkeeper.client._sync import socket_path
 from turnkeeper.client.errors import ClientError, Unreachable, WaitTimedOut
-from turnkeeper.client.models import DeadLetter, Event, Health, Status, Turn
+from turnkeeper.client.models import (
+    ApprovalDecision,
+    DeadLetter,
+    Event,
+    Health,
+    PendingApproval,
+    Status,
+    Turn,
+)
 
 MAX_LINE = 65536
 _BROKEN = (OSError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
@@ -268,6 +276,27 @@ class AsyncClient:
         _, data = await self._call("POST", _wire.turn_path(turn_id, "/messages"),
                                    {"kind": kind, "text": text, "redirect": redirect})
         return data  # type: ignore[no-any-return]
+
+    # -- approvals ------------------------------------------------------------------
+
+    async def approvals(self) -> list[PendingApproval]:
+        """Every tool call waiting for a person's approval, oldest first."""
+        _, data = await self._call("GET", "/v1/approvals")
+        return [PendingApproval.from_json(a) for a in data["approvals"]]
+
+    async def approve(self, turn_id: str, call_id: str, *,
+                      arguments: dict[str, Any] | None = None) -> ApprovalDecision:
+        """Let a held call run once; `arguments` replace the call's."""
+        _, data = await self._call("POST", _wire.turn_path(turn_id, "/approvals"),
+                                   _wire.approval_body(call_id, "approve",
+                                                       arguments=arguments))
+        return ApprovalDecision.from_json(data)
+
+    async def deny(self, turn_id: str, call_id: str, *, reason: str) -> ApprovalDecision:
+        """Refuse a held call: it never runs; the agent reads the reason."""
+        _, data = await self._call("POST", _wire.turn_path(turn_id, "/approvals"),
+                                   _wire.approval_body(call_id, "deny", reason=reason))
+        return ApprovalDecision.from_json(data)
 
     # -- the daemon -----------------------------------------------------------------
 

@@ -11,7 +11,15 @@ from pathlib import Path
 
 from turnkeeper.client import _wire
 from turnkeeper.client.errors import ClientError, Unreachable, WaitTimedOut
-from turnkeeper.client.models import DeadLetter, Event, Health, Status, Turn
+from turnkeeper.client.models import (
+    ApprovalDecision,
+    DeadLetter,
+    Event,
+    Health,
+    PendingApproval,
+    Status,
+    Turn,
+)
 from turnkeeper.control.client import _Response
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs start-up time
@@ -215,6 +223,27 @@ class Client:
     def _message(self, turn_id: str, kind: str, text: str, redirect: bool) -> dict[str, Any]:
         return self._call("POST", _wire.turn_path(turn_id, "/messages"),  # type: ignore[no-any-return]
                           {"kind": kind, "text": text, "redirect": redirect})[1]
+
+    # -- approvals ------------------------------------------------------------------
+
+    def approvals(self) -> list[PendingApproval]:
+        """Every tool call waiting for a person's approval, oldest first."""
+        return [PendingApproval.from_json(a)
+                for a in self._call("GET", "/v1/approvals")[1]["approvals"]]
+
+    def approve(self, turn_id: str, call_id: str, *,
+                arguments: dict[str, Any] | None = None) -> ApprovalDecision:
+        """Let a held call run once; `arguments` replace the call's (the tool's schema
+        must accept them, else InvalidRequest with `field` "arguments")."""
+        return ApprovalDecision.from_json(self._call(
+            "POST", _wire.turn_path(turn_id, "/approvals"),
+            _wire.approval_body(call_id, "approve", arguments=arguments))[1])
+
+    def deny(self, turn_id: str, call_id: str, *, reason: str) -> ApprovalDecision:
+        """Refuse a held call: it never runs; the agent reads the reason."""
+        return ApprovalDecision.from_json(self._call(
+            "POST", _wire.turn_path(turn_id, "/approvals"),
+            _wire.approval_body(call_id, "deny", reason=reason))[1])
 
     # -- the daemon -----------------------------------------------------------------
 

@@ -48,6 +48,17 @@ def turn_path(turn_id: str, tail: str = "") -> str:
     return f"/v1/turns/{quote(turn_id, safe='')}{tail}"
 
 
+def approval_body(call_id: str, decision: str, *, reason: str = "",
+                  arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`POST /v1/turns/{id}/approvals`'s body."""
+    body: dict[str, Any] = {"call_id": call_id, "decision": decision}
+    if reason:
+        body["reason"] = reason
+    if arguments is not None:
+        body["arguments"] = arguments
+    return body
+
+
 def events_path(turn_id: str | None, *, after: int | None, types: str | None) -> str:
     """The stream to (re)open: a turn's (all of its events, then live; the client drops
     those it has seen by `seq`) or every event after `after`."""

@@ -176,3 +176,41 @@ class DeadLetter:
                    last_error=data.get("last_error"),
                    finished_at=float(data.get("finished_at") or 0.0),
                    replayed_by=data.get("replayed_by"), raw=data)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A tool call a turn holds for a person's approval (`GET /v1/approvals`): not sent
+    until approved. `key` is the Idempotency-Key it will be sent with; `requested_at`
+    epoch seconds."""
+
+    turn: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    key: str | None
+    requested_at: float
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PendingApproval:
+        return cls(turn=str(data["turn"]), call_id=str(data["call_id"]),
+                   tool=str(data["tool"]), arguments=dict(data.get("arguments") or {}),
+                   key=data.get("key"), requested_at=float(data.get("requested_at") or 0.0),
+                   raw=data)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """A decision the daemon took (202): the turn resumes once every call it holds is
+    decided."""
+
+    turn: str
+    call_id: str
+    decision: str
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ApprovalDecision:
+        return cls(turn=str(data["turn"]), call_id=str(data["call_id"]),
+                   decision=str(data["decision"]), raw=data)

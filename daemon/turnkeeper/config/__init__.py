@@ -47,6 +47,7 @@ from turnkeeper.config.sections import (
     DEFAULT_SYSTEM_PROMPT,
     AdaptiveConcurrencyConfig,
     AgentConfig,
+    ApprovalsConfig,
     BudgetConfig,
     BudgetExtensionConfig,
     BudgetExtensionOverride,
@@ -91,6 +92,7 @@ __all__ = [
     "RESTART_KEYS",
     "AdaptiveConcurrencyConfig",
     "AgentConfig",
+    "ApprovalsConfig",
     "BudgetConfig",
     "BudgetExtensionConfig",
     "BudgetExtensionOverride",
@@ -160,6 +162,7 @@ class Config(BaseSettings):
     budget: BudgetConfig = BudgetConfig()
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     clarify: ClarifyConfig = ClarifyConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
     sessions: SessionsConfig = SessionsConfig()
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()

@@ -304,6 +304,10 @@ class ToolConfig(_Section):
     timeout: PositiveFloat = 10.0
     idempotent: bool = False
     polling: bool = False
+    # Whose say a call needs before it is sent: never (default), always, or effects (a
+    # call of a tool that is not idempotent or is destructive); see policy/approvals.py.
+    # For an MCP server, every tool it offers.
+    approval: Literal["never", "always", "effects"] = "never"
     headers: dict[str, str] = Field(default_factory=dict)
     max_attempts: PositiveInt | None = None  # None: [tools_retry] max_attempts
     # http only: how a non-idempotent call's effect and its answer are judged.

@@ -288,6 +288,21 @@ class ClarifyConfig(_Section):
     timeout: PositiveFloat = 3600.0
 
 
+class ApprovalsConfig(_Section):
+    """How long a tool call held for a person's approval (`[[tools]] approval`) waits
+    for a decision, and what its timeout does: `stop` ends the turn `approval.timeout`,
+    `deny` denies the pending calls ("approval timed out") and the turn goes on.
+    `timeout` takes seconds or a duration (`90s`, `30m`, `24h`, `7d`)."""
+
+    timeout: PositiveFloat = 86400.0
+    on_timeout: Literal["stop", "deny"] = "stop"
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return parse_duration(v) if isinstance(v, str) else v
+
+
 class SessionsConfig(_Section):
     """A new turn of a session carries the session's earlier turns, newest kept, up to
     `max_history_tokens` (estimated at four characters a token; 0 = no history)."""

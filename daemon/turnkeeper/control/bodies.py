@@ -96,6 +96,17 @@ class MessageBody(Body):
 
 
 
+class ApprovalBody(Body):
+    """A person's decision on a tool call the turn holds for approval. `arguments`
+    (approve only) replaces the call's arguments before it runs; they must satisfy the
+    tool's input schema. `reason` (deny) is what the agent reads."""
+
+    call_id: Annotated[str, Field(min_length=1, max_length=200)]
+    decision: Literal["approve", "deny"]
+    reason: Annotated[str, Field(max_length=64 * 1024)] = ""
+    arguments: dict[str, Any] | None = None
+
+
 class CancelBody(Body):
     """Optional: an empty body is a plain cancel (a side effect in flight finishes)."""
 

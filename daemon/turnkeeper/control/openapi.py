@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from turnkeeper.control.bodies import (
+    ApprovalBody,
     CancelBody,
     IntakeBody,
     MessageBody,
@@ -162,6 +163,14 @@ def _paths() -> dict[str, Any]:
             "steer a turn or answer its question", {"202": ("Object", "taken")},
             body=_ref("MessageBody"), errors=("400", "404", "409", "413"))},
         "/v1/turns/{id}/cancel": {"post": cancel},
+        "/v1/turns/{id}/approvals": {"post": _op(
+            "approve (arguments as asked, or edited) or deny a tool call the turn holds "
+            "for approval", {"202": ("Object", "taken: `turn`, `call_id`, `decision`")},
+            body=_ref("ApprovalBody"), errors=("400", "404", "409"))},
+        "/v1/approvals": {"get": _op(
+            "every tool call waiting for approval, oldest first",
+            {"200": ("Object", "`approvals`: turn, call_id, tool, arguments, key, "
+                               "requested_at")}, errors=())},
         "/v1/events": {"get": _op("every event as it happens", {
             "200": ("Event", "NDJSON, one event a line")}, ndjson=True,
             query=(("after", "integer", "the stored events after this seq first"),
@@ -192,8 +201,8 @@ def _paths() -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
-    bodies: list[type[BaseModel]] = [SubmitBody, MessageBody, CancelBody, IntakeBody,
-                                      PruneBody]
+    bodies: list[type[BaseModel]] = [SubmitBody, MessageBody, ApprovalBody, CancelBody,
+                                      IntakeBody, PruneBody]
     _, defs = models_json_schema([(m, "validation") for m in bodies], ref_template=REF)
     schemas = {**defs.get("$defs", {}), **ANSWERS}
     return {

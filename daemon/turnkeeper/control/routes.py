@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from turnkeeper.control import event_routes, log_routes, openapi
+from turnkeeper.control import approval_routes, event_routes, log_routes, openapi
 from turnkeeper.control.bodies import (
     CancelBody,
     IntakeBody,
@@ -317,6 +317,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/turns/{id}/events", event_routes.turn_events)
     app.router.add_post("/v1/turns/{id}/messages", post_message)
     app.router.add_post("/v1/turns/{id}/cancel", cancel)
+    approval_routes.add_routes(app)
     app.router.add_get("/v1/events", event_routes.all_events)
     app.router.add_get("/v1/logs", log_routes.recent_logs)
     app.router.add_post("/v1/reload", reload)

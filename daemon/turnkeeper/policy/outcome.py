@@ -39,6 +39,7 @@ class StopCode(StrEnum):
     RESTARTS_EXHAUSTED = "restarts.exhausted"
     CONTEXT_EXHAUSTED = "context.exhausted"
     CLARIFY_TIMEOUT = "clarify.timeout"
+    APPROVAL_TIMEOUT = "approval.timeout"
     MODEL_REFUSED = "model.refused"
     MODEL_TRUNCATED = "model.truncated"
     CANCELLED = "cancelled"
@@ -66,6 +67,8 @@ COUNTER_OF: dict[StopCode, str | None] = {
     StopCode.RESTARTS_EXHAUSTED: "restarts",
     StopCode.CONTEXT_EXHAUSTED: "context_tokens",
     StopCode.CLARIFY_TIMEOUT: "clarify_seconds",
+    # The oldest pending call's wait for a person's decision, against `[approvals] timeout`.
+    StopCode.APPROVAL_TIMEOUT: "approval_seconds",
     # The model (or its provider's filter) declined: no counter reached a limit, and no
     # retry inside the turn would change the answer, so it names none.
     StopCode.MODEL_REFUSED: None,

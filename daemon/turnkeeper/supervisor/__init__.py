@@ -23,12 +23,15 @@ from turnkeeper.config import Policy
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import Store
 from turnkeeper.store.fleet import FleetStore
+from turnkeeper.supervisor.approvals import Approvals
 from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, new_turn_id
 from turnkeeper.supervisor.errors import (
+    BadArguments,
     BatchItemInvalid,
     IdempotencyConflict,
     InboxFull,
     IntakeRefused,
+    NotPending,
     NotWaiting,
     TurnFinished,
     UnknownModel,
@@ -47,8 +50,8 @@ from turnkeeper.supervisor.scheduling import Scheduling
 from turnkeeper.supervisor.webhooks import Webhooks
 from turnkeeper.turn.record import TurnRecord
 
-__all__ = ["BatchItemInvalid", "IdempotencyConflict", "InboxFull", "IntakeRefused",
-           "LiveTurn", "NotWaiting",
+__all__ = ["BadArguments", "BatchItemInvalid", "IdempotencyConflict", "InboxFull",
+           "IntakeRefused", "LiveTurn", "NotPending", "NotWaiting",
            "ReloadOutcome",
            "Supervisor", "TurnFinished", "UnknownModel", "UnknownProfile", "UnknownTurn",
            "UnpricedCostLimit",
@@ -73,6 +76,7 @@ class Supervisor(SupervisorCore):
                                fleet=self.fleet)
         self.retention = Retention(self)
         self.webhooks = Webhooks(self)
+        self.approvals = Approvals(self, intake=self.intake, fleet=self.fleet)
         self.queries = Queries(self, fleet=self.fleet, webhooks=self.webhooks)
         self.lifecycle = Lifecycle(self, scheduling=self.scheduling,
                                    retention=self.retention, webhooks=self.webhooks,

@@ -77,3 +77,17 @@ class NotWaiting(Refused):
     """An answer to a turn that asked no question: kept, it would answer a later one."""
 
     status = 409
+
+
+class NotPending(Refused):
+    """A decision on a tool call the turn does not hold for approval: an unknown call, or
+    one decided already (a second decision is refused, never applied)."""
+
+    status = 409
+    field = "call_id"
+
+
+class BadArguments(Refused, ValueError):
+    """Edited arguments of an approved call that the tool's input schema refuses."""
+
+    field = "arguments"

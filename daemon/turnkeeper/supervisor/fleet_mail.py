@@ -31,7 +31,8 @@ class Recipient(Protocol):
     async def cancel(self, turn_id: str, *, now: bool = False) -> dict[str, Any]: ...
 
     async def take_message(self, live: LiveTurn, *, kind: str, text: str, redirect: bool,
-                           write: AppendMessage | None = None, **log_extra: Any) -> None: ...
+                           write: AppendMessage | None = None,
+                           extra: dict[str, Any] | None = None, **log_extra: Any) -> None: ...
 
 
 class FleetMail:
@@ -62,6 +63,13 @@ class FleetMail:
         await self.store.post_mail(turn_id, "message", {"kind": kind, "text": text,
                                                         "redirect": redirect})
         return {"turn": turn_id, "accepted": kind}
+
+    async def send_approval(self, turn_id: str, *, text: str, extra: dict[str, Any]
+                            ) -> None:
+        """A decision on a call held for approval, for a turn this node does not run
+        (checked by the caller against the turn's stored record): mail, as an answer."""
+        await self.store.post_mail(turn_id, "message", {"kind": "approval", "text": text,
+                                                        "redirect": False, **extra})
 
     async def send_cancel(self, turn_id: str, data: dict[str, Any], *, now: bool
                           ) -> dict[str, Any]:
@@ -101,8 +109,11 @@ class FleetMail:
     async def _apply(self, live: LiveTurn, mail_id: int, body: dict[str, Any]) -> None:
         record = live.record
         kind, text, redirect = str(body["kind"]), str(body["text"]), bool(body["redirect"])
+        extra = {k: v for k, v in body.items() if k not in ("kind", "text", "redirect")}
         if record.result is not None or record.terminal or (
-                kind == "answer" and record.question is None):
+                kind == "answer" and record.question is None) or (
+                kind == "approval" and not any(p["call_id"] == extra.get("call_id")
+                                               for p in record.pending_approvals)):
             log.warning("fleet.mail_dropped", node=self.node_id, turn=record.id, kind=kind,
                         state=record.state)
             await self.store.drop_mail(mail_id)
@@ -114,6 +125,7 @@ class FleetMail:
 
         try:
             await self._intake().take_message(live, kind=kind, text=text, redirect=redirect,
-                                           write=write, node=self.node_id, via="mail")
+                                              write=write, extra=extra or None,
+                                              node=self.node_id, via="mail")
         except MailTaken:  # not written: applied already, or the turn's claim was lost
             return

@@ -312,8 +312,10 @@ class Intake:
         return {"turn": turn_id, "accepted": kind}
 
     async def take_message(self, live: LiveTurn, *, kind: str, text: str, redirect: bool,
-                           write: AppendMessage | None = None, **log_extra: Any) -> None:
-        """A steer or an answer into the turn's inbox, durable with its `turn.message`
+                           write: AppendMessage | None = None,
+                           extra: dict[str, Any] | None = None, **log_extra: Any) -> None:
+        """A steer, an answer or an approval decision (its call, decision and edited
+        arguments in `extra`) into the turn's inbox, durable with its `turn.message`
         event before the turn hears of it. `write` stores it (the store's
         `append_message` unless given: fleet mail takes its mail in the same
         transaction). A write that fails leaves the inbox as it was: the sender hears the
@@ -322,7 +324,8 @@ class Intake:
         core = self.core
         record = live.record
         now = core.clock.time()
-        message = {"kind": kind, "text": text, "redirect": redirect, "at": now}
+        message = {"kind": kind, "text": text, "redirect": redirect, "at": now,
+                   **(extra or {})}
         record.inbox.append(message)
         record.updated_at = now
         event = core.bus.prepare(ev.TurnMessage(kind=kind, text=text[:2000], redirect=redirect),

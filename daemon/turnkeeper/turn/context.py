@@ -170,6 +170,10 @@ class TurnContext:
             if self.restore_error is not None:
                 self.partial = list(checkpoint["partial"])
             self.trail = Trail((self.partial, self.loops.lines, self.effects.lines))
+        # The decisions on this step's calls held for approval (call id -> decision),
+        # kept until the step's tools ran: a crash before then runs them again as decided.
+        self.decided: dict[str, dict[str, Any]] = (
+            dict(checkpoint.get("approvals") or {}) if self.resumed else {})
         # Extensions earned by progress, and the agent's plan (applied by the runner).
         self.extension = Extension.from_config(guards.budget.extension).restore_state(
             checkpoint.get("extension") if self.resumed else None)
@@ -312,6 +316,7 @@ class TurnContext:
             "recover_until": self.recover_until,
             "pending_stop": self.pending_stop.to_json() if self.pending_stop else None,
             "effects": self.effects.snapshot(),
+            "approvals": dict(self.decided),
             "extension": self.extension.snapshot(),
             "event_seq": self.bus.last_seq,
         }

@@ -110,6 +110,10 @@ class TurnRecord:
     # with it, or (tracing on, none submitted) its first span's. Kept with the turn, so
     # a turn resumed after a restart or on another node continues the same trace.
     traceparent: str | None = None
+    # The step's tool calls held for a person's approval, not decided yet: each
+    # {call_id, tool, arguments, key, requested_at, timeout_at}. Kept with the record (as
+    # a clarify question is) so a restart waits on, and any node can list them.
+    pending_approvals: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -144,6 +148,8 @@ class TurnRecord:
             out["inbox"] = list(self.inbox)
         if self.traceparent is not None:
             out["traceparent"] = self.traceparent
+        if self.pending_approvals:
+            out["pending_approvals"] = [dict(p) for p in self.pending_approvals]
         out["profile"] = self.profile
         out["model"] = self.model
         out["would_have_stopped"] = list(self.would_have_stopped)
@@ -165,4 +171,5 @@ class TurnRecord:
             profile=d.get("profile"), model=d.get("model"),
             would_have_stopped=list(d.get("would_have_stopped", [])),
             limits=dict(d.get("limits") or {}), started_at=d.get("started_at"),
-            traceparent=d.get("traceparent"))
+            traceparent=d.get("traceparent"),
+            pending_approvals=[dict(p) for p in d.get("pending_approvals") or ()])

@@ -106,6 +106,7 @@ class TurnRunner:
             if result is None:  # suspended here: a later run is a new span of its trace
                 tracer.turn_ended(ctx.span, ctx.record, None)
         assert result is not None
+        ctx.record.pending_approvals.clear()  # an ended turn waits on nobody
         result = self.progress.finish(result)
         tracer.turn_ended(ctx.span, ctx.record, result)
         return result

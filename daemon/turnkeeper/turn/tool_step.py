@@ -11,6 +11,8 @@ something to check, and left in the result as an open issue."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -24,6 +26,7 @@ from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.replies import cut_call_message
 from turnkeeper.providers.base import ToolCall
 from turnkeeper.tools.registry import ToolOutcome
+from turnkeeper.turn.approvals import ApprovalRoom
 from turnkeeper.turn.builtins import Builtins
 from turnkeeper.turn.context import TurnContext
 from turnkeeper.turn.tool_attempts import ToolAttempts
@@ -34,6 +37,7 @@ class ToolStep:
         self.ctx = ctx
         self.builtins = builtins
         self.attempts = ToolAttempts(ctx)
+        self.approvals = ApprovalRoom(ctx)
 
     def _call_positions(self) -> dict[str, int]:
         ctx = self.ctx
@@ -52,8 +56,13 @@ class ToolStep:
         # A call's Idempotency-Key names its place in the model's reply, not in `calls`,
         # which on resume holds only the calls still without a result.
         position = self._call_positions()
-        for n, call in enumerate(calls):
-            index = position.get(call.id, n)
+        places = [(call, f"{ctx.record.id}.{step}.{position.get(call.id, n)}")
+                  for n, call in enumerate(calls)]
+        # Calls held for a person's approval: the whole step waits for the decisions.
+        held = await self.approvals.settle(places, resuming=resuming)
+        if held is not None:
+            return held
+        for call, key in places:
             # A call the output cap cut is refused like malformed arguments, a built-in
             # too (a cut report_blocked would end the turn with half its reason).
             if call.name in BUILTIN_TOOL_NAMES and call.cut_at is None:
@@ -65,7 +74,13 @@ class ToolStep:
                 if ended is not None:
                     return ended
                 continue
-            key = f"{ctx.record.id}.{step}.{index}"
+            decided = ctx.decided.get(call.id)
+            if decided is not None and decided["decision"] == "deny":
+                observations.append(self.approvals.denied(call, decided["reason"]))
+                all_polling = False
+                continue
+            if decided is not None and decided["arguments"] is not None:
+                call = replace(call, arguments=json.dumps(decided["arguments"]))
             tool = ctx.runtime.toolbox.get(call.name)
             polling = bool(tool and tool.polling)
             all_polling = all_polling and polling
@@ -101,6 +116,8 @@ class ToolStep:
         # the journal, and the results go with the model reply's checkpoint (or the
         # result). One here cost ~15% of a step's CPU and a commit round trip; one at
         # the boundary 8% of the instructions of a step and a write of the turn's row.
+        # (The step's approval decisions go with it: that checkpoint holds their results.)
+        ctx.decided.clear()
         ctx.sync_counters()
         return None
 
