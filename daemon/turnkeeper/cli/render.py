@@ -178,6 +178,10 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         wait = f"; next start in {max(0.0, nxt - time.time()):.1f} s" if nxt else ""
         lines.append(f"mcp server   {name} {srv['state'].upper()} ({srv['transport']}): "
                      f"{srv.get('last_error') or '-'}{wait}; {restarts}")
+    for name, agent in (data.get("agents") or {}).items():
+        lines.append(f"agent        {name}: {agent['tools']} tools, model "
+                     f"{agent.get('model') or 'default'}, profile "
+                     f"{agent.get('profile') or 'default'}")
     fleet = data.get("fleet")
     if fleet:
         lines.extend(fleet_status_lines(fleet))

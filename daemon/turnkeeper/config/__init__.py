@@ -18,7 +18,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -28,7 +28,9 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from turnkeeper.config import agents as agents_config
 from turnkeeper.config import explain
+from turnkeeper.config.agents import AgentName, NamedAgentConfig
 from turnkeeper.config.env import ENV_PREFIX, env_names, env_override_errors
 from turnkeeper.config.peers import (
     DEFAULT_PROVIDERS,
@@ -79,6 +81,9 @@ from turnkeeper.config.sections import (
 )
 from turnkeeper.config.tracing import OTEL_INSTALL_HINT, TracingConfig, otel_available
 from turnkeeper.paths import config_search, default_socket_path, default_state_dir
+
+if TYPE_CHECKING:
+    from turnkeeper.policy.agents import AgentDefinition
 
 __all__ = [
     "BUILTIN_TOOL_NAMES",
@@ -166,6 +171,7 @@ class Config(BaseSettings):
     providers: tuple[ProviderConfig, ...] = DEFAULT_PROVIDERS
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
     models: dict[ModelName, ModelConfig] = Field(default_factory=dict)
+    agents: dict[AgentName, NamedAgentConfig] = Field(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
@@ -197,6 +203,15 @@ class Config(BaseSettings):
                                  f"is not a configured provider (configured: "
                                  f"{', '.join(sorted(providers))})")
         return self
+
+    @model_validator(mode="after")
+    def _agents_known_names(self) -> Config:
+        agents_config.check_agents(self)
+        return self
+
+    def agent_definitions(self) -> tuple[AgentDefinition, dict[str, AgentDefinition]]:
+        """The default agent (`[agent]`) and every named one resolved over it."""
+        return agents_config.definitions(self)
 
     def model_chain(self, model: str | None) -> tuple[str, ...]:
         """The providers a turn of `model` walks, primary first: an alias's chain
@@ -257,8 +272,6 @@ class Config(BaseSettings):
                                  for k, v in tool[key].items()}
         shown: dict[str, Any] = redact_urls(data)
         return shown
-
-
 
 
 # Keys whose change cannot be applied without a restart.
@@ -346,6 +359,7 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
     p = Path(path)
     data, digest, text = _read_config(p)
     _resolve_relative_scripts(data, p.parent)
+    agents_config.resolve_relative_files(data, p.parent)
     config = build_config(data, str(p), text)
     _check_providers_named(data, digest, p)
     check_provider_keys(config, str(p))

@@ -183,7 +183,8 @@ class TurnRunner:
                 # acknowledged since depends on.
                 await ctx.checkpoint(TurnState.RUNNING, queued=True)
             self._soft_warning(usage, now, fits)
-            self._offered, note = ctx.runtime.toolbox.offer_note(self._offered)
+            self._offered, note = ctx.runtime.toolbox.offer_note(self._offered,
+                                                                 ctx.agent.tools)
             if note is not None:  # MCP tools left or came back: the agent is told
                 ctx.conv.add_note(note)
                 ctx.log.info("tool.offer_changed", note=note)

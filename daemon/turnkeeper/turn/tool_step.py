@@ -66,7 +66,7 @@ class ToolStep:
                     return ended
                 continue
             key = f"{ctx.record.id}.{step}.{index}"
-            tool = ctx.runtime.toolbox.get(call.name)
+            tool = ctx.tool(call.name)
             polling = bool(tool and tool.polling)
             all_polling = all_polling and polling
             result = await self._tool_call(call, key, resuming=resuming)
@@ -145,7 +145,8 @@ class ToolStep:
                 exception=("MalformedArguments",), message=cut_call_message(call.cut_at)))
         place = key
         toolbox = ctx.runtime.toolbox
-        tool = toolbox.get(call.name)
+        # A tool the turn's agent is not offered is unknown to it, whoever else has it.
+        tool = ctx.tool(call.name)
         args, problem = (None, None) if tool is None else toolbox.check_arguments(
             call.name, call.arguments)
         if tool is None or problem is not None:
