@@ -55,7 +55,8 @@ def summary(turn: dict[str, Any]) -> str:
     lines = [
         f"turn      {turn['id']}  (session {turn['session']})",
         f"state     {turn['state']}  policy v{turn['policy_version']}  provider "
-        f"{turn.get('provider') or '-'}",
+        f"{turn.get('provider') or '-'}"
+        + (f"  agent {turn['agent']}" if turn.get("agent") else ""),
         f"created   {fmt_time(turn['created_at'])}   updated {fmt_time(turn['updated_at'])}",
         f"counters  steps {c['steps']}  provider_attempts {c['provider_attempts']}  "
         f"fallback_hops {c['fallback_hops']}  restarts {c['restarts']}  "
