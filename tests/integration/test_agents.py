@@ -10,12 +10,14 @@ import json
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.fault_server import FaultServer, ok
 from tests.integration.harness import Daemon
+from tests.integration.test_mcp import _kill_pid, ledger, mcp_status, server_pids, stdio_server
 from tests.integration.tool_server import ToolServer
 from turnkeeper.client import Client, InvalidRequest
 
@@ -27,6 +29,16 @@ def faults() -> Iterator[FaultServer]:
     server = FaultServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """The MCP test server's work directory; its processes are killed at the end."""
+    work = tmp_path / "mcp-work"
+    work.mkdir()
+    yield work
+    for pid in server_pids(work):
+        _kill_pid(pid)
 
 
 def _config(faults: FaultServer, tools: ToolServer, agents: str) -> str:
@@ -224,3 +236,38 @@ def test_the_agent_is_kept_with_the_turn_across_a_restart(
     assert [_system(r.body) for r in faults.requests("a")] == ["the alpha prompt"] * 2
     assert _tools(faults.requests("a")[-1].body) == BUILTINS | {"lookup"}
     assert json.dumps(done).count('"agent_removed"') == 0
+
+
+def test_server_star_offers_every_tool_of_the_mcp_server_and_a_pattern_only_some(
+        start: Any, faults: FaultServer, tool_server: ToolServer, workdir: Path) -> None:
+    # `adder` may call calc's `add` only; its model names calc's destructive `charge`.
+    faults.script("a", ok("", tool_calls=(("calc__add", {"a": 2, "b": 3}),
+                                          ("calc__charge", {"account": "x", "amount": 1}))),
+                  then=ok("added"))
+    faults.script("b", then=ok("all calc"))
+    d: Daemon = start(_config(faults, tool_server, stdio_server("calc", workdir) + """
+        [agents.adder]
+        tools = ["calc.add"]
+        model = "a"
+
+        [agents.calculator]
+        tools = ["calc.*"]
+        model = "b"
+        """))
+    calc = {f"calc__{t['remote']}" for t in mcp_status(d, "calc")["tools"]}
+    assert {"calc__add", "calc__charge"} <= calc
+
+    turn = d.run("add", agent="adder")
+    assert turn["result"]["answer"] == "added"
+    first, second = faults.requests("a")
+    assert _tools(first.body) == BUILTINS | {"calc__add"}
+    assert _tool_results(second.body) == [
+        "5", "ERROR (deterministic): UnknownTool: there is no tool named 'calc__charge'"]
+    assert not any(line.startswith("charge") for line in ledger(workdir))
+
+    d.run("everything", agent="calculator")
+    (request,) = faults.requests("b")
+    assert _tools(request.body) == BUILTINS | calc  # not the http tools
+    _, data = d.get("/v1/status")
+    assert data["agents"]["adder"]["tools"] == 1
+    assert data["agents"]["calculator"]["tools"] == len(calc)
