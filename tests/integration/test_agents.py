@@ -196,9 +196,13 @@ def test_a_reload_adds_an_agent_and_a_parked_turn_of_a_removed_one_goes_on_as_de
     done = d.wait(turn["id"])
     assert done["result"]["answer"] == "done"
     assert done["agent"] is None and done["model"] == "a"
-    removed = [e for e in d.events(turn["id"]) if e["type"] == "turn.agent_removed"]
+    events = d.events(turn["id"])
+    removed = [e for e in events if e["type"] == "turn.agent_removed"]
     assert len(removed) == 1 and removed[0]["agent"] == "alpha"
     assert removed[0]["policy_version"] == 2
+    # Said when the turn resumed under the policy without its agent.
+    types = [e["type"] for e in events]
+    assert types[types.index("turn.agent_removed") - 1] == "turn.resumed"
     # Its next model call was the default agent's: its prompt, every tool.
     first, after = faults.requests("a")
     assert _system(first.body) == "the alpha prompt"

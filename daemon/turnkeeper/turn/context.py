@@ -186,6 +186,8 @@ class TurnContext:
         self._events_after: int | None = (checkpoint.get("event_seq") if self.resumed
                                           else None)
         self._logged: list[tuple[str, Any]] = []
+        # The agent a reload removed from under the turn (reported when it starts).
+        self.agent_removed: TurnAgentRemoved | None = None
         self.agent = self._agent()
 
     def _agent(self) -> AgentDefinition:
@@ -193,14 +195,14 @@ class TurnContext:
         the turn runs under this policy (a reload's new definition applies when the
         turn resumes under the next one, at a step boundary, as the policy does). An
         agent the policy no longer defines (a reload removed it) leaves the turn to the
-        default agent, and the turn says so in an event."""
+        default agent, and the turn says so (`agent_removed`, its event)."""
         record = self.record
         agent = self.settings.agent(record.agent)
         if agent is not None:
             return agent
         self.log.warning("turn.agent_removed", agent=record.agent)
-        self.emit(TurnAgentRemoved(agent=str(record.agent),
-                                   policy_version=record.policy_version))
+        self.agent_removed = TurnAgentRemoved(agent=str(record.agent),
+                                              policy_version=record.policy_version)
         record.agent = None
         return self.settings.default_agent
 

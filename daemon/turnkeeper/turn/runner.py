@@ -123,6 +123,8 @@ class TurnRunner:
         else:
             self._publish(ev.TurnStarted(policy_version=ctx.record.policy_version,
                                          provider=ctx.chain.current_provider))
+        if ctx.agent_removed is not None:  # it goes on as the default agent, and says so
+            ctx.emit(ctx.agent_removed)
         ctx.move(TurnState.RUNNING)
         ctx.start_active()
         reenter_step = False
