@@ -5,9 +5,9 @@ Every turn runs under exactly one Policy; a reload builds a new one and swaps it
 atomically. Unknown keys are errors: a typo in a limit must not silently fall back to a
 default.
 
-The models live in `sections.py` (the daemon and the turn's rules) and `peers.py`
-(providers and tools); this module assembles them into `Config`, freezes a `Policy`,
-reads files and answers where the socket and state live.
+The models live in `sections.py` (the daemon and the turn's rules), `peers.py`
+(providers and tools) and `agents.py` (named agents); this module assembles them into
+`Config`, freezes a `Policy`, reads files and answers where the socket and state live.
 """
 
 from __future__ import annotations
