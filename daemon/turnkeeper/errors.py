@@ -26,7 +26,8 @@ maps an exception to a status itself.
         ├── BadRequest       control/http.py    the body or query (400, 408, 413)
         └── supervisor/errors.py: IntakeRefused (503, 507), UnknownTurn (404),
             TurnFinished (409), NotWaiting (409), InboxFull (429), IdempotencyConflict
-            (422), UnknownProfile, UnknownModel, UnpricedCostLimit, BatchItemInvalid (400)
+            (422), UnknownProfile, UnknownModel, UnknownAgent, UnpricedCostLimit,
+            BatchItemInvalid (400)
 """
 
 from __future__ import annotations

@@ -131,6 +131,16 @@ class TurnResumed(EventBody):
 
 
 @dataclass(slots=True, kw_only=True)
+class TurnAgentRemoved(EventBody):
+    """The agent a turn was submitted as is not in the policy it resumed under (a reload
+    removed it): the turn goes on as the default agent (`[agent]`)."""
+
+    TYPE = "turn.agent_removed"
+    agent: str
+    policy_version: int
+
+
+@dataclass(slots=True, kw_only=True)
 class TurnSuspended(EventBody):
     TYPE = "turn.suspended"
     step: int
@@ -470,7 +480,8 @@ class WebhookFailed(EventBody):
 
 
 EVENT_TYPES: dict[str, type[EventBody]] = {cls.TYPE: cls for cls in (
-    TurnQueued, TurnStarted, TurnResumed, TurnSuspended, TurnRecovering, TurnWaiting,
+    TurnQueued, TurnStarted, TurnResumed, TurnAgentRemoved, TurnSuspended, TurnRecovering,
+    TurnWaiting,
     TurnMessage, TurnFinished, TurnReplayed, StepStarted, BudgetWarning, BudgetExtended,
     GuardWouldStop,
     LoopWarning,

@@ -129,7 +129,7 @@ class OtelTracer(Tracer):
 
     def turn(self, record: TracedTurn, *, resumed: bool) -> Span:
         # The agent: the one the turn was submitted to, else the service's name.
-        agent = getattr(record, "agent", None) or self.service_name
+        agent = record.agent or self.service_name
         context = None
         try:
             parent = (parse_traceparent(record.traceparent)

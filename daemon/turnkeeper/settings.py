@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from turnkeeper.config import Config, FailureLoopConfig, LoopDetectionConfig
+from turnkeeper.policy.agents import AgentDefinition
 from turnkeeper.policy.approvals import ApprovalSetting, ApprovalWait
 from turnkeeper.policy.backoff import Backoff, Rand
 from turnkeeper.policy.chain import ProviderChain
@@ -119,7 +120,9 @@ class ToolCallSettings:
 
 @dataclass(frozen=True, slots=True)
 class TurnSettings:
-    system_prompt: str
+    # The agent of a submit that names none (`[agent]`), and the named ones
+    # (`[agents.NAME]`), each resolved over it.
+    default_agent: AgentDefinition
     clarify_timeout_s: float
     max_restarts: int
     max_continuations: int
@@ -131,6 +134,17 @@ class TurnSettings:
     # The chains a submit may choose with `model`: each `[models.NAME]` alias and each
     # provider alone, walked with the same attempts, backoff and recovery as `chain`.
     model_chains: Mapping[str, ChainSettings] = field(default_factory=dict)
+    agents: Mapping[str, AgentDefinition] = field(default_factory=dict)
+
+    @property
+    def system_prompt(self) -> str:
+        """The default agent's system prompt."""
+        return self.default_agent.system_prompt
+
+    def agent(self, name: str | None) -> AgentDefinition | None:
+        """The agent a turn submitted with `name` runs as (None: the default agent);
+        None when the policy no longer knows the name (a reload removed it)."""
+        return self.default_agent if name is None else self.agents.get(name)
 
     def chain_for(self, model: str | None) -> ChainSettings | None:
         """The chain of a turn submitted with `model` (None: the default chain); None
@@ -147,8 +161,9 @@ class TurnSettings:
             recovery_schedule=tuple(cfg.agent.recovery_schedule),
             recovery_jitter=cfg.agent.recovery_jitter,
             auto_recovery_cycles=cfg.agent.auto_recovery_cycles)
+        default_agent, agents = cfg.agent_definitions()
         return cls(
-            system_prompt=cfg.agent.system_prompt,
+            default_agent=default_agent, agents=agents,
             clarify_timeout_s=cfg.clarify.timeout,
             max_restarts=cfg.agent.max_restarts,
             max_continuations=cfg.agent.max_continuations,

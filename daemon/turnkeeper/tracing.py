@@ -51,7 +51,7 @@ class _Spent(Protocol):
 
 class TracedTurn(Protocol):
     """What a tracer reads of a turn (a `turn.record.TurnRecord` is one, named so that
-    this room need not import the turn's): its identity, its message, the trace it
+    this room need not import the turn's): its identity, its message and agent, the trace it
     belongs to (a tracer that starts one records it here), its counters and spending."""
 
     traceparent: str | None
@@ -62,6 +62,8 @@ class TracedTurn(Protocol):
     def session(self) -> str: ...
     @property
     def message(self) -> str: ...
+    @property
+    def agent(self) -> str | None: ...
     @property
     def policy_version(self) -> int: ...
     @property

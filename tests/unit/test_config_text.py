@@ -107,8 +107,8 @@ def test_configuration_md_has_one_section_per_config_section_each_with_units() -
     text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for name, field in Config.model_fields.items():
         header = {"providers": "## `[[providers]]`", "tools": "## `[[tools]]`",
-                  "models": "## `[models.NAME]`", "webhooks": "## `[[webhooks]]`"
-                  }.get(name, f"## `[{name}]`")
+                  "models": "## `[models.NAME]`", "webhooks": "## `[[webhooks]]`",
+                  "agents": "## `[agents.NAME]`"}.get(name, f"## `[{name}]`")
         assert text.count("\n" + header) == 1, (name, field)
     for line in text.splitlines():
         if line.startswith("| key | default |") and "applies to" not in line:

@@ -57,7 +57,7 @@ def test_every_type_the_daemon_publishes_is_in_the_catalogue() -> None:
 
 
 def test_registry_names_each_class_by_its_wire_type() -> None:
-    assert len(ev.EVENT_TYPES) == 33
+    assert len(ev.EVENT_TYPES) == 34
     for name, cls in ev.EVENT_TYPES.items():
         assert name == cls.TYPE
 

@@ -123,3 +123,14 @@ def test_the_traces_url_and_error_type_rules() -> None:
         "ClientConnectorError")
     assert error_type(CallFailure(error_type="overloaded")) == "overloaded"
     assert error_type(CallFailure()) == "_OTHER"
+
+
+def test_the_turn_span_names_its_named_agent_else_the_service(
+        spans: InMemorySpanExporter) -> None:
+    rec = record(None)
+    rec.agent = "support"
+    run_turn(tracer(spans), rec)
+    run_turn(tracer(spans), record(None))
+    agents = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert [s.name for s in agents] == ["invoke_agent support", "invoke_agent svc"]
+    assert [(s.attributes or {})["gen_ai.agent.name"] for s in agents] == ["support", "svc"]

@@ -121,6 +121,20 @@ async def test_save_turn_replaces_the_record_and_the_checkpoint_only_when_given(
     assert await store.get_turn("t_never_inserted") is None
 
 
+async def test_a_turns_agent_is_kept_with_its_record_across_writes_and_reads(
+        store: Store) -> None:
+    # What a restart or another fleet node reads back: the turn's agent, with the model
+    # and profile it was given, from the record the store holds.
+    a = record("t_a", agent="support", model="cheap", profile="quick")
+    await store.insert_turn(a, {"step": 0})
+    await store.save_turn({**a, "state": "suspended", "updated_at": 150.0}, {"step": 1})
+    got = await store.get_turn("t_a")
+    assert got is not None
+    assert (got["agent"], got["model"], got["profile"]) == ("support", "cheap", "quick")
+    ((unfinished, _),) = await store.unfinished_turns()
+    assert unfinished["agent"] == "support"
+
+
 async def test_append_message_adds_to_the_stored_inbox_and_nothing_else(store: Store
                                                                        ) -> None:
     a = record("t_a")

@@ -104,6 +104,8 @@ def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
     p.add_argument("--profile", help="a budget profile of the policy ([budget.profiles.NAME])")
     p.add_argument("--model", help="the provider chain to run: a [models.NAME] alias or one "
                    "provider's name (default: every provider, in order)")
+    p.add_argument("--agent", help="the named agent to run as ([agents.NAME]: its system "
+                   "prompt, tools, model and profile; default: [agent])")
     p.add_argument("--idempotency-key", metavar="K",
                    help="submit at most once: the same K with the same submit answers the "
                    "turn it made ([daemon] idempotency_window), so a retry is safe")
@@ -143,6 +145,8 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
         body["profile"] = args.profile
     if args.model:
         body["model"] = args.model
+    if args.agent:
+        body["agent"] = args.agent
     if args.idempotency_key:
         body["idempotency_key"] = args.idempotency_key
     return body

@@ -217,9 +217,9 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
 
 
 def retry_body(turn: dict[str, Any]) -> dict[str, Any]:
-    """A new turn with a finished one's input: its message, budget, profile and model, and its
-    session when it named one (a turn that was its own session gets a fresh one). Not
-    its deadline: an absolute time, most likely passed."""
+    """A new turn with a finished one's input: its message, budget, profile, model and
+    agent, and its session when it named one (a turn that was its own session gets a
+    fresh one). Not its deadline: an absolute time, most likely passed."""
     body: dict[str, Any] = {"message": turn["message"]}
     if turn.get("session") and turn["session"] != turn["id"]:
         body["session"] = turn["session"]
@@ -229,6 +229,8 @@ def retry_body(turn: dict[str, Any]) -> dict[str, Any]:
         body["profile"] = turn["profile"]
     if turn.get("model"):
         body["model"] = turn["model"]
+    if turn.get("agent"):
+        body["agent"] = turn["agent"]
     return body
 
 

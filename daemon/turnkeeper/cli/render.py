@@ -55,7 +55,8 @@ def summary(turn: dict[str, Any]) -> str:
     lines = [
         f"turn      {turn['id']}  (session {turn['session']})",
         f"state     {turn['state']}  policy v{turn['policy_version']}  provider "
-        f"{turn.get('provider') or '-'}",
+        f"{turn.get('provider') or '-'}"
+        + (f"  agent {turn['agent']}" if turn.get("agent") else ""),
         f"created   {fmt_time(turn['created_at'])}   updated {fmt_time(turn['updated_at'])}",
         f"counters  steps {c['steps']}  provider_attempts {c['provider_attempts']}  "
         f"fallback_hops {c['fallback_hops']}  restarts {c['restarts']}  "
@@ -192,6 +193,10 @@ def status_lines(data: dict[str, Any]) -> list[str]:
                      + (f"{failed} FAILED" if failed else "0 failed")
                      + ("" if hook.get("configured", True) else " (no longer configured)")
                      + (f"; last error: {error}" if error else ""))
+    for name, agent in (data.get("agents") or {}).items():
+        lines.append(f"agent        {name}: {agent['tools']} tools, model "
+                     f"{agent.get('model') or 'default'}, profile "
+                     f"{agent.get('profile') or 'default'}")
     fleet = data.get("fleet")
     if fleet:
         lines.extend(fleet_status_lines(fleet))

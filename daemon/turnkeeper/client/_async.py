@@ -164,12 +164,13 @@ class AsyncClient:
                      budget: dict[str, Any] | None = None, profile: str | None = None,
                      model: str | None = None, deadline: float | str | None = None,
                      idempotency_key: str | None = None, traceparent: str | None = None,
+                     agent: str | None = None,
                      retry_for: float = _wire.SUBMIT_RETRY_FOR_S,
                      on_retry: Callable[[ClientError, float], object] | None = None
                      ) -> Turn:
         """As `Client.submit`: retried with one Idempotency-Key, at most one turn."""
         body = _wire.submit_body(message, session=session, budget=budget, profile=profile,
-                                 model=model, deadline=deadline,
+                                 model=model, deadline=deadline, agent=agent,
                                  idempotency_key=idempotency_key
                                  or _wire.new_idempotency_key(), traceparent=traceparent)
         give_up_at = anyio.current_time() + retry_for

@@ -81,6 +81,8 @@ class Turn:
     usage: Usage
     result: Result | None
     raw: dict[str, Any] = field(repr=False)
+    # The named agent the turn runs as (`[agents.NAME]`); None for the default agent.
+    agent: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -97,7 +99,7 @@ class Turn:
                    provider=data.get("provider"), counters=dict(data.get("counters") or {}),
                    usage=Usage.from_json(data.get("usage") or {}),
                    result=Result.from_json(result) if isinstance(result, dict) else None,
-                   raw=data)
+                   raw=data, agent=data.get("agent"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,9 @@ Every turn runs under exactly one Policy; a reload builds a new one and swaps it
 atomically. Unknown keys are errors: a typo in a limit must not silently fall back to a
 default.
 
-The models live in `sections.py` (the daemon and the turn's rules) and `peers.py`
-(providers and tools); this module assembles them into `Config`, freezes a `Policy`,
-reads files and answers where the socket and state live.
+The models live in `sections.py` (the daemon and the turn's rules), `peers.py`
+(providers and tools) and `agents.py` (named agents); this module assembles them into
+`Config`, freezes a `Policy`, reads files and answers where the socket and state live.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -28,7 +28,9 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from turnkeeper.config import agents as agents_config
 from turnkeeper.config import explain
+from turnkeeper.config.agents import AgentName, NamedAgentConfig
 from turnkeeper.config.env import ENV_PREFIX, env_names, env_override_errors
 from turnkeeper.config.peers import (
     DEFAULT_PROVIDERS,
@@ -81,6 +83,9 @@ from turnkeeper.config.sections import (
 from turnkeeper.config.tracing import OTEL_INSTALL_HINT, TracingConfig, otel_available
 from turnkeeper.config.webhooks import WebhookConfig, check_webhook_secrets
 from turnkeeper.paths import config_search, default_socket_path, default_state_dir
+
+if TYPE_CHECKING:
+    from turnkeeper.policy.agents import AgentDefinition
 
 __all__ = [
     "BUILTIN_TOOL_NAMES",
@@ -172,6 +177,7 @@ class Config(BaseSettings):
     tools: tuple[ToolConfig, ...] = DEFAULT_TOOLS
     models: dict[ModelName, ModelConfig] = Field(default_factory=dict)
     webhooks: tuple[WebhookConfig, ...] = ()
+    agents: dict[AgentName, NamedAgentConfig] = Field(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
@@ -204,6 +210,16 @@ class Config(BaseSettings):
                                  f"is not a configured provider (configured: "
                                  f"{', '.join(sorted(providers))})")
         return self
+
+    @model_validator(mode="after")
+    def _agents_known_names(self) -> Config:
+        agents_config.check_agents(self.agents, tools=self.tools, models=self.model_names(),
+                                   profiles=sorted(self.budget.profiles))
+        return self
+
+    def agent_definitions(self) -> tuple[AgentDefinition, dict[str, AgentDefinition]]:
+        """The default agent (`[agent]`) and every named one resolved over it."""
+        return agents_config.definitions(self.agent, self.agents, tools=self.tools)
 
     def model_chain(self, model: str | None) -> tuple[str, ...]:
         """The providers a turn of `model` walks, primary first: an alias's chain
@@ -264,8 +280,6 @@ class Config(BaseSettings):
                                  for k, v in tool[key].items()}
         shown: dict[str, Any] = redact_urls(data)
         return shown
-
-
 
 
 # Keys whose change cannot be applied without a restart.
@@ -353,6 +367,7 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
     p = Path(path)
     data, digest, text = _read_config(p)
     _resolve_relative_scripts(data, p.parent)
+    agents_config.resolve_relative_files(data, p.parent)
     config = build_config(data, str(p), text)
     _check_providers_named(data, digest, p)
     check_provider_keys(config, str(p))

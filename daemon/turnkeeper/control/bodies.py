@@ -41,6 +41,8 @@ class SubmitBody(Body):
     deadline: float | datetime | None = None
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    # A named agent (`[agents.NAME]`): its system prompt, tools, model and profile.
+    agent: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     # The same key with the same body within `[daemon] idempotency_window` answers the
     # turn it made (200); also the `Idempotency-Key` header.
     idempotency_key: Annotated[str, Field(min_length=1, max_length=255,

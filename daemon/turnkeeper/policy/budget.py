@@ -32,14 +32,29 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from turnkeeper.policy.outcome import Stop, StopCode
 from turnkeeper.policy.usage import Prices
 from turnkeeper.policy.usage import cost_usd as cost_usd
 
-if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
-    from turnkeeper.config import BudgetConfig
+
+class BudgetSettings(Protocol):
+    """What `BudgetLimits.from_config` reads (`[budget]` fits). A protocol, so that
+    `policy/` does not import the config layer."""
+
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def max_seconds(self) -> float: ...
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def max_cost_usd(self) -> float: ...
+    @property
+    def max_wall_seconds(self) -> float: ...
+    @property
+    def soft_limit(self) -> float: ...
 
 # The keys a submit may override for its own turn (the `budget` object of POST /v1/turns).
 OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd", "max_wall_seconds")
@@ -109,7 +124,7 @@ class BudgetLimits:
                        max_cost_usd=0.0)
 
     @classmethod
-    def from_config(cls, config: BudgetConfig, *, overrides: Mapping[str, Any] | None = None,
+    def from_config(cls, config: BudgetSettings, *, overrides: Mapping[str, Any] | None = None,
                     deadline: float | None = None,
                     started_at: float | None = None) -> BudgetLimits:
         """The policy's budget with the submit's overrides applied.

@@ -21,13 +21,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from turnkeeper.policy.budget import BudgetLimits, _num
 from turnkeeper.policy.outcome import Stop, StopCode
 
-if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
-    from turnkeeper.config import BudgetExtensionConfig
+
+class ExtensionSettings(Protocol):
+    """What `Extension.from_config` reads (`[budget.extension]` fits). A protocol, so
+    that `policy/` does not import the config layer."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def max_extensions(self) -> int: ...
 
 EXTENDABLE = frozenset({StopCode.BUDGET_STEPS, StopCode.BUDGET_SECONDS})
 MAX_PLAN_ITEMS = 50
@@ -127,7 +140,7 @@ class Extension:
                 f"granted={self.granted}, last_progress_step={self.last_progress_step})")
 
     @classmethod
-    def from_config(cls, config: BudgetExtensionConfig) -> Extension:
+    def from_config(cls, config: ExtensionSettings) -> Extension:
         return cls(enabled=config.enabled, window=config.window, steps=config.steps,
                    seconds=config.seconds, max_extensions=config.max_extensions)
 

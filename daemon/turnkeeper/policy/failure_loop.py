@@ -8,14 +8,23 @@ provider outage keeps running; only tool failures are counted here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.loops import action_key
 from turnkeeper.policy.outcome import Stop, StopCode
 
-if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
-    from turnkeeper.config import FailureLoopConfig
+
+class FailureLoopSettings(Protocol):
+    """What `FailureLoop.from_config` reads (`[failure_loop]` fits). A protocol, so
+    that `policy/` does not import the config layer."""
+
+    @property
+    def deterministic(self) -> int: ...
+    @property
+    def unknown(self) -> int: ...
+    @property
+    def retryable(self) -> int: ...
 
 
 _FAILURE_CODES = {
@@ -57,7 +66,7 @@ class FailureLoop:
                 f"signature={self._signature!r}, streak={self._streak})")
 
     @classmethod
-    def from_config(cls, config: FailureLoopConfig) -> FailureLoop:
+    def from_config(cls, config: FailureLoopSettings) -> FailureLoop:
         return cls(deterministic=config.deterministic, unknown=config.unknown,
                    retryable=config.retryable)
 

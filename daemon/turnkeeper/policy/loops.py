@@ -27,13 +27,24 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop, StopCode
 
-if TYPE_CHECKING:  # config is pydantic: policy/ never imports it at run time
-    from turnkeeper.config import LoopDetectionConfig
+
+class LoopSettings(Protocol):
+    """What `LoopDetector.from_config` reads (`[loop_detection]` fits). A protocol, so
+    that `policy/` does not import the config layer."""
+
+    @property
+    def warn_repeats(self) -> int: ...
+    @property
+    def max_repeats(self) -> int: ...
+    @property
+    def max_state_revisits(self) -> int: ...
+    @property
+    def max_no_progress(self) -> int: ...
 
 _RETRY_CLASSES = frozenset({FailureClass.RETRYABLE, FailureClass.UNKNOWN})
 
@@ -196,7 +207,7 @@ class LoopDetector:
                 f"observations={len(self._seen)}, no_progress={self._no_progress})")
 
     @classmethod
-    def from_config(cls, config: LoopDetectionConfig) -> LoopDetector:
+    def from_config(cls, config: LoopSettings) -> LoopDetector:
         return cls(warn_repeats=config.warn_repeats, max_repeats=config.max_repeats,
                    max_state_revisits=config.max_state_revisits,
                    max_no_progress=config.max_no_progress)

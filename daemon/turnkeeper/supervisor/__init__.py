@@ -34,6 +34,7 @@ from turnkeeper.supervisor.errors import (
     NotPending,
     NotWaiting,
     TurnFinished,
+    UnknownAgent,
     UnknownModel,
     UnknownProfile,
     UnknownTurn,
@@ -53,7 +54,8 @@ from turnkeeper.turn.record import TurnRecord
 __all__ = ["BadArguments", "BatchItemInvalid", "IdempotencyConflict", "InboxFull",
            "IntakeRefused", "LiveTurn", "NotPending", "NotWaiting",
            "ReloadOutcome",
-           "Supervisor", "TurnFinished", "UnknownModel", "UnknownProfile", "UnknownTurn",
+           "Supervisor", "TurnFinished", "UnknownAgent", "UnknownModel", "UnknownProfile",
+           "UnknownTurn",
            "UnpricedCostLimit",
            "new_turn_id"]
 
@@ -106,10 +108,11 @@ class Supervisor(SupervisorCore):
 
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
                      deadline: float | None, replay_of: str | None = None,
-                     profile: str | None = None, model: str | None = None) -> TurnRecord:
+                     profile: str | None = None, model: str | None = None,
+                     agent: str | None = None) -> TurnRecord:
         return await self.intake.submit(message=message, session=session, budget=budget,
                                         deadline=deadline, replay_of=replay_of,
-                                        profile=profile, model=model)
+                                        profile=profile, model=model, agent=agent)
 
     async def post_message(self, turn_id: str, *, kind: str, text: str,
                            redirect: bool) -> dict[str, Any]:

@@ -28,6 +28,12 @@ class UnknownModel(Refused, ValueError):
     field = "model"
 
 
+class UnknownAgent(Refused, ValueError):
+    """A submit named an agent the policy does not define (`[agents.NAME]`)."""
+
+    field = "agent"
+
+
 class UnpricedCostLimit(Refused, ValueError):
     """A submit set a cost limit over a provider chain that holds a provider with no
     price: its calls would cost $0, so the limit could never stop the turn."""

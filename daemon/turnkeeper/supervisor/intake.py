@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -23,6 +23,7 @@ from turnkeeper import event_types as ev
 from turnkeeper.config import DaemonConfig
 from turnkeeper.events import Event
 from turnkeeper.policy.admission import inbox_full
+from turnkeeper.policy.agents import turn_choice
 from turnkeeper.policy.idempotency import IdempotencyKey
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.overload import (
@@ -50,6 +51,7 @@ from turnkeeper.supervisor.errors import (
     IntakeRefused,
     NotWaiting,
     TurnFinished,
+    UnknownAgent,
     UnknownModel,
     UnknownProfile,
     UnknownTurn,
@@ -73,6 +75,8 @@ class SubmitRequest:
     deadline: float | None = None
     profile: str | None = None
     model: str | None = None
+    # The named agent (`[agents.NAME]`); None: the default agent.
+    agent: str | None = None
     # Not part of the submit's fingerprint: the key names the submit, it is not in it.
     idempotency_key: str | None = None
     # Not part of the fingerprint either: a retry may come from another span.
@@ -152,6 +156,22 @@ class Intake:
         known = ", ".join(sorted(profiles)) or "none are configured"
         return f"no budget profile {profile!r} (known: {known})"
 
+    def _check_agent(self, agent: str | None) -> str | None:
+        """None when the agent is defined (or none is named), else why not."""
+        agents = self.core.runtime.settings.agents
+        if agent is None or agent in agents:
+            return None
+        known = ", ".join(sorted(agents)) or "none are configured"
+        return f"no agent {agent!r} (known: {known})"
+
+    def _resolved(self, req: SubmitRequest) -> SubmitRequest:
+        """`req` with its agent's model and profile where it gives none of its own (the
+        submit wins), checked then like the submit's own. The agent must be known."""
+        agent = self.core.runtime.settings.agent(req.agent)
+        assert agent is not None
+        return replace(req, model=turn_choice(req.model, agent.model),
+                       profile=turn_choice(req.profile, agent.profile))
+
     def _check_model(self, model: str | None) -> str | None:
         """None when the model (an alias or a provider's name) is known, else why not."""
         try:
@@ -178,7 +198,8 @@ class Intake:
                             created_at=now, updated_at=now, state=TurnState.QUEUED,
                             policy_version=core.policy.version, budget=req.budget or {},
                             deadline=req.deadline, replay_of=replay_of, profile=req.profile,
-                            model=req.model, provider=core.config.model_chain(req.model)[0],
+                            model=req.model, agent=req.agent,
+                            provider=core.config.model_chain(req.model)[0],
                             traceparent=req.traceparent)
         live = LiveTurn(record=record)
         core.live[turn_id] = live
@@ -215,9 +236,17 @@ class Intake:
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
                      deadline: float | None, replay_of: str | None = None,
                      profile: str | None = None, model: str | None = None,
+                     agent: str | None = None,
                      idempotency: IdempotencyKey | None = None,
                      traceparent: str | None = None) -> TurnRecord:
         core = self.core
+        unknown = self._check_agent(agent)
+        if unknown is not None:
+            raise UnknownAgent(f"agent: {unknown}")
+        req = self._resolved(SubmitRequest(message=message, session=session, budget=budget,
+                                           deadline=deadline, profile=profile, model=model,
+                                           agent=agent, traceparent=traceparent))
+        profile, model = req.profile, req.model
         unknown = self._check_model(model)
         if unknown is not None:
             raise UnknownModel(f"model: {unknown}")
@@ -227,11 +256,7 @@ class Intake:
         if (unpriced := self._check_cost(budget, model)) is not None:
             raise UnpricedCostLimit(f"budget.max_cost_usd: {unpriced}")
         self._check_open()
-        live, queued = self._prepare(SubmitRequest(message=message, session=session,
-                                                   budget=budget, deadline=deadline,
-                                                   profile=profile, model=model,
-                                                   traceparent=traceparent),
-                                     replay_of=replay_of)
+        live, queued = self._prepare(req, replay_of=replay_of)
         await self._write(live, queued, idempotency)
         log.info("turn.queued", **log_context(live.record), queued=len(core.queue))
         self.scheduling.dispatch()
@@ -249,6 +274,11 @@ class Intake:
         shorter).
         """
         core = self.core
+        for i, req in enumerate(requests):
+            unknown = self._check_agent(req.agent)
+            if unknown is not None:
+                raise BatchItemInvalid(i, "agent", unknown)
+        requests = [self._resolved(req) for req in requests]
         for i, req in enumerate(requests):
             for field, unknown in (
                     ("model", self._check_model(req.model)),

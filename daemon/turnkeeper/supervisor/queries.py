@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 
 from turnkeeper import __version__
+from turnkeeper.config import BUILTIN_TOOL_NAMES
 from turnkeeper.policy import limits
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import LIVE_STATES
@@ -145,6 +146,7 @@ class Queries:
             "reloads": {"count": core.reload_count, "failures": core.reload_failures,
                         "unchanged": core.reload_unchanged},
             "mcp_servers": core.runtime.toolbox.server_status(),
+            "agents": self.agents(),
             "store": store_status(core.store.outage, now=now),
             "prices": prices_status(core.runtime.config),
             "fleet": self.fleet.status() if self.fleet is not None else None,
@@ -152,6 +154,15 @@ class Queries:
             "uptime_s": round(now - core.started_at, 3),
             "version": __version__,
         }
+
+    def agents(self) -> dict[str, dict[str, Any]]:
+        """Each named agent: how many tools it is offered now (built-ins aside; an MCP
+        server's count while it is up), its model and its budget profile."""
+        runtime = self.core.runtime
+        return {name: {"tools": sum(1 for s in runtime.toolbox.specs_for(agent.tools)
+                                    if s.name not in BUILTIN_TOOL_NAMES),
+                       "model": agent.model, "profile": agent.profile}
+                for name, agent in runtime.settings.agents.items()}
 
     def health(self) -> dict[str, Any]:
         """Ready, or degraded with every reason: see `health_problems`."""

@@ -24,6 +24,7 @@ from jsonschema.exceptions import SchemaError
 
 from turnkeeper.config import ConfigError, ToolConfig
 from turnkeeper.messages import ToolSpec
+from turnkeeper.policy.agents import EVERY_TOOL, ToolSelection
 from turnkeeper.policy.classify import CallFailure, Redactor
 from turnkeeper.policy.mcp_state import McpServerState
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
@@ -36,6 +37,7 @@ from turnkeeper.tools.outcome import MAX_RESULT_CHARS, ToolOutcome, truncate
 __all__ = ["MAX_RESULT_CHARS", "ArgumentProblem", "ToolBox", "ToolOutcome"]
 
 _truncate = truncate
+BUILTIN_NAMES = frozenset(b.name for b in BUILTIN_SPECS)
 
 # A secret shorter than this is not looked for in tool results: a placeholder key ("x",
 # "none", "dummy") would blank out ordinary words, and hides nothing.
@@ -94,8 +96,11 @@ class ToolBox:
                      parameters=t.parameters) for t in static)
         self._specs = self._static_specs
         self._specs_key: tuple[int, ...] | None = None
-        # The names of the last tuple `specs` returned, with it: one set a step otherwise.
-        self._offered: tuple[tuple[ToolSpec, ...], frozenset[str]] = ((), frozenset())
+        # Per agent's selection, the last offer made to it and its names: a tuple and a
+        # set a step otherwise.
+        self._selected: dict[ToolSelection, tuple[tuple[ToolSpec, ...],
+                                                  tuple[ToolSpec, ...]]] = {}
+        self._offered: dict[ToolSelection, tuple[tuple[ToolSpec, ...], frozenset[str]]] = {}
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
@@ -114,6 +119,18 @@ class ToolBox:
                 t.spec for s in self._servers.values() for t in s.offered())
             self._specs_key = key
         return self._specs
+
+    def specs_for(self, tools: ToolSelection) -> tuple[ToolSpec, ...]:
+        """What is offered to an agent that may call `tools`: the built-ins and the
+        tools of `specs` it selects. The same tuple while the offer does not change."""
+        specs = self.specs
+        if tools.every:
+            return specs
+        known = self._selected.get(tools)
+        if known is None or known[0] is not specs:
+            known = self._selected[tools] = (specs, tuple(
+                s for s in specs if s.name in BUILTIN_NAMES or tools.allows(s.name)))
+        return known[1]
 
     def get(self, name: str) -> ToolConfig | McpTool | None:
         tool = self._tools.get(name)
@@ -203,19 +220,23 @@ class ToolBox:
 
     # -- MCP servers: offer changes, status, lifecycle ---------------------------------
 
-    def offer_note(self, previous: frozenset[str] | None
-                   ) -> tuple[frozenset[str], str | None]:
-        """The names offered now, and a note for the agent when MCP tools left or came
-        back since `previous` (None: the turn's first look, which reports servers that
-        are down)."""
-        specs = self.specs
-        if specs is not self._offered[0]:  # the offer changed (or this is the first look)
-            self._offered = (specs, frozenset(s.name for s in specs))
-        current = self._offered[1]
+    def offer_note(self, previous: frozenset[str] | None,
+                   tools: ToolSelection = EVERY_TOOL) -> tuple[frozenset[str], str | None]:
+        """The names offered now to an agent that may call `tools`, and a note for it
+        when MCP tools left or came back since `previous` (None: the turn's first look,
+        which reports servers that are down). Servers the agent has no tool of are not
+        its business."""
+        specs = self.specs_for(tools)
+        known = self._offered.get(tools)
+        if known is None or known[0] is not specs:  # the offer changed (or a first look)
+            known = self._offered[tools] = (specs, frozenset(s.name for s in specs))
+        current = known[1]
         if previous == current:
             return current, None
         notes: list[str] = []
         for server in self._servers.values():
+            if not tools.every and all(s != server.name for s, _ in tools.servers):
+                continue
             prefix = server.name + NAME_SEPARATOR
             if previous is None:
                 if server.state is not McpServerState.UP:

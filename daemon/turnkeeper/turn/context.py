@@ -21,8 +21,11 @@ import structlog
 
 from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, to_micros
-from turnkeeper.event_types import EventBody, GuardWouldStop, TurnSuspended
+from turnkeeper.config import ToolConfig
+from turnkeeper.event_types import EventBody, GuardWouldStop, TurnAgentRemoved, TurnSuspended
 from turnkeeper.events import EventBus
+from turnkeeper.messages import ToolSpec
+from turnkeeper.policy.agents import AgentDefinition
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
 from turnkeeper.policy.effects import EffectLedger
 from turnkeeper.policy.extension import Extension
@@ -33,6 +36,7 @@ from turnkeeper.policy.turn_state import TurnState, moved
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
 from turnkeeper.store.base import QueuesTurns, SavedCheckpoint, Store, queues_turns
+from turnkeeper.tools.mcp_tool import McpTool
 from turnkeeper.tracing import NO_SPAN, Span
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
@@ -186,6 +190,34 @@ class TurnContext:
         self._events_after: int | None = (checkpoint.get("event_seq") if self.resumed
                                           else None)
         self._logged: list[tuple[str, Any]] = []
+        # The agent a reload removed from under the turn (reported when it starts).
+        self.agent_removed: TurnAgentRemoved | None = None
+        self.agent = self._agent()
+
+    def _agent(self) -> AgentDefinition:
+        """The agent the turn runs as, as this policy defines it: kept for as long as
+        the turn runs under this policy (a reload's new definition applies when the
+        turn resumes under the next one, at a step boundary, as the policy does). An
+        agent the policy no longer defines (a reload removed it) leaves the turn to the
+        default agent, and the turn says so (`agent_removed`, its event)."""
+        record = self.record
+        agent = self.settings.agent(record.agent)
+        if agent is not None:
+            return agent
+        self.log.warning("turn.agent_removed", agent=record.agent)
+        self.agent_removed = TurnAgentRemoved(agent=str(record.agent),
+                                              policy_version=record.policy_version)
+        record.agent = None
+        return self.settings.default_agent
+
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools offered to the turn's agent now: the built-ins and its own."""
+        return self.runtime.toolbox.specs_for(self.agent.tools)
+
+    def tool(self, name: str) -> ToolConfig | McpTool | None:
+        """The tool `name` names for the turn's agent: None for one it is not offered,
+        as for a tool that does not exist (a call naming it is answered the same)."""
+        return self.runtime.toolbox.get(name) if self.agent.tools.allows(name) else None
 
     @functools.cached_property
     def log(self) -> Any:

@@ -77,11 +77,11 @@ class Meter:
     def input_tokens(self) -> int:
         """The next request's input, estimated on the large side (see the module)."""
         ctx = self.ctx
-        system = ctx.settings.system_prompt
+        system = ctx.agent.system_prompt
         if self._system[0] is not system:
             self._system = (system, item_tokens((system,)))
         return (REQUEST_TOKENS + self._system[1] + self._messages_tokens(ctx.conv.messages)
-                + self._specs_tokens(ctx.runtime.toolbox.specs))
+                + self._specs_tokens(ctx.tool_specs()))
 
     def preflight(self, provider: str, guard: BudgetGuard | None = None) -> Preflight | Stop:
         """The budget's word on the next call to `provider` (`guard`: the turn's own

@@ -156,8 +156,8 @@ class ModelCall:
         ctx = self.ctx
         provider = ctx.settings.providers[ctx.chain.current_provider]
         return ModelRequest(
-            system=ctx.settings.system_prompt, messages=tuple(ctx.conv.messages),
-            tools=ctx.runtime.toolbox.specs, max_output_tokens=max_output_tokens,
+            system=ctx.agent.system_prompt, messages=tuple(ctx.conv.messages),
+            tools=ctx.tool_specs(), max_output_tokens=max_output_tokens,
             timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message}, cache=self._encoded,

@@ -97,6 +97,8 @@ class TurnRecord:
     # The `model` the turn was submitted with (an alias or a provider's name); None for
     # the default chain.
     model: str | None = None
+    # The named agent (`[agents.NAME]`) the turn runs as; None for the default agent.
+    agent: str | None = None
     would_have_stopped: list[dict[str, Any]] = field(default_factory=list)
     # The effective budget limits (policy `[budget]` with the submit's overrides), set
     # when the turn starts; `active_since` (epoch) is set while its active time runs, so
@@ -152,6 +154,7 @@ class TurnRecord:
             out["pending_approvals"] = [dict(p) for p in self.pending_approvals]
         out["profile"] = self.profile
         out["model"] = self.model
+        out["agent"] = self.agent
         out["would_have_stopped"] = list(self.would_have_stopped)
         return out
 
@@ -168,7 +171,7 @@ class TurnRecord:
             result=d.get("result"), last_error=d.get("last_error"),
             replay_of=d.get("replay_of"), inbox=list(d.get("inbox", [])),
             previous_results=list(d.get("previous_results") or []),
-            profile=d.get("profile"), model=d.get("model"),
+            profile=d.get("profile"), model=d.get("model"), agent=d.get("agent"),
             would_have_stopped=list(d.get("would_have_stopped", [])),
             limits=dict(d.get("limits") or {}), started_at=d.get("started_at"),
             traceparent=d.get("traceparent"),

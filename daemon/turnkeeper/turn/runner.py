@@ -124,6 +124,8 @@ class TurnRunner:
         else:
             self._publish(ev.TurnStarted(policy_version=ctx.record.policy_version,
                                          provider=ctx.chain.current_provider))
+        if ctx.agent_removed is not None:  # it goes on as the default agent, and says so
+            ctx.emit(ctx.agent_removed)
         ctx.move(TurnState.RUNNING)
         ctx.start_active()
         reenter_step = False
@@ -184,7 +186,8 @@ class TurnRunner:
                 # acknowledged since depends on.
                 await ctx.checkpoint(TurnState.RUNNING, queued=True)
             self._soft_warning(usage, now, fits)
-            self._offered, note = ctx.runtime.toolbox.offer_note(self._offered)
+            self._offered, note = ctx.runtime.toolbox.offer_note(self._offered,
+                                                                 ctx.agent.tools)
             if note is not None:  # MCP tools left or came back: the agent is told
                 ctx.conv.add_note(note)
                 ctx.log.info("tool.offer_changed", note=note)

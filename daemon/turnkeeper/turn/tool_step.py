@@ -81,7 +81,7 @@ class ToolStep:
                 continue
             if decided is not None and decided["arguments"] is not None:
                 call = replace(call, arguments=json.dumps(decided["arguments"]))
-            tool = ctx.runtime.toolbox.get(call.name)
+            tool = ctx.tool(call.name)
             polling = bool(tool and tool.polling)
             all_polling = all_polling and polling
             result = await self._tool_call(call, key, resuming=resuming)
@@ -162,7 +162,8 @@ class ToolStep:
                 exception=("MalformedArguments",), message=cut_call_message(call.cut_at)))
         place = key
         toolbox = ctx.runtime.toolbox
-        tool = toolbox.get(call.name)
+        # A tool the turn's agent is not offered is unknown to it, whoever else has it.
+        tool = ctx.tool(call.name)
         args, problem = (None, None) if tool is None else toolbox.check_arguments(
             call.name, call.arguments)
         if tool is None or problem is not None:
