@@ -17,6 +17,7 @@ from turnkeeper.policy.backoff import Backoff, Rand
 from turnkeeper.policy.chain import ProviderChain
 from turnkeeper.policy.failure_loop import FailureLoop
 from turnkeeper.policy.loops import LoopDetector
+from turnkeeper.policy.output import mode_of
 from turnkeeper.policy.tool_retry import ToolRetry
 
 
@@ -36,6 +37,9 @@ class ProviderRequestSettings:
     thinking_budget_tokens: int | None = None
     # The longest one call may take, start to end, whatever it streams.
     max_call_s: float = 600.0
+    # How a turn with an output schema asks this provider for it, `auto` resolved by
+    # kind: "native", "tool" or "prompt".
+    structured_output: str = "native"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,17 @@ class TurnSettings:
     # The chains a submit may choose with `model`: each `[models.NAME]` alias and each
     # provider alone, walked with the same attempts, backoff and recovery as `chain`.
     model_chains: Mapping[str, ChainSettings] = field(default_factory=dict)
+    # The schema a final answer of the unnamed agent must match (`[agent] output_schema`
+    # or `output_schema_file`), None for free text; and the answers checked against it
+    # before the turn stops `output.invalid`.
+    output_schema: Mapping[str, Any] | None = None
+    max_output_attempts: int = 3
+
+    def output_schema_for(self, submitted: Mapping[str, Any] | None
+                          ) -> Mapping[str, Any] | None:
+        """The schema a turn's final answer must match: the submit's, else its agent's;
+        None for free text. The one place that decides it."""
+        return submitted if submitted is not None else self.output_schema
 
     def chain_for(self, model: str | None) -> ChainSettings | None:
         """The chain of a turn submitted with `model` (None: the default chain); None
@@ -135,6 +150,8 @@ class TurnSettings:
             clarify_timeout_s=cfg.clarify.timeout,
             max_restarts=cfg.agent.max_restarts,
             max_continuations=cfg.agent.max_continuations,
+            output_schema=cfg.agent.schema_in_force(),
+            max_output_attempts=cfg.agent.max_output_attempts,
             tools=ToolCallSettings.from_config(cfg, backoff),
             providers={p.name: ProviderRequestSettings(
                 timeout_s=p.timeout, max_output_tokens=p.max_output_tokens,
@@ -143,7 +160,8 @@ class TurnSettings:
                 price_cache_read_per_mtok=p.price_cache_read_per_mtok,
                 price_cache_write_per_mtok=p.price_cache_write_per_mtok,
                 thinking_budget_tokens=p.thinking_budget_tokens,
-                max_call_s=p.max_call_seconds)
+                max_call_s=p.max_call_seconds,
+                structured_output=mode_of(p.kind, p.structured_output))
                 for p in cfg.providers},
             chain=chain,
             model_chains={name: replace(chain, providers=cfg.model_chain(name))

@@ -346,6 +346,7 @@ def load_config(path: str | Path | None) -> tuple[Config, str]:
     p = Path(path)
     data, digest, text = _read_config(p)
     _resolve_relative_scripts(data, p.parent)
+    _resolve_relative_schema_files(data, p.parent)
     config = build_config(data, str(p), text)
     _check_providers_named(data, digest, p)
     check_provider_keys(config, str(p))
@@ -403,6 +404,20 @@ def _resolve_relative_scripts(data: dict[str, Any], base: Path) -> None:
             script = Path(p["script"])
             if not script.is_absolute():
                 p["script"] = str(base / script)
+
+
+def _resolve_relative_schema_files(data: dict[str, Any], base: Path) -> None:
+    """An agent's relative `output_schema_file` is relative to the config file (`[agent]`
+    and each named agent of `[agents]`)."""
+    tables = [data.get("agent")]
+    agents = data.get("agents")
+    if isinstance(agents, dict):
+        tables += list(agents.values())
+    for table in tables:
+        if isinstance(table, dict) and isinstance(table.get("output_schema_file"), str):
+            path = Path(table["output_schema_file"])
+            if table["output_schema_file"] and not path.is_absolute():
+                table["output_schema_file"] = str(base / path)
 
 
 def config_path_from_env(cli_value: str | None) -> str | None:

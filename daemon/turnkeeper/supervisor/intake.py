@@ -73,6 +73,8 @@ class SubmitRequest:
     deadline: float | None = None
     profile: str | None = None
     model: str | None = None
+    # The JSON Schema of the final answer (None: the agent's, if any).
+    output_schema: dict[str, Any] | None = None
     # Not part of the submit's fingerprint: the key names the submit, it is not in it.
     idempotency_key: str | None = None
     # Not part of the fingerprint either: a retry may come from another span.
@@ -179,7 +181,8 @@ class Intake:
                             policy_version=core.policy.version, budget=req.budget or {},
                             deadline=req.deadline, replay_of=replay_of, profile=req.profile,
                             model=req.model, provider=core.config.model_chain(req.model)[0],
-                            traceparent=req.traceparent)
+                            traceparent=req.traceparent,
+                            output_schema=req.output_schema)
         live = LiveTurn(record=record)
         core.live[turn_id] = live
         queued = core.bus.prepare(ev.TurnQueued(session=record.session,
@@ -216,7 +219,8 @@ class Intake:
                      deadline: float | None, replay_of: str | None = None,
                      profile: str | None = None, model: str | None = None,
                      idempotency: IdempotencyKey | None = None,
-                     traceparent: str | None = None) -> TurnRecord:
+                     traceparent: str | None = None,
+                     output_schema: dict[str, Any] | None = None) -> TurnRecord:
         core = self.core
         unknown = self._check_model(model)
         if unknown is not None:
@@ -230,7 +234,8 @@ class Intake:
         live, queued = self._prepare(SubmitRequest(message=message, session=session,
                                                    budget=budget, deadline=deadline,
                                                    profile=profile, model=model,
-                                                   traceparent=traceparent),
+                                                   traceparent=traceparent,
+                                                   output_schema=output_schema),
                                      replay_of=replay_of)
         await self._write(live, queued, idempotency)
         log.info("turn.queued", **log_context(live.record), queued=len(core.queue))

@@ -86,6 +86,8 @@ class TurnContext:
         # The span of the turn's run here (`runner`), parent of its attempts' spans.
         self.span: Span = NO_SPAN
         cfg = runtime.config
+        # The schema the final answer must match (None: free text), from one place.
+        self.output_schema = self.settings.output_schema_for(record.output_schema)
         if record.profile is not None and record.profile not in cfg.budget.profiles:
             # A reload removed the profile this turn was submitted with: it goes on under
             # the plain sections, and says so.
