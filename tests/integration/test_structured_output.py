@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration import wire_replies as wire
 from tests.integration.fault_server import FaultServer, ok, replay
+from tests.integration.test_cli import cli
 from tests.integration.test_resilience import config, stop_of
 
 QUOTE: dict[str, Any] = {
@@ -188,3 +189,32 @@ def test_a_turn_without_a_schema_answers_free_text_and_asks_for_no_format(
     assert turn["result"]["answer"] == "tea costs 2.5" and "output" not in turn["result"]
     assert "response_format" not in faults.requests("primary")[0].body
     assert turn["counters"]["output_attempts"] == 0
+
+
+def test_the_command_submits_a_schema_from_a_file_or_inline_and_prints_the_output(
+        start: Any, faults: FaultServer, tmp_path: Path) -> None:
+    faults.script("primary", then=ok(json.dumps(GOOD)))
+    d = start(config(openai(faults)))
+    schema_file = tmp_path / "quote.json"
+    schema_file.write_text(json.dumps(QUOTE))
+    for given in (str(schema_file), json.dumps(QUOTE)):
+        out = cli("submit", "quote me tea", "--output-schema", given, "--wait", "--json",
+                  socket=d.socket)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["result"]["output"] == GOOD
+    assert all(s.body["response_format"]["json_schema"]["schema"] == QUOTE
+               for s in faults.requests("primary"))
+    out = cli("submit", "x", "--output-schema", "{not json", socket=d.socket)
+    assert out.returncode == 2 and "--output-schema: not valid JSON" in out.stderr
+    out = cli("submit", "x", "--output-schema", '{"type": 3}', socket=d.socket)
+    assert out.returncode != 0 and "output_schema" in out.stderr
+
+
+def test_an_agent_schema_that_is_not_a_json_schema_is_exit_78_naming_the_key(
+        tmp_path: Path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text('[agent]\noutput_schema = { type = "objectt" }\n\n'
+                 '[[providers]]\nname = "offline"\nkind = "scripted"\n')
+    out = cli("config", "check", "--config", str(f))
+    assert out.returncode == 78, out
+    assert "agent.output_schema: not a valid JSON Schema" in out.stderr
