@@ -93,6 +93,15 @@ def test_an_answer_that_never_matches_stops_output_invalid_as_a_dead_letter(
     assert any("not JSON" in issue for issue in turn["result"]["open_issues"])
     assert faults.count("primary") == 2
     assert turn["id"] in dead_letters(d)
+    # A replay resumes it with its answers counted afresh and keeps the same schema.
+    faults.script("primary", then=ok(json.dumps(GOOD)))
+    status, data = d.post(f"/v1/dead-letters/{turn['id']}/replay")
+    assert status == 202, data
+    again = d.wait(turn["id"])
+    assert again["state"] == "completed", again["result"]
+    assert again["result"]["output"] == GOOD and again["counters"]["output_attempts"] == 1
+    assert faults.requests("primary")[-1].body["response_format"]["json_schema"][
+        "schema"] == QUOTE
 
 
 def test_the_agents_schema_applies_unless_the_submit_gives_its_own(
