@@ -356,10 +356,13 @@ class TurnRunner:
         msgs = ctx.conv.messages
         if (len(msgs) > ctx.conv.turn_start + 1 and msgs[-1].role == "assistant"
                 and not msgs[-1].tool_calls and not ctx.has_unread_steer()):
-            answer = "".join(ctx.conv.continued_parts(end=len(msgs) - 1))
+            answer = "".join(ctx.conv.continued_parts(end=len(msgs) - 1)) + (
+                msgs[-1].content or "")
+            if ctx.output_schema is None:
+                return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"),
+                                  answer=answer)
             # Checked as when it came (a fence is let through: which provider gave it is
             # not kept); one that fails goes back to the agent, and the turn goes on.
-            ended = self._answered(answer + (msgs[-1].content or ""),
-                                   ctx.record.counters.steps, fenced=True)
+            ended = self._answered(answer, ctx.record.counters.steps, fenced=True)
             return ended if isinstance(ended, TurnResult) else None
         return None
