@@ -18,6 +18,7 @@ from tests.integration import wire_replies as wire
 from tests.integration.fault_server import FaultServer, ok, replay
 from tests.integration.test_cli import cli
 from tests.integration.test_resilience import config, stop_of
+from turnkeeper.client import Client, InvalidRequest
 
 QUOTE: dict[str, Any] = {
     "title": "quote", "type": "object",
@@ -227,3 +228,16 @@ def test_an_agent_schema_that_is_not_a_json_schema_is_exit_78_naming_the_key(
     out = cli("config", "check", "--config", str(f))
     assert out.returncode == 78, out
     assert "agent.output_schema: not a valid JSON Schema" in out.stderr
+
+
+def test_the_python_client_submits_a_schema_and_reads_the_output(
+        start: Any, faults: FaultServer) -> None:
+    faults.script("primary", then=ok(json.dumps(GOOD)))
+    d = start(config(openai(faults)))
+    tk = Client(socket=d.socket)
+    turn = tk.submit("quote me tea", output_schema=QUOTE)
+    result = tk.wait(turn.id, timeout=30).result
+    assert result is not None and result.output == GOOD
+    with pytest.raises(InvalidRequest) as err:
+        tk.submit("quote me tea", output_schema={"type": "objectt"})
+    assert err.value.field == "output_schema"
