@@ -214,6 +214,7 @@ class BudgetWarning(EventBody):
     recovery_cycles: int = 0
     steps: int = 0
     tool_attempts: int = 0
+    output_attempts: int = 0
     tokens: int = 0
     seconds: float = 0.0
     cost_usd: float = 0.0

@@ -19,6 +19,7 @@ from turnkeeper.policy.backoff import Backoff, Rand
 from turnkeeper.policy.chain import ProviderChain
 from turnkeeper.policy.failure_loop import FailureLoop
 from turnkeeper.policy.loops import LoopDetector
+from turnkeeper.policy.output import mode_of
 from turnkeeper.policy.tool_retry import ToolRetry
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
 
@@ -39,6 +40,9 @@ class ProviderRequestSettings:
     thinking_budget_tokens: int | None = None
     # The longest one call may take, start to end, whatever it streams.
     max_call_s: float = 600.0
+    # How a turn with an output schema asks this provider for it, `auto` resolved by
+    # kind: "native", "tool" or "prompt".
+    structured_output: str = "native"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,14 @@ class TurnSettings:
         """The agent a turn submitted with `name` runs as (None: the default agent);
         None when the policy no longer knows the name (a reload removed it)."""
         return self.default_agent if name is None else self.agents.get(name)
+    # The answers checked against an output schema before the turn stops `output.invalid`.
+    max_output_attempts: int = 3
+
+    def output_schema_for(self, submitted: Mapping[str, Any] | None,
+                          agent: AgentDefinition) -> Mapping[str, Any] | None:
+        """The schema a turn's final answer must match: the submit's, else its agent's;
+        None for free text. The one place that decides it."""
+        return submitted if submitted is not None else agent.output_schema
 
     def chain_for(self, model: str | None) -> ChainSettings | None:
         """The chain of a turn submitted with `model` (None: the default chain); None
@@ -169,6 +181,7 @@ class TurnSettings:
             max_continuations=cfg.agent.max_continuations,
             approvals=ApprovalWait(timeout_s=cfg.approvals.timeout,
                                    on_timeout=cfg.approvals.on_timeout),
+            max_output_attempts=cfg.agent.max_output_attempts,
             tools=ToolCallSettings.from_config(cfg, backoff),
             providers={p.name: ProviderRequestSettings(
                 timeout_s=p.timeout, max_output_tokens=p.max_output_tokens,
@@ -177,7 +190,8 @@ class TurnSettings:
                 price_cache_read_per_mtok=p.price_cache_read_per_mtok,
                 price_cache_write_per_mtok=p.price_cache_write_per_mtok,
                 thinking_budget_tokens=p.thinking_budget_tokens,
-                max_call_s=p.max_call_seconds)
+                max_call_s=p.max_call_seconds,
+                structured_output=mode_of(p.kind, p.structured_output))
                 for p in cfg.providers},
             chain=chain,
             model_chains={name: replace(chain, providers=cfg.model_chain(name))

@@ -275,3 +275,52 @@ def test_server_star_offers_every_tool_of_the_mcp_server_and_a_pattern_only_some
     _, data = d.get("/v1/status")
     assert data["agents"]["adder"]["tools"] == 1
     assert data["agents"]["calculator"]["tools"] == len(calc)
+
+
+JOINED = """
+[agents.payer]
+system_prompt = "the payer prompt"
+tools = ["ticket"]
+approval = { ticket = "always" }
+
+[agents.quoter]
+tools = []
+
+[agents.quoter.output_schema]
+type = "object"
+required = ["price"]
+properties = { price = { type = "number" } }
+"""
+
+
+def test_an_agents_approval_and_output_schema_apply_to_its_turns_only(
+        start: Any, faults: FaultServer, tool_server: ToolServer) -> None:
+    """`approval` on a named agent holds its calls for a person while the same tool runs
+    unasked for the default agent; its `output_schema` is sent with its requests and its
+    answer comes back parsed, while a default turn stays free text."""
+    faults.script("a", ok("", tool_calls=(("ticket", {"title": "t"}),)), then=ok("filed"))
+    d: Daemon = start(_config(faults, tool_server, JOINED))
+
+    plain = d.run("file it")
+    assert plain["result"]["answer"] == "filed" and plain["result"].get("output") is None
+    assert len(tool_server.calls("/ticket")) == 1  # [agent] holds nothing
+
+    faults.clear()
+    faults.script("a", ok("", tool_calls=(("ticket", {"title": "t"}),)), then=ok("filed"))
+    held = d.submit("file it", agent="payer")
+    _wait_state(d, held["id"], "waiting")
+    status, data = d.get(f"/v1/turns/{held['id']}")
+    (pending,) = data["turn"]["pending_approvals"]
+    assert pending["tool"] == "ticket" and len(tool_server.calls("/ticket")) == 1
+    status, _ = d.post(f"/v1/turns/{held['id']}/approvals",
+                       {"call_id": pending["call_id"], "decision": "approve"})
+    assert status in (200, 202)
+    assert d.wait(held["id"])["result"]["answer"] == "filed"
+    assert len(tool_server.calls("/ticket")) == 2
+
+    faults.clear()
+    faults.script("a", ok('{"price": 2.5}'))
+    quoted = d.run("quote", agent="quoter")
+    assert quoted["result"]["output"] == {"price": 2.5}
+    (request,) = faults.requests("a")
+    assert request.body["response_format"]["json_schema"]["schema"]["required"] == ["price"]

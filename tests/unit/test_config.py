@@ -415,3 +415,58 @@ def test_a_providers_secrets_for_tool_results_leave_its_plain_settings_out(
                        query={"api-version": "2024-06-01", "sig": "signature-value"})
     assert set(p.secret_values(p.secrets())) == {"sk-the-provider-key", "org-from-the-env",
                                                  "signature-value"}
+
+
+# -- structured output -------------------------------------------------------------------
+
+
+def test_an_agents_output_schema_that_is_no_json_schema_is_exit_78_naming_the_key(
+        tmp_path: Path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text(OFFLINE + '[agent]\noutput_schema = { type = "objectt" }\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert err.value.exit_code == 78
+    assert "agent.output_schema: not a valid JSON Schema" in str(err.value)
+
+
+def test_an_output_schema_file_is_read_relative_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "a.json").write_text('{"type": "object", "required": ["x"]}')
+    f = tmp_path / "t.toml"
+    f.write_text(OFFLINE + '[agent]\noutput_schema_file = "schemas/a.json"\n')
+    config, _ = load_config(f)
+    assert config.agent.schema_in_force() == {"type": "object", "required": ["x"]}
+    assert config.agent.output_schema_file == str(tmp_path / "schemas" / "a.json")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("{", "agent.output_schema_file: ", ),
+    ('{"type": 5}', "not a valid JSON Schema"),
+])
+def test_an_output_schema_file_that_is_not_a_schema_is_exit_78(
+        tmp_path: Path, text: str, says: str) -> None:
+    (tmp_path / "a.json").write_text(text)
+    f = tmp_path / "t.toml"
+    f.write_text(OFFLINE + '[agent]\noutput_schema_file = "a.json"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert err.value.exit_code == 78 and says in str(err.value)
+    assert "agent.output_schema_file" in str(err.value)
+
+
+def test_an_output_schema_given_twice_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text("{}")
+    f = tmp_path / "t.toml"
+    f.write_text(OFFLINE + '[agent]\noutput_schema_file = "a.json"\noutput_schema = {}\n')
+    with pytest.raises(ConfigError, match="output_schema, output_schema_file: give one"):
+        load_config(f)
+
+
+def test_structured_output_is_a_closed_set_and_not_for_the_scripted_model() -> None:
+    with pytest.raises(ConfigError, match="structured_output"):
+        build_config({"providers": [{"name": "a", "kind": "openai", "api_key_env": "",
+                                     "structured_output": "json"}]})
+    with pytest.raises(ConfigError, match="structured_output: not for kind scripted"):
+        build_config({"providers": [{"name": "a", "kind": "scripted",
+                                     "structured_output": "tool"}]})

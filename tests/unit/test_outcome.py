@@ -17,7 +17,7 @@ def test_dead_letters_are_provider_failures_deterministic_failures_refusals_and_
         code: StopCode) -> None:
     expected = code in (StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
                         StopCode.FAILURE_DETERMINISTIC, StopCode.MODEL_REFUSED,
-                        StopCode.INTERNAL)
+                        StopCode.OUTPUT_INVALID, StopCode.INTERNAL)
     stop = Stop(code, "why")
     result = TurnResult(stopped_because=stop)
     assert goes_to_dead_letters(stop) is expected
@@ -47,6 +47,13 @@ def test_a_refusal_fails_the_turn_naming_no_counter() -> None:
     stop = Stop(StopCode("model.refused"), "the model declined")
     assert stop.counter is None
     assert TurnResult(stopped_because=stop).status is Status.FAILED
+
+
+def test_an_answer_that_never_matched_its_schema_fails_naming_output_attempts() -> None:
+    stop = Stop(StopCode("output.invalid"), "not JSON", value=3, limit=3)
+    assert stop.counter == "output_attempts"
+    assert TurnResult(stopped_because=stop).status is Status.FAILED
+    assert goes_to_dead_letters(stop)
 
 
 def test_a_truncated_answer_is_partial_work_naming_the_output_tokens() -> None:

@@ -54,3 +54,11 @@ def test_a_replay_starts_the_wall_clock_again_and_keeps_the_spent_budget() -> No
                           now=86_400.0)
     assert "started_at" not in rec  # set again when the replay starts running
     assert rec["usage"] == {"total_tokens": 70}
+
+
+def test_output_invalid_counts_its_answers_again_and_keeps_the_rest() -> None:
+    record = {**_record(), "counters": {"steps": 4, "output_attempts": 3, "restarts": 1}}
+    rec, cp = resume_state(StopCode.OUTPUT_INVALID, record, CHECKPOINT, now=5.0)
+    assert rec["counters"] == {"steps": 4, "output_attempts": 0, "restarts": 1}
+    assert cp["chain"] == CHECKPOINT["chain"] and cp["failures"] == CHECKPOINT["failures"]
+    assert cp["conversation"] == CHECKPOINT["conversation"]

@@ -106,6 +106,9 @@ def _submit_setup(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -
                    "provider's name (default: every provider, in order)")
     p.add_argument("--agent", help="the named agent to run as ([agents.NAME]: its system "
                    "prompt, tools, model and profile; default: [agent])")
+    p.add_argument("--output-schema", metavar="FILE_OR_JSON",
+                   help="a JSON Schema the final answer must match (a file, or the JSON "
+                   "itself); the result then carries the answer parsed as `output`")
     p.add_argument("--idempotency-key", metavar="K",
                    help="submit at most once: the same K with the same submit answers the "
                    "turn it made ([daemon] idempotency_window), so a retry is safe")
@@ -149,7 +152,27 @@ def _submit_body(args: argparse.Namespace) -> dict[str, Any]:
         body["agent"] = args.agent
     if args.idempotency_key:
         body["idempotency_key"] = args.idempotency_key
+    if args.output_schema:
+        body["output_schema"] = _output_schema(args.output_schema)
     return body
+
+
+def _output_schema(arg: str) -> Any:
+    """`--output-schema`: the JSON given (it starts with `{`), else the file's. The daemon
+    checks it is a JSON Schema; here only that it is JSON."""
+    if arg.lstrip().startswith("{"):
+        text, where = arg, "--output-schema"
+    else:
+        try:
+            with open(arg, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--output-schema: cannot read {arg}: {exc}") from None
+        where = f"--output-schema {arg}"
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{where}: not valid JSON: {exc}") from None
 
 
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:

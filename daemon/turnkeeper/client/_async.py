@@ -165,6 +165,7 @@ class AsyncClient:
                      model: str | None = None, deadline: float | str | None = None,
                      idempotency_key: str | None = None, traceparent: str | None = None,
                      agent: str | None = None,
+                     output_schema: dict[str, Any] | None = None,
                      retry_for: float = _wire.SUBMIT_RETRY_FOR_S,
                      on_retry: Callable[[ClientError, float], object] | None = None
                      ) -> Turn:
@@ -172,7 +173,8 @@ class AsyncClient:
         body = _wire.submit_body(message, session=session, budget=budget, profile=profile,
                                  model=model, deadline=deadline, agent=agent,
                                  idempotency_key=idempotency_key
-                                 or _wire.new_idempotency_key(), traceparent=traceparent)
+                                 or _wire.new_idempotency_key(), traceparent=traceparent,
+                                 output_schema=output_schema)
         give_up_at = anyio.current_time() + retry_for
         attempt = 0
         while True:

@@ -104,6 +104,7 @@ class Client:
                model: str | None = None, deadline: float | str | None = None,
                idempotency_key: str | None = None, traceparent: str | None = None,
                agent: str | None = None,
+               output_schema: dict[str, Any] | None = None,
                retry_for: float = _wire.SUBMIT_RETRY_FOR_S,
                on_retry: Callable[[ClientError, float], object] | None = None) -> Turn:
         """Submit a turn. Sent with an Idempotency-Key (`idempotency_key`, or one made
@@ -111,11 +112,14 @@ class Client:
         to `retry_for` seconds: the daemon makes at most one turn of it. Raises the last
         error when time runs out. `on_retry(error, delay)` hears each retry before its wait.
         `traceparent` (W3C trace context): the turn joins the caller's trace. `agent`: a
-        named agent (`[agents.NAME]`), None for the default one."""
+        named agent (`[agents.NAME]`), None for the default one. `output_schema`: a JSON
+        Schema the final answer must match; the result then carries it parsed
+        (`Result.output`)."""
         body = _wire.submit_body(message, session=session, budget=budget, profile=profile,
                                  model=model, deadline=deadline, agent=agent,
                                  idempotency_key=idempotency_key
-                                 or _wire.new_idempotency_key(), traceparent=traceparent)
+                                 or _wire.new_idempotency_key(), traceparent=traceparent,
+                                 output_schema=output_schema)
         give_up_at = time.monotonic() + retry_for
         attempt = 0
         while True:

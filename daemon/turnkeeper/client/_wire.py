@@ -35,11 +35,13 @@ def new_idempotency_key() -> str:
 def submit_body(message: str, *, session: str | None, budget: dict[str, Any] | None,
                 profile: str | None, model: str | None, deadline: float | str | None,
                 idempotency_key: str, traceparent: str | None = None,
-                agent: str | None = None) -> dict[str, Any]:
+                agent: str | None = None,
+                output_schema: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"message": message, "idempotency_key": idempotency_key}
     for name, value in (("session", session), ("budget", budget), ("profile", profile),
                         ("model", model), ("deadline", deadline),
-                        ("traceparent", traceparent), ("agent", agent)):
+                        ("traceparent", traceparent), ("agent", agent),
+                        ("output_schema", output_schema)):
         if value is not None:
             body[name] = value
     return body

@@ -42,13 +42,16 @@ class Result:
     partial: list[str]
     open_issues: list[str]
     raw: dict[str, Any] = field(repr=False)
+    # The answer parsed, for a turn submitted with an output schema that it matched.
+    output: Any = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Result:
         return cls(status=str(data.get("status", "")),
                    stopped_because=StoppedBecause.from_json(data.get("stopped_because") or {}),
                    answer=data.get("answer"), partial=list(data.get("partial") or []),
-                   open_issues=list(data.get("open_issues") or []), raw=data)
+                   open_issues=list(data.get("open_issues") or []), raw=data,
+                   output=data.get("output"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -30,6 +30,7 @@ from turnkeeper.policy.agents import (
     define,
     select_tools,
 )
+from turnkeeper.policy.approvals import ApprovalSetting
 
 
 def _agent_name(name: str) -> str:
@@ -40,7 +41,6 @@ def _agent_name(name: str) -> str:
 
 
 AgentName = Annotated[str, AfterValidator(_agent_name)]
-ApprovalMode = Literal["never", "always", "effects"]
 FILE_KEYS = ("system_prompt_file", "output_schema_file")
 
 
@@ -57,7 +57,7 @@ class NamedAgentConfig(BaseModel):
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     output_schema: dict[str, Any] | None = None
     output_schema_file: str | None = None
-    approval: dict[str, ApprovalMode] = Field(default_factory=dict)
+    approval: dict[str, ApprovalSetting] = Field(default_factory=dict)
 
     # What the files said, read once when the table is validated.
     _prompt_text: str | None = PrivateAttr(default=None)
@@ -115,12 +115,11 @@ def _read(key: str, path: str) -> str:
 
 
 def resolve_relative_files(data: dict[str, Any], base: Path) -> None:
-    """A relative `system_prompt_file` or `output_schema_file` of an `[agents.NAME]`
-    table is relative to the config file (`base`, its directory)."""
+    """A relative `system_prompt_file` or `output_schema_file` of `[agent]` or an
+    `[agents.NAME]` table is relative to the config file (`base`, its directory)."""
     agents = data.get("agents")
-    if not isinstance(agents, dict):
-        return
-    for table in agents.values():
+    tables = [data.get("agent"), *(agents.values() if isinstance(agents, dict) else ())]
+    for table in tables:
         if not isinstance(table, dict):
             continue
         for key in FILE_KEYS:
@@ -170,8 +169,7 @@ def definitions(default_agent: AgentConfig, agents: Mapping[str, NamedAgentConfi
     named agent resolved over it: what turns read."""
     default = AgentDefinition(
         name=None, system_prompt=default_agent.system_prompt, tools=EVERY_TOOL,
-        # `[agent] output_schema`, where the configuration has one.
-        output_schema=getattr(default_agent, "output_schema", None))
+        output_schema=default_agent.schema_in_force())
     peers = _peers(tools)
     out: dict[str, AgentDefinition] = {}
     for name, agent in agents.items():

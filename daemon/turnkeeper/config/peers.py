@@ -48,7 +48,7 @@ RESERVED_OPTIONS = frozenset({"model", "messages", "system", "tools", "stream",
                               "input", "instructions", "max_output_tokens", "contents",
                               "systemInstruction", "system_instruction"})
 _HTTP_ONLY = ("base_url", "api_key_env", "api_key_file", "api_key_credential", "options",
-              "headers", "query", "max_tokens_field", "cache")
+              "headers", "query", "max_tokens_field", "cache", "structured_output")
 # A file name under $CREDENTIALS_DIRECTORY: no path separator, no leading dot.
 CREDENTIAL_NAME = r"^([A-Za-z0-9_@:\-][A-Za-z0-9_.@:\-]*)?$"
 
@@ -103,6 +103,11 @@ class ProviderConfig(_Section):
     headers: dict[str, str] = Field(default_factory=dict)
     query: dict[str, str] = Field(default_factory=dict)
     cache: Literal["auto", "off"] = "auto"
+    # How a turn with an output schema asks this provider for it: "native" (the API's
+    # own JSON Schema mode), "tool" (a forced answer tool whose input is the answer),
+    # "prompt" (the schema in the system prompt); "auto" picks by kind
+    # (`policy.output.AUTO_MODE`).
+    structured_output: Literal["auto", "native", "tool", "prompt"] = "auto"
     # As configured; the prices in force (unset ones from the shipped price table, else 0;
     # unset cache prices from the table, else the input price) are providers/prices.py's.
     price_input_per_mtok: NonNegFloat = 0.0

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from turnkeeper.durations import parse_duration
+from turnkeeper.policy.output import schema_problem
 from turnkeeper.tracecontext import MAX_LENGTH, PATTERN, traceparent_problem
 
 
@@ -56,6 +57,20 @@ class SubmitBody(Body):
     def _traceparent(cls, v: str | None) -> str | None:
         if v is not None:
             problem = traceparent_problem(v)
+            if problem is not None:
+                raise ValueError(problem)
+        return v
+
+    # A JSON Schema the final answer must match: the result then carries it parsed as
+    # `output`. It wins over the agent's.
+    output_schema: dict[str, Any] | None = None
+
+    @field_validator("output_schema")
+    @classmethod
+    def _json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A schema its metaschema accepts (its `$schema`'s draft, else 2020-12)."""
+        if v is not None:
+            problem = schema_problem(v)
             if problem is not None:
                 raise ValueError(problem)
         return v

@@ -53,6 +53,8 @@ ANSWERS: dict[str, Any] = {
                                         "cancelled"]},
                     "stopped_because": _ref("StoppedBecause"),
                     "answer": _NULLABLE_STR,
+                    # The answer parsed, when the turn had an output schema it matched.
+                    "output": {},
                     "partial": {"type": "array", "items": _STR},
                     "open_issues": {"type": "array", "items": _STR}},
                    ("status", "stopped_because")),
@@ -61,7 +63,8 @@ ANSWERS: dict[str, Any] = {
                   "message": _STR, "seq": _INT, "traceparent": _STR,
                   "counters": {"type": "object", "additionalProperties": _INT},
                   "usage": {"type": "object", "additionalProperties": _NUM},
-                  "result": {"oneOf": [_ref("Result"), {"type": "null"}]}},
+                  "result": {"oneOf": [_ref("Result"), {"type": "null"}]},
+                  "output_schema": {"type": "object"}},
                  ("id", "session", "state")),
     "TurnAnswer": _obj({"turn": _ref("Turn")}, ("turn",)),
     "BatchAnswer": _obj({"results": {"type": "array", "items": _obj(

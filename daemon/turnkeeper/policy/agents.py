@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnkeeper.policy.approvals import ApprovalSetting
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR as MCP_SEPARATOR
 
 # What an agent's name may be: it is a TOML key, a JSON value and a CLI argument.
@@ -120,13 +121,13 @@ class AgentDefinition:
     model: str | None = None
     profile: str | None = None
     output_schema: Mapping[str, Any] | None = None
-    approval: Mapping[str, str] = field(default_factory=dict)
+    approval: Mapping[str, ApprovalSetting] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (f"AgentDefinition({self.name or '(default)'}, tools={self.tools.entries()}, "
                 f"model={self.model}, profile={self.profile})")
 
-    def approval_for(self, tool: str) -> str | None:
+    def approval_for(self, tool: str) -> ApprovalSetting | None:
         """This agent's approval override for `tool`, or None: an entry naming the tool
         itself first, then the first `server.PATTERN` entry that matches it."""
         if tool in self.approval:
@@ -143,7 +144,7 @@ class AgentDefinition:
 def define(name: str, defaults: AgentDefinition, *, system_prompt: str | None = None,
            tools: ToolSelection | None = None, model: str | None = None,
            profile: str | None = None, output_schema: Mapping[str, Any] | None = None,
-           approval: Mapping[str, str] | None = None) -> AgentDefinition:
+           approval: Mapping[str, ApprovalSetting] | None = None) -> AgentDefinition:
     """The named agent: each key it sets (not None), else the default agent's. The
     approval overrides are the default's with the agent's own over them."""
     return AgentDefinition(

@@ -42,6 +42,7 @@ class StopCode(StrEnum):
     APPROVAL_TIMEOUT = "approval.timeout"
     MODEL_REFUSED = "model.refused"
     MODEL_TRUNCATED = "model.truncated"
+    OUTPUT_INVALID = "output.invalid"
     CANCELLED = "cancelled"
     INTERNAL = "internal"
 
@@ -74,6 +75,9 @@ COUNTER_OF: dict[StopCode, str | None] = {
     StopCode.MODEL_REFUSED: None,
     # The answer was cut by the output cap: the reply's output tokens against the cap sent.
     StopCode.MODEL_TRUNCATED: "output_tokens",
+    # The final answers checked against the output schema, this last failing one
+    # included, against `max_output_attempts`.
+    StopCode.OUTPUT_INVALID: "output_attempts",
     StopCode.CANCELLED: None,
     StopCode.INTERNAL: None,
 }
@@ -96,25 +100,28 @@ GUARD_FAMILY: dict[StopCode, str] = {
 
 # Codes whose turns go to the dead-letter list: the turns that stopped for a reason no
 # retry inside the turn could fix (every provider refused or stayed down, a tool that
-# fails the same way every time, a model that declined the task, or a bug), and that an
+# fails the same way every time, a model that declined the task, an answer that never
+# matched its output schema, or a bug), and that an
 # operator may replay, from their last checkpoint, once the cause is dealt with.
 # `goes_to_dead_letters` is the rule; the stores build their dead-letter query from this
 # same set.
 DEAD_LETTER_CODES = frozenset({StopCode.PROVIDERS_REJECTED, StopCode.PROVIDERS_EXHAUSTED,
                                StopCode.FAILURE_DETERMINISTIC, StopCode.MODEL_REFUSED,
-                               StopCode.INTERNAL})
+                               StopCode.OUTPUT_INVALID, StopCode.INTERNAL})
 
 
 def status_of(code: StopCode) -> Status:
     """`completed`, `blocked` and `cancelled` map to themselves; `providers.rejected`,
-    `model.refused` and `internal` fail the turn; every other code returns partial work."""
+    `model.refused`, `output.invalid` (no answer the caller can use) and `internal` fail
+    the turn; every other code returns partial work."""
     if code is StopCode.COMPLETED:
         return Status.COMPLETED
     if code is StopCode.BLOCKED:
         return Status.BLOCKED
     if code is StopCode.CANCELLED:
         return Status.CANCELLED
-    if code in (StopCode.PROVIDERS_REJECTED, StopCode.MODEL_REFUSED, StopCode.INTERNAL):
+    if code in (StopCode.PROVIDERS_REJECTED, StopCode.MODEL_REFUSED, StopCode.OUTPUT_INVALID,
+                StopCode.INTERNAL):
         return Status.FAILED
     return Status.PARTIAL
 

@@ -37,6 +37,10 @@ def resume_state(code: StopCode, record: dict[str, Any], checkpoint: dict[str, A
     elif code is StopCode.FAILURE_DETERMINISTIC:
         # The failure loop's streak starts again: the tool has been fixed.
         cp["failures"] = {"signature": None, "streak": 0}
+    elif code is StopCode.OUTPUT_INVALID:
+        # The answers start counting again (the schema, the prompt or the model was
+        # changed); the turn resumes from its checkpoint before the last answer.
+        counters["output_attempts"] = 0
     cp["pending_stop"] = None
     # The wall clock starts again with the replay: an operator's replay comes hours or
     # days later, and time is no budget the turn spent (its tokens, cost and steps are).

@@ -20,13 +20,14 @@ the breakpoint goes on, from the messages it is made of.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
+from turnkeeper.policy.output import mode_of
 from turnkeeper.policy.replies import thinking_budget
 from turnkeeper.providers.anthropic_replies import (
     OPAQUE_BLOCKS,
@@ -43,6 +44,7 @@ from turnkeeper.providers.base import (
     ToolSpec,
 )
 from turnkeeper.providers.http import HttpAdapter, HttpClient, dumps, request_headers
+from turnkeeper.providers.structured import ANSWER_TOOL, prompt_system, with_answer_tool
 
 API_VERSION = "2023-06-01"
 
@@ -199,6 +201,7 @@ class AnthropicProvider(HttpAdapter):
         self._cache = cfg.cache == "auto"
         self._options = dict(cfg.options)
         self._thinking_budget = cfg.thinking_budget_tokens
+        self._structured = mode_of(cfg.kind, cfg.structured_output)
         secrets = secrets if secrets is not None else cfg.secrets()
         key = secrets.api_key
         headers = {"content-type": "application/json", "accept": "application/json",
@@ -218,13 +221,15 @@ class AnthropicProvider(HttpAdapter):
         return self._cfg.name
 
     def encode(self, request: ModelRequest) -> bytes:
-        cache = request.cache
+        cache, schema = request.cache, request.output_schema
+        system = request.system
+        if schema is not None and self._structured == "prompt":
+            system = prompt_system(system, schema)
         messages: list[dict[str, Any]] | jsonwire.Encoded
         if cache is None or len(request.messages) < CACHED_FROM:
-            system, messages = encode_marked(request.system, request.messages,
-                                             mark=self._cache)
+            system, messages = encode_marked(system, request.messages, mark=self._cache)
         else:
-            system, messages = cached_messages(request.system, request.messages, cache,
+            system, messages = cached_messages(system, request.messages, cache,
                                                self, mark=self._cache)
         body: dict[str, Any] = {"model": self._model, "messages": messages,
                                 "max_tokens": request.max_output_tokens,
@@ -250,7 +255,32 @@ class AnthropicProvider(HttpAdapter):
                                      budget_tokens=self._thinking_budget)
             if budget is not None and budget != self._thinking_budget:
                 body["thinking"] = {**self._options["thinking"], "budget_tokens": budget}
+        if schema is not None:
+            self._ask_structured(body, request.tools, schema)
         return dumps(body)
+
+    def _ask_structured(self, body: dict[str, Any], tools: Sequence[ToolSpec],
+                        schema: Mapping[str, Any]) -> None:
+        """`tool` (the default): the answer tool with the schema as its `input_schema`,
+        and a `tool_choice` that makes the model call a tool (the answer tool by name
+        when it is the only one, else `any`). Extended thinking accepts only `auto`: with
+        it the choice is left to the model, which the answer tool's description and the
+        turn's check of any plain-text answer steer. `native`: Anthropic's JSON outputs
+        (`output_config.format` of type `json_schema`), on the models that have them."""
+        if self._structured == "native":
+            config = body.get("output_config")
+            body["output_config"] = {**(config if isinstance(config, dict) else {}),
+                                     "format": {"type": "json_schema", "schema": dict(schema)}}
+        elif self._structured == "tool":
+            offered = encode_tools(with_answer_tool(tools, schema))
+            if self._cache:
+                offered[-1]["cache_control"] = EPHEMERAL
+            body["tools"] = offered
+            if self._thinking_budget is not None or "thinking" in self._options:
+                body["tool_choice"] = {"type": "auto"}
+            else:
+                body["tool_choice"] = ({"type": "any"} if tools
+                                       else {"type": "tool", "name": ANSWER_TOOL})
 
     # -- replies -------------------------------------------------------------------------
 

@@ -91,7 +91,9 @@ class ModelRequest:
     bounded by the token budget left. `turn_id` and `step` identify the call for logs and
     for the scripted provider; real providers do not send them. `cache` is the turn's
     `MessageCache`, for an adapter that uses one (None: every message is encoded).
-    `traceparent` (W3C trace context) goes out as the request's header when set."""
+    `traceparent` (W3C trace context) goes out as the request's header when set.
+    `output_schema` is the JSON Schema the final answer must match (None: free text),
+    asked for in the provider's `structured_output` mode (`providers/structured.py`)."""
 
     system: str
     messages: Sequence[Message]
@@ -103,6 +105,7 @@ class ModelRequest:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     cache: MessageCache | None = field(default=None, compare=False, repr=False)
     traceparent: str | None = None
+    output_schema: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

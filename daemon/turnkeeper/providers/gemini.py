@@ -36,6 +36,7 @@ import aiohttp
 
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
+from turnkeeper.policy.output import mode_of
 from turnkeeper.providers.base import (
     DeltaSink,
     Message,
@@ -54,6 +55,7 @@ from turnkeeper.providers.http import (
     request_headers,
 )
 from turnkeeper.providers.sse import IdleWatch, send_new_text, sse_reads
+from turnkeeper.providers.structured import ANSWER_TOOL, prompt_system, with_answer_tool
 
 PARTS = "gemini.parts"  # the `Message.opaque` entry holding a reply's parts
 # The id of a call Gemini gave none: ours, never sent back.
@@ -203,6 +205,7 @@ class GeminiProvider(HttpAdapter):
         self._model = cfg.model.removeprefix("models/")
         self._stream = cfg.stream
         self._options = dict(cfg.options)
+        self._structured = mode_of(cfg.kind, cfg.structured_output)
         secrets = secrets if secrets is not None else cfg.secrets()
         key = secrets.api_key
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -222,7 +225,11 @@ class GeminiProvider(HttpAdapter):
         return self._cfg.name
 
     def encode(self, request: ModelRequest) -> bytes:
-        system, contents = encode_contents(request.system, request.messages)
+        schema = request.output_schema
+        system = request.system
+        if schema is not None and self._structured == "prompt":
+            system = prompt_system(system, schema)
+        system, contents = encode_contents(system, request.messages)
         body: dict[str, Any] = {**self._options, "contents": contents}
         if system:
             body["systemInstruction"] = {"parts": [{"text": system}]}
@@ -234,7 +241,25 @@ class GeminiProvider(HttpAdapter):
         config = self._options.get("generationConfig")
         body["generationConfig"] = {**(config if isinstance(config, dict) else {}),
                                     "maxOutputTokens": request.max_output_tokens}
+        if schema is not None:
+            self._ask_structured(body, request.tools, schema)
         return dumps(body)
+
+    def _ask_structured(self, body: dict[str, Any], tools: Sequence[ToolSpec],
+                        schema: Mapping[str, Any]) -> None:
+        """`native`: `generationConfig.responseMimeType` "application/json" with the schema
+        as `responseJsonSchema` (JSON Schema as given; `responseSchema` takes only
+        Google's OpenAPI subset). `tool`: the answer tool, and function calling in mode
+        `ANY` (only the answer tool allowed when it is the only one)."""
+        if self._structured == "native":
+            body["generationConfig"].update(responseMimeType="application/json",
+                                            responseJsonSchema=dict(schema))
+        elif self._structured == "tool":
+            body["tools"] = encode_tools(with_answer_tool(tools, schema))
+            calling: dict[str, Any] = {"mode": "ANY"}
+            if not tools:
+                calling["allowedFunctionNames"] = [ANSWER_TOOL]
+            body["toolConfig"] = {"functionCallingConfig": calling}
 
     def _parse(self, obj: dict[str, Any]) -> ModelReply:
         candidates = obj.get("candidates") or [{}]

@@ -40,6 +40,7 @@ from turnkeeper.policy.classify import (
     retry_after_of,
 )
 from turnkeeper.providers.base import DeltaSink, ModelReply, ModelRequest, ProviderError
+from turnkeeper.providers.structured import answer_from_tool
 
 # What a broken transport raises: aiohttp's own errors, timeouts (asyncio.TimeoutError is
 # the builtin TimeoutError on 3.11) and socket errors.
@@ -293,10 +294,13 @@ def request_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[s
 class HttpAdapter:
     """What every HTTP adapter does alike: a call is one `exchange` of its encoded
     request, read whole (`_parse`) or streamed (`_read_stream`); closing closes its
-    session. An adapter sets `_client` and `_stream` and writes those three."""
+    session. An adapter sets `_client`, `_stream` and `_structured` (its
+    `structured_output` mode, resolved) and writes those three. In the `tool` mode the
+    answer tool's call becomes the reply's text here, for every adapter alike."""
 
     _client: HttpClient
     _stream: bool
+    _structured: str = "native"
 
     def encode(self, request: ModelRequest) -> bytes:
         raise NotImplementedError
@@ -310,10 +314,13 @@ class HttpAdapter:
 
     async def complete(self, request: ModelRequest, on_delta: DeltaSink | None = None
                        ) -> ModelReply:
-        return await exchange(self._client, self.encode(request), request.timeout_s,
-                              stream=self._stream, parse=self._parse,
-                              read_stream=self._read_stream, on_delta=on_delta,
-                              traceparent=request.traceparent)
+        reply = await exchange(self._client, self.encode(request), request.timeout_s,
+                               stream=self._stream, parse=self._parse,
+                               read_stream=self._read_stream, on_delta=on_delta,
+                               traceparent=request.traceparent)
+        if request.output_schema is not None and self._structured == "tool":
+            return answer_from_tool(reply)
+        return reply
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -21,6 +21,7 @@ import aiohttp
 
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
+from turnkeeper.policy.output import mode_of
 from turnkeeper.policy.usage import wire_count
 from turnkeeper.providers.base import (
     CACHED_FROM,
@@ -42,6 +43,12 @@ from turnkeeper.providers.http import (
     request_headers,
 )
 from turnkeeper.providers.sse import SSE_DONE, IdleWatch, send_new_text, sse_reads
+from turnkeeper.providers.structured import (
+    ANSWER_TOOL,
+    prompt_system,
+    schema_name,
+    with_answer_tool,
+)
 
 _FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "length": "length"}
@@ -220,6 +227,7 @@ class OpenAIProvider(HttpAdapter):
         self._stream = cfg.stream
         self._max_tokens_field = max_tokens_field(cfg)
         self._options = dict(cfg.options)
+        self._structured = mode_of(cfg.kind, cfg.structured_output)
         self._client = openai_client(cfg, secrets, "/chat/completions")
         # The tool list is the same object from one step to the next until the offer
         # changes (a policy's tools; MCP servers going and coming): encoded once for it.
@@ -231,12 +239,15 @@ class OpenAIProvider(HttpAdapter):
         return self._cfg.name
 
     def encode(self, request: ModelRequest) -> bytes:
-        cache, messages = request.cache, request.messages
+        cache, messages, schema = request.cache, request.messages, request.output_schema
+        system = request.system
+        if schema is not None and self._structured == "prompt":
+            system = prompt_system(system, schema)
         body: dict[str, Any] = {
             "model": self._model,
-            "messages": encode_messages(request.system, messages)
+            "messages": encode_messages(system, messages)
             if cache is None or len(messages) < CACHED_FROM
-            else cached_messages(request.system, messages, cache, self),
+            else cached_messages(system, messages, cache, self),
             self._max_tokens_field: request.max_output_tokens,
             "stream": self._stream,
         }
@@ -249,7 +260,25 @@ class OpenAIProvider(HttpAdapter):
             body["stream_options"] = {"include_usage": True}
         if self._options:
             body.update(self._options)
+        if schema is not None:
+            self._ask_structured(body, request.tools, schema)
         return dumps(body)
+
+    def _ask_structured(self, body: dict[str, Any], tools: Sequence[ToolSpec],
+                        schema: Mapping[str, Any]) -> None:
+        """`native`: `response_format` of type `json_schema`, the schema as given.
+        `strict` is left out (false): strict mode takes only schemas where every object
+        lists all its properties as required and forbids others, and refuses keywords a
+        caller's schema may well use; sent with one that does not qualify, every call
+        would be a 400. The turn validates each answer itself either way.
+        `tool`: the answer tool, and a tool choice that makes the model call a tool."""
+        if self._structured == "native":
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": schema_name(schema), "schema": dict(schema)}}
+        elif self._structured == "tool":
+            body["tools"] = encode_tools(with_answer_tool(tools, schema))
+            body["tool_choice"] = ("required" if tools else
+                                   {"type": "function", "function": {"name": ANSWER_TOOL}})
 
     # -- replies -------------------------------------------------------------------------
 

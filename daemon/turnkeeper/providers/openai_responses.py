@@ -26,6 +26,7 @@ import aiohttp
 from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig, ProviderSecrets
 from turnkeeper.policy.classify import CallFailure
+from turnkeeper.policy.output import mode_of
 from turnkeeper.providers.base import (
     DeltaSink,
     Message,
@@ -45,6 +46,12 @@ from turnkeeper.providers.http import (
 )
 from turnkeeper.providers.openai import arguments_text, openai_client
 from turnkeeper.providers.sse import IdleWatch, send_new_text, sse_reads
+from turnkeeper.providers.structured import (
+    ANSWER_TOOL,
+    prompt_system,
+    schema_name,
+    with_answer_tool,
+)
 
 # Place-holders in `Message.opaque` for where the reply's text and each function call
 # stood among its reasoning items.
@@ -178,6 +185,7 @@ class ResponsesProvider(HttpAdapter):
         self._model = cfg.model
         self._stream = cfg.stream
         self._options = dict(cfg.options)
+        self._structured = mode_of(cfg.kind, cfg.structured_output)
         self._client = openai_client(cfg, secrets, "/responses")
         self._tools_src: Sequence[ToolSpec] | None = None
         self._tools_json = jsonwire.Encoded([])
@@ -187,12 +195,16 @@ class ResponsesProvider(HttpAdapter):
         return self._cfg.name
 
     def encode(self, request: ModelRequest) -> bytes:
+        schema = request.output_schema
+        system = request.system
+        if schema is not None and self._structured == "prompt":
+            system = prompt_system(system, schema)
         body: dict[str, Any] = {
             "model": self._model, "input": encode_input(request.messages),
             "max_output_tokens": request.max_output_tokens, "stream": self._stream,
             "store": False, "include": ["reasoning.encrypted_content"]}
-        if request.system:
-            body["instructions"] = request.system
+        if system:
+            body["instructions"] = system
         if request.tools:
             if request.tools is not self._tools_src:
                 self._tools_json = jsonwire.Encoded(encode_tools(request.tools))
@@ -200,7 +212,24 @@ class ResponsesProvider(HttpAdapter):
             body["tools"] = self._tools_json
         if self._options:
             body.update(self._options)
+        if schema is not None:
+            self._ask_structured(body, request.tools, schema)
         return dumps(body)
+
+    def _ask_structured(self, body: dict[str, Any], tools: Sequence[ToolSpec],
+                        schema: Mapping[str, Any]) -> None:
+        """`native`: `text.format` of type `json_schema` (name and schema; `strict` left
+        out for the reason OpenAI's Chat Completions adapter gives). `tool`: the answer
+        tool and a tool choice that makes the model call a tool."""
+        if self._structured == "native":
+            text = body.get("text")
+            body["text"] = {**(text if isinstance(text, dict) else {}),
+                            "format": {"type": "json_schema", "name": schema_name(schema),
+                                       "schema": dict(schema)}}
+        elif self._structured == "tool":
+            body["tools"] = encode_tools(with_answer_tool(tools, schema))
+            body["tool_choice"] = ("required" if tools
+                                   else {"type": "function", "name": ANSWER_TOOL})
 
     def _parse(self, obj: dict[str, Any]) -> ModelReply:
         if obj.get("status") == "failed":

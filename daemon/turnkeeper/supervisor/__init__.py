@@ -109,10 +109,12 @@ class Supervisor(SupervisorCore):
     async def submit(self, *, message: str, session: str | None, budget: dict[str, Any],
                      deadline: float | None, replay_of: str | None = None,
                      profile: str | None = None, model: str | None = None,
-                     agent: str | None = None) -> TurnRecord:
+                     agent: str | None = None,
+                     output_schema: dict[str, Any] | None = None) -> TurnRecord:
         return await self.intake.submit(message=message, session=session, budget=budget,
                                         deadline=deadline, replay_of=replay_of,
-                                        profile=profile, model=model, agent=agent)
+                                        profile=profile, model=model, agent=agent,
+                                        output_schema=output_schema)
 
     async def post_message(self, turn_id: str, *, kind: str, text: str,
                            redirect: bool) -> dict[str, Any]:

@@ -64,7 +64,6 @@ from turnkeeper.turn.record import TurnRecord
 log = structlog.get_logger("turnkeeper.supervisor")
 
 
-
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
     """One submit, validated by the control API."""
@@ -77,6 +76,8 @@ class SubmitRequest:
     model: str | None = None
     # The named agent (`[agents.NAME]`); None: the default agent.
     agent: str | None = None
+    # The JSON Schema of the final answer (None: the agent's, if any).
+    output_schema: dict[str, Any] | None = None
     # Not part of the submit's fingerprint: the key names the submit, it is not in it.
     idempotency_key: str | None = None
     # Not part of the fingerprint either: a retry may come from another span.
@@ -200,7 +201,8 @@ class Intake:
                             deadline=req.deadline, replay_of=replay_of, profile=req.profile,
                             model=req.model, agent=req.agent,
                             provider=core.config.model_chain(req.model)[0],
-                            traceparent=req.traceparent)
+                            traceparent=req.traceparent,
+                            output_schema=req.output_schema)
         live = LiveTurn(record=record)
         core.live[turn_id] = live
         queued = core.bus.prepare(ev.TurnQueued(session=record.session,
@@ -238,14 +240,16 @@ class Intake:
                      profile: str | None = None, model: str | None = None,
                      agent: str | None = None,
                      idempotency: IdempotencyKey | None = None,
-                     traceparent: str | None = None) -> TurnRecord:
+                     traceparent: str | None = None,
+                     output_schema: dict[str, Any] | None = None) -> TurnRecord:
         core = self.core
         unknown = self._check_agent(agent)
         if unknown is not None:
             raise UnknownAgent(f"agent: {unknown}")
         req = self._resolved(SubmitRequest(message=message, session=session, budget=budget,
                                            deadline=deadline, profile=profile, model=model,
-                                           agent=agent, traceparent=traceparent))
+                                           agent=agent, traceparent=traceparent,
+                                           output_schema=output_schema))
         profile, model = req.profile, req.model
         unknown = self._check_model(model)
         if unknown is not None:

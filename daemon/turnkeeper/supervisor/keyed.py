@@ -84,7 +84,8 @@ class KeyedSubmits:
                 record = await self.intake.submit(
                     message=req.message, session=req.session, budget=req.budget or {},
                     deadline=req.deadline, profile=req.profile, model=req.model,
-                    agent=req.agent, idempotency=key, traceparent=req.traceparent)
+                    agent=req.agent, idempotency=key, traceparent=req.traceparent,
+                    output_schema=req.output_schema)
             except KeyTaken:  # made by a submit with the same key meanwhile: read it
                 continue
             return record.to_json(), True

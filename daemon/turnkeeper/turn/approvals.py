@@ -101,9 +101,11 @@ class ApprovalRoom:
             if (call.name in BUILTIN_TOOL_NAMES or call.cut_at is not None
                     or call.id in ctx.decided):
                 continue
-            tool = toolbox.get(call.name)
+            tool = ctx.tool(call.name)  # one its agent is not offered is refused unsent
+            setting = (ctx.agent.approval_for(call.name)
+                       or ctx.settings.tools.approval(call.name))
             if tool is None or not needs_approval(
-                    ctx.settings.tools.approval(call.name), idempotent=tool.idempotent,
+                    setting, idempotent=tool.idempotent,
                     destructive=bool(getattr(tool, "destructive", False))):
                 continue
             args, _ = toolbox.check_arguments(call.name, call.arguments)

@@ -193,6 +193,8 @@ class TurnContext:
         # The agent a reload removed from under the turn (reported when it starts).
         self.agent_removed: TurnAgentRemoved | None = None
         self.agent = self._agent()
+        # The schema the final answer must match (None: free text), from one place.
+        self.output_schema = self.settings.output_schema_for(record.output_schema, self.agent)
 
     def _agent(self) -> AgentDefinition:
         """The agent the turn runs as, as this policy defines it: kept for as long as

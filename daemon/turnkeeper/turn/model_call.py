@@ -161,7 +161,8 @@ class ModelCall:
             timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message}, cache=self._encoded,
-            traceparent=traceparent)
+            traceparent=traceparent,
+            output_schema=ctx.output_schema)
 
     async def _attempt(self, attempt: Attempt, claims: Claims) -> ModelReply | Any | None:
         ctx = self.ctx

@@ -11,7 +11,7 @@ from turnkeeper.policy import turn_state
 from turnkeeper.policy.turn_state import TurnState
 
 COUNTER_NAMES = ("provider_attempts", "fallback_hops", "restarts", "recovery_cycles", "steps",
-                 "tool_attempts")
+                 "tool_attempts", "output_attempts")
 # The states live with their transition table; the modules that have always taken these
 # from the record get them here, as the plain strings a record and the store hold.
 TERMINAL_STATES: frozenset[str] = frozenset(s.value for s in turn_state.TERMINAL_STATES)
@@ -22,7 +22,8 @@ LIVE_STATES: tuple[str, ...] = tuple(s.value for s in turn_state.LIVE_STATES)
 class Counters:
     """The turn's named counters, one per concern (a provider attempt is not a restart,
     a restart not a recovery cycle). `tool_attempts` counts the attempts of the latest
-    tool call; the others are the turn's."""
+    tool call; `output_attempts` the final answers checked against the turn's output
+    schema (0 without one); the others are the turn's."""
 
     provider_attempts: int = 0
     fallback_hops: int = 0
@@ -30,12 +31,13 @@ class Counters:
     recovery_cycles: int = 0
     steps: int = 0
     tool_attempts: int = 0
+    output_attempts: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {"provider_attempts": self.provider_attempts,
                 "fallback_hops": self.fallback_hops, "restarts": self.restarts,
                 "recovery_cycles": self.recovery_cycles, "steps": self.steps,
-                "tool_attempts": self.tool_attempts}
+                "tool_attempts": self.tool_attempts, "output_attempts": self.output_attempts}
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> Counters:
@@ -116,6 +118,9 @@ class TurnRecord:
     # {call_id, tool, arguments, key, requested_at, timeout_at}. Kept with the record (as
     # a clarify question is) so a restart waits on, and any node can list them.
     pending_approvals: list[dict[str, Any]] = field(default_factory=list)
+    # The JSON Schema the submit asked the final answer to match (None: the agent's,
+    # if it has one; see `TurnSettings.output_schema_for`).
+    output_schema: dict[str, Any] | None = None
 
     @property
     def terminal(self) -> bool:
@@ -156,6 +161,8 @@ class TurnRecord:
         out["model"] = self.model
         out["agent"] = self.agent
         out["would_have_stopped"] = list(self.would_have_stopped)
+        if self.output_schema is not None:
+            out["output_schema"] = self.output_schema
         return out
 
     @classmethod
@@ -175,4 +182,5 @@ class TurnRecord:
             would_have_stopped=list(d.get("would_have_stopped", [])),
             limits=dict(d.get("limits") or {}), started_at=d.get("started_at"),
             traceparent=d.get("traceparent"),
-            pending_approvals=[dict(p) for p in d.get("pending_approvals") or ()])
+            pending_approvals=[dict(p) for p in d.get("pending_approvals") or ()],
+            output_schema=d.get("output_schema"))

@@ -28,6 +28,7 @@ from turnkeeper.events import EventBus
 from turnkeeper.policy.budget import BudgetUsage, Preflight
 from turnkeeper.policy.chain import Phase
 from turnkeeper.policy.outcome import COUNTER_OF, Stop, StopCode, TurnResult
+from turnkeeper.policy.output import Invalid, Retry, check_output
 from turnkeeper.policy.replies import Continue, CutCall, Refused, Truncated, judge_reply
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import ModelReply, ToolCall
@@ -281,10 +282,47 @@ class TurnRunner:
                                f"({self.model.sent_output_cap} tokens)")
             ctx.open_issues.append(f"stopped early: {verdict.stop.message}")
             return ctx.finish(verdict.stop, answer=answer)
+        return self._answered(answer, step, fenced=self._sent_mode() == "prompt")
+
+    def _sent_mode(self) -> str:
+        """The structured-output mode of the provider that gave the last reply."""
+        sent = self.ctx.settings.providers.get(self.model.sent_to)
+        return sent.structured_output if sent is not None else ""
+
+    def _answered(self, answer: str, step: int, *, fenced: bool
+                  ) -> TurnResult | tuple[ToolCall, ...]:
+        """The turn's end with its final answer, or () for another step: an answer that
+        does not match the turn's output schema goes back to the agent with what failed
+        (`policy.output`), until `max_output_attempts` answers have failed."""
+        ctx = self.ctx
+        extra: dict[str, Any] = {}
+        if ctx.output_schema is not None:
+            checked = check_output(answer, ctx.output_schema,
+                                   attempts=ctx.record.counters.output_attempts,
+                                   max_attempts=ctx.settings.max_output_attempts,
+                                   fenced=fenced)
+            ctx.record.counters.output_attempts = checked.attempts
+            if isinstance(checked, Retry):
+                ctx.partial.append(f"step {step}: answer did not match the output schema "
+                                   f"({checked.errors[0]}); asked again "
+                                   f"({checked.attempts} of "
+                                   f"{ctx.settings.max_output_attempts})")
+                ctx.conv.add_user(checked.message)
+                ctx.log.info("turn.output_invalid", errors=list(checked.errors),
+                             **ctx.counter_values())
+                return ()
+            if isinstance(checked, Invalid):
+                ctx.partial.append(f"step {step}: answer did not match the output schema "
+                                   f"({checked.errors[0]})")
+                ctx.open_issues.append(f"stopped early: {checked.stop.message}")
+                ctx.open_issues.extend(f"output: {e}" for e in checked.errors)
+                return ctx.finish(checked.stop, answer=answer)
+            extra["output"] = checked.value
         ctx.partial.append(f"step {step}: answered")
         # The answer's checkpoint is written with the result, in one transaction.
         ctx.checkpoint_with_result()
-        return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"), answer=answer)
+        return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"), answer=answer,
+                          extra=extra)
 
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
@@ -322,7 +360,13 @@ class TurnRunner:
         msgs = ctx.conv.messages
         if (len(msgs) > ctx.conv.turn_start + 1 and msgs[-1].role == "assistant"
                 and not msgs[-1].tool_calls and not ctx.has_unread_steer()):
-            answer = "".join(ctx.conv.continued_parts(end=len(msgs) - 1))
-            return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"),
-                              answer=answer + (msgs[-1].content or ""))
+            answer = "".join(ctx.conv.continued_parts(end=len(msgs) - 1)) + (
+                msgs[-1].content or "")
+            if ctx.output_schema is None:
+                return ctx.finish(Stop(StopCode.COMPLETED, "the agent answered"),
+                                  answer=answer)
+            # Checked as when it came (a fence is let through: which provider gave it is
+            # not kept); one that fails goes back to the agent, and the turn goes on.
+            ended = self._answered(answer, ctx.record.counters.steps, fenced=True)
+            return ended if isinstance(ended, TurnResult) else None
         return None
