@@ -8,7 +8,7 @@ from typing import Any
 
 from turnkeeper.events import Event
 from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
-from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.store.base import MessageRows, Store
 from turnkeeper.store.outbox import MemoryOutbox
@@ -72,7 +72,7 @@ class DiscardStore(MemoryOutbox):
         return []
 
     async def finished_usage(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[TurnUsage]:
+                             limit: int = 100_000) -> list[FinishedTurn]:
         return []
 
     async def prune(self, *, finished_before: float, dead_letters: bool = False,

@@ -203,10 +203,10 @@ async def test_a_resumed_turn_keeps_the_extensions_it_earned() -> None:
 
 
 def test_the_limits_report_counts_the_turns_that_used_extensions() -> None:
-    from turnkeeper.policy.limits import TurnUsage, profile_report
+    from turnkeeper.policy.limits import FinishedTurn, profile_report
 
-    def turn(status: str, extensions: int) -> TurnUsage:
-        return TurnUsage(profile="default", status=status, code="completed"
+    def turn(status: str, extensions: int) -> FinishedTurn:
+        return FinishedTurn(profile="default", status=status, code="completed"
                          if status == "completed" else "budget.steps", tokens=10,
                          seconds=1.0, steps=5, cost_usd=0.0, extensions=extensions)
 

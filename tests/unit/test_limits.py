@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from turnkeeper.policy.limits import TurnUsage, percentile, profile_report, report, suggest
+from turnkeeper.policy.limits import FinishedTurn, percentile, profile_report, report, suggest
 
 
 def turn(tokens: int, seconds: float, steps: int, *, cost: float = 0.0,
          status: str = "completed", code: str = "completed", profile: str = "default",
-         would: tuple[str, ...] = ()) -> TurnUsage:
-    return TurnUsage(profile=profile, status=status, code=code, tokens=tokens,
+         would: tuple[str, ...] = ()) -> FinishedTurn:
+    return FinishedTurn(profile=profile, status=status, code=code, tokens=tokens,
                      seconds=seconds, steps=steps, cost_usd=cost, would_have_stopped=would)
 
 

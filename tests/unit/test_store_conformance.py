@@ -24,7 +24,7 @@ from tests.pg import FreshPostgresStore
 import turnkeeper
 from turnkeeper.events import Event
 from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
-from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.store.base import KeyTaken, MessageRows, Store, StoreError, rows_of
 from turnkeeper.store.memory import MemoryStore
 from turnkeeper.store.sqlite import (
@@ -309,11 +309,11 @@ async def test_finished_usage_newest_first_since_a_time_with_only_what_it_used(
         await store.save_turn(done)
     usage = await store.finished_usage()
     assert usage == [
-        TurnUsage(profile="default", status="cancelled", code="cancelled", tokens=30,
+        FinishedTurn(profile="default", status="cancelled", code="cancelled", tokens=30,
                   seconds=4.5, steps=3, cost_usd=0.01, would_have_stopped=("budget.steps",)),
-        TurnUsage(profile="deep", status="partial", code="cancelled", tokens=20,
+        FinishedTurn(profile="deep", status="partial", code="cancelled", tokens=20,
                   seconds=3.0, steps=2, cost_usd=0.01),
-        TurnUsage(profile="default", status="completed", code="completed", tokens=0,
+        FinishedTurn(profile="default", status="completed", code="completed", tokens=0,
                   seconds=0.0, steps=0, cost_usd=0.01)]
     assert [u.status for u in await store.finished_usage(since=300.0)] == [
         "cancelled", "partial"]

@@ -28,8 +28,9 @@ DEFAULT_FACTOR = 2.5
 
 
 @dataclass(frozen=True, slots=True)
-class TurnUsage:
-    """What one finished turn used and how it ended."""
+class FinishedTurn:
+    """What one finished turn used and how it ended: a row the limits report reads (a
+    running turn's spending is `turn.record.TurnUsage`; one call's, `providers.Usage`)."""
 
     profile: str
     status: str
@@ -119,14 +120,14 @@ class ProfileReport:
         return "\n".join(lines)
 
 
-def _count_by_status(turns: Iterable[TurnUsage]) -> dict[str, int]:
+def _count_by_status(turns: Iterable[FinishedTurn]) -> dict[str, int]:
     out: dict[str, int] = {}
     for t in turns:
         out[t.status] = out.get(t.status, 0) + 1
     return dict(sorted(out.items()))
 
 
-def profile_report(profile: str, turns: Sequence[TurnUsage], *,
+def profile_report(profile: str, turns: Sequence[FinishedTurn], *,
                    limits: Mapping[str, float], factor: float = DEFAULT_FACTOR
                    ) -> ProfileReport:
     """The report for one profile from its finished turns. Percentiles come from the
@@ -161,13 +162,13 @@ def profile_report(profile: str, turns: Sequence[TurnUsage], *,
                          extended=_count_by_status(t for t in turns if t.extensions))
 
 
-def report(turns: Sequence[TurnUsage], *, limits: Mapping[str, Mapping[str, float]],
+def report(turns: Sequence[FinishedTurn], *, limits: Mapping[str, Mapping[str, float]],
            factor: float = DEFAULT_FACTOR) -> list[ProfileReport]:
     """One ProfileReport per profile seen in `turns`, in name order; `limits` maps a
     profile to its current effective limits (max_tokens, ...)."""
     if factor <= 0:
         raise ValueError("factor must be positive")
-    by_profile: dict[str, list[TurnUsage]] = {}
+    by_profile: dict[str, list[FinishedTurn]] = {}
     for t in turns:
         by_profile.setdefault(t.profile, []).append(t)
     return [profile_report(name, by_profile[name], limits=limits.get(name, {}), factor=factor)

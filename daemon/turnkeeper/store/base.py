@@ -46,7 +46,7 @@ from turnkeeper.errors import TurnkeeperError
 from turnkeeper.events import Event
 from turnkeeper.messages import json_text
 from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
-from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
@@ -131,10 +131,10 @@ def dead_letter_entry(record: dict[str, Any], replayed_by: str | None) -> dict[s
 
 def usage_of(profile: str, state: str, code: str, tokens: Any, seconds: Any, steps: Any,
              cost: Any, would_have_stopped: Iterable[Mapping[str, Any]],
-             extensions: Any = 0) -> TurnUsage:
+             extensions: Any = 0) -> FinishedTurn:
     """One finished turn's line of the limits report, from the fields of its record, the
     same from every store."""
-    return TurnUsage(profile=profile, status=state, code=code, tokens=int(tokens or 0),
+    return FinishedTurn(profile=profile, status=state, code=code, tokens=int(tokens or 0),
                      seconds=float(seconds or 0.0), steps=int(steps or 0),
                      cost_usd=float(cost or 0.0),
                      would_have_stopped=tuple(str(w["code"]) for w in would_have_stopped),
@@ -365,7 +365,7 @@ class Store(Outbox, Protocol):
     async def journal_get(self, key: str) -> dict[str, Any] | None: ...
 
     async def finished_usage(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[TurnUsage]:
+                             limit: int = 100_000) -> list[FinishedTurn]:
         """What each finished turn used and how it ended (newest first, finished at or
         after `since`), for the limits report: only those fields, never whole records,
         so a report over 50,000 turns builds 50,000 small objects, not millions."""

@@ -29,7 +29,7 @@ import anyio
 
 from turnkeeper.events import Event
 from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
-from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.policy.outcome import goes_to_dead_letters
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
@@ -333,7 +333,7 @@ class MemoryStore(MemoryOutbox):
                 "outcome": _copy(entry["outcome"]) if entry["outcome"] else None}
 
     async def finished_usage(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[TurnUsage]:
+                             limit: int = 100_000) -> list[FinishedTurn]:
         floor = since if since is not None else 0.0
         rows = [r for r in reversed(self._rows())
                 if r.state in TERMINAL_STATES and r.updated_at >= floor

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 
 from turnkeeper.policy.idempotency import StoredKey
-from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
     DEAD_LETTERS_SHOWN,
@@ -142,7 +142,7 @@ class PostgresReads(PostgresFleet):
         return journal_entry(key, *rows[0])
 
     async def finished_usage(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[TurnUsage]:
+                             limit: int = 100_000) -> list[FinishedTurn]:
         # jsonb refuses the escape of a NUL character, which an answer or an error may
         # hold: it is read as U+FFFD here. Replacing the six characters keeps the JSON
         # valid wherever they stand (after an escaped backslash they are plain text), and

@@ -32,7 +32,7 @@ from typing import Any
 from turnkeeper import jsonwire
 from turnkeeper.events import Event
 from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
-from turnkeeper.policy.limits import TurnUsage
+from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
@@ -384,7 +384,7 @@ class SQLiteStore(SQLiteOutbox):
         return journal_entry(key, *rows[0])
 
     async def finished_usage(self, *, since: float | None = None,
-                             limit: int = 100_000) -> list[TurnUsage]:
+                             limit: int = 100_000) -> list[FinishedTurn]:
         sql = ("SELECT COALESCE(json_extract(record, '$.profile'), 'default'), state,"
                " json_extract(record, '$.result.stopped_because.code'),"
                " json_extract(record, '$.usage.total_tokens'),"

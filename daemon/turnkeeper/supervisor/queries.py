@@ -205,7 +205,7 @@ def health_problems(status: dict[str, Any]) -> list[str]:
     return out
 
 
-def _report(usage: list[limits.TurnUsage], profile: str | None,
+def _report(usage: list[limits.FinishedTurn], profile: str | None,
             current: dict[str, dict[str, float]], factor: float
             ) -> list[limits.ProfileReport]:
     if profile is not None:
