@@ -128,3 +128,32 @@ async def test_a_read_cancelled_while_it_waits_is_not_made(store: SQLiteStore) -
         await anyio.wait_all_tasks_blocked()
         gate.set()
     assert ran == ["slow", "after"] and sorted(answers) == ["after", "slow"]
+
+
+async def test_close_waits_for_the_read_in_the_readers_thread(tmp_path: Path) -> None:
+    """A background read (the webhook sender's, a follower's) may be in the reader's
+    thread when the store closes: the connection is closed after it, never under it (a
+    connection closed while a thread reads it crashed the process), and a read that
+    comes after the close fails as a StoreError."""
+    s = SQLiteStore(tmp_path / "state.db")
+    await s.open()
+    entered, gate = anyio.Event(), anyio.Event()
+
+    def slow(conn: sqlite3.Connection) -> Any:
+        anyio.from_thread.run_sync(entered.set)
+        anyio.from_thread.run(gate.wait)
+        return conn.execute("SELECT 1").fetchall()
+
+    answers: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        async def read() -> None:
+            answers.append(await s._in_reader(slow))
+
+        tg.start_soon(read)
+        await entered.wait()
+        tg.start_soon(s.close)
+        await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert answers == [[(1,)]]
+    with pytest.raises(StoreError, match="closed"):
+        await s._in_reader(lambda c: c.execute("SELECT 1").fetchall())

@@ -249,10 +249,15 @@ class SQLiteConnection(GroupCommitWriter[Op]):
 
     async def close(self) -> None:
         await self._stop_writer()
-        for conn in (self._writer, self._reader):
-            if conn is not None:
-                await anyio.to_thread.run_sync(conn.close)
-        self._writer = self._reader = None
+        if self._writer is not None:
+            await anyio.to_thread.run_sync(self._writer.close)
+        # A read batch may be in the reader's thread (a background reader: the webhook
+        # sender, a follower): the connection is closed once it is done, never under it
+        # (closing a connection a thread is reading crashes the process).
+        async with self._read_lock:
+            if self._reader is not None:
+                await anyio.to_thread.run_sync(self._reader.close)
+            self._writer = self._reader = None
         self._unlock_sync()
 
     # -- the writer's commits ---------------------------------------------------------
@@ -395,7 +400,8 @@ class SQLiteConnection(GroupCommitWriter[Op]):
         conn = self._reader
         for work, _ in batch:
             try:
-                assert conn is not None, "store is not open"
+                if conn is None:
+                    raise sqlite3.ProgrammingError("the state database is closed")
                 outcomes.append((True, work(conn)))
             except sqlite3.DatabaseError as exc:
                 outcomes.append((False, _caused(StoreError(
