@@ -40,7 +40,7 @@ from bench.discard_store import discard_store
 
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
-from turnkeeper.config import Policy, build_config
+from turnkeeper.config import PolicyVersion, build_config
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.outcome import StopCode, TurnResult
 from turnkeeper.store.base import Store
@@ -72,7 +72,7 @@ async def steps_round(kind: str, turns: int, steps: int, concurrent: int,
                    "parameters": {"type": "object",
                                   "properties": {"text": {"type": "string"}}}}],
     })
-    policy = Policy(version=1, config=config, source_path=None, content_hash="")
+    policy = PolicyVersion(version=1, config=config, source_path=None, content_hash="")
     sqlite = SQLiteStore(tmp / "turnkeeper.sqlite3") if kind == "sqlite" else None
     store: Store = sqlite if sqlite is not None else discard_store()
     await store.open()

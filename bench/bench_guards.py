@@ -54,7 +54,7 @@ from bench.discard_store import discard_store
 
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
-from turnkeeper.config import Policy, build_config
+from turnkeeper.config import PolicyVersion, build_config
 from turnkeeper.events import EventBus
 from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage, Preflight
@@ -183,12 +183,12 @@ def _script(steps: int, directory: str) -> str:
     return str(path)
 
 
-def _policy(steps: int, model: str, directory: str) -> Policy:
+def _policy(steps: int, model: str, directory: str) -> PolicyVersion:
     provider: dict[str, Any] = {"name": "bench", "kind": "scripted"}
     if model == "scripted":
         provider["script"] = _script(steps, directory)
     config = build_config({"providers": [provider], "budget": {"max_steps": steps + 5}})
-    return Policy(version=1, config=config, source_path=None, content_hash="")
+    return PolicyVersion(version=1, config=config, source_path=None, content_hash="")
 
 
 async def _round(turns: int, steps: int, *, guards: bool, store_kind: str,

@@ -84,7 +84,7 @@ import orjson
 
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
-from turnkeeper.config import Policy, build_config
+from turnkeeper.config import PolicyVersion, build_config
 from turnkeeper.daemon import GC_THRESHOLD
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.messages import ToolCall, dumps_arguments
@@ -215,7 +215,7 @@ def turnkeeper_round(provider: str, *, keep: bool = True,
                        "parameters": {"type": "object",
                                       "properties": {"text": {"type": "string"}}}}],
         })
-        policy = Policy(version=1, config=config, source_path=None, content_hash="")
+        policy = PolicyVersion(version=1, config=config, source_path=None, content_hash="")
         clock = SystemClock()
         sqlite = SQLiteStore(tmp / "turnkeeper.sqlite3") if keep else None
         store: Store = sqlite if sqlite is not None else discard_store()

@@ -25,7 +25,7 @@ from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.config import (
     Config,
     ConfigError,
-    Policy,
+    PolicyVersion,
     config_path_from_env,
     load_config,
     socket_path,
@@ -110,7 +110,7 @@ async def _watch_store(store: Store, sup: Supervisor, clock: Clock,
     sup.request_stop()
 
 
-async def _serve(policy: Policy, config_path: str | None, control: Path) -> None:
+async def _serve(policy: PolicyVersion, config_path: str | None, control: Path) -> None:
     config = policy.config
     clock = SystemClock()
     notifier = systemd.Notifier.from_env()
@@ -223,7 +223,7 @@ async def _watch(sup: Supervisor, path: Path) -> None:
     await watch_config(path, on_change, initial_hash=sup.policy.content_hash or None)
 
 
-def _run(policy: Policy, config_path: str | None, control: Path) -> None:
+def _run(policy: PolicyVersion, config_path: str | None, control: Path) -> None:
     """The event loop until the daemon stops. With TURNKEEPER_PROFILE=FILE set, under
     cProfile, its statistics written to FILE at the stop (for `python -m pstats`)."""
     profile_to = os.environ.get("TURNKEEPER_PROFILE")
@@ -263,7 +263,7 @@ def serve(config_option: str | None, socket_option: str | None = None) -> int:
         return exc.exit_code
     tk_logging.configure(log_format=config.daemon.log_format, log_level=config.daemon.log_level)
     _warn_of_blocked_mcp_servers(config)
-    policy = Policy(version=1, config=config, source_path=config_path, content_hash=digest)
+    policy = PolicyVersion(version=1, config=config, source_path=config_path, content_hash=digest)
     tune_gc()
     try:
         _run(policy, config_path, socket_path(config, socket_option))

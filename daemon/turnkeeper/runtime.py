@@ -14,7 +14,7 @@ from turnkeeper.concurrency import ProviderGates
 from turnkeeper.config import (
     Config,
     ConfigError,
-    Policy,
+    PolicyVersion,
     ProviderConfig,
     ProviderSecrets,
     ToolConfig,
@@ -62,7 +62,7 @@ def _script_digest(cfg: ProviderConfig) -> str:
 
 @dataclass(slots=True)
 class Runtime:
-    policy: Policy
+    policy: PolicyVersion
     providers: dict[str, Provider]
     toolbox: ToolBox
     # Per provider, a digest of the secrets it was built with: a reload that reads other
@@ -85,7 +85,7 @@ class Runtime:
         return self.policy.config
 
     @classmethod
-    def build(cls, policy: Policy, previous: Runtime | None = None) -> Runtime:
+    def build(cls, policy: PolicyVersion, previous: Runtime | None = None) -> Runtime:
         """Providers whose config and secrets (a scripted one: its script) did not change
         keep their instance (and its connection pool); the rest are built new. Secrets
         (keys, `env:` header and query values) and scripts are read again on every

@@ -341,7 +341,7 @@ def test_config_show_redacts_literal_provider_headers_and_query() -> None:
 
 async def test_a_reload_keeps_a_provider_whose_secrets_did_not_change_and_rebuilds_the_rest(
         tmp_path: Path) -> None:
-    from turnkeeper.config import Config, Policy
+    from turnkeeper.config import Config, PolicyVersion
     from turnkeeper.runtime import Runtime
     key = tmp_path / "k"
     key.write_text("sk-one")
@@ -351,8 +351,8 @@ async def test_a_reload_keeps_a_provider_whose_secrets_did_not_change_and_rebuil
         ProviderConfig(name="local", kind="openai", base_url="http://127.0.0.1:1/v1",
                        api_key_env="")))
 
-    def policy(version: int) -> Policy:
-        return Policy(version=version, config=config, source_path=None, content_hash="")
+    def policy(version: int) -> PolicyVersion:
+        return PolicyVersion(version=version, config=config, source_path=None, content_hash="")
 
     first = Runtime.build(policy(1))
     same = Runtime.build(policy(2), first)

@@ -114,11 +114,11 @@ def test_a_relative_script_is_relative_to_the_config_file(tmp_path: Path) -> Non
 
 
 def test_a_reload_does_not_apply_keys_that_need_a_restart() -> None:
-    from turnkeeper.config import Policy
+    from turnkeeper.config import PolicyVersion
 
     old = build_config({"daemon": {"socket": "/run/a.sock"}})
     new = build_config({"daemon": {"socket": "/run/b.sock", "max_concurrent_turns": 3}})
-    policy = Policy(version=1, config=old, source_path=None, content_hash="")
+    policy = PolicyVersion(version=1, config=old, source_path=None, content_hash="")
     assert policy.pending_restart(new) == ["daemon.socket"]
     applied = keep_restart_keys(old, build_config({
         "daemon": {"socket": "/run/b.sock", "state_dir": "/x", "max_concurrent_turns": 3},

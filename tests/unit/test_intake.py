@@ -13,7 +13,7 @@ import pytest
 from tests.unit.test_supervisor import GatedModel, write_config
 
 from turnkeeper.clock import FakeClock
-from turnkeeper.config import Policy, load_config
+from turnkeeper.config import PolicyVersion, load_config
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import StoreError
 from turnkeeper.store.sqlite import SQLiteStore
@@ -42,7 +42,7 @@ async def h(tmp_path: Path) -> AsyncIterator[H]:
     with config_path.open("a") as f:  # the guard as by default: 2 samples of 0.5 s
         f.write("\n[budget.profiles.quick]\nmax_steps = 3\n")
     config, digest = load_config(config_path)
-    policy = Policy(version=1, config=config, source_path=str(config_path),
+    policy = PolicyVersion(version=1, config=config, source_path=str(config_path),
                     content_hash=digest)
     clock, model = FakeClock(), GatedModel()
     store = SQLiteStore(tmp_path / "state.sqlite3")

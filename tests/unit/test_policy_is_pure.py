@@ -92,7 +92,7 @@ def test_policy_modules_import_no_io_clock_randomness_or_daemon_layers() -> None
 def test_the_checker_catches_forbidden_imports(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import time\nfrom random import uniform\nimport asyncio.tasks\n"
-                   "from turnkeeper.config import Policy\nfrom .. import config\n"
+                   "from turnkeeper.config import PolicyVersion\nfrom .. import config\n"
                    "from ..store import base\nfrom . import classify\n"
                    "from .outcome import Stop\nimport re\n"
                    "def f():\n    import logging\n"

@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from turnkeeper.config import Config, Policy, ProviderConfig
+from turnkeeper.config import Config, PolicyVersion, ProviderConfig
 from turnkeeper.providers.prices import (
     PriceTable,
     prices_in_force,
@@ -171,7 +171,7 @@ def test_status_shows_each_providers_prices_and_their_source() -> None:
 
 def test_turns_are_charged_the_prices_in_force() -> None:
     config = Config(providers=(openai("gpt-4o-mini"),))
-    runtime = Runtime.build(Policy(version=1, config=config, source_path=None,
+    runtime = Runtime.build(PolicyVersion(version=1, config=config, source_path=None,
                                    content_hash=""))
     prices = runtime.settings.providers["p"]
     assert (prices.price_input_per_mtok, prices.price_output_per_mtok) == (0.15, 0.6)

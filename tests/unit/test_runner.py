@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from turnkeeper.clock import FakeClock
-from turnkeeper.config import Policy, build_config
+from turnkeeper.config import PolicyVersion, build_config
 from turnkeeper.events import Event, EventBus
 from turnkeeper.messages import ToolCall
 from turnkeeper.policy.classify import CallFailure
@@ -81,7 +81,7 @@ class Harness:
                  history: Sequence[dict[str, Any]] = (), **config: Any) -> None:
         data: dict[str, Any] = {"providers": [{"name": "main", "kind": "scripted"}]}
         data.update(config)
-        policy = Policy(version=1, config=build_config(data), source_path=None,
+        policy = PolicyVersion(version=1, config=build_config(data), source_path=None,
                         content_hash="")
         self.runtime = Runtime.build(policy)
         self.provider = ListProvider(script)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from turnkeeper.config import Policy, build_config
+from turnkeeper.config import PolicyVersion, build_config
 from turnkeeper.messages import Message
 from turnkeeper.providers.base import ModelRequest, ProviderError
 from turnkeeper.providers.scripted import ScriptedProvider
@@ -67,13 +67,13 @@ def test_a_rebuild_reads_the_script_again_and_keeps_an_unchanged_one(tmp_path: P
     path.write_text(TWO)
     config = build_config({"providers": [{"name": "s", "kind": "scripted",
                                           "script": str(path)}]})
-    first = Runtime.build(Policy(version=1, config=config, source_path=None,
+    first = Runtime.build(PolicyVersion(version=1, config=config, source_path=None,
                                  content_hash=""))
-    same = Runtime.build(Policy(version=2, config=config, source_path=None,
+    same = Runtime.build(PolicyVersion(version=2, config=config, source_path=None,
                                 content_hash=""), first)
     assert same.providers["s"] is first.providers["s"]
     path.write_text(TWO.replace("noon", "half past noon"))
-    edited = Runtime.build(Policy(version=3, config=config, source_path=None,
+    edited = Runtime.build(PolicyVersion(version=3, config=config, source_path=None,
                                   content_hash=""), same)
     assert edited.providers["s"] is not same.providers["s"]
     assert first.retired_by(edited) == [first.providers["s"]]

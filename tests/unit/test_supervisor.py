@@ -20,7 +20,7 @@ import pytest
 from anyio.abc import TaskGroup
 
 from turnkeeper.clock import FakeClock
-from turnkeeper.config import Policy, load_config
+from turnkeeper.config import PolicyVersion, load_config
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.providers.base import DeltaSink, ModelReply, ModelRequest, Usage
@@ -138,7 +138,7 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
     config_path = tmp_path / "turnkeeper.toml"
     write_config(config_path, max_concurrent=2, max_queued=3)
     config, digest = load_config(config_path)
-    policy = Policy(version=1, config=config, source_path=str(config_path),
+    policy = PolicyVersion(version=1, config=config, source_path=str(config_path),
                     content_hash=digest)
     clock, store, model = FakeClock(), MemoryStore(), GatedModel()
     await store.open()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tests.unit.test_runner import Harness, answer, calls
 
-from turnkeeper.config import Policy, build_config
+from turnkeeper.config import PolicyVersion, build_config
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.policy.effects import EffectLedger, effect_key
 from turnkeeper.policy.outcome import StopCode, TurnResult
@@ -200,7 +200,7 @@ async def test_a_resumed_call_whose_tool_is_gone_is_reported_from_the_journal() 
     kept = cut_after_tools(h)
     await h.run()
     record, checkpoint = kept[0]
-    policy = Policy(version=2, source_path=None, content_hash="", config=build_config(
+    policy = PolicyVersion(version=2, source_path=None, content_hash="", config=build_config(
         {"providers": [{"name": "main", "kind": "scripted"}]}))
     runtime = Runtime.build(policy)
     runtime.providers["main"] = h.provider
@@ -216,7 +216,7 @@ async def test_a_resumed_call_whose_tool_is_gone_is_reported_from_the_journal() 
 def flipped(h: Harness, *, idempotent: bool) -> tuple[Runtime, list[str]]:
     """A new policy's runtime in which `ticket` is (not) idempotent; its calls are
     recorded by their keys, and answer ok."""
-    policy = Policy(version=2, source_path=None, content_hash="", config=build_config(
+    policy = PolicyVersion(version=2, source_path=None, content_hash="", config=build_config(
         {"providers": [{"name": "main", "kind": "scripted"}],
          "tools": [{"name": "ticket", "kind": "echo", "idempotent": idempotent}]}))
     runtime = Runtime.build(policy)

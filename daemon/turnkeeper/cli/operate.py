@@ -44,14 +44,15 @@ SHOW_OUTPUTS = ("json", "table", "toml")
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from turnkeeper.config import ConfigError, Policy, load_config, socket_path, state_dir
+    from turnkeeper.config import ConfigError, PolicyVersion, load_config, socket_path, state_dir
     from turnkeeper.runtime import Runtime
 
     path, how = (args.path, "the command line") if getattr(args, "path", None) \
         else config_search(args.config)
     try:
         config, digest = load_config(path)
-        Runtime.build(Policy(version=0, config=config, source_path=path, content_hash=digest))
+        Runtime.build(PolicyVersion(version=0, config=config, source_path=path,
+                                    content_hash=digest))
     except ConfigError as exc:
         print(f"turnkeeper: {exc}", file=sys.stderr)
         return exits.CONFIG

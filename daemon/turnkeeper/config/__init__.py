@@ -1,13 +1,14 @@
 """Configuration: TOML file + `TURNKEEPER_SECTION__KEY` environment overrides, validated by
-pydantic, frozen into an immutable `Policy` snapshot.
+pydantic, frozen into an immutable `PolicyVersion` snapshot.
 
-Every turn runs under exactly one Policy; a reload builds a new one and swaps it
+Every turn runs under exactly one policy version; a reload builds a new one and swaps it
 atomically. Unknown keys are errors: a typo in a limit must not silently fall back to a
 default.
 
 The models live in `sections.py` (the daemon and the turn's rules), `peers.py`
 (providers and tools) and `agents.py` (named agents); this module assembles them into
-`Config`, freezes a `Policy`, reads files and answers where the socket and state live.
+`Config`, freezes a `PolicyVersion`, reads files and answers where the socket and state
+live.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ __all__ = [
     "ModelName",
     "NonNegFloat",
     "NonNegInt",
-    "Policy",
+    "PolicyVersion",
     "PositiveFloat",
     "PositiveInt",
     "ProfileName",
@@ -303,7 +304,7 @@ def keep_restart_keys(running: Config, new: Config) -> Config:
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class PolicyVersion:
     """An immutable snapshot of the validated configuration, numbered by the daemon."""
 
     version: int

@@ -206,7 +206,7 @@ async def config_changes(
 ) -> AsyncGenerator[ConfigChange, None]:
     """Yield a `ConfigChange` each time the content hash of `path` differs from the last seen.
 
-    `initial_hash` is the sha256 the running policy was loaded from (`Policy.content_hash`;
+    `initial_hash` is the sha256 the running policy was loaded from (`PolicyVersion.content_hash`;
     None: hash the file now). `step_ms` is the quiet time after the last event before the file
     is read (so a save in several writes is read once), `debounce_ms` the longest a burst of
     events is collected; every `rescan_s` the file is hashed even without an event.

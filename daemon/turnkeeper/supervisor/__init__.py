@@ -19,7 +19,7 @@ from typing import Any
 from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock
-from turnkeeper.config import Policy
+from turnkeeper.config import PolicyVersion
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.store.base import Store
 from turnkeeper.store.fleet import FleetStore
@@ -61,7 +61,7 @@ __all__ = ["BadArguments", "BatchItemInvalid", "IdempotencyConflict", "InboxFull
 
 
 class Supervisor(SupervisorCore):
-    def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
+    def __init__(self, *, policy: PolicyVersion, store: Store, clock: Clock, notifier: Notifier,
                  config_path: str | None) -> None:
         super().__init__(policy=policy, store=store, clock=clock, notifier=notifier,
                          config_path=config_path)

@@ -22,7 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock
-from turnkeeper.config import Config, Policy
+from turnkeeper.config import Config, PolicyVersion
 from turnkeeper.events import Event, EventBus
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.daemon_state import DaemonState
@@ -80,7 +80,7 @@ class SupervisorCore:
     """The shared state: what every room reads and writes. It knows no room: each room
     is handed the others it calls when `Supervisor` builds it."""
 
-    def __init__(self, *, policy: Policy, store: Store, clock: Clock, notifier: Notifier,
+    def __init__(self, *, policy: PolicyVersion, store: Store, clock: Clock, notifier: Notifier,
                  config_path: str | None) -> None:
         self.policy = policy
         self.runtime = Runtime.build(policy)

@@ -20,7 +20,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from turnkeeper import event_types as ev
-from turnkeeper.config import Config, ConfigError, Policy, keep_restart_keys, load_config
+from turnkeeper.config import Config, ConfigError, PolicyVersion, keep_restart_keys, load_config
 from turnkeeper.lifecycle.systemd import extend_timeout_loop
 from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.turn_state import TurnState
@@ -146,7 +146,7 @@ class Lifecycle:
             # A file without [[providers]] (an empty one: caught between its truncation
             # and its write) is refused there: never the demo provider by accident.
             config, digest = await anyio.to_thread.run_sync(load_config, core.config_path)
-            candidate = Policy(version=core.policy.version + 1, config=config,
+            candidate = PolicyVersion(version=core.policy.version + 1, config=config,
                                source_path=core.config_path, content_hash=digest)
             runtime = Runtime.build(candidate, core.runtime)
         except Exception as exc:  # ConfigError, or whatever building a provider raised
@@ -188,7 +188,7 @@ class Lifecycle:
         # Swap atomically: nothing runs under the old policy any more.
         previous = core.runtime
         core.pending_restart = tuple(pending)
-        candidate = Policy(version=candidate.version, config=applied,
+        candidate = PolicyVersion(version=candidate.version, config=applied,
                            source_path=core.config_path, content_hash=digest)
         runtime.policy = candidate
         core.policy = candidate
