@@ -259,7 +259,7 @@ def test_metrics_count_retries_failover_and_the_open_breaker(start: Any,
                          check=False)
     status = json.loads(out.stdout)
     assert status["breakers"] == {"primary": "open", "fallback": "closed"}
-    assert status["reloads"] == {"count": 0, "failures": 0}
+    assert status["reloads"] == {"count": 0, "failures": 0, "unchanged": 0}
 
 
 def test_metrics_count_a_recovery_cycle_a_budget_stop_and_reloads(start: Any,
