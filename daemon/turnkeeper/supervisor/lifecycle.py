@@ -146,22 +146,12 @@ class Lifecycle:
             # A file without [[providers]] (an empty one: caught between its truncation
             # and its write) is refused there: never the demo provider by accident.
             config, digest = await anyio.to_thread.run_sync(load_config, core.config_path)
-            candidate = PolicyVersion(version=core.policy.version + 1, config=config,
-                               source_path=core.config_path, content_hash=digest)
-            runtime = Runtime.build(candidate, core.runtime)
+            runtime = Runtime.build(
+                PolicyVersion(version=core.policy.version + 1, config=config,
+                              source_path=core.config_path, content_hash=digest),
+                core.runtime)
         except Exception as exc:  # ConfigError, or whatever building a provider raised
-            error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-            # The same refusal again (a bad save the watcher refused, then `turnkeeper
-            # reload`) is one refused config, not two; each trigger still hears it.
-            if error != core.last_reload_error:
-                core.reload_failures += 1
-            core.last_reload_error = error
-            core.bus.publish(ev.DaemonReloadFailed(trigger=trigger, error=error,
-                                                   policy_version=core.policy.version))
-            log.error("daemon.reload_failed", trigger=trigger, error=error,
-                      policy_version=core.policy.version)
-            core.notifier.status(core.status_line())
-            return ReloadOutcome(ok=False, policy_version=core.policy.version, error=error)
+            return self._refused(trigger, exc)
         if core.stopping:  # a SIGTERM came while the file was read
             await self._discard(runtime)
             return self._stopping_outcome()
@@ -169,6 +159,51 @@ class Lifecycle:
         applied = keep_restart_keys(core.policy.config, config)
         if self._same_policy(applied, pending, runtime):
             return await self._unchanged(trigger, runtime, digest, started)
+        await self._drain_for(trigger)
+        if core.stopping:
+            # A SIGTERM during the drain: the stop owns the turns now (what this drain
+            # suspended resumes at the next start); the new policy is not applied.
+            await self._discard(runtime)
+            log.info("daemon.reload_abandoned", trigger=trigger,
+                     policy_version=core.policy.version)
+            return self._stopping_outcome()
+        previous = core.runtime
+        resumed = await self._swap(runtime, applied, pending, digest)
+        duration = core.clock.monotonic() - started
+        core.notifier.ready(core.status_line())
+        core.bus.publish(ev.DaemonReloaded(
+            trigger=trigger, policy_version=core.policy.version, content_hash=digest,
+            pending_restart=pending, duration_s=round(duration, 6), resumed=resumed))
+        log.info("daemon.reloaded", trigger=trigger, policy_version=core.policy.version,
+                 content_hash=digest, pending_restart=pending, duration_s=round(duration, 6),
+                 suspended=resumed)
+        for provider in previous.retired_by(runtime):
+            await provider.aclose()
+        if previous.toolbox is not runtime.toolbox:
+            await previous.toolbox.aclose()
+        return ReloadOutcome(ok=True, policy_version=core.policy.version,
+                             pending_restart=tuple(pending), duration_s=duration)
+
+    def _refused(self, trigger: str, exc: Exception) -> ReloadOutcome:
+        """The file (or a provider built from it) was refused: the running policy stays,
+        the error is told to the caller, the log, the bus and systemd's STATUS=."""
+        core = self.core
+        error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        # The same refusal again (a bad save the watcher refused, then `turnkeeper
+        # reload`) is one refused config, not two; each trigger still hears it.
+        if error != core.last_reload_error:
+            core.reload_failures += 1
+        core.last_reload_error = error
+        core.bus.publish(ev.DaemonReloadFailed(trigger=trigger, error=error,
+                                               policy_version=core.policy.version))
+        log.error("daemon.reload_failed", trigger=trigger, error=error,
+                  policy_version=core.policy.version)
+        core.notifier.status(core.status_line())
+        return ReloadOutcome(ok=False, policy_version=core.policy.version, error=error)
+
+    async def _drain_for(self, trigger: str) -> None:
+        """RELOADING=1, intake closed (submits are queued), then the drain."""
+        core = self.core
         core.move_to(DaemonState.RELOADING)
         core.notifier.reloading(core.status_line())
         core.bus.publish(ev.DaemonReloading(trigger=trigger,
@@ -178,22 +213,20 @@ class Lifecycle:
                  queued=len(core.queue))
         core.intake_open = False
         await self._drain(core.config.daemon.drain_timeout, reason="reload")
-        if core.stopping:
-            # A SIGTERM during the drain: the stop owns the turns now (what this drain
-            # suspended resumes at the next start); the new policy is not applied.
-            await self._discard(runtime)
-            log.info("daemon.reload_abandoned", trigger=trigger,
-                     policy_version=core.policy.version)
-            return self._stopping_outcome()
-        # Swap atomically: nothing runs under the old policy any more.
+
+    async def _swap(self, runtime: Runtime, applied: Config, pending: list[str],
+                    digest: str) -> int:
+        """Swap atomically: nothing runs under the old policy any more. The turns the
+        drain suspended go first in the queue; how many."""
+        core = self.core
         previous = core.runtime
         core.pending_restart = tuple(pending)
-        candidate = PolicyVersion(version=candidate.version, config=applied,
-                           source_path=core.config_path, content_hash=digest)
-        runtime.policy = candidate
-        core.policy = candidate
+        version = PolicyVersion(version=runtime.policy.version, config=applied,
+                                source_path=core.config_path, content_hash=digest)
+        runtime.policy = version
+        core.policy = version
         core.runtime = runtime
-        core.shared.apply(candidate.config)
+        core.shared.apply(version.config)
         self.webhooks.configure()
         if core.tg is not None:  # MCP servers whose config changed restart, drained
             await runtime.toolbox.start(core.tg, replacing=previous.toolbox)
@@ -207,20 +240,7 @@ class Lifecycle:
         core.move_to(DaemonState.READY)
         core.intake_open = True
         self.scheduling.dispatch()
-        duration = core.clock.monotonic() - started
-        core.notifier.ready(core.status_line())
-        core.bus.publish(ev.DaemonReloaded(
-            trigger=trigger, policy_version=candidate.version, content_hash=digest,
-            pending_restart=pending, duration_s=round(duration, 6), resumed=len(suspended)))
-        log.info("daemon.reloaded", trigger=trigger, policy_version=candidate.version,
-                 content_hash=digest, pending_restart=pending, duration_s=round(duration, 6),
-                 suspended=len(suspended))
-        for provider in previous.retired_by(runtime):
-            await provider.aclose()
-        if previous.toolbox is not runtime.toolbox:
-            await previous.toolbox.aclose()
-        return ReloadOutcome(ok=True, policy_version=candidate.version,
-                             pending_restart=tuple(pending), duration_s=duration)
+        return len(suspended)
 
     def _same_policy(self, applied: Config, pending: list[str], runtime: Runtime) -> bool:
         """The reload would run what runs now: the same settings (a comment or the order
