@@ -174,7 +174,11 @@ class StreamState:
                            types=types)
 
     def take(self, raw: dict[str, Any]) -> bool:
-        """Whether the event is new (a reopened stream sends a turn's events again)."""
+        """Whether the event is new (a reopened stream sends a turn's events again). The
+        line a stream the daemon dropped for falling behind ends with is no event: the
+        stream is opened again after the last seq seen."""
+        if raw.get("type") == "stream.dropped":
+            return False
         seq = raw.get("seq")
         if isinstance(seq, int):
             if self.started and seq <= self.last_seq:

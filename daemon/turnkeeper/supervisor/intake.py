@@ -225,6 +225,7 @@ class Intake:
                 idempotency=idempotency)
         except BaseException:
             core.live.pop(record.id, None)
+            core.bus.withdraw(queued)
             raise
         if self.fleet is not None:  # the fleet's: whichever node claims it runs it
             core.live.pop(record.id, None)
@@ -373,6 +374,7 @@ class Intake:
         except StoreError:
             if message in record.inbox:
                 record.inbox.remove(message)
+            core.bus.withdraw(event)
             raise
         core.bus.deliver(event)
         log.info("turn.message", **log_context(record), kind=kind, redirect=redirect,
