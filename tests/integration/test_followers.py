@@ -131,6 +131,9 @@ def test_followers_that_never_read_hold_bounded_bytes_are_dropped_and_resume(
         assert end["dropped"] == SILENT, end
         assert end["open"] <= 1, end  # the reader's, until the daemon sees it closed
         assert largest > 0 and got, (largest, len(got))
+        status, text = d.get("/metrics")  # not JSON: the client hands back the text
+        assert status == 200
+        assert f"turnkeeper_event_subscribers_dropped_total {float(SILENT)}" in text["error"]
 
         # The reader got every event the store holds, none twice (live, an event that
         # commits with its turn's row may come after one numbered later).
