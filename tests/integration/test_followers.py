@@ -3,8 +3,9 @@
 The real daemon on its real socket: clients that open `GET /v1/events` and never read
 a byte while turns with long answers run. What the daemon holds for each follower
 (`/v1/status` `followers`) stays under `daemon.max_follower_backlog_bytes`; each is
-dropped once it is past it, and reopens its stream with `after=` the last `seq` it got,
-missing nothing stored; a follower that reads gets every event.
+dropped once it is past it, and reopens its stream with `after=` the `seq` its last
+line names, missing nothing stored; a follower that reads (through `turnkeeper.client`)
+gets every event.
 """
 
 from __future__ import annotations
