@@ -18,6 +18,7 @@ Sizes (the suite's; `--full` runs each script's own defaults instead, which take
   bench_cli          40 runs of each command (default 60)
   bench_guards, bench_outage, bench_reload, bench_durability: their own defaults
   bench_resume       its defaults: 1,000 turns x 20 steps, one round (about 90 s)
+  bench_followers    2,000 turns x 3 steps, 16 followers that never read vs none
   bench_adaptive     its defaults: about 6 minutes, most of it the run without adaptation
                      waiting out its recovery cycles
   bench_fleet        the store part 200 turns x 5 steps, 2 rounds; 150 turns x 3 steps
@@ -70,6 +71,8 @@ BENCHES = (
     Bench("durability", "bench_durability.py", "durability under crashes"),
     Bench("resume", "bench_resume.py", "1,000 turns x 20 steps killed half-way and resumed "
           "vs an empty start and an uninterrupted run", (), 200.0),
+    Bench("followers", "bench_followers.py", "RSS growth with 16 event followers that "
+          "never read vs none", ("--turns", "2000"), 120.0),
     Bench("fleet", "bench_fleet.py", "PostgreSQL store, 1 and 3 daemons, vs the SQLite file; "
           "take-over after kill -9", ("--turns", "200", "--rounds", "2"), 300.0),
 )

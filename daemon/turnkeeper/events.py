@@ -2,7 +2,11 @@
 live subscribers, and is handed to the store.
 
 A subscriber that cannot keep up is dropped (its stream closes) rather than allowed to
-stall the turns that publish: publishing never awaits. `model.delta` events (streamed
+stall the turns that publish: publishing never awaits. What waits for a subscriber is
+each event's NDJSON line, made once and shared by all of them, counted in bytes; with
+what its socket holds, that is its backlog, and `policy/admission.py`'s
+`FollowerBacklog` says when it is too much (the bus is handed the rule: it does not
+import `policy/`). `model.delta` events (streamed
 text) are live only; everything else is persisted so a turn's events survive restarts.
 
 Listeners are synchronous in-process hooks called on every event as it is published
@@ -23,7 +27,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import structlog
@@ -33,6 +37,9 @@ from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, to_micros
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.event_types import EVENT_TYPES, EventBody, ModelDelta, TurnFinished
+
+if TYPE_CHECKING:
+    from turnkeeper.policy.admission import FollowerBacklog
 
 log = structlog.get_logger("turnkeeper.events")
 
@@ -91,20 +98,104 @@ class Event:
         return None if cls is None else cls.from_json(self.data)
 
 
-@dataclass(slots=True)
-class _Subscriber:
-    send: MemoryObjectSendStream[Event]
+class Live(NamedTuple):
+    """An event as a live stream sends it: what a stream skips or filters by, and its
+    NDJSON line (the encoded event and a newline). Made once per event and shared by
+    every follower: the event's data and typed fields are not kept alive by a follower
+    that has not read it yet, only these bytes."""
+
+    seq: int
+    type: str
     turn: str | None
+    line: bytes
 
 
-def _offer(event: Event, subscribers: list[_Subscriber], dead: list[_Subscriber]) -> None:
-    """Send `event` to each of `subscribers`; one whose buffer is full, or whose reader
-    left, goes on `dead`."""
-    for sub in subscribers:
+class Follower:
+    """One live subscriber: the events waiting for it and their bytes, and what the
+    stream that reads it tells the bus (`pending`: the bytes its socket holds unsent;
+    `on_drop`: how to stop the stream at once, even one stuck writing to a client that
+    reads nothing)."""
+
+    __slots__ = ("_receive", "_send", "behind_since", "dropped", "on_drop", "pending",
+                 "queued_bytes", "turn")
+
+    def __init__(self, turn: str | None, send: MemoryObjectSendStream[Live],
+                 receive: MemoryObjectReceiveStream[Live]) -> None:
+        self.turn = turn
+        self._send = send
+        self._receive = receive
+        self.queued_bytes = 0
+        self.pending: Callable[[], int] | None = None
+        self.on_drop: Callable[[], None] | None = None
+        self.behind_since: float | None = None
+        self.dropped: str | None = None  # why the bus dropped it ("buffer", "stalled")
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Every byte held for this follower: its queue and its socket's unsent bytes."""
+        pending = self.pending
+        return self.queued_bytes + (pending() if pending is not None else 0)
+
+    def receive_nowait(self) -> Live:
+        live = self._receive.receive_nowait()
+        self.queued_bytes -= len(live.line)
+        return live
+
+    async def receive(self) -> Live:
+        live = await self._receive.receive()
+        self.queued_bytes -= len(live.line)
+        return live
+
+    def __aiter__(self) -> Follower:
+        return self
+
+    async def __anext__(self) -> Live:
         try:
-            sub.send.send_nowait(event)
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    def discard(self) -> int | None:
+        """Let go of the events still waiting (a dropped follower's): the lowest seq
+        among them, or None when none was."""
+        low: int | None = None
+        while True:
+            try:
+                seq = self.receive_nowait().seq
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return low
+            low = seq if low is None else min(low, seq)
+
+    def _drop(self, why: str) -> None:
+        self.dropped = why
+        self._send.close()
+        if self.on_drop is not None:
+            self.on_drop()
+
+    def _close(self) -> None:
+        self._send.close()
+        self._receive.close()
+        self.queued_bytes = 0
+
+
+def _offer(live: Live, followers: list[Follower], dead: list[Follower],
+           rule: FollowerBacklog | None, now: float) -> None:
+    """Send `live` to each of `followers`; one whose buffer is full, whose reader left,
+    or whose backlog the rule refuses goes on `dead`."""
+    size = len(live.line)
+    for sub in followers:
+        try:
+            sub._send.send_nowait(live)
         except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            sub.dropped = "buffer"
             dead.append(sub)
+            continue
+        sub.queued_bytes += size
+        if rule is not None:
+            why, sub.behind_since = rule.judge(sub.backlog_bytes, sub.behind_since, now)
+            if why is not None:
+                sub.dropped = why
+                dead.append(sub)
 
 
 class EventBus:
@@ -121,14 +212,22 @@ class EventBus:
         # Live subscribers by what they follow: an event is offered to the followers of
         # every turn and of its own turn, not to every follower there is (500 `submit
         # --follow` clients made each event 500 checks).
-        self._of_all: list[_Subscriber] = []
-        self._of_turn: dict[str, list[_Subscriber]] = {}
+        self._of_all: list[Follower] = []
+        self._of_turn: dict[str, list[Follower]] = {}
         self._buffer = subscriber_buffer
+        # When a follower is too far behind (set from the policy in force; None: only
+        # the event count of `subscriber_buffer` bounds it).
+        self.follower_rule: FollowerBacklog | None = None
+        self._undelivered: set[int] = set()  # prepared, not delivered or withdrawn yet
         self.dropped_subscribers = 0
         self.listeners: list[Callable[[Event], None]] = []
         self.listener_errors = 0
         self.strict = strict
         self.unknown_types = 0
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
 
     @property
     def last_seq(self) -> int:
@@ -141,7 +240,7 @@ class EventBus:
 
     def publish(self, event: EventBody | str, turn: str | None = None,
                 **data: Any) -> Event:
-        prepared = self.prepare(event, turn, **data)
+        prepared = self._prepare(event, turn, data)
         if self._persist is not None and prepared.type not in LIVE_ONLY_TYPES:
             self._persist(prepared)
         self.deliver(prepared)
@@ -152,7 +251,30 @@ class EventBus:
         """An event with its sequence number, not yet persisted or delivered: for an
         event that must commit in the same transaction as the state it reports (a turn's
         `turn.queued` with its row, `turn.finished` with its result), so a crash can
-        never keep one without the other. The caller writes it, then `deliver`s it."""
+        never keep one without the other. The caller writes it, then `deliver`s it, or
+        `withdraw`s it when the write failed. Events numbered after it may be delivered
+        first: until it is, a follower's stream cannot be reopened past its seq."""
+        prepared = self._prepare(event, turn, data)
+        self._undelivered.add(prepared.seq)
+        return prepared
+
+    def withdraw(self, event: Event) -> None:
+        """A prepared event that will never be delivered (its write failed)."""
+        self._undelivered.discard(event.seq)
+
+    def resume_point(self, sent: int, waiting: int | None) -> int:
+        """The seq a dropped follower's stream may be reopened after: at most the last
+        it was sent, and below any event still owed to it (`waiting`: the lowest seq left
+        in its queue) or not delivered yet (prepared, its write under way), since events
+        are not always delivered in the order of their numbers."""
+        low = min(self._undelivered, default=None)
+        for seq in (waiting, low):
+            if seq is not None and seq <= sent:
+                sent = seq - 1
+        return sent
+
+    def _prepare(self, event: EventBody | str, turn: str | None,
+                 data: dict[str, Any]) -> Event:
         typed: EventBody | None = None
         if isinstance(event, EventBody):
             if data:
@@ -181,30 +303,53 @@ class EventBus:
 
     def deliver(self, event: Event) -> None:
         """Fan an event out to listeners and live subscribers (no persistence)."""
+        if self._undelivered:
+            self._undelivered.discard(event.seq)
         for listener in self.listeners:
             try:
                 listener(event)
             except Exception:
                 self.listener_errors += 1
-        dead: list[_Subscriber] = []
+        of_turn = (self._of_turn.get(event.turn)
+                   if self._of_turn and event.turn is not None else None)
+        if not self._of_all and of_turn is None:
+            return
+        # One line for every follower; a copy of orjson's output, which sits in a
+        # buffer of at least 4 KiB that it never gives back: kept in a queue, each event
+        # held 4 KiB, whatever its size.
+        live = Live(event.seq, event.type, event.turn, event.encoded_bytes() + b"\n")
+        rule = self.follower_rule
+        now = self._clock.monotonic() if rule is not None else 0.0
+        dead: list[Follower] = []
         if self._of_all:
-            _offer(event, self._of_all, dead)
-        if self._of_turn and event.turn is not None:
-            of_turn = self._of_turn.get(event.turn)
-            if of_turn is not None:
-                _offer(event, of_turn, dead)
+            _offer(live, self._of_all, dead, rule, now)
+        if of_turn is not None:
+            _offer(live, of_turn, dead, rule, now)
         for sub in dead:
             if self._remove(sub):
                 self.dropped_subscribers += 1
-            sub.send.close()
+                log.warning("events.follower_dropped", reason=sub.dropped,
+                            backlog_bytes=sub.backlog_bytes, turn=sub.turn)
+            sub._drop(sub.dropped or "buffer")
 
-    def _add(self, sub: _Subscriber) -> None:
+    def followers(self) -> dict[str, int]:
+        """The live followers now: how many, the bytes held for them (all, and the
+        largest backlog), and how many were dropped for falling behind since the start."""
+        backlogs = [sub.backlog_bytes for sub in itertools.chain(self._of_all,
+                                                                 *self._of_turn.values())]
+        rule = self.follower_rule
+        return {"open": len(backlogs), "backlog_bytes": sum(backlogs),
+                "largest_backlog_bytes": max(backlogs, default=0),
+                "max_backlog_bytes": rule.max_bytes if rule is not None else 0,
+                "dropped": self.dropped_subscribers}
+
+    def _add(self, sub: Follower) -> None:
         if sub.turn is None:
             self._of_all.append(sub)
         else:
             self._of_turn.setdefault(sub.turn, []).append(sub)
 
-    def _remove(self, sub: _Subscriber) -> bool:
+    def _remove(self, sub: Follower) -> bool:
         """False when it was gone already."""
         followers = self._of_all if sub.turn is None else self._of_turn.get(sub.turn)
         if followers is None or sub not in followers:
@@ -220,19 +365,18 @@ class EventBus:
         of_all, of_turn = self._of_all, self._of_turn
         self._of_all, self._of_turn = [], {}
         for sub in itertools.chain(of_all, *of_turn.values()):
-            sub.send.close()
+            sub._send.close()
 
     @contextmanager
-    def subscribe(self, turn: str | None = None) -> Iterator[MemoryObjectReceiveStream[Event]]:
+    def subscribe(self, turn: str | None = None) -> Iterator[Follower]:
         """Live events from now on (for one turn, or all). Subscribe *before* reading the
         history from the store so nothing falls in the gap; dedupe by `seq`."""
-        send, receive = anyio.create_memory_object_stream[Event](
+        send, receive = anyio.create_memory_object_stream[Live](
             self._buffer if self._buffer > 0 else math.inf)
-        sub = _Subscriber(send=send, turn=turn)
+        sub = Follower(turn, send, receive)
         self._add(sub)
         try:
-            yield receive
+            yield sub
         finally:
             self._remove(sub)
-            send.close()
-            receive.close()
+            sub._close()

@@ -85,6 +85,13 @@ class StateCollector(Collector):
         yield from self._in_flight()
         yield from self._mcp_servers()
         yield from self._webhooks()
+        followers = sup.bus.followers()
+        yield GaugeMetricFamily("turnkeeper_event_followers", "Live event streams open",
+                                value=followers["open"])
+        yield GaugeMetricFamily("turnkeeper_event_follower_backlog_bytes",
+                                "Bytes held for live event streams (events waiting, "
+                                "their sockets' unsent bytes)",
+                                value=followers["backlog_bytes"])
         yield CounterMetricFamily("turnkeeper_event_subscribers_dropped",
                                   "Event stream subscribers dropped for falling behind",
                                   value=sup.bus.dropped_subscribers)

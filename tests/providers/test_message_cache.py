@@ -4,8 +4,10 @@ OpenAI and Anthropic adapters' request bodies with it, byte for byte those witho
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
+from turnkeeper import jsonwire
 from turnkeeper.config import ProviderConfig
 from turnkeeper.messages import Message, ToolCall
 from turnkeeper.providers.anthropic import AnthropicProvider
@@ -202,3 +204,20 @@ def test_an_anthropic_body_orjson_refuses_is_still_the_same_json() -> None:
     cached = json.loads(provider.encode(request(messages, cache, "sys")))
     assert cached == json.loads(provider.encode(request(messages, None, "sys")))
     assert cached["seed"] == 2**70 and "cache_control" in json.dumps(cached["messages"][-1])
+
+
+def test_a_cached_message_holds_the_memory_of_its_bytes_not_of_the_encoders_buffer() -> None:
+    """orjson writes into a buffer of at least 4 KiB and keeps it whole: a turn's cache
+    of 200 short messages held 800 KiB. What the cache keeps is sized to the bytes."""
+    messages = conversation(100)
+    cache = MessageCache()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        data = cache.encode(object(), messages,
+                            lambda m, _p: jsonwire.dumps({"content": m.content}))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(data) == len(messages) == 201
+    assert held < 201 * 200, held  # each under 200 bytes with its object; 4 KiB before

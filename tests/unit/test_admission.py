@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from turnkeeper.policy.admission import ControlLimits, default_max_connections
+from turnkeeper.policy.admission import ControlLimits, FollowerBacklog, default_max_connections
 
 LIMITS = ControlLimits(max_connections=3, max_followers_per_client=2, max_message_bytes=10)
 
@@ -48,3 +48,23 @@ def test_another_uid_gets_half_the_slots_and_none_of_those_kept_for_the_operator
 def test_a_single_slot_is_nobodys_reserve() -> None:
     limits = ControlLimits(max_connections=1, max_followers_per_client=2, max_message_bytes=10)
     assert limits.admits_peer(0, 0, privileged=False)
+
+
+def test_a_follower_past_its_backlog_bound_is_dropped_at_once() -> None:
+    rule = FollowerBacklog(max_bytes=1000, stall_timeout_s=30.0)
+    assert rule.judge(1000, None, now=5.0) == (None, 5.0)  # behind, not over
+    assert rule.judge(1001, None, now=5.0) == ("buffer", 5.0)
+
+
+def test_a_follower_under_half_its_bound_is_not_behind() -> None:
+    rule = FollowerBacklog(max_bytes=1000, stall_timeout_s=30.0)
+    assert rule.judge(500, 2.0, now=100.0) == (None, None)  # caught up: the clock resets
+    assert rule.judge(0, None, now=100.0) == (None, None)
+
+
+def test_a_follower_that_stays_behind_for_the_stall_timeout_is_dropped() -> None:
+    rule = FollowerBacklog(max_bytes=1000, stall_timeout_s=30.0)
+    why, since = rule.judge(600, None, now=10.0)
+    assert (why, since) == (None, 10.0)
+    assert rule.judge(900, since, now=39.9) == (None, 10.0)
+    assert rule.judge(700, since, now=40.0) == ("stalled", 10.0)

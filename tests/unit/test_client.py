@@ -90,3 +90,23 @@ def test_importing_the_blocking_client_loads_no_anyio_aiohttp_or_pydantic() -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_an_event_that_comes_after_a_later_numbered_one_is_still_given() -> None:
+    """Live events are not always in seq order (a turn's `turn.queued` goes out once it
+    is stored): one numbered lower than the last seen is new unless it was seen."""
+    state = StreamState(None, None)
+    assert [state.take({"seq": s, "type": "x"}) for s in (18, 17, 19, 17, 18)] == [
+        True, True, True, False, False]
+    assert state.path(None) == "/v1/events?after=19"
+
+
+def test_a_dropped_stream_reopens_where_the_daemon_said_and_gives_nothing_twice() -> None:
+    state = StreamState(None, None)
+    for s in (5, 7, 8):
+        assert state.take({"seq": s, "type": "x"})
+    # Dropped for falling behind while seq 6 was still owed to it.
+    assert not state.take({"type": "stream.dropped", "reason": "buffer", "after": 5})
+    assert state.path(None) == "/v1/events?after=5"
+    assert [state.take({"seq": s, "type": "x"}) for s in (6, 7, 8, 9)] == [
+        True, False, False, True]

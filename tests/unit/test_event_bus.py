@@ -4,15 +4,17 @@ buffer is dropped (its stream closed, counted once) without touching the others.
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import pytest
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from turnkeeper.clock import FakeClock
-from turnkeeper.events import Event, EventBus
+from turnkeeper.events import EventBus, Follower
+from turnkeeper.policy.admission import FollowerBacklog
 
 
-def drain(stream: MemoryObjectReceiveStream[Event]) -> list[str | None]:
+def drain(stream: Follower) -> list[str | None]:
     """The turns of the events waiting in `stream`."""
     turns: list[str | None] = []
     while True:
@@ -49,3 +51,56 @@ def test_a_follower_behind_its_buffer_is_dropped_once_and_the_others_go_on() -> 
             slow.receive_nowait()
         bus.publish("turn.message", turn="a")
         assert drain(reader) == ["a"] and bus.dropped_subscribers == 1
+
+
+def test_a_follower_is_dropped_by_the_bytes_waiting_for_it_as_the_rule_says() -> None:
+    """What waits for a follower is counted in bytes of its events' lines (shared by
+    every follower), plus what its socket holds; past the rule's bound it is dropped and
+    told so through `on_drop`, and the reader that keeps up is not."""
+    clock = FakeClock()
+    bus = EventBus(clock=clock)
+    bus.follower_rule = FollowerBacklog(max_bytes=300, stall_timeout_s=60.0)
+    with bus.subscribe() as slow, bus.subscribe() as reader:
+        told: list[str | None] = []
+        slow.on_drop = lambda: told.append(slow.dropped)
+        slow.pending = lambda: 50  # bytes its socket has not sent
+        line = 0
+        while not told:
+            bus.publish("turn.message", turn="a", text="x" * 40)
+            got = reader.receive_nowait()
+            assert got.line.endswith(b"\n") and json.loads(got.line)["seq"] == got.seq
+            line = len(got.line)
+            assert reader.queued_bytes == 0
+        assert told == ["buffer"] and slow.dropped == "buffer"
+        assert slow.queued_bytes + 50 > 300 >= slow.queued_bytes + 50 - line
+        assert bus.followers()["open"] == 1 and bus.followers()["dropped"] == 1
+        assert slow.discard() == 1  # what waited, let go of: the lowest seq among it
+        assert slow.queued_bytes == 0
+
+
+def test_a_follower_behind_for_the_stall_timeout_is_dropped() -> None:
+    clock = FakeClock()
+    bus = EventBus(clock=clock)
+    bus.follower_rule = FollowerBacklog(max_bytes=1000, stall_timeout_s=10.0)
+    with bus.subscribe() as slow:
+        slow.pending = lambda: 600  # over half the bound, and it never sends
+        bus.publish("turn.message", turn="a")
+        assert slow.dropped is None and slow.behind_since == clock.monotonic()
+        clock.advance(10.0)
+        bus.publish("turn.message", turn="a")
+        assert slow.dropped == "stalled"
+
+
+def test_a_dropped_stream_reopens_below_any_event_still_owed_to_it() -> None:
+    """Events prepared to commit with their state are delivered when the write is
+    done, so later numbers can go out first: a reopen point never skips one."""
+    bus = EventBus(clock=FakeClock())
+    queued = bus.prepare("turn.queued", turn="a")  # seq 1, its write under way
+    bus.publish("turn.message", turn="a")  # seq 2, out first
+    assert bus.resume_point(2, None) == 0
+    bus.deliver(queued)
+    assert bus.resume_point(2, None) == 2
+    assert bus.resume_point(2, 2) == 1  # seq 2 still waiting in the follower's queue
+    withdrawn = bus.prepare("turn.message", turn="a")  # its write failed
+    bus.withdraw(withdrawn)
+    assert bus.resume_point(3, None) == 3

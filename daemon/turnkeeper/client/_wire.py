@@ -159,29 +159,59 @@ class Reconnects:
         return delay
 
 
+# How many of the latest seqs a followed stream remembers to give none twice: live
+# events do not always come in the order of their numbers (a turn's `turn.queued` and
+# `turn.finished` go out once they are stored), and a reopened stream sends some again.
+SEEN_WINDOW = 20_000
+DROPPED = "stream.dropped"  # the line a stream the daemon dropped ends with
+
+
 class StreamState:
-    """What a followed stream has seen: the last `seq`, and whether it ended as a turn's
-    stream ends (with its `turn.finished`), so a drop is told from an end."""
+    """What a followed stream has seen: the seqs (the latest `SEEN_WINDOW`), the highest,
+    where to reopen it (after the highest, or where the daemon said when it dropped the
+    stream for falling behind), and whether it ended as a turn's stream ends (with its
+    `turn.finished`), so a drop is told from an end."""
 
     def __init__(self, turn_id: str | None, after: int | None) -> None:
         self.turn_id = turn_id
         self.last_seq = after or 0
         self.started = after is not None
         self.last_type = ""
+        self.resume_after: int | None = None
+        self._seen: set[int] = set()
+        self._order: list[int] = []
+        self._floor = after or 0  # every seq up to it counts as seen
 
     def path(self, types: str | None) -> str:
-        return events_path(self.turn_id, after=self.last_seq if self.started else None,
+        after = self.last_seq if self.resume_after is None else self.resume_after
+        return events_path(self.turn_id, after=after if self.started else None,
                            types=types)
 
     def take(self, raw: dict[str, Any]) -> bool:
-        """Whether the event is new (a reopened stream sends a turn's events again)."""
+        """Whether the event is new (a reopened stream sends a turn's events again). The
+        line a dropped stream ends with is no event: it says where to reopen."""
+        if raw.get("type") == DROPPED:
+            after = raw.get("after")
+            if isinstance(after, int):
+                self.resume_after, self.started = after, True
+            return False
         seq = raw.get("seq")
         if isinstance(seq, int):
-            if self.started and seq <= self.last_seq:
+            if seq <= self._floor or seq in self._seen:
                 return False
-            self.last_seq, self.started = seq, True
+            self._remember(seq)
+            self.last_seq, self.started = max(seq, self.last_seq), True
         self.last_type = str(raw.get("type", ""))
         return True
+
+    def _remember(self, seq: int) -> None:
+        self._seen.add(seq)
+        self._order.append(seq)
+        if len(self._order) > 2 * SEEN_WINDOW:
+            old = self._order[:SEEN_WINDOW]
+            self._floor = max(self._floor, *old)
+            self._seen.difference_update(old)
+            del self._order[:SEEN_WINDOW]
 
     @property
     def ended(self) -> bool:

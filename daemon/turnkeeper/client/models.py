@@ -107,8 +107,9 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One event: its number (`seq`, increasing), time, type, turn (None for the
-    daemon's own) and the rest of its fields in `data`."""
+    """One event: its number (`seq`: live, an event stored with its turn's state may
+    come after one numbered later), time, type, turn (None for the daemon's own) and the
+    rest of its fields in `data`."""
 
     seq: int
     ts: float

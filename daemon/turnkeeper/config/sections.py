@@ -67,6 +67,12 @@ class DaemonConfig(_Section):
     control_idle_timeout: Annotated[float, Field(gt=0)] = 30.0
     body_read_timeout: Annotated[float, Field(gt=0)] = 10.0
     max_followers_per_client: PositiveInt = 16
+    # An event follower is dropped (its stream ends with a `stream.dropped` line naming
+    # the seq to reopen it after) once the daemon holds more than this for it (events
+    # waiting, bytes its socket has not sent), or more than half of it for
+    # follower_stall_timeout seconds: a client that stops reading costs bounded memory.
+    max_follower_backlog_bytes: PositiveInt = 1024 * 1024
+    follower_stall_timeout: Annotated[float, Field(gt=0)] = 30.0
     max_message_bytes: PositiveInt = 256 * 1024
     # A submit whose turn the store cannot keep within this long (a full disk) is
     # answered 507 and its write withdrawn: never left hanging, never run unanswered.

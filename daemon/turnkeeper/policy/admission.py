@@ -64,3 +64,34 @@ def inbox_full(pending: int, *, max_pending_messages: int) -> bool:
     """A turn's inbox holds messages its next step has not taken yet: past the limit a
     client steering in a loop would grow the daemon's memory and every checkpoint."""
     return pending >= max_pending_messages
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerBacklog:
+    """How far behind an event follower may fall before it is dropped.
+
+    A follower's backlog is every byte the daemon holds for it: the encoded events
+    waiting for its stream and what its socket has taken and not sent yet. A client that
+    stops reading would otherwise make the daemon keep every event from then on. The
+    follower is dropped (`"buffer"`) as soon as its backlog passes `max_bytes`, so what
+    it can cost is bounded, or (`"stalled"`) once it has stayed over half of that for
+    `stall_timeout_s` (it reads, but not enough to catch up). A dropped follower reopens
+    its stream with `after=` the last `seq` it read and loses nothing that was stored.
+    """
+
+    max_bytes: int
+    stall_timeout_s: float
+
+    def judge(self, backlog_bytes: int, behind_since: float | None,
+              now: float) -> tuple[str | None, float | None]:
+        """(why it is dropped, or None to keep it; since when it has been behind, or
+        None while it is not)."""
+        if backlog_bytes > self.max_bytes:
+            return "buffer", now if behind_since is None else behind_since
+        if backlog_bytes * 2 <= self.max_bytes:
+            return None, None
+        if behind_since is None:
+            return None, now
+        if now - behind_since >= self.stall_timeout_s:
+            return "stalled", behind_since
+        return None, behind_since

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from turnkeeper import jsonwire
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.messages import Message, ToolCall, ToolSpec
 from turnkeeper.policy.classify import CallFailure
@@ -79,7 +80,8 @@ class MessageCache:
         previous = seen[-1] if seen else None
         for m in messages[kept:]:
             seen.append(m)
-            data.append(one(m, previous))
+            # Kept for the turn's life: right-sized (orjson's output sits in 4 KiB).
+            data.append(jsonwire.kept(one(m, previous)))
             previous = m
         return data
 

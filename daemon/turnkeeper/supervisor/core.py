@@ -25,6 +25,7 @@ from turnkeeper.clock import Clock
 from turnkeeper.config import Config, PolicyVersion
 from turnkeeper.events import Event, EventBus
 from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.policy.admission import FollowerBacklog
 from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.outcome import TurnResult
 from turnkeeper.policy.scheduler import SessionScheduler
@@ -36,6 +37,12 @@ from turnkeeper.turn.runner import TurnControl
 # Stores a message with its event: (message, at, event).
 AppendMessage = Callable[[dict[str, Any], float, Event], Awaitable[None]]
 
+
+
+def follower_backlog(config: Config) -> FollowerBacklog:
+    """When the event bus drops a follower, from the policy in force."""
+    return FollowerBacklog(max_bytes=config.daemon.max_follower_backlog_bytes,
+                           stall_timeout_s=config.daemon.follower_stall_timeout)
 
 @dataclass(slots=True)
 class LiveTurn:
@@ -92,6 +99,7 @@ class SupervisorCore:
         self.config_path = config_path
         self.bus = EventBus(clock=clock, persist=store.append_event,
                             reserve=store.reserve_event_seqs)
+        self.bus.follower_rule = follower_backlog(policy.config)
         self.state = DaemonState.STARTING
         self.started_at = clock.monotonic()
         self.live: dict[str, LiveTurn] = {}

@@ -225,6 +225,7 @@ class Intake:
                 idempotency=idempotency)
         except BaseException:
             core.live.pop(record.id, None)
+            core.bus.withdraw(queued)
             raise
         if self.fleet is not None:  # the fleet's: whichever node claims it runs it
             core.live.pop(record.id, None)
@@ -274,8 +275,7 @@ class Intake:
         an overload, raises `IntakeRefused`: nothing is taken), then written at once so
         they share one store transaction. The answer is in the order of `requests`: each
         turn as written, or the error its write met (the others are taken all the same).
-        `keys`: each request's Idempotency-Key row, written with its turn (none when
-        shorter).
+        `keys`: each request's Idempotency-Key row, written with its turn (none when shorter).
         """
         core = self.core
         for i, req in enumerate(requests):
@@ -348,13 +348,12 @@ class Intake:
     async def take_message(self, live: LiveTurn, *, kind: str, text: str, redirect: bool,
                            write: AppendMessage | None = None,
                            extra: dict[str, Any] | None = None, **log_extra: Any) -> None:
-        """A steer, an answer or an approval decision (its call, decision and edited
-        arguments in `extra`) into the turn's inbox, durable with its `turn.message`
-        event before the turn hears of it. `write` stores it (the store's
-        `append_message` unless given: fleet mail takes its mail in the same
-        transaction). A write that fails leaves the inbox as it was: the sender hears the
-        message was not taken, and kept, the turn would act on a message the sender may
-        well send again."""
+        """A steer, an answer or an approval decision (its call, decision and edited arguments in
+        `extra`) into the turn's inbox, durable with its `turn.message` event before the turn
+        hears of it. `write` stores it (the store's `append_message` unless given: fleet mail
+        takes its mail in the same transaction). A write that fails leaves the inbox as it was:
+        the sender hears the message was not taken, and kept, the turn would act on a message the
+        sender may well send again."""
         core = self.core
         record = live.record
         now = core.clock.time()
@@ -373,6 +372,7 @@ class Intake:
         except StoreError:
             if message in record.inbox:
                 record.inbox.remove(message)
+            core.bus.withdraw(event)
             raise
         core.bus.deliver(event)
         log.info("turn.message", **log_context(record), kind=kind, redirect=redirect,

@@ -25,7 +25,7 @@ from turnkeeper.lifecycle.systemd import extend_timeout_loop
 from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime
-from turnkeeper.supervisor.core import LiveTurn, SupervisorCore
+from turnkeeper.supervisor.core import LiveTurn, SupervisorCore, follower_backlog
 from turnkeeper.supervisor.fleet import Fleet
 from turnkeeper.supervisor.retention import Retention
 from turnkeeper.supervisor.scheduling import Scheduling
@@ -232,6 +232,7 @@ class Lifecycle:
             await runtime.toolbox.start(core.tg, replacing=previous.toolbox)
         core.scheduler.set_limits(max_concurrent=applied.daemon.max_concurrent_turns,
                                   max_queued=applied.daemon.max_queued_turns)
+        core.bus.follower_rule = follower_backlog(applied)
         suspended, core.suspended_turns = core.suspended_turns, []
         core.scheduler.enqueue_first((turn_id, core.live[turn_id].record.session)
                                      for turn_id in suspended if turn_id in core.live)

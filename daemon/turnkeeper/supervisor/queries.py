@@ -145,6 +145,7 @@ class Queries:
             "in_flight": core.shared.gates.snapshot(),
             "reloads": {"count": core.reload_count, "failures": core.reload_failures,
                         "unchanged": core.reload_unchanged},
+            "followers": core.bus.followers(),
             "mcp_servers": core.runtime.toolbox.server_status(),
             "agents": self.agents(),
             "store": store_status(core.store.outage, now=now),

@@ -69,6 +69,7 @@ class Replays:
                                           trail=lines, events=[replayed])
         except BaseException:
             core.live.pop(turn_id, None)
+            core.bus.withdraw(replayed)
             raise
         if self.fleet is not None:  # the fleet's: whichever node claims it runs it
             core.live.pop(turn_id, None)

@@ -184,6 +184,7 @@ class Scheduling:
             # Not kept, not shown: the turn reads as the store holds it, without a result.
             record.result = None
             record.state, record.next_attempt_at, record.question, record.updated_at = before
+            core.bus.withdraw(finished)
             raise
         stop = result.stopped_because
         core.bus.deliver(finished)
