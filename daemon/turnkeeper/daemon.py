@@ -13,10 +13,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import prometheus_client
 import structlog
+from aiohttp.web import AppRunner
 from anyio.abc import TaskGroup
 
 from turnkeeper import exits
@@ -46,6 +48,10 @@ from turnkeeper.paths import (
 from turnkeeper.store import open_store
 from turnkeeper.store.base import Store, StoreError
 from turnkeeper.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from turnkeeper.store.postgres import PostgresStore
+    from turnkeeper.store.sqlite import SQLiteStore
 
 log = structlog.get_logger("turnkeeper.daemon")
 
@@ -114,13 +120,7 @@ async def _serve(policy: PolicyVersion, config_path: str | None, control: Path) 
     config = policy.config
     clock = SystemClock()
     notifier = systemd.Notifier.from_env()
-    try:
-        prepare_state_dir(state_dir(config))
-        store = open_store(config, state_dir(config), clock=clock)
-        await systemd.asking_for_time(notifier, store.open, status=(
-            "opening the state store (a schema migration can take minutes)"))
-    except (StoreError, StateDirUnusable, UnsafeStateDir) as exc:
-        raise BootError(str(exc), exc.exit_code) from None
+    store = await _open_store(config, clock, notifier)
     node_id = getattr(store, "node_id", None)
     if node_id is not None:  # a node of a fleet: every log line says which
         structlog.contextvars.bind_contextvars(node=node_id)
@@ -130,66 +130,15 @@ async def _serve(policy: PolicyVersion, config_path: str | None, control: Path) 
     except ConfigError as exc:
         await store.close()
         raise BootError(str(exc), exc.exit_code) from None
-    if config.tracing.enabled:  # OpenTelemetry is imported only here, only when asked
-        from turnkeeper.otel import OtelTracer
-
-        tracing = config.tracing
-        sup.shared.tracer = OtelTracer(
-            endpoint=tracing.endpoint, service_name=tracing.service_name,
-            sample_ratio=tracing.sample_ratio, capture_content=tracing.capture_content,
-            node=node_id)
-        log.info("tracing.enabled", endpoint=tracing.endpoint,
-                 sample_ratio=tracing.sample_ratio, capture_content=tracing.capture_content)
+    if config.tracing.enabled:
+        _start_tracing(sup, config, node_id)
     # `x_created` timestamps for every counter double the scrape for no operator value.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = Metrics(sup, clock=clock)
     sup.bus.listeners.append(metrics.on_event)
-    server = ControlServer(sup, path=control, mode=config.daemon.socket_mode_int,
-                           inherited=systemd.take_unix_listener())
-    try:
-        await server.start(metrics.install)
-    except (SocketError, UnsafeSocketDir, OSError) as exc:
-        await store.close()
-        raise BootError(f"control socket: {exc}",
-                        getattr(exc, "exit_code", SocketError.exit_code)) from None
-    metrics_tcp = None
-    address = config.metrics.address()
-    if address is not None:
-        try:
-            metrics_tcp = await metrics.serve_tcp(*address)
-        except OSError as exc:
-            await server.stop()
-            await store.close()
-            raise BootError(f"metrics.listen {config.metrics.listen}: {exc.strerror or exc}",
-                            SocketError.exit_code) from None
+    server, metrics_tcp = await _listen(sup, metrics, store, control)
     fatal: list[str] = []
     resume_error: StoreError | None = None
-
-    async def run_until_stopped(tg: TaskGroup) -> None:
-        async def on_reload_signal() -> None:
-            tg.start_soon(sup.reload, "SIGHUP", name="reload (SIGHUP)")
-
-        def on_stop_signal() -> None:
-            sup.request_stop()
-
-        await tg.start(signal_dispatcher, {signal.SIGHUP: on_reload_signal,
-                                           signal.SIGTERM: on_stop_signal,
-                                           signal.SIGINT: on_stop_signal},
-                       name="signal dispatcher")
-        interval = systemd.watchdog_interval()
-        if interval is not None:
-            tg.start_soon(systemd.watchdog_loop, notifier, interval, name="watchdog")
-        if config_path:
-            tg.start_soon(_watch, sup, Path(config_path), name="config watcher")
-        tg.start_soon(systemd.status_loop, notifier, sup.status_line, name="systemd status")
-        notifier.ready(sup.status_line())
-        log.info("daemon.ready", socket=str(server.path), policy_version=policy.version,
-                 state_dir=str(state_dir(config)), store=repr(store),
-                 providers=[p.name for p in config.providers],
-                 resumed=len(sup.live), gc_threshold=list(gc.get_threshold()))
-        await sup.wait_stop_requested()
-        await sup.stop()
-
     async with anyio.create_task_group() as tg:
         await tg.start(store.run, name="store writer")
         tg.start_soon(metrics.watch_loop_lag, name="event-loop lag")
@@ -199,7 +148,7 @@ async def _serve(policy: PolicyVersion, config_path: str | None, control: Path) 
         except StoreError as exc:  # a damaged row met while resuming: exit 74, no traceback
             resume_error = exc
         else:
-            await run_until_stopped(tg)
+            await _run_until_stopped(tg, sup, notifier, server, config_path)
         await server.stop()
         if metrics_tcp is not None:
             await metrics_tcp.cleanup()
@@ -211,6 +160,86 @@ async def _serve(policy: PolicyVersion, config_path: str | None, control: Path) 
         raise BootError(str(resume_error), resume_error.exit_code)
     if fatal:
         raise StoreFatal(fatal[0])
+
+
+async def _open_store(config: Config, clock: Clock, notifier: systemd.Notifier
+                      ) -> SQLiteStore | PostgresStore:
+    """The state directory checked and the store opened (a schema migration may take
+    minutes: systemd is asked for the time); a failure is a BootError with its status."""
+    try:
+        prepare_state_dir(state_dir(config))
+        store = open_store(config, state_dir(config), clock=clock)
+        await systemd.asking_for_time(notifier, store.open, status=(
+            "opening the state store (a schema migration can take minutes)"))
+    except (StoreError, StateDirUnusable, UnsafeStateDir) as exc:
+        raise BootError(str(exc), exc.exit_code) from None
+    return store
+
+
+def _start_tracing(sup: Supervisor, config: Config, node_id: str | None) -> None:
+    """The OpenTelemetry tracer: imported here, only when `[tracing] enabled` asks."""
+    from turnkeeper.otel import OtelTracer
+
+    tracing = config.tracing
+    sup.shared.tracer = OtelTracer(
+        endpoint=tracing.endpoint, service_name=tracing.service_name,
+        sample_ratio=tracing.sample_ratio, capture_content=tracing.capture_content,
+        node=node_id)
+    log.info("tracing.enabled", endpoint=tracing.endpoint,
+             sample_ratio=tracing.sample_ratio, capture_content=tracing.capture_content)
+
+
+async def _listen(sup: Supervisor, metrics: Metrics, store: Store, control: Path
+                  ) -> tuple[ControlServer, AppRunner | None]:
+    """The control socket (bound, or systemd's), then the metrics' TCP listener when
+    `metrics.listen` asks for one; a failure closes what was opened and is a BootError."""
+    config = sup.config
+    server = ControlServer(sup, path=control, mode=config.daemon.socket_mode_int,
+                           inherited=systemd.take_unix_listener())
+    try:
+        await server.start(metrics.install)
+    except (SocketError, UnsafeSocketDir, OSError) as exc:
+        await store.close()
+        raise BootError(f"control socket: {exc}",
+                        getattr(exc, "exit_code", SocketError.exit_code)) from None
+    address = config.metrics.address()
+    if address is None:
+        return server, None
+    try:
+        return server, await metrics.serve_tcp(*address)
+    except OSError as exc:
+        await server.stop()
+        await store.close()
+        raise BootError(f"metrics.listen {config.metrics.listen}: {exc.strerror or exc}",
+                        SocketError.exit_code) from None
+
+
+async def _run_until_stopped(tg: TaskGroup, sup: Supervisor, notifier: systemd.Notifier,
+                             server: ControlServer, config_path: str | None) -> None:
+    """Signals, the watchdog, the config watcher and STATUS= running; READY=1; then
+    until a stop is asked for, and the stop."""
+    config = sup.config
+
+    async def on_reload_signal() -> None:
+        tg.start_soon(sup.reload, "SIGHUP", name="reload (SIGHUP)")
+
+    await tg.start(signal_dispatcher, {signal.SIGHUP: on_reload_signal,
+                                       signal.SIGTERM: sup.request_stop,
+                                       signal.SIGINT: sup.request_stop},
+                   name="signal dispatcher")
+    interval = systemd.watchdog_interval()
+    if interval is not None:
+        tg.start_soon(systemd.watchdog_loop, notifier, interval, name="watchdog")
+    if config_path:
+        tg.start_soon(_watch, sup, Path(config_path), name="config watcher")
+    tg.start_soon(systemd.status_loop, notifier, sup.status_line, name="systemd status")
+    notifier.ready(sup.status_line())
+    log.info("daemon.ready", socket=str(server.path), policy_version=sup.policy.version,
+             state_dir=str(state_dir(config)), store=repr(sup.store),
+             providers=[p.name for p in config.providers],
+             resumed=len(sup.live), gc_threshold=list(gc.get_threshold()))
+    await sup.wait_stop_requested()
+    await sup.stop()
 
 
 async def _watch(sup: Supervisor, path: Path) -> None:
