@@ -63,6 +63,21 @@ class Metrics:
         # every event published before it. Bounded as the metrics' own series are.
         self._pending: dict[tuple[Any, tuple[str, ...]], float] = {}
         r.register(_Pending(self))
+        self._declare_turns(r)
+        self._declare_tools(r)
+        self._declare_daemon(r)
+        r.register(StateCollector(supervisor, clock))
+        # Series that exist from the first scrape, so rate() and absent() work at once.
+        for code in StopCode:
+            self.turns_finished.labels(status_of(code).value, code.value)
+        for result in ("ok", "unchanged", "failed"):
+            self.reloads.labels(result)
+        self._label_providers()
+        self._steps: dict[str, tuple[int, float]] = {}  # turn -> (step, monotonic start)
+        self._errors_logged = 0
+
+    def _declare_turns(self, r: CollectorRegistry) -> None:
+        """Turns, model calls and their retries and failovers."""
         self.turns_submitted = Counter(
             "turnkeeper_turns_submitted", "Turns accepted by submit (replays included)",
             registry=r)
@@ -87,6 +102,9 @@ class Metrics:
             "turnkeeper_recovery_cycles",
             "Recovery cycles started (the whole chain was exhausted; the turn parks)",
             registry=r)
+
+    def _declare_tools(self, r: CollectorRegistry) -> None:
+        """Tool calls and their retries, tokens and cost charged, guards' notes."""
         self.tool_calls = Counter(
             "turnkeeper_tool_calls",
             "Tool calls by tool and outcome (ok, a failure class, or outcome_unknown)",
@@ -108,6 +126,9 @@ class Metrics:
         self.guard_warnings = Counter(
             "turnkeeper_guard_warnings", "Notes given to the agent by a guard "
             "(budget soft limit, repeated action)", ["guard"], registry=r)
+
+    def _declare_daemon(self, r: CollectorRegistry) -> None:
+        """Reloads, steps, approvals and the event loop."""
         self.reloads = Counter(
             "turnkeeper_reloads", "Reloads by result (ok, unchanged, failed)", ["result"],
             registry=r)
@@ -142,15 +163,6 @@ class Metrics:
             "turnkeeper_overloaded",
             "1 while new submits are refused because the event loop's lag is over "
             "daemon.overload_lag, else 0", registry=r)
-        r.register(StateCollector(supervisor, clock))
-        # Series that exist from the first scrape, so rate() and absent() work at once.
-        for code in StopCode:
-            self.turns_finished.labels(status_of(code).value, code.value)
-        for result in ("ok", "unchanged", "failed"):
-            self.reloads.labels(result)
-        self._label_providers()
-        self._steps: dict[str, tuple[int, float]] = {}  # turn -> (step, monotonic start)
-        self._errors_logged = 0
 
     def __repr__(self) -> str:
         return f"Metrics(open_steps={len(self._steps)})"
