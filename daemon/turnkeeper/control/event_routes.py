@@ -195,16 +195,7 @@ async def all_events(request: web.Request) -> web.StreamResponse:
     """Every event, or one turn's (`turn=`), of some types (`type=`), live; with
     `after=SEQ` the stored events after that `seq` first (model text is live only)."""
     sup = request.app[SUPERVISOR]
-    raw_after = request.query.get("after")
-    after: int | None = None
-    if raw_after not in (None, ""):
-        try:
-            after = int(str(raw_after))
-        except ValueError:
-            raise BadRequest("after must be a whole number (an event's seq)",
-                             field="after") from None
-        if not 0 <= after <= MAX_SEQ:
-            raise BadRequest(f"after must be from 0 to {MAX_SEQ}", field="after")
+    after = _after_param(request)
     turn = request.query.get("turn") or None
     keep = type_filter(request.query.get("type") or "")
 
@@ -212,48 +203,18 @@ async def all_events(request: web.Request) -> web.StreamResponse:
         last = -1
         if after is not None:
             last = after
-            # As for one turn's stream: what was published before we subscribed is
-            # durable once this flush is, so history and live leave no gap.
-            await sup.store.flush()
-            while True:
-                page = await sup.store.events(turn=turn, after_seq=last, limit=REPLAY_PAGE)
-                if not page:
-                    break
-                last = page[-1]["seq"]
-                kept = [e for e in page if keep(e["type"])]
-                if kept:
-                    yield _stored(kept)
-                if len(page) < REPLAY_PAGE:
-                    break
+            async for batch, read_upto in _history(sup, turn, after, keep):
+                last = read_upto
+                if batch is not None:
+                    yield batch
         if sup.fleet is None:
             async for first in live:
-                ready = _ready(live, first)
-                lines = [event.line for event in ready
-                         if event.seq > last and keep(event.type)]
-                if lines:
-                    yield lines, ready[-1].seq
+                batch = _live_batch(live, first, last, keep)
+                if batch is not None:
+                    yield batch
             return
-        # A node of a fleet: this node's events from its bus, the other nodes' from the
-        # database as they reach it (read every quarter second).
-        store = sup.fleet.store
-        pos = await store.last_event_pos()
-        while not sup.stopping_event.is_set():
-            head: Live | None = None
-            with sup.clock.move_on_after(FLEET_FOLLOW_POLL_S):
-                try:
-                    head = await live.receive()
-                except anyio.EndOfStream:
-                    return
-            if head is not None:
-                ready = _ready(live, head)
-                lines = [event.line for event in ready
-                         if event.seq > last and keep(event.type)]
-                if lines:
-                    yield lines, ready[-1].seq
-            peers, pos = await store.peer_events(after_pos=pos, turn=turn)
-            batch = [e for e in peers if keep(e["type"])]
-            if batch:
-                yield _stored(batch)[0], None
+        async for batch in _fleet_live(sup, live, turn, last, keep):
+            yield batch
 
     with follower(request) as admitted:
         if not admitted:
@@ -263,3 +224,70 @@ async def all_events(request: web.Request) -> web.StreamResponse:
             # or after the last event published before it subscribed.
             start = after if after is not None else sup.bus.last_seq
             return await _ndjson(request, stream(live), live, sup.bus, start)
+
+
+def _after_param(request: web.Request) -> int | None:
+    """`after=SEQ`, a whole number a store can hold; raises BadRequest."""
+    raw = request.query.get("after")
+    if raw in (None, ""):
+        return None
+    try:
+        after = int(str(raw))
+    except ValueError:
+        raise BadRequest("after must be a whole number (an event's seq)",
+                         field="after") from None
+    if not 0 <= after <= MAX_SEQ:
+        raise BadRequest(f"after must be from 0 to {MAX_SEQ}", field="after")
+    return after
+
+
+async def _history(sup: Supervisor, turn: str | None, after: int,
+                   keep: Callable[[str], bool]
+                   ) -> AsyncGenerator[tuple[Batch | None, int], None]:
+    """The stored events after `after`, a page at a time: each page's kept events (None
+    when it kept none) and the last seq it read."""
+    # As for one turn's stream: what was published before we subscribed is durable once
+    # this flush is, so history and live leave no gap.
+    await sup.store.flush()
+    last = after
+    while True:
+        page = await sup.store.events(turn=turn, after_seq=last, limit=REPLAY_PAGE)
+        if not page:
+            return
+        last = page[-1]["seq"]
+        kept = [e for e in page if keep(e["type"])]
+        yield (_stored(kept) if kept else None), last
+        if len(page) < REPLAY_PAGE:
+            return
+
+
+def _live_batch(live: Follower, head: Live, last: int,
+                keep: Callable[[str], bool]) -> Batch | None:
+    """The live events ready with `head`, those after `last` of the kept types."""
+    ready = _ready(live, head)
+    lines = [event.line for event in ready if event.seq > last and keep(event.type)]
+    return (lines, ready[-1].seq) if lines else None
+
+
+async def _fleet_live(sup: Supervisor, live: Follower, turn: str | None, last: int,
+                      keep: Callable[[str], bool]) -> AsyncGenerator[Batch, None]:
+    """A node of a fleet: this node's events from its bus, the other nodes' from the
+    database as they reach it (read every quarter second)."""
+    assert sup.fleet is not None
+    store = sup.fleet.store
+    pos = await store.last_event_pos()
+    while not sup.stopping_event.is_set():
+        head: Live | None = None
+        with sup.clock.move_on_after(FLEET_FOLLOW_POLL_S):
+            try:
+                head = await live.receive()
+            except anyio.EndOfStream:
+                return
+        if head is not None:
+            batch = _live_batch(live, head, last, keep)
+            if batch is not None:
+                yield batch
+        peers, pos = await store.peer_events(after_pos=pos, turn=turn)
+        kept = [e for e in peers if keep(e["type"])]
+        if kept:
+            yield _stored(kept)[0], None
