@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from turnkeeper.cli.follow import FollowState
+from turnkeeper.cli.follow_state import FollowState
 from turnkeeper.clock import FakeClock
 from turnkeeper.concurrency import ProviderGate
 from turnkeeper.policy.aimd import InFlightLimit, is_overload

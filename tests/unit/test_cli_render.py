@@ -7,8 +7,8 @@ import time
 import pytest
 
 from turnkeeper.cli.base import UsageError
-from turnkeeper.cli.commands import parse_deadline
 from turnkeeper.cli.render import event_line, fmt_measure, result_lines, status_lines
+from turnkeeper.cli.turns import parse_deadline
 
 NOW = 1_800_000_000.0  # early 2027
 

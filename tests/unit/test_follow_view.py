@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
-from turnkeeper.cli.follow import FollowState, render, render_result
+from turnkeeper.cli.follow import render, render_result
+from turnkeeper.cli.follow_state import FollowState
 
 TURN: dict[str, Any] = {
     "id": "t_1", "session": "s1", "policy_version": 3, "state": "running",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -132,25 +133,36 @@ NO_CONFIG = ("embedded defaults (no config file: none given, none at "
 
 def status_lines(data: dict[str, Any]) -> list[str]:
     """`turnkeeper status` for people: one line per concern, problems in capitals."""
-    t, q, r = data["turns"], data.get("queue") or {}, data.get("reloads") or {}
-    lines = [f"state        {data['state']}  (turnkeeper {data['version']}, up "
-             f"{duration(data['uptime_s'])})",
-             f"policy       v{data['policy_version']}  "
-             f"{data['config_path'] or NO_CONFIG}"]
+    return [line for concern in _STATUS_CONCERNS for line in concern(data)]
+
+
+def _daemon_lines(data: dict[str, Any]) -> list[str]:
+    return [f"state        {data['state']}  (turnkeeper {data['version']}, up "
+            f"{duration(data['uptime_s'])})",
+            f"policy       v{data['policy_version']}  {data['config_path'] or NO_CONFIG}"]
+
+
+def _reload_lines(data: dict[str, Any]) -> list[str]:
+    r = data.get("reloads") or {}
     same = f", {r['unchanged']} unchanged" if r.get("unchanged") else ""
     reloads = (f"{r.get('count', 0)} done{same}, {r.get('failures', 0)} refused; "
                if r else "")
     error = data.get("last_reload_error")
-    lines.append(f"reloads      {reloads}last "
-                 + ("FAILED (the running policy is kept):\n             "
-                    + str(error).replace("\n", "\n             ") if error else "ok"))
+    lines = [f"reloads      {reloads}last "
+             + ("FAILED (the running policy is kept):\n             "
+                + str(error).replace("\n", "\n             ") if error else "ok")]
     if data.get("pending_restart"):
         lines.append(f"restart for  {', '.join(data['pending_restart'])} (changed, not "
                      "applied until a restart)")
-    lines.append("turns        " + "  ".join(f"{k} {v}" for k, v in t.items()))
+    return lines
+
+
+def _turn_lines(data: dict[str, Any]) -> list[str]:
+    lines = ["turns        " + "  ".join(f"{k} {v}" for k, v in data["turns"].items())]
     if data.get("paused"):
         lines.append("intake       PAUSED: queued turns do not start until `turnkeeper "
                      "resume`")
+    q = data.get("queue") or {}
     if q:
         fleet = data.get("fleet") or {}
         # In a fleet the bound is on the turns no node holds yet (read each second).
@@ -158,10 +170,15 @@ def status_lines(data: dict[str, Any]) -> list[str]:
                         else (q["depth"], ""))
         lines.append(f"queue        {depth} waiting{where} of {q['max']} allowed; at most "
                      f"{q['max_concurrent']} run at once")
+    return lines
+
+
+def _peer_lines(data: dict[str, Any]) -> list[str]:
+    """The breakers, the peers that asked to wait, and the in-flight gates."""
     breakers = data.get("breakers") or {}
-    lines.append("breakers     " + ("  ".join(
+    lines = ["breakers     " + ("  ".join(
         f"{name} {state.upper() if state != 'closed' else state}"
-        for name, state in breakers.items()) or "-"))
+        for name, state in breakers.items()) or "-")]
     waits = data.get("retry_after") or {}
     if waits:  # peers that asked, in a Retry-After, not to be called yet
         lines.append("retry-after  " + "  ".join(f"{name} {left:.1f} s"
@@ -173,6 +190,11 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"in flight    {name} {gate['in_flight']} of {gate['limit']} ({mode}"
                      f", max {gate.get('max_in_flight')}), {gate.get('waiting', 0)} waiting,"
                      f" {gate.get('decreases', 0)} cuts")
+    return lines
+
+
+def _mcp_lines(data: dict[str, Any]) -> list[str]:
+    lines = []
     for name, srv in (data.get("mcp_servers") or {}).items():
         restarts = f"{srv['restarts']} restart{'s' if srv['restarts'] != 1 else ''}"
         if srv["state"] == "up":
@@ -183,6 +205,11 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         wait = f"; next start in {max(0.0, nxt - time.time()):.1f} s" if nxt else ""
         lines.append(f"mcp server   {name} {srv['state'].upper()} ({srv['transport']}): "
                      f"{srv.get('last_error') or '-'}{wait}; {restarts}")
+    return lines
+
+
+def _webhook_lines(data: dict[str, Any]) -> list[str]:
+    lines = []
     for name, hook in (data.get("webhooks") or {}).items():
         oldest = hook.get("oldest_pending_age_s")
         waiting = f" (oldest {duration(oldest)})" if oldest is not None else ""
@@ -193,13 +220,23 @@ def status_lines(data: dict[str, Any]) -> list[str]:
                      + (f"{failed} FAILED" if failed else "0 failed")
                      + ("" if hook.get("configured", True) else " (no longer configured)")
                      + (f"; last error: {error}" if error else ""))
-    for name, agent in (data.get("agents") or {}).items():
-        lines.append(f"agent        {name}: {agent['tools']} tools, model "
-                     f"{agent.get('model') or 'default'}, profile "
-                     f"{agent.get('profile') or 'default'}")
+    return lines
+
+
+def _agent_lines(data: dict[str, Any]) -> list[str]:
+    return [f"agent        {name}: {agent['tools']} tools, model "
+            f"{agent.get('model') or 'default'}, profile {agent.get('profile') or 'default'}"
+            for name, agent in (data.get("agents") or {}).items()]
+
+
+def _fleet_lines(data: dict[str, Any]) -> list[str]:
     fleet = data.get("fleet")
-    if fleet:
-        lines.extend(fleet_status_lines(fleet))
+    return fleet_status_lines(fleet) if fleet else []
+
+
+def _trouble_lines(data: dict[str, Any]) -> list[str]:
+    """A store that cannot be written, an event loop too late to take more work."""
+    lines = []
     store = data.get("store") or {}
     if store.get("writable") is False:
         lines.append(f"store        UNWRITABLE for {duration(store['failing_for_s'])}: "
@@ -210,6 +247,12 @@ def status_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"intake       OVERLOADED: the event loop lags {overload['lag_s']} s; "
                      f"new submits get 503 ({overload['refused']} so far)")
     return lines
+
+
+# The concerns of `turnkeeper status`, in the order it prints them.
+_STATUS_CONCERNS: tuple[Callable[[dict[str, Any]], list[str]], ...] = (
+    _daemon_lines, _reload_lines, _turn_lines, _peer_lines, _mcp_lines, _webhook_lines,
+    _agent_lines, _fleet_lines, _trouble_lines)
 
 
 def fleet_status_lines(fleet: dict[str, Any]) -> list[str]:
