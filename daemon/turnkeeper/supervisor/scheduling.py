@@ -96,28 +96,7 @@ class Scheduling:
         record = live.record
         tk_logging.bind_turn_context(lambda: log_context(record))
         try:
-            history: list[dict[str, Any]] = []
-            # A turn submitted without a session is its own session (named after it): it
-            # has no history to read, and the read cost ~18% of a 5-step turn's CPU.
-            if not live.checkpoint.get("conversation") and record.session != record.id:
-                history = await core.store.session_history(record.session,
-                                                           before_seq=record.seq)
-                # A replay repeats its dead letter's message: that turn is not history.
-                history = bound_history(
-                    [h for h in history if h["id"] != record.replay_of],
-                    max_tokens=core.config.sessions.max_history_tokens)
-            if record.state in (TurnState.QUEUED, TurnState.SUSPENDED):
-                record.policy_version = core.policy.version
-            control = live.control
-            control.release_slot = lambda: self.release_slot(live)
-            control.acquire_slot = lambda: self.acquire_slot(live)
-            fleet = self.fleet
-            if fleet is not None:
-                control.confirm_lease = lambda: fleet.confirm_lease(record.id)
-            runner = TurnRunner(record, live.control, runtime=core.runtime,
-                                shared=core.shared, store=core.store, bus=core.bus,
-                                clock=core.clock, checkpoint=live.checkpoint,
-                                history=history)
+            runner = await self._runner(live)
             result = await runner.run()
             if self.fleet is not None and self.fleet.is_lost(record.id):
                 core.live.pop(record.id, None)  # another node runs it now
@@ -146,19 +125,51 @@ class Scheduling:
                 self.fleet.store.abandon([record.id])
                 core.live.pop(record.id, None)
         finally:
-            # The callbacks refer to `live`, which holds them: dropped, a finished turn is
-            # freed at once instead of left to the cyclic collector, whose pauses grow with
-            # the garbage (about 20 objects a turn).
-            control = live.control
-            control.release_slot = control.acquire_slot = control.confirm_lease = None
-            live.running = False
-            core.scheduler.finished(record.id)
-            if core.running == 0:
-                core.idle.set()
-                core.idle = anyio.Event()
-            self.dispatch()
-            if self.fleet is not None:  # a slot is free: claim the next turn
-                self.fleet.wake()
+            self._ran(live)
+
+    async def _runner(self, live: LiveTurn) -> TurnRunner:
+        """The turn's runner under the policy in force, with its session's history and
+        the callbacks it gives its slot back and takes one again with."""
+        core = self.core
+        record = live.record
+        history: list[dict[str, Any]] = []
+        # A turn submitted without a session is its own session (named after it): it
+        # has no history to read, and the read cost ~18% of a 5-step turn's CPU.
+        if not live.checkpoint.get("conversation") and record.session != record.id:
+            history = await core.store.session_history(record.session,
+                                                       before_seq=record.seq)
+            # A replay repeats its dead letter's message: that turn is not history.
+            history = bound_history(
+                [h for h in history if h["id"] != record.replay_of],
+                max_tokens=core.config.sessions.max_history_tokens)
+        if record.state in (TurnState.QUEUED, TurnState.SUSPENDED):
+            record.policy_version = core.policy.version
+        control = live.control
+        control.release_slot = lambda: self.release_slot(live)
+        control.acquire_slot = lambda: self.acquire_slot(live)
+        fleet = self.fleet
+        if fleet is not None:
+            control.confirm_lease = lambda: fleet.confirm_lease(record.id)
+        return TurnRunner(record, live.control, runtime=core.runtime, shared=core.shared,
+                          store=core.store, bus=core.bus, clock=core.clock,
+                          checkpoint=live.checkpoint, history=history)
+
+    def _ran(self, live: LiveTurn) -> None:
+        """The turn's task ends (finished, suspended, lost or failed): its slot is free."""
+        core = self.core
+        # The callbacks refer to `live`, which holds them: dropped, a finished turn is
+        # freed at once instead of left to the cyclic collector, whose pauses grow with
+        # the garbage (about 20 objects a turn).
+        control = live.control
+        control.release_slot = control.acquire_slot = control.confirm_lease = None
+        live.running = False
+        core.scheduler.finished(live.record.id)
+        if core.running == 0:
+            core.idle.set()
+            core.idle = anyio.Event()
+        self.dispatch()
+        if self.fleet is not None:  # a slot is free: claim the next turn
+            self.fleet.wake()
 
     async def finish(self, live: LiveTurn, result: TurnResult, *,
                      checkpoint: SavedCheckpoint | None = None) -> None:
