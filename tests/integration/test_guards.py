@@ -854,7 +854,8 @@ def test_no_answer_within_clarify_timeout_stops_with_clarify_seconds(
     done = d.wait(turn["id"])
     result = stopped(done, "clarify.timeout", "clarify_seconds", None, 0.4)
     assert 0.4 <= result["stopped_because"]["value"] < 1.5
-    assert done["usage"]["seconds"] < 0.3  # the wait is not active time
+    # The wait is not active time: the turn's active time is less than the wait alone.
+    assert done["usage"]["seconds"] < result["stopped_because"]["value"]
 
 
 def test_the_deadline_cuts_a_clarify_wait(quick_clarify: Daemon) -> None:
