@@ -458,7 +458,10 @@ shutdown_timeout = 0.1
     tid = d.submit("one email")["id"]
     tool_server.wait_for_calls("/send", 1)
     d.signal(signal.SIGTERM)
-    time.sleep(0.4)  # well past shutdown_timeout: the stop waits for the effect
+    # The shutdown_timeout has run out (the drain says so) and the stop still waits for
+    # the effect.
+    wait_for(lambda: [r for r in d.log_records() if r.get("event") == "daemon.drain_timeout"],
+             what="the stop's drain to run out")
     assert d.proc is not None and d.proc.poll() is None
     tool_server.release("/send")
     assert d.proc.wait(10) == 0
