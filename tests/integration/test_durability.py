@@ -683,6 +683,7 @@ def _submit_many(socket: Path, accepted: list[str], some: threading.Event,
     some.set()
 
 
+@pytest.mark.slow
 def test_an_accepted_submit_survives_an_immediate_kill_9(tmp_path: Path,
                                                          daemons: list[Daemon]) -> None:
     d = daemon(tmp_path, daemons, config(tmp_path, SLOW_SCRIPT))

@@ -383,6 +383,7 @@ reply = "lookup: $last_tool_result"
 """
 
 
+@pytest.mark.slow
 def test_a_destructive_call_in_flight_at_kill_9_is_not_repeated_a_read_only_one_is(
         start: Any, tmp_path: Path, workdir: Path) -> None:
     d = start(config(tmp_path, KILL, stdio_server("calc", workdir, "timeout = 60.0")))
