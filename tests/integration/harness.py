@@ -238,6 +238,36 @@ class Daemon:
         return list(self.client.stream(f"/v1/turns/{turn_id}/events"))
 
 
+def wait_until(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
+               every: float = 0.02) -> Any:
+    """Poll `pred` until it gives something true, and return that; the deadline only turns
+    a hang into a failure, it measures nothing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def accepted_connections(d: Daemon) -> int:
+    """Connections the daemon has accepted on its control socket and not yet closed (in
+    /proc/net/unix an accepted socket carries the listener's path, in state 03; one
+    still in the listen backlog has no inode yet)."""
+    path = str(d.socket)
+    count = 0
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == path and fields[5] == "03" \
+                    and fields[6] != "0":
+                count += 1
+    return count
+
+
 @contextlib.contextmanager
 def running(tmp: Path, config: str = "", **kw: Any) -> Iterator[Daemon]:
     d = Daemon(tmp, config, **kw).start()

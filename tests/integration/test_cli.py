@@ -130,7 +130,7 @@ def test_turns_pages_with_a_cursor_and_filters_by_since(start: Any) -> None:
     assert ([t["id"] for t in last["turns"]], last["next"]) == ([ids[0]], None)
     assert json.loads(cli("turns", "--since", "1h", "--output", "json",
                           socket=d.socket).stdout)["next"] is None
-    time.sleep(0.3)
+    time.sleep(0.3)  # time itself: every turn is older than the 0.2 s window below
     recent = json.loads(cli("turns", "--since", "0.2s", "--output", "json",
                             socket=d.socket).stdout)
     assert recent["turns"] == []

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import ECHO_TOOL, script_file, scripted_provider
+from tests.integration.harness import ECHO_TOOL, script_file, scripted_provider, wait_until
 from turnkeeper.control.client import Client
 
 SLOW_SCRIPT = """
@@ -148,7 +148,8 @@ def test_list_and_filter_turns(start: Any, tmp_path: Path) -> None:
 def test_cancel_a_running_turn_ends_it_cancelled(start: Any, tmp_path: Path) -> None:
     d = start(scripted(tmp_path))
     turn = d.submit("slow to cancel")
-    time.sleep(0.3)
+    wait_until(lambda: d.get(f"/v1/turns/{turn['id']}")[1]["turn"]["state"] == "running",
+               what="the turn to run")
     status, _ = d.post(f"/v1/turns/{turn['id']}/cancel")
     assert status == 202
     done = d.wait(turn["id"], timeout=10)
@@ -258,7 +259,7 @@ max_concurrent_turns = 1
 max_queued_turns = 2
 """))
     accepted = [d.submit(f"slow {i}") for i in range(3)]  # 1 running + 2 queued
-    time.sleep(0.2)
+    wait_until(lambda: d.get("/v1/turns?state=running")[1]["turns"], what="one turn to run")
     status, data = d.post("/v1/turns", {"message": "one too many"})
     assert status == 503, data
     assert "queue is full" in data["error"]
@@ -298,7 +299,8 @@ def test_concurrent_turns_all_complete_none_lost_none_duplicated(start: Any,
 def test_sigterm_lets_the_running_turn_finish_then_exits_0(start: Any, tmp_path: Path) -> None:
     d = start(scripted(tmp_path))
     turn = d.submit("slow but finishing")
-    time.sleep(0.3)
+    wait_until(lambda: d.get(f"/v1/turns/{turn['id']}")[1]["turn"]["state"] == "running",
+               what="the turn to run")
     d.signal(signal.SIGTERM)
     assert d.proc is not None
     assert d.proc.wait(30) == 0

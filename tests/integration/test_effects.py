@@ -433,7 +433,7 @@ def test_a_plain_cancel_lets_an_effect_in_flight_finish(d: Daemon, server: ToolS
         server.wait_for_calls("/mail", 1)
         status, data = d.post(f"/v1/turns/{tid}/cancel")
         assert status == 202, data
-        time.sleep(0.3)
+        time.sleep(0.3)  # an absence: the cancel does not end the turn while it waits
         assert state_of(d, tid) == "running"  # waiting for the effect's answer
     finally:
         server.release("/mail")

@@ -25,7 +25,7 @@ from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `se
     query,
     wait_finished,
 )
-from tests.integration.harness import Daemon, scripted_provider
+from tests.integration.harness import Daemon, accepted_connections, scripted_provider, wait_until
 from tests.integration.tool_server import Reply, ToolServer
 
 STEPS = 5  # 4 tool calls and the answer
@@ -122,7 +122,14 @@ def test_a_killed_node_loses_its_turns_to_the_others_after_its_lease(
         while not query(db, "SELECT 1 FROM turns WHERE owner = 'n0' AND state = 'running'"):
             assert time.monotonic() < deadline, "n0 never ran a turn"
             time.sleep(0.05)
-        time.sleep(0.5)  # n0 is in the middle of its turns' calls
+
+        def n0_calling() -> bool:  # n0 is in the middle of its turns' calls
+            mine = {r["id"] for r in query(db, "SELECT id FROM turns WHERE owner = 'n0'"
+                                               " AND state = 'running'")}
+            return any(str(c.idempotency_key).split(".")[0] in mine
+                       for c in server.calls("/effect"))
+
+        wait_until(n0_calling, timeout=30, what="a call from a turn n0 runs")
         victim.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         victim.proc.wait()  # type: ignore[union-attr]
         wait_finished(db, 60, timeout=240)
@@ -430,8 +437,10 @@ def test_the_event_stream_of_one_node_carries_every_nodes_events(
 
     follower = threading.Thread(target=follow, name="follow /v1/events on n0")
     try:
+        wait_until(lambda: accepted_connections(daemons[0]) == 0, what="n0's idle socket")
         follower.start()
-        time.sleep(0.5)  # subscribed (a turn missed here would fail the test, not pass it)
+        # Subscribed (a turn missed here would fail the test, not pass it).
+        wait_until(lambda: accepted_connections(daemons[0]) == 1, what="n0's stream")
         ids = {daemons[1 + i % 2].submit(f"work {i}")["id"] for i in range(12)}
         wait_finished(db, 12, timeout=120)
         follower.join(30)

@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `se
     query,
     wait_finished,
 )
-from tests.integration.harness import Daemon
+from tests.integration.harness import Daemon, wait_until
 from tests.integration.test_fleet import STEPS, effect_keys, fleet_config
 from tests.integration.tool_server import ToolServer
 from tests.pg import CuttableProxy
@@ -114,8 +115,12 @@ def test_turns_another_node_took_during_the_outage_are_given_up_without_a_call(
         server.release("/effect")
         proxy.restore()
         wait_finished(db, n, timeout=60)
-        time.sleep(2 * LEASE)  # n0 renews, finds the turns taken, gives them up
-        status = cut_off.get("/v1/status")[1]
+
+        def given_up() -> dict[str, Any] | None:  # n0 renews, finds the turns taken
+            st: dict[str, Any] = cut_off.get("/v1/status")[1]
+            return st if st["fleet"]["held"] == 0 and st["fleet"]["lost"] == n else None
+
+        status = wait_until(given_up, timeout=10 * LEASE, what="n0 to give its turns up")
     finally:
         server.release("/effect")
         cut_off.kill()

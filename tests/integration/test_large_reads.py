@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Daemon
+from tests.integration.harness import Daemon, wait_until
 from turnkeeper.turn.record import TurnRecord
 
 TURNS = 50_000
@@ -59,13 +59,15 @@ def test_a_report_over_50000_turns_and_a_page_of_10000_leave_the_loop_free(
     d.stop()
     fill(d.state_dir / "turnkeeper.sqlite3")
     d.start()
-    time.sleep(0.5)  # a few samples of the idle loop first
+    wait_until(lambda: lag_counts(d)[1] >= 3, what="a few samples of the idle loop first")
     before = lag_counts(d)
     status, report = d.get("/v1/limits/report", timeout=120)
     assert status == 200 and report["turns"] == TURNS
     status, page = d.get("/v1/turns?limit=10000", timeout=120)
     assert status == 200 and len(page["turns"]) == 10_000
-    time.sleep(0.3)  # the samples taken while the last answer went out
+    # The samples taken while the last answer went out: two more after it.
+    answered = lag_counts(d)[1]
+    wait_until(lambda: lag_counts(d)[1] >= answered + 2, what="two samples after the answer")
     after = lag_counts(d)
     samples = after[1] - before[1]
     late = samples - (after[0] - before[0])

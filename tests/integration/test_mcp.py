@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -281,16 +282,14 @@ def test_a_slow_tool_is_cut_by_the_turn_s_time_budget_and_cancelled_on_the_serve
         shared: Shared) -> None:
     d, work = shared.d, shared.calc
     (work / "slow.cancelled").unlink(missing_ok=True)
-    began = time.monotonic()
     turn = d.run("slow one", budget={"max_seconds": 1.0})
-    took = time.monotonic() - began
     stop = turn["result"]["stopped_because"]
     assert stop["code"] == "budget.seconds" and turn["state"] == "partial"
-    assert took < 5.0  # not the tool's 20 s timeout, not its 30 s sleep
     result = tool_results(d, turn["id"])[0]
     assert result["class"] == "retryable" and "RequestTimeout" in result["error"]
-    assert "did not answer within 0.9" in result["error"] or \
-        "did not answer within 1" in result["error"]
+    # The call's timeout was what was left of the turn's second, not the tool's 20 s.
+    within = re.search(r"did not answer within ([0-9.e-]+) s", result["error"])
+    assert within and 0 < float(within[1]) <= 1.0, result["error"]
     # The SDK told the server, which cancelled the tool's work.
     wait_for(lambda: (work / "slow.cancelled").exists(), 5, "the server to cancel")
 
@@ -384,6 +383,7 @@ reply = "lookup: $last_tool_result"
 """
 
 
+@pytest.mark.slow
 def test_a_destructive_call_in_flight_at_kill_9_is_not_repeated_a_read_only_one_is(
         start: Any, tmp_path: Path, workdir: Path) -> None:
     d = start(config(tmp_path, KILL, stdio_server("calc", workdir, "timeout = 60.0")))

@@ -172,19 +172,19 @@ def test_retry_after_is_honoured_to_within_50_ms_at_the_server(
 
 def test_retry_after_above_max_retry_after_fails_over_at_once(
         start: Any, faults: FaultServer) -> None:
-    faults.script("primary", then=fail(429, retry_after="30")).script("fallback", then=ok())
+    # At once: a wait for the asked two hours, or for the hour max_retry_after allows,
+    # would not end within the poll's deadline.
+    faults.script("primary", then=fail(429, retry_after="7200")).script("fallback", then=ok())
     d = start(config(chain(faults, "primary", "fallback"),
-                     retry={**FAST_RETRY, "max_retry_after": 0.5}))
-    turn = d.run("hello")
+                     retry={**FAST_RETRY, "max_retry_after": 3600.0}))
+    turn = d.run("hello", timeout=30)
     assert turn["state"] == "completed"
     assert (faults.count("primary"), faults.count("fallback")) == (1, 1)
-    (hop,) = of_type(d.events(turn["id"]), "model.failover")
+    events = d.events(turn["id"])
+    (hop,) = of_type(events, "model.failover")
     assert (hop["from"], hop["to"], hop["reason"]) == ("primary", "fallback",
                                                        "retry_after_too_long")
-    # At once: far below the 0.5 s a wait capped at max_retry_after would take. Not 50 ms:
-    # the hop also opens a connection to another server, on a machine that may be busy.
-    gap = faults.requests("fallback")[0].started - faults.requests("primary")[0].ended
-    assert gap < 0.25, gap
+    assert of_type(events, "model.retry_scheduled") == []
 
 
 # -- the chain ---------------------------------------------------------------------------
@@ -284,23 +284,23 @@ def test_recovery_cycles_run_on_the_schedule_then_providers_exhausted(
 
 def test_a_recovering_turn_shows_its_state_and_next_attempt_and_cancel_ends_it(
         start: Any, faults: FaultServer) -> None:
+    """The recovery wait is an hour: a turn that finishes at all within the poll's
+    deadline was cut short by the cancel."""
     faults.script("primary", then=fail(503))
     d = start(config(chain(faults, "primary"),
-                     agent={"api_max_retries": 0, "recovery_schedule": [30.0],
+                     agent={"api_max_retries": 0, "recovery_schedule": [3600.0],
                             "recovery_jitter": 0.0}))
     submitted = d.submit("hello")
     before = time.time()
     turn = wait_state(d, submitted["id"], "recovering")
     assert turn["counters"]["recovery_cycles"] == 0  # counted when the wait is over
-    assert before + 29 < turn["next_attempt_at"] < time.time() + 30.5
+    assert before + 3599 < turn["next_attempt_at"] < time.time() + 3600.5
     status = d.get("/v1/status")[1]
     assert status["turns"]["recovering"] == 1
     (e,) = of_type(_events_until(d, submitted["id"], "turn.recovering"), "turn.recovering")
-    assert (e["cycle"], e["of"], e["wait"]) == (1, 5, 30.0)
-    t0 = time.monotonic()
+    assert (e["cycle"], e["of"], e["wait"]) == (1, 5, 3600.0)
     assert d.post(f"/v1/turns/{submitted['id']}/cancel")[0] == 202
-    done = d.wait(submitted["id"], timeout=5)
-    assert time.monotonic() - t0 < 2.0
+    done = d.wait(submitted["id"], timeout=30)
     assert done["state"] == "cancelled"
     assert done["result"]["stopped_because"]["code"] == "cancelled"
     assert faults.count("primary") == 1
@@ -329,17 +329,16 @@ def test_a_steer_during_a_recovery_wait_starts_a_new_pass_with_the_message(
         start: Any, faults: FaultServer) -> None:
     faults.script("primary", then=fail(503))
     d = start(config(chain(faults, "primary"),
-                     agent={"api_max_retries": 0, "recovery_schedule": [30.0],
+                     agent={"api_max_retries": 0, "recovery_schedule": [3600.0],
                             "auto_recovery_cycles": 2}))
     submitted = d.submit("hello")
     wait_state(d, submitted["id"], "recovering")
     faults.script("primary", then=ok("steered answer"))
-    t0 = time.monotonic()
     status, _ = d.post(f"/v1/turns/{submitted['id']}/messages",
                        {"kind": "steer", "text": "use the other approach"})
     assert status == 202
-    done = d.wait(submitted["id"], timeout=5)
-    assert time.monotonic() - t0 < 2.0  # the 30 s wait was cut short
+    # The wait is an hour: an answer within the poll's deadline means the steer cut it.
+    done = d.wait(submitted["id"], timeout=30)
     assert done["state"] == "completed"
     assert done["result"]["answer"] == "steered answer"
     last = faults.requests("primary")[-1]
@@ -361,17 +360,17 @@ def test_recovery_waits_do_not_count_toward_max_seconds(start: Any, faults: Faul
 
 def test_a_request_never_outlives_the_turn_s_remaining_time(
         start: Any, faults: FaultServer) -> None:
-    """The provider hangs; its timeout (5 s) is cut to the turn's remaining active time,
-    and the turn stops on its time budget, not on a failover or a recovery cycle."""
-    faults.script("primary", then=ok("too late", delay=3.0))
-    d = start(config(chain(faults, "primary", timeout=5.0),
+    """The provider hangs for an hour and its timeout is an hour: the turn finishing at
+    all within the poll's deadline shows the request's timeout was cut to the turn's
+    remaining active time, and the turn stops on its time budget, not on a failover or a
+    recovery cycle."""
+    faults.script("primary", then=ok("too late", delay=3600.0))
+    d = start(config(chain(faults, "primary", timeout=3600.0),
                      agent={"recovery_schedule": [0.05]}))
-    t0 = time.monotonic()
-    turn = d.run("hello", budget={"max_seconds": 0.5})
-    assert time.monotonic() - t0 < 2.0
+    turn = d.run("hello", timeout=30, budget={"max_seconds": 0.5})
     code, counter, value, limit = stop_of(turn)
     assert (code, counter, limit) == ("budget.seconds", "seconds", 0.5)
-    assert 0.5 <= value < 1.0
+    assert value >= 0.5
     assert turn["state"] == "partial"
     assert faults.arrived("primary") == 1  # one attempt, cut short by the budget
 

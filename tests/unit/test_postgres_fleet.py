@@ -13,7 +13,12 @@ import pytest
 from tests.pg import fresh_database
 
 from turnkeeper.events import Event
-from turnkeeper.store.fleet import MailTaken, StaleLease, read_breaker_notice
+from turnkeeper.store.fleet import (
+    CHANNEL_RETRY_AFTER,
+    MailTaken,
+    StaleLease,
+    read_breaker_notice,
+)
 from turnkeeper.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
@@ -28,6 +33,23 @@ def anyio_backend() -> str:
 async def db() -> AsyncIterator[str]:
     async with fresh_database() as url:
         yield url
+
+
+async def listening(url: str) -> None:
+    """Until a session of the database listens on every fleet channel: the LISTEN for the
+    retry-after channel, the last of them, is the last thing it asked, and it is idle."""
+    conn = await asyncpg.connect(url)
+    try:
+        with anyio.fail_after(10):
+            while True:
+                if await conn.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                        " current_database() AND state = 'idle' AND query LIKE $1",
+                        f"LISTEN %{CHANNEL_RETRY_AFTER}%"):
+                    return
+                await anyio.sleep(0.01)
+    finally:
+        await conn.close()
 
 
 @pytest.fixture
@@ -299,7 +321,7 @@ async def test_breaker_failures_add_up_across_nodes_and_open_for_the_fleet(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(c.listen, on_notify)
-        await anyio.sleep(0.2)
+        await listening(c.url)
         add = {"threshold": 8, "cooldown_s": 30.0}
         assert await a.add_breaker_failures("provider:p", 3, reset=False, **add) == (3, None)
         assert await b.add_breaker_failures("provider:p", 2, reset=False, **add) == (5, None)
@@ -317,7 +339,7 @@ async def test_breaker_failures_add_up_across_nodes_and_open_for_the_fleet(
         # Open already: a straggler's failure neither opens it again nor announces it.
         streak, left = await a.add_breaker_failures("provider:p", 1, reset=False, **add)
         assert streak == 9 and left is not None
-        await anyio.sleep(0.2)
+        await anyio.sleep(0.2)  # an absence: no second notice comes
         assert len(heard) == 1
         tg.cancel_scope.cancel()
     shared = await c.shared_breakers()
@@ -338,7 +360,7 @@ async def test_a_retry_after_window_is_told_to_every_node_and_the_longest_is_kep
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(c.listen, on_notify)
-        await anyio.sleep(0.2)
+        await listening(c.url)
         await a.share_retry_after("provider:p", 30.0)
         with anyio.fail_after(5):
             await announced.wait()
