@@ -459,7 +459,8 @@ def test_an_output_schema_given_twice_is_refused(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text("{}")
     f = tmp_path / "t.toml"
     f.write_text(OFFLINE + '[agent]\noutput_schema_file = "a.json"\noutput_schema = {}\n')
-    with pytest.raises(ConfigError, match="output_schema, output_schema_file: give one"):
+    with pytest.raises(ConfigError,
+                       match="output_schema and output_schema_file: set one, not both"):
         load_config(f)
 
 

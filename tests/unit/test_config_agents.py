@@ -118,9 +118,9 @@ def test_a_prompt_or_schema_file_is_read_relative_to_the_config_file(
     ("[agents.x]\nsystem_prompt_file = \"missing.txt\"\n",
      "agents.x: system_prompt_file: "),
     ("[agents.x]\noutput_schema = { type = \"nope\" }\n",
-     "agents.x: output_schema: not a valid JSON Schema"),
+     "agents.x.output_schema: not a valid JSON Schema"),
     ("[agents.x]\noutput_schema_file = \"missing.json\"\n",
-     "agents.x: output_schema_file: "),
+     "agents.x.output_schema_file: "),
     ("[agents.x]\ncolour = \"blue\"\n", "agents.x.colour"),
 ])
 def test_an_invalid_agent_is_a_config_error_naming_its_key(tmp_path: Path, agents: str,

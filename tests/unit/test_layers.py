@@ -59,7 +59,7 @@ _BELOW_TURN = {"base", "kit", "messages", "policy", "config", "events", "store",
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "base": frozenset({"base"}),
     "kit": frozenset({"base", "kit"}),
-    "messages": frozenset({"base"}),
+    "messages": frozenset({"base", "messages"}),
     "policy": frozenset({"base", "policy"}),
     "config": frozenset({"base", "kit", "policy", "config"}),
     "events": frozenset({"base", "kit", "messages", "events"}),

@@ -1,12 +1,15 @@
-"""`[agents.NAME]`: named agents, each with its own system prompt, tools, model, budget
-profile, output schema and approval overrides; a key one does not set comes from
-`[agent]`, the default agent. The rules (which tools, what is inherited) are
-`policy/agents.py`; this module reads and checks the tables.
+"""The agents: `[agent]`, the default one, and `[agents.NAME]`, named agents, each with
+its own system prompt, tools, model, budget profile, output schema and approval
+overrides; a key a named agent does not set comes from `[agent]`. The rules (which
+tools, what is inherited) are `policy/agents.py`; this module reads and checks the
+tables.
 
 A file a key names (`system_prompt_file`, `output_schema_file`) is relative to the
 config file (`resolve_relative_files`, on loading) and read when the config is validated,
 so `config check`, the start and every reload read it again, and a missing or unreadable
-file is a config error naming the key.
+file is a config error naming the key. An output schema, given inline or as a file, is
+checked the same way for every agent (`OutputSchema`, `OutputSchemaFile`,
+`output_schema_in_force`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from turnkeeper.config.peers import ToolConfig
-from turnkeeper.config.sections import BUILTIN_TOOL_NAMES, AgentConfig
+from turnkeeper.config.sections import (
+    BUILTIN_TOOL_NAMES,
+    NonNegFloat,
+    NonNegInt,
+    PositiveInt,
+    _Section,
+)
 from turnkeeper.policy.agents import (
     EVERY_TOOL,
     AgentDefinition,
@@ -31,7 +46,119 @@ from turnkeeper.policy.agents import (
     select_tools,
 )
 from turnkeeper.policy.approvals import ApprovalSetting
+from turnkeeper.policy.output import schema_problem
 
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent run by turnkeeper. Use the tools offered to do the user's task. "
+    "When you are done, answer in plain text. If you cannot finish, call report_blocked "
+    "with what you tried and what you found; if you need the user, call clarify."
+)
+
+
+# -- the output schema, one way for every agent -------------------------------------------
+
+def _read(path: str) -> str:
+    """The text of the file at `path`; a ValueError names the path and what is wrong."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValueError(f"{path} cannot be read: {reason}") from None
+
+
+def read_output_schema(path: str) -> dict[str, Any]:
+    """The JSON Schema in the file at `path` (made absolute against the config file's
+    directory when the file is loaded), checked against its metaschema (the draft its
+    `$schema` names, as for a submit's schema); a ValueError says what is wrong."""
+    text = _read(path)
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}, "
+                         f"column {exc.colno}") from None
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
+    assert isinstance(schema, dict)
+    return schema
+
+
+def _inline_schema(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    if v is not None:
+        problem = schema_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+    return v
+
+
+def _schema_file(v: str | None) -> str | None:
+    if v:
+        read_output_schema(v)
+    return v
+
+
+# `output_schema` (a TOML table) and `output_schema_file` (a JSON file), each checked
+# where it is read, so a bad schema is a config error naming its key, never a failure
+# of the turns that use it.
+OutputSchema = Annotated[dict[str, Any] | None, AfterValidator(_inline_schema)]
+OutputSchemaFile = AfterValidator(_schema_file)
+
+
+def output_schema_in_force(inline: dict[str, Any] | None,
+                           file: str | None) -> dict[str, Any] | None:
+    """The schema an agent gives either way (at most one), read once when the config
+    is validated; None: it gives none."""
+    if inline is not None and file:
+        raise ValueError("output_schema and output_schema_file: set one, not both")
+    return read_output_schema(file) if file else inline
+
+
+class OutputSchemaFields(_Section):
+    """`[agent]`'s schema a final answer must match, given inline (`output_schema`) or as
+    a JSON file (`output_schema_file`, relative to the config file); at most one."""
+
+    output_schema: OutputSchema = None
+    output_schema_file: Annotated[str, OutputSchemaFile] = ""
+    _output_schema: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _one_schema(self) -> OutputSchemaFields:
+        self._output_schema = output_schema_in_force(self.output_schema,
+                                                     self.output_schema_file)
+        return self
+
+    def schema_in_force(self) -> dict[str, Any] | None:
+        """The schema given either way, read once when the config was; None: none."""
+        return self._output_schema
+
+
+class AgentConfig(OutputSchemaFields):
+    """`[agent]`: the default agent, and what a named agent takes unless it says."""
+
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    api_max_retries: NonNegInt = 3
+    max_restarts: NonNegInt = 3
+    auto_recovery_cycles: NonNegInt = 5
+    recovery_schedule: tuple[NonNegFloat, ...] = (15.0, 30.0, 60.0, 60.0, 60.0)
+    recovery_jitter: Annotated[float, Field(ge=0, le=10)] = 0.2
+    # Times a final answer cut by the output cap is continued (joined into one answer)
+    # before the turn ends `model.truncated`.
+    max_continuations: NonNegInt = 1
+    # Final answers checked against the output schema (the failing ones sent back to the
+    # agent with what failed) before the turn stops `output.invalid`.
+    max_output_attempts: PositiveInt = 3
+
+    @field_validator("recovery_schedule")
+    @classmethod
+    def _non_empty(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v:
+            raise ValueError("needs at least one wait")
+        return v
+
+
+# -- named agents ----------------------------------------------------------------------
 
 def _agent_name(name: str) -> str:
     problem = agent_name_problem(name)
@@ -55,8 +182,8 @@ class NamedAgentConfig(BaseModel):
     tools: tuple[str, ...] | None = None
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    output_schema: dict[str, Any] | None = None
-    output_schema_file: str | None = None
+    output_schema: OutputSchema = None
+    output_schema_file: Annotated[str | None, OutputSchemaFile] = None
     approval: dict[str, ApprovalSetting] = Field(default_factory=dict)
 
     # What the files said, read once when the table is validated.
@@ -67,30 +194,12 @@ class NamedAgentConfig(BaseModel):
     def _read_files(self) -> NamedAgentConfig:
         if self.system_prompt is not None and self.system_prompt_file is not None:
             raise ValueError("system_prompt and system_prompt_file: set one, not both")
-        if self.output_schema is not None and self.output_schema_file is not None:
-            raise ValueError("output_schema and output_schema_file: set one, not both")
         if self.system_prompt_file is not None:
-            self._prompt_text = _read("system_prompt_file", self.system_prompt_file)
-        schema = self.output_schema
-        if self.output_schema_file is not None:
-            text = _read("output_schema_file", self.output_schema_file)
             try:
-                schema = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"output_schema_file: {self.output_schema_file} is not "
-                                 f"JSON: {exc.msg} at line {exc.lineno}") from None
-            if not isinstance(schema, dict):
-                raise ValueError(f"output_schema_file: {self.output_schema_file} must hold "
-                                 "a JSON object (a JSON Schema)")
-        if schema is not None:
-            key = "output_schema" if self.output_schema is not None else "output_schema_file"
-            try:
-                Draft202012Validator.check_schema(schema)
-            except SchemaError as exc:
-                where = "/".join(str(p) for p in exc.path)
-                raise ValueError(f"{key}: not a valid JSON Schema"
-                                 f"{f' at {where}' if where else ''}: {exc.message}") from None
-        self._schema = schema
+                self._prompt_text = _read(self.system_prompt_file)
+            except ValueError as exc:
+                raise ValueError(f"system_prompt_file: {exc}") from None
+        self._schema = output_schema_in_force(self.output_schema, self.output_schema_file)
         return self
 
     @property
@@ -102,16 +211,6 @@ class NamedAgentConfig(BaseModel):
     def resolved_schema(self) -> dict[str, Any] | None:
         """The output schema this agent sets (inline or its file's), or None."""
         return self._schema
-
-
-def _read(key: str, path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"{key}: {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ValueError(f"{key}: {path} cannot be read: {reason}") from None
 
 
 def resolve_relative_files(data: dict[str, Any], base: Path) -> None:

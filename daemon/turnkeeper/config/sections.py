@@ -3,33 +3,18 @@ pydantic model per TOML table, unknown keys refused, every limit with its range.
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from turnkeeper import exits
 from turnkeeper.config.redact import redact_url
 from turnkeeper.durations import parse_duration
 from turnkeeper.errors import TurnkeeperError
-from turnkeeper.policy.output import schema_problem
 
 BUILTIN_TOOL_NAMES = frozenset({"report_blocked", "clarify", "update_plan"})
-DEFAULT_SYSTEM_PROMPT = (
-    "You are an agent run by turnkeeper. Use the tools offered to do the user's task. "
-    "When you are done, answer in plain text. If you cannot finish, call report_blocked "
-    "with what you tried and what you found; if you need the user, call clarify."
-)
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -112,87 +97,6 @@ class DaemonConfig(_Section):
     @property
     def socket_mode_int(self) -> int:
         return int(self.socket_mode, 8)
-
-
-def read_output_schema(path: str) -> dict[str, Any]:
-    """The JSON Schema in the file at `path` (made absolute against the config file's
-    directory when the file is loaded), checked; a ValueError says what is wrong."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
-    try:
-        schema = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    problem = schema_problem(schema)
-    if problem is not None:
-        raise ValueError(f"{path}: {problem}")
-    assert isinstance(schema, dict)
-    return schema
-
-
-class OutputSchemaFields(_Section):
-    """The schema a final answer must match, given inline (`output_schema`, a TOML table)
-    or as a JSON file (`output_schema_file`, relative to the config file); at most one.
-    Each is checked against its metaschema where it is read, so a bad schema is a
-    config error naming its key, never a failure of the turns that use it."""
-
-    output_schema: dict[str, Any] | None = None
-    output_schema_file: str = ""
-    _output_schema: dict[str, Any] | None = PrivateAttr(default=None)
-
-    @field_validator("output_schema")
-    @classmethod
-    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None:
-            problem = schema_problem(v)
-            if problem is not None:
-                raise ValueError(problem)
-        return v
-
-    @field_validator("output_schema_file")
-    @classmethod
-    def _valid_schema_file(cls, v: str) -> str:
-        if v:
-            read_output_schema(v)
-        return v
-
-    @model_validator(mode="after")
-    def _one_schema(self) -> OutputSchemaFields:
-        if self.output_schema is not None and self.output_schema_file:
-            raise ValueError("output_schema, output_schema_file: give one of them, not both")
-        self._output_schema = (read_output_schema(self.output_schema_file)
-                               if self.output_schema_file else self.output_schema)
-        return self
-
-    def schema_in_force(self) -> dict[str, Any] | None:
-        """The schema given either way, read once when the config was; None: none."""
-        return self._output_schema
-
-
-class AgentConfig(OutputSchemaFields):
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    api_max_retries: NonNegInt = 3
-    max_restarts: NonNegInt = 3
-    auto_recovery_cycles: NonNegInt = 5
-    recovery_schedule: tuple[NonNegFloat, ...] = (15.0, 30.0, 60.0, 60.0, 60.0)
-    recovery_jitter: Annotated[float, Field(ge=0, le=10)] = 0.2
-    # Times a final answer cut by the output cap is continued (joined into one answer)
-    # before the turn ends `model.truncated`.
-    max_continuations: NonNegInt = 1
-    # Final answers checked against the output schema (the failing ones sent back to the
-    # agent with what failed) before the turn stops `output.invalid`.
-    max_output_attempts: PositiveInt = 3
-
-    @field_validator("recovery_schedule")
-    @classmethod
-    def _non_empty(cls, v: tuple[float, ...]) -> tuple[float, ...]:
-        if not v:
-            raise ValueError("needs at least one wait")
-        return v
 
 
 class RetryConfig(_Section):
