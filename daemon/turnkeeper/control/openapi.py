@@ -120,6 +120,16 @@ def _id_param() -> list[dict[str, Any]]:
 
 
 def _paths() -> dict[str, Any]:
+    paths = {**_turn_paths(), **_daemon_paths()}
+    for path, ops in paths.items():
+        if "{id}" in path:
+            for op in ops.values():
+                op["parameters"] = _id_param() + op.get("parameters", [])
+    return paths
+
+
+def _turn_paths() -> dict[str, Any]:
+    """Submitting, reading, following, steering, cancelling and approving turns."""
     turn = ("TurnAnswer", "the turn")
     key = (("Idempotency-Key", "submit at most once: the same key and body answer the "
                                "turn it made (200)"),
@@ -128,20 +138,7 @@ def _paths() -> dict[str, Any]:
     cancel = _op("cancel a turn", {"202": ("Object", "cancelling or cancelled")},
                  errors=("400", "404"))
     cancel["requestBody"] = _optional(_ref("CancelBody"))
-    paths: dict[str, Any] = {
-        "/v1/status": {"get": _op("the daemon's state", {"200": ("Object", "status")},
-                                  errors=())},
-        "/v1/health": {"get": _op("ready, or degraded and why", {
-            "200": ("Object", "ready"), "503": ("Object", "degraded: `problems` say why")},
-            errors=())},
-        "/v1/openapi.json": {"get": _op("this description", {
-            "200": ("Object", "OpenAPI 3.1")}, errors=())},
-        "/v1/intake": {"post": _op("pause or resume the start of queued turns",
-                                   {"200": ("Object", "the queue")},
-                                   body=_ref("IntakeBody"))},
-        "/v1/prune": {"post": _op("delete finished turns older than a duration",
-                                  {"200": ("Object", "how many went")},
-                                  body=_ref("PruneBody"))},
+    return {
         "/v1/turns": {
             "post": _op("submit a turn, or a batch of them (a list)", {
                 "202": ("TurnAnswer", "queued (a batch: BatchAnswer)"),
@@ -179,6 +176,26 @@ def _paths() -> dict[str, Any]:
             query=(("after", "integer", "the stored events after this seq first"),
                    ("turn", "string", "one turn's"),
                    ("type", "string", "these types: exact, or a prefix ending in a dot")))},
+    }
+
+
+def _daemon_paths() -> dict[str, Any]:
+    """The daemon's state, its intake, reload, logs, fleet, dead letters and limits."""
+    turn = ("TurnAnswer", "the turn")
+    return {
+        "/v1/status": {"get": _op("the daemon's state", {"200": ("Object", "status")},
+                                  errors=())},
+        "/v1/health": {"get": _op("ready, or degraded and why", {
+            "200": ("Object", "ready"), "503": ("Object", "degraded: `problems` say why")},
+            errors=())},
+        "/v1/openapi.json": {"get": _op("this description", {
+            "200": ("Object", "OpenAPI 3.1")}, errors=())},
+        "/v1/intake": {"post": _op("pause or resume the start of queued turns",
+                                   {"200": ("Object", "the queue")},
+                                   body=_ref("IntakeBody"))},
+        "/v1/prune": {"post": _op("delete finished turns older than a duration",
+                                  {"200": ("Object", "how many went")},
+                                  body=_ref("PruneBody"))},
         "/v1/logs": {"get": _op("recent log lines", {"200": ("Object", "`logs`")})},
         "/v1/reload": {"post": _op("reload the config now", {
             "200": ("Object", "the new policy"), "422": ("Object", "refused: invalid"),
@@ -196,11 +213,6 @@ def _paths() -> dict[str, Any]:
                                                 ("factor", "number", "headroom (2.5)"),
                                                 ("profile", "string", "one profile")))},
     }
-    for path, ops in paths.items():
-        if "{id}" in path:
-            for op in ops.values():
-                op["parameters"] = _id_param() + op.get("parameters", [])
-    return paths
 
 
 def document() -> dict[str, Any]:
