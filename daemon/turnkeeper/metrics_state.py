@@ -50,6 +50,17 @@ class StateCollector(Collector):
                                 "1 when the last reload was refused (the running policy "
                                 "is older than the config file)",
                                 value=1.0 if sup.last_reload_error else 0.0)
+        yield from self._turns()
+        yield from self._store()
+        yield from self._breakers()
+        yield from self._in_flight()
+        yield from self._mcp_servers()
+        yield from self._webhooks()
+        yield from self._event_streams()
+
+    def _turns(self) -> Iterator[Metric]:
+        """Unfinished turns, held approvals, the queue and the slots."""
+        sup = self.supervisor
         turns = GaugeMetricFamily("turnkeeper_turns", "Unfinished turns by state",
                                   labels=["state"])
         counts = sup.turn_counts()
@@ -72,6 +83,10 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("turnkeeper_turns_in_flight_limit",
                                 "daemon.max_concurrent_turns",
                                 value=sup.config.daemon.max_concurrent_turns)
+
+    def _store(self) -> Iterator[Metric]:
+        """Whether the store takes writes, and for how long it has not."""
+        sup = self.supervisor
         outage = sup.store.outage
         yield GaugeMetricFamily("turnkeeper_store_writable",
                                 "1 while the store takes writes; 0 while they wait (a full "
@@ -81,10 +96,10 @@ class StateCollector(Collector):
                                 "How long the store has failed every write (0 when it "
                                 "takes them); the daemon exits 74 at store.fatal_after",
                                 value=outage.failing_for(now=self.clock.monotonic()))
-        yield from self._breakers()
-        yield from self._in_flight()
-        yield from self._mcp_servers()
-        yield from self._webhooks()
+
+    def _event_streams(self) -> Iterator[Metric]:
+        """The live event streams, what they hold, and the listeners' errors."""
+        sup = self.supervisor
         followers = sup.bus.followers()
         yield GaugeMetricFamily("turnkeeper_event_followers", "Live event streams open",
                                 value=followers["open"])
