@@ -193,3 +193,37 @@ def test_a_disk_full_past_fatal_after_stops_the_daemon_with_74(
     held = stored_turns(d.state_dir / "turnkeeper.sqlite3")
     assert set(turns) <= set(held)
     assert all(has_result == (state in TERMINAL) for state, has_result in held.values())
+
+
+@pytest.mark.slow
+def test_the_clients_submit_retries_a_507_with_its_key_and_makes_one_turn(
+        small_disk: Path, tmp_path: Path, daemons: list[Daemon]) -> None:
+    """`turnkeeper.client` meets a 507 (the disk is full, for real) and sends the same
+    submit again, with the same Idempotency-Key, until space returns: one turn, made
+    once the store could keep it."""
+    from turnkeeper.client import Client, StoreUnavailable
+
+    d = daemon_on(small_disk, tmp_path, daemons)
+    filler = fill(small_disk)
+    status, refused = d.post("/v1/turns", {"message": "probe"})
+    assert status == 507, refused
+    refusals: list[tuple[str, float]] = []
+    freed: list[bool] = []
+
+    def on_retry(error: Exception, delay: float) -> None:
+        refusals.append((type(error).__name__, delay))
+        if len(refusals) == 2 and not freed:  # refused twice: give the space back
+            filler.unlink()
+            freed.append(True)
+
+    with Client(socket=d.socket) as client:
+        turn = client.submit("on a full disk", idempotency_key="full-disk-1",
+                             retry_for=60.0, on_retry=on_retry)
+        assert turn.message == "on a full disk"
+        assert client.wait(turn.id, timeout=60).state == "completed"
+        again = client.submit("on a full disk", idempotency_key="full-disk-1")
+    assert again.id == turn.id  # the key answers the turn it made
+    assert len(refusals) >= 2
+    assert {name for name, _ in refusals} == {StoreUnavailable.__name__}
+    listed = [t for t in d.get("/v1/turns")[1]["turns"] if t["message"] == "on a full disk"]
+    assert [t["id"] for t in listed] == [turn.id]
