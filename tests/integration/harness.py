@@ -218,6 +218,19 @@ class Daemon:
         assert status == 202, (status, data)
         return data["turn"]  # type: ignore[no-any-return]
 
+    def wait_state(self, turn_id: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
+        """The turn once it is in `state`, polled (a deadline only fails a test that would
+        otherwise hang)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            code, data = self.get(f"/v1/turns/{turn_id}")
+            assert code == 200, data
+            if data["turn"]["state"] == state:
+                return data["turn"]  # type: ignore[no-any-return]
+            assert time.monotonic() < deadline, \
+                f"turn {turn_id} not {state} in {timeout} s: {data['turn']}"
+            time.sleep(0.02)
+
     def wait(self, turn_id: str, timeout: float = 30.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:

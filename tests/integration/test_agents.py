@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,17 +75,6 @@ def _tools(seen_body: dict[str, Any]) -> set[str]:
 
 def _tool_results(seen_body: dict[str, Any]) -> list[str]:
     return [str(m["content"]) for m in seen_body["messages"] if m["role"] == "tool"]
-
-
-def _wait_state(d: Daemon, turn_id: str, state: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, data = d.get(f"/v1/turns/{turn_id}")
-        assert status == 200, data
-        if data["turn"]["state"] == state:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"turn {turn_id} never {state}: {data}")
 
 
 def test_each_agent_sends_its_own_prompt_and_offers_only_its_tools(
@@ -170,7 +158,7 @@ def test_a_reload_adds_an_agent_and_a_parked_turn_of_a_removed_one_goes_on_as_de
                   then=ok("done"))
     d: Daemon = start(_config(faults, tool_server, AGENTS))
     turn = d.submit("hello", agent="alpha")
-    _wait_state(d, turn["id"], "waiting")
+    d.wait_state(turn["id"], "waiting")
     status, data = d.post("/v1/turns", {"message": "hello", "agent": "gamma"})
     assert status == 400 and data["field"] == "agent"
 
@@ -189,7 +177,7 @@ def test_a_reload_adds_an_agent_and_a_parked_turn_of_a_removed_one_goes_on_as_de
     status, data = d.post("/v1/reload")
     assert status == 200, data
     # Parked when the reload came: suspended, then resumed under the new policy.
-    _wait_state(d, turn["id"], "waiting")
+    d.wait_state(turn["id"], "waiting")
     status, data = d.post(f"/v1/turns/{turn['id']}/messages",
                           {"kind": "answer", "text": "the first"})
     assert status == 202, data
@@ -228,10 +216,10 @@ def test_the_agent_is_kept_with_the_turn_across_a_restart(
                   then=ok("done"))
     d: Daemon = start(_config(faults, tool_server, AGENTS))
     turn = d.submit("hello", agent="alpha")
-    _wait_state(d, turn["id"], "waiting")
+    d.wait_state(turn["id"], "waiting")
     assert d.stop() == 0
     d.start()
-    _wait_state(d, turn["id"], "waiting")
+    d.wait_state(turn["id"], "waiting")
     status, data = d.post(f"/v1/turns/{turn['id']}/messages",
                           {"kind": "answer", "text": "the first"})
     assert status == 202, data
@@ -308,7 +296,7 @@ def test_an_agents_approval_and_output_schema_apply_to_its_turns_only(
     faults.clear()
     faults.script("a", ok("", tool_calls=(("ticket", {"title": "t"}),)), then=ok("filed"))
     held = d.submit("file it", agent="payer")
-    _wait_state(d, held["id"], "waiting")
+    d.wait_state(held["id"], "waiting")
     status, data = d.get(f"/v1/turns/{held['id']}")
     (pending,) = data["turn"]["pending_approvals"]
     assert pending["tool"] == "ticket" and len(tool_server.calls("/ticket")) == 1

@@ -406,18 +406,6 @@ def cli(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
                            *args], capture_output=True, text=True, timeout=30, check=False)
 
 
-def wait_state(d: Daemon, turn_id: str, state: str, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, data = d.get(f"/v1/turns/{turn_id}")
-        assert status == 200, data
-        if data["turn"]["state"] == state:
-            return data["turn"]  # type: ignore[no-any-return]
-        assert data["turn"].get("result") is None, data["turn"]
-        time.sleep(0.02)
-    raise AssertionError(f"turn {turn_id} never reached state {state}")
-
-
 def steer(d: Daemon, turn_id: str, text: str, *, redirect: bool = False) -> None:
     status, data = d.post(f"/v1/turns/{turn_id}/messages",
                           {"kind": "steer", "text": text, "redirect": redirect})
@@ -702,7 +690,7 @@ def test_context_overflow_past_max_restarts_is_restarts_exhausted(d: Daemon) -> 
 
 def test_clarify_round_trip_through_the_cli(d: Daemon) -> None:
     turn = d.submit("clarify")
-    waiting = wait_state(d, turn["id"], "waiting")
+    waiting = d.wait_state(turn["id"], "waiting")
     assert waiting["question"] == "Which city?"
     shown = cli(d, "show", turn["id"])
     assert shown.returncode == 0, shown.stderr
@@ -729,7 +717,7 @@ def test_clarify_round_trip_through_the_cli(d: Daemon) -> None:
 def test_an_answer_to_a_turn_that_asked_nothing_is_refused(d: Daemon) -> None:
     # Kept, it would answer whatever question the turn asks later.
     turn = d.submit("redirect")  # a 20 s model call, no question
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     status, data = d.post(f"/v1/turns/{turn['id']}/messages",
                           {"kind": "answer", "text": "Paris"})
     assert status == 409, data
@@ -850,7 +838,7 @@ def test_no_answer_within_clarify_timeout_stops_with_clarify_seconds(
         quick_clarify: Daemon) -> None:
     d = quick_clarify
     turn = d.submit("clarify")
-    assert wait_state(d, turn["id"], "waiting")["question"] == "Which city?"
+    assert d.wait_state(turn["id"], "waiting")["question"] == "Which city?"
     done = d.wait(turn["id"])
     result = stopped(done, "clarify.timeout", "clarify_seconds", None, 0.4)
     assert 0.4 <= result["stopped_because"]["value"] < 1.5

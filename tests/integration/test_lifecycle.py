@@ -170,18 +170,6 @@ def status_of(d: Daemon) -> dict[str, Any]:
     return data  # type: ignore[no-any-return]
 
 
-def wait_state(d: Daemon, turn_id: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        code, data = d.get(f"/v1/turns/{turn_id}")
-        assert code == 200, data
-        if data["turn"]["state"] == state:
-            return data["turn"]  # type: ignore[no-any-return]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"turn {turn_id} not {state} in {timeout} s: {data['turn']}")
-        time.sleep(0.02)
-
-
 def wait_daemon_state(d: Daemon, state: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while status_of(d)["state"] != state:
@@ -304,7 +292,7 @@ def test_a_reload_of_the_running_policy_makes_no_new_version(
     d = start(scripted(tmp_path, daemon="drain_timeout = 10.0"), env=notify.env)
     notify.wait_for(is_ready)
     turn = d.submit("SLOW not drained")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     d.config_path.write_text(d.config_path.read_text() + "\n# a comment is no policy\n")
     mark = len(notify.messages)
     out = subprocess.run([sys.executable, "-m", "turnkeeper", "reload", "--socket",
@@ -391,7 +379,7 @@ def test_a_long_drain_asks_systemd_for_more_time(start: Any, notify: NotifyListe
     d = start(scripted(tmp_path, daemon="drain_timeout = 10.0"), env=notify.env)
     notify.wait_for(is_ready)
     turn = d.submit("SLOW one")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     mark = len(notify.messages)
     d.change_policy()
     code, data = d.post("/v1/reload")
@@ -404,7 +392,7 @@ def test_a_long_drain_asks_systemd_for_more_time(start: Any, notify: NotifyListe
     assert done["state"] == "completed" and done["policy_version"] == 1
     # A stop that drains asks too.
     second = d.submit("SLOW two")
-    wait_state(d, second["id"], "running")
+    d.wait_state(second["id"], "running")
     mark = len(notify.messages)
     d.signal(signal.SIGTERM)
     assert exit_code(d) == 0
@@ -542,7 +530,7 @@ def test_turnkeeper_reload_waits_and_exits_nonzero_with_the_error(start: Any,
     d = start(scripted(tmp_path, daemon="drain_timeout = 10.0"))
     cli = [sys.executable, "-m", "turnkeeper", "reload", "--socket", str(d.socket)]
     turn = d.submit("SLOW under reload")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     d.change_policy()
     t0 = time.monotonic()
     out = subprocess.run(cli, capture_output=True, text=True, timeout=30, check=False)
@@ -728,7 +716,7 @@ def test_triggers_during_a_reload_coalesce_into_one_more(start: Any, notify: Not
     d = start(scripted(tmp_path, daemon="drain_timeout = 10.0"), env=notify.env)
     notify.wait_for(is_ready)
     turn = d.submit("HOLD keeps the first reload draining")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     mark = len(notify.messages)
     d.change_policy()
     d.signal(signal.SIGHUP)
@@ -765,7 +753,7 @@ def test_submits_during_a_reload_are_accepted_and_start_after_the_swap(
     tap = EventTap(d)
     slow = d.submit("SLOW draining")
     tap.wait_for("turn.queued", slow["id"])
-    wait_state(d, slow["id"], "running")
+    d.wait_state(slow["id"], "running")
     d.change_policy()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reload = pool.submit(d.post, "/v1/reload")
@@ -789,11 +777,11 @@ def test_waiting_turns_are_suspended_at_once_and_come_back_waiting_under_the_new
         start: Any, tmp_path: Path) -> None:
     d = start(scripted(tmp_path, daemon=f"drain_timeout = {AN_HOUR}"))
     turns = [d.submit(f"ASKNOW {i}") for i in range(3)]
-    before = [wait_state(d, t["id"], "waiting") for t in turns]
+    before = [d.wait_state(t["id"], "waiting") for t in turns]
     d.change_policy()
     reload_cut_short(d)  # not the hour's drain_timeout
     for t, was in zip(turns, before, strict=True):
-        now = wait_state(d, t["id"], "waiting")
+        now = d.wait_state(t["id"], "waiting")
         assert now["question"] == was["question"] == f"which colour for {t['message']}?"
         assert (was["policy_version"], now["policy_version"]) == (1, 2)
     for t in turns:
@@ -815,10 +803,10 @@ def test_a_turn_that_parks_during_a_drain_is_suspended_then(start: Any,
                                                             tmp_path: Path) -> None:
     d = start(scripted(tmp_path, daemon=f"drain_timeout = {AN_HOUR}"))
     turn = d.submit("ASKLATE")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     d.change_policy()
     reload_cut_short(d)  # the turn asks its question 0.5 s into the drain
-    back = wait_state(d, turn["id"], "waiting")
+    back = d.wait_state(turn["id"], "waiting")
     assert back["policy_version"] == 2 and back["question"].startswith("later: ")
     d.post(f"/v1/turns/{turn['id']}/messages", {"kind": "answer", "text": "green"})
     assert d.wait(turn["id"])["result"]["answer"] == "late answer: green"
@@ -829,11 +817,11 @@ def test_an_answer_that_comes_during_the_suspension_is_not_lost(start: Any,
     d = start(scripted(tmp_path, daemon="drain_timeout = 10.0"))
     slow = d.submit("SLOW holds the drain open")
     asking = d.submit("ASKNOW x")
-    wait_state(d, asking["id"], "waiting")
+    d.wait_state(asking["id"], "waiting")
     d.change_policy()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reload = pool.submit(d.post, "/v1/reload")
-        wait_state(d, asking["id"], "suspended")
+        d.wait_state(asking["id"], "suspended")
         code, _ = d.post(f"/v1/turns/{asking['id']}/messages",
                          {"kind": "answer", "text": "red"})
         assert code == 202
@@ -850,10 +838,10 @@ api_max_retries = 0
 recovery_schedule = [{AN_HOUR}]
 """))
     turn = d.submit("OUTAGE")
-    before = wait_state(d, turn["id"], "recovering")
+    before = d.wait_state(turn["id"], "recovering")
     d.change_policy()
     reload_cut_short(d)
-    after = wait_state(d, turn["id"], "recovering")
+    after = d.wait_state(turn["id"], "recovering")
     assert after["policy_version"] == 2
     assert after["next_attempt_at"] == before["next_attempt_at"]
     for counter in ("provider_attempts", "fallback_hops", "recovery_cycles", "restarts"):
@@ -874,7 +862,7 @@ def test_parked_turns_do_not_hold_slots_of_max_concurrent_turns(start: Any,
     tap = EventTap(d)
     asking = [d.submit(f"ASKNOW {i}") for i in range(6)]
     for t in asking:  # all six park, though only two may run
-        wait_state(d, t["id"], "waiting")
+        d.wait_state(t["id"], "waiting")
     assert d.run("new work is not blocked by them")["state"] == "completed"
     st = status_of(d)
     assert st["turns"]["waiting"] == 6 and st["turns"]["running"] == 0
@@ -904,7 +892,7 @@ def test_parked_turns_do_not_hold_slots_of_max_concurrent_turns(start: Any,
 def test_sigint_stops_like_sigterm(start: Any, notify: NotifyListener, tmp_path: Path) -> None:
     d = start(scripted(tmp_path), env=notify.env)
     turn = d.submit("SLOW finishing on SIGINT")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     mark = len(notify.messages)
     d.signal(signal.SIGINT)
     assert exit_code(d) == 0
@@ -922,8 +910,8 @@ def test_sigterm_during_a_reload_drain_stops_and_nothing_is_lost(
               env=notify.env)
     turn = d.submit("SLOW across a stop")
     waiting = d.submit("ASKNOW y")
-    wait_state(d, waiting["id"], "waiting")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(waiting["id"], "waiting")
+    d.wait_state(turn["id"], "running")
     mark = len(notify.messages)
     d.change_policy()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -939,7 +927,7 @@ def test_sigterm_during_a_reload_drain_stops_and_nothing_is_lost(
     d.start()
     done = d.wait(turn["id"])
     assert done["state"] == "completed"
-    back = wait_state(d, waiting["id"], "waiting")
+    back = d.wait_state(waiting["id"], "waiting")
     assert back["question"] == "which colour for ASKNOW y?"
     d.post(f"/v1/turns/{waiting['id']}/messages", {"kind": "answer", "text": "grey"})
     assert d.wait(waiting["id"])["result"]["answer"] == "answered: grey"
@@ -951,7 +939,7 @@ def test_a_second_sigint_stops_without_waiting_out_the_drain(start: Any,
                                                              tmp_path: Path) -> None:
     d = start(scripted(tmp_path, daemon="shutdown_timeout = 60.0"))
     turn = d.submit("SLOW cut short")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     d.signal(signal.SIGINT)
     wait_daemon_state(d, "stopping")
     d.signal(signal.SIGINT)
@@ -970,7 +958,7 @@ def test_open_streams_and_long_polls_do_not_hold_a_stop_up(start: Any,
                                                             tmp_path: Path) -> None:
     d = start(scripted(tmp_path))
     asking = d.submit("ASKNOW z")
-    wait_state(d, asking["id"], "waiting")
+    d.wait_state(asking["id"], "waiting")
     everything = EventTap(d)  # GET /v1/events
     wait_until(lambda: accepted_connections(d) == 1, what="only the tap's connection open")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -5,7 +5,6 @@ path, so each request is counted where it arrived."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,7 +118,7 @@ def test_a_turn_parked_on_its_alias_resumes_on_it_after_a_reload(
         "[retry]", "[agent]\napi_max_retries = 0\nrecovery_schedule = [1.0]\n\n[retry]")
     d: Daemon = start(body)
     turn = d.submit("hello", model="cheap")
-    _wait_for_state(d, turn["id"], "recovering")
+    d.wait_state(turn["id"], "recovering")
     d.change_policy()
     status, data = d.post("/v1/reload")
     assert status == 200, data
@@ -130,17 +129,6 @@ def test_a_turn_parked_on_its_alias_resumes_on_it_after_a_reload(
     assert done["counters"]["steps"] == 2
     events = [e["type"] for e in d.events(turn["id"])]
     assert "turn.recovering" in events and "turn.suspended" in events
-
-
-def _wait_for_state(d: Daemon, turn_id: str, state: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, data = d.get(f"/v1/turns/{turn_id}")
-        assert status == 200, data
-        if data["turn"]["state"] == state:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"turn {turn_id} never reached {state}")
 
 
 def test_a_config_whose_alias_names_no_provider_does_not_start(

@@ -71,17 +71,6 @@ def stop_of(turn: dict[str, Any]) -> dict[str, Any]:
     return turn["result"]["stopped_because"]  # type: ignore[no-any-return]
 
 
-def wait_state(d: Daemon, turn_id: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        status, data = d.get(f"/v1/turns/{turn_id}")
-        assert status == 200
-        if data["turn"]["state"] == state:
-            return data["turn"]  # type: ignore[no-any-return]
-        assert time.monotonic() < deadline, f"turn {turn_id} never {state}: {data['turn']}"
-        time.sleep(0.02)
-
-
 ENDLESS = {"a token every 0.2 s": trickle(0.2), "keepalives only": keepalive(0.2)}
 
 
@@ -147,7 +136,7 @@ def test_a_reload_cuts_an_endless_stream_after_drain_timeout_and_the_turn_goes_o
     text = config(fault, daemon="drain_timeout = 2.0")
     d = start_with(start, text)
     turn = d.submit("stream for ever")
-    wait_state(d, turn["id"], "running")
+    d.wait_state(turn["id"], "running")
     deadline = time.monotonic() + 10
     while fault.arrived("primary") < 1:  # the stream is on the wire
         assert time.monotonic() < deadline

@@ -94,17 +94,6 @@ def gaps(seen: list[Any]) -> list[float]:
     return [b.started - a.ended for a, b in itertools.pairwise(seen)]
 
 
-def wait_state(d: Daemon, turn_id: str, state: str, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, data = d.get(f"/v1/turns/{turn_id}")
-        assert status == 200, data
-        if data["turn"]["state"] == state:
-            return data["turn"]  # type: ignore[no-any-return]
-        time.sleep(0.01)
-    raise AssertionError(f"turn {turn_id} never reached state {state}: {data['turn']}")
-
-
 # -- provider_attempts -------------------------------------------------------------------
 
 def test_persistent_503_gets_exactly_four_attempts_on_each_provider(
@@ -292,7 +281,7 @@ def test_a_recovering_turn_shows_its_state_and_next_attempt_and_cancel_ends_it(
                             "recovery_jitter": 0.0}))
     submitted = d.submit("hello")
     before = time.time()
-    turn = wait_state(d, submitted["id"], "recovering")
+    turn = d.wait_state(submitted["id"], "recovering")
     assert turn["counters"]["recovery_cycles"] == 0  # counted when the wait is over
     assert before + 3599 < turn["next_attempt_at"] < time.time() + 3600.5
     status = d.get("/v1/status")[1]
@@ -332,7 +321,7 @@ def test_a_steer_during_a_recovery_wait_starts_a_new_pass_with_the_message(
                      agent={"api_max_retries": 0, "recovery_schedule": [3600.0],
                             "auto_recovery_cycles": 2}))
     submitted = d.submit("hello")
-    wait_state(d, submitted["id"], "recovering")
+    d.wait_state(submitted["id"], "recovering")
     faults.script("primary", then=ok("steered answer"))
     status, _ = d.post(f"/v1/turns/{submitted['id']}/messages",
                        {"kind": "steer", "text": "use the other approach"})
