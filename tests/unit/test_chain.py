@@ -333,6 +333,24 @@ def test_the_chain_position_survives_a_checkpoint() -> None:
     assert again.begin_call() == Attempt(provider="primary", attempt=1)
 
 
+def test_counters_read_in_one_call_are_the_properties_at_every_move() -> None:
+    def read(c: ProviderChain) -> tuple[int, int, int, str]:
+        return (c.provider_attempts, c.fallback_hops, c.recovery_cycles, c.current_provider)
+
+    chain = make()
+    assert chain.counters() == read(chain) == (0, 0, 0, "primary")
+    chain.begin_call()
+    assert chain.counters() == read(chain) == (1, 0, 0, "primary")
+    fail(chain, D)
+    assert chain.counters() == read(chain) == (0, 1, 0, "fallback")
+    chain.begin_call()
+    chain.on_success()
+    restored = ProviderChain.restore(json.loads(json.dumps(chain.snapshot())), **SETTINGS)
+    assert restored.counters() == read(restored) == read(chain)
+    restored.begin_call()  # the next pass starts where the last call was answered
+    assert restored.counters() == read(restored) == (1, 0, 0, "fallback")
+
+
 def test_a_snapshot_with_a_pass_start_outside_the_chain_is_refused() -> None:
     snap = make().snapshot()
     with pytest.raises(ValueError, match="pass_start"):

@@ -304,6 +304,7 @@ class ProviderChain(ChainState):
         """Leave the current provider: a hop, and the end of the pass when none is left."""
         from_provider = self.current_provider
         self._pass_exits.append(reason)
+        self._moved()
         self._provider_attempts = 0
         self._previous_delay_s = None
         n = len(self.providers)
@@ -374,6 +375,7 @@ class ProviderChain(ChainState):
         self._pass_done = False
         self._pass_start = start
         self._pass_exits = []
+        self._moved()
         self._pass_retry_after_s = None
         self._pass_reopen_s = None
         self._pass_reopen_by = None

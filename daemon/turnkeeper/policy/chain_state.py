@@ -73,6 +73,9 @@ class ChainState:
         # last model call (a turn that failed over stays on its fallback).
         self._pass_start = 0
         self._pass_exits: list[FailOverReason] = []  # why each provider of the pass was left
+        # The provider the turn is on, kept (`_moved`) as the pass moves: the turn asks
+        # for it several times a step.
+        self._current = self.providers[0]
         self._pass_retry_after_s: float | None = None
         # The soonest a provider skipped without an attempt can be asked again (its
         # breaker lets a probe through, its Retry-After window ends), and which it was.
@@ -97,7 +100,7 @@ class ChainState:
     @property
     def current_provider(self) -> str:
         """The provider the turn is on; once the pass is spent, the last one tried."""
-        return self.providers[self._index()]
+        return self._current
 
     @property
     def next_provider(self) -> str:
@@ -114,6 +117,10 @@ class ChainState:
         n = len(self.providers)
         return (self._pass_start + min(len(self._pass_exits), n - 1)) % n
 
+    def _moved(self) -> None:
+        """The pass started or left a provider: the current provider follows."""
+        self._current = self.providers[self._index()]
+
     @property
     def provider_attempts(self) -> int:
         return self._provider_attempts
@@ -125,6 +132,12 @@ class ChainState:
     @property
     def recovery_cycles(self) -> int:
         return self._recovery_cycles
+
+    def counters(self) -> tuple[int, int, int, str]:
+        """`provider_attempts`, `fallback_hops`, `recovery_cycles` and the current
+        provider, in one call: what a turn copies to its record before each write."""
+        return (self._provider_attempts, len(self._pass_exits), self._recovery_cycles,
+                self._current)
 
     @property
     def pass_exits(self) -> tuple[FailOverReason, ...]:
@@ -212,6 +225,7 @@ class ChainState:
         chain._recovery_cycles = int(snapshot["recovery_cycles"])
         chain._pass_start = start
         chain._pass_exits = exits
+        chain._moved()
         ra = snapshot.get("pass_retry_after_s")
         chain._pass_retry_after_s = None if ra is None else float(ra)
         reopen = snapshot.get("pass_reopen_s")  # absent from older snapshots

@@ -303,11 +303,9 @@ class TurnContext:
 
     def sync_counters(self) -> None:
         c = self.record.counters
-        c.provider_attempts = self.chain.provider_attempts
-        c.fallback_hops = self.chain.fallback_hops
-        c.recovery_cycles = self.chain.recovery_cycles
+        (c.provider_attempts, c.fallback_hops, c.recovery_cycles,
+         self.record.provider) = self.chain.counters()
         c.restarts = self.restarts.count
-        self.record.provider = self.chain.current_provider
 
     def counter_values(self) -> dict[str, Any]:
         """The counters and meters, for a log line."""
