@@ -6,6 +6,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from turnkeeper.config import BudgetConfig
 from turnkeeper.policy.budget import (
@@ -399,3 +401,25 @@ def test_a_wait_refused_for_want_of_time_is_the_clocks_when_they_run_out_first()
     # 5 s of active time left, 25 s of wall clock: active time runs out first.
     assert not g.clock_binds(BudgetUsage(seconds=295.0), now=NOW + 5)
     assert not guard().clock_binds(BudgetUsage(seconds=10.0), now=NOW)
+
+
+_AROUND = st.sampled_from([0.0, 9.99, 10.0, 10.01, 100.0, math.inf, math.nan])
+
+
+@settings(max_examples=400, deadline=None)
+@given(tokens=st.sampled_from([0, 99, 100, 101]), seconds=_AROUND,
+       steps=st.sampled_from([0, 4, 5, 6]), cost=_AROUND, now=_AROUND,
+       deadline=st.sampled_from([None, 9.0, 10.0, 11.0]),
+       wall=st.sampled_from([0.0, 5.0, 10.0]), started=st.sampled_from([None, 0.0, 4.0]),
+       max_cost=st.sampled_from([0.0, 10.0]))
+def test_the_quick_no_of_check_is_the_first_of_the_violations(
+        tokens: int, seconds: float, steps: int, cost: float, now: float,
+        deadline: float | None, wall: float, started: float | None,
+        max_cost: float) -> None:
+    """`check` answers "no stop" from plain comparisons first: it must answer exactly
+    what the first of `violations` is, whatever the limits and the usage."""
+    guard = BudgetGuard(BudgetLimits(max_tokens=100, max_seconds=10.0, max_steps=5,
+                                     max_cost_usd=max_cost, deadline=deadline,
+                                     max_wall_seconds=wall, started_at=started))
+    usage = BudgetUsage(tokens=tokens, seconds=seconds, steps=steps, cost_usd=cost)
+    assert guard.check(usage, now=now) == next(iter(guard.violations(usage, now=now)), None)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
@@ -108,13 +108,14 @@ class BudgetLimits:
     deadline: float | None = None
     max_wall_seconds: float = 0.0
     started_at: float | None = None
+    # When the wall clock runs out (epoch seconds), or None when it is off: worked out
+    # once here, as the guard reads it several times a step.
+    wall_deadline: float | None = field(init=False, repr=False, compare=False)
 
-    @property
-    def wall_deadline(self) -> float | None:
-        """When the wall clock runs out (epoch seconds), or None when it is off."""
-        if self.max_wall_seconds <= 0 or self.started_at is None:
-            return None
-        return self.started_at + self.max_wall_seconds
+    def __post_init__(self) -> None:
+        wall_end = (None if self.max_wall_seconds <= 0 or self.started_at is None
+                    else self.started_at + self.max_wall_seconds)
+        object.__setattr__(self, "wall_deadline", wall_end)
 
     def backstop_only(self) -> BudgetLimits:
         """These limits with only the ones that always enforce kept: the step backstop,
@@ -260,6 +261,15 @@ class BudgetGuard:
 
     def check(self, usage: BudgetUsage, *, now: float) -> Stop | None:
         """The hard stop, or None when the next step may start."""
+        lim = self.limits
+        wall_end = lim.wall_deadline
+        # Plain comparisons first: this runs every step and is almost always "no".
+        if (usage.seconds < lim.max_seconds and usage.tokens < lim.max_tokens
+                and usage.steps < lim.max_steps
+                and (lim.max_cost_usd <= 0 or usage.cost_usd < lim.max_cost_usd)
+                and (lim.deadline is None or now < lim.deadline)
+                and (wall_end is None or now < wall_end)):
+            return None
         for stop in self.violations(usage, now=now):
             return stop
         return None
@@ -315,8 +325,10 @@ class BudgetGuard:
         before tool calls and after waits, where the step's own counters (already
         incremented) must not stop it but a spent clock must: the value is the counter
         as it is, possibly a hair under the limit."""
-        for stop in self._clock_stops(now, reserve_s=reserve_s):
-            return stop
+        lim = self.limits
+        if lim.deadline is not None or lim.wall_deadline is not None:
+            for stop in self._clock_stops(now, reserve_s=reserve_s):
+                return stop
         if self.limits.max_seconds - usage.seconds < reserve_s:
             return self._seconds_stop(usage)
         return None
@@ -325,10 +337,9 @@ class BudgetGuard:
         """Seconds until the deadline or the wall clock runs out, whichever is first;
         inf when neither is set. What a park (a recovery or clarify wait, which is not
         active time) may last at most."""
-        left = math.inf
-        if self.limits.deadline is not None:
-            left = self.limits.deadline - now
-        wall_end = self.limits.wall_deadline
+        lim = self.limits
+        left = math.inf if lim.deadline is None else lim.deadline - now
+        wall_end = lim.wall_deadline
         if wall_end is not None:
             left = min(left, wall_end - now)
         return max(0.0, left)
