@@ -128,6 +128,9 @@ class Metered(NamedTuple):
         return self.input_tokens + self.output_tokens
 
 
+_COUNT_NAMES = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
 def _count(name: str, value: float) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return f"{name} is not a number"
@@ -146,15 +149,20 @@ def metered(input_tokens: float, output_tokens: float, cache_read_tokens: float 
     when it cannot be a real usage (see the module's docstring): nothing of it is then
     counted. The cached parts are parts of the input, so together they cannot exceed
     it (an Anthropic input of -1,000,005 plus its cache counts shows as that)."""
-    counts: list[int] = []
-    for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens),
-                        ("cache_read_tokens", cache_read_tokens),
-                        ("cache_write_tokens", cache_write_tokens)):
-        checked = _count(name, value)
-        if isinstance(checked, str):
-            return f"usage {checked}"
-        counts.append(checked)
-    inp, out, read, write = counts
+    values = (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
+    # The usual usage, four ints in range, needs no word on each (`_count` agrees).
+    if (type(input_tokens) is int and type(output_tokens) is int
+            and type(cache_read_tokens) is int and type(cache_write_tokens) is int
+            and min(values) >= 0 and max(values) <= MAX_TOKENS_PER_CALL):
+        inp, out, read, write = map(int, values)
+    else:
+        counts: list[int] = []
+        for name, value in zip(_COUNT_NAMES, values, strict=True):
+            checked = _count(name, value)
+            if isinstance(checked, str):
+                return f"usage {checked}"
+            counts.append(checked)
+        inp, out, read, write = counts
     if inp + out > MAX_TOKENS_PER_CALL:
         return (f"usage of {inp + out:,} tokens is over {MAX_TOKENS_PER_CALL:,} tokens "
                 "for one call")
