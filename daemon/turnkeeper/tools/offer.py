@@ -9,13 +9,21 @@ identity), and so is each agent's selection of it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 
 from turnkeeper.messages import ToolSpec
 from turnkeeper.policy.agents import EVERY_TOOL, ToolSelection
 from turnkeeper.policy.mcp_state import McpServerState
 from turnkeeper.policy.tool_traits import NAME_SEPARATOR
+from turnkeeper.policy.usage import item_tokens
 from turnkeeper.tools.mcp import McpServer
+
+
+def spec_texts(spec: ToolSpec) -> list[str]:
+    """What a provider is sent of a tool spec: its name, description and JSON schema."""
+    return [spec.name, spec.description,
+            json.dumps(spec.parameters, separators=(",", ":"), ensure_ascii=False)]
 
 
 class Offer:
@@ -33,6 +41,8 @@ class Offer:
         self._selected: dict[ToolSelection, tuple[tuple[ToolSpec, ...],
                                                   tuple[ToolSpec, ...]]] = {}
         self._offered: dict[ToolSelection, tuple[tuple[ToolSpec, ...], frozenset[str]]] = {}
+        # Per agent's selection, the last offer made to it and its size (`tokens_for`).
+        self._sized: dict[ToolSelection, tuple[tuple[ToolSpec, ...], int]] = {}
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -57,6 +67,16 @@ class Offer:
         if known is None or known[0] is not specs:
             known = self._selected[tools] = (specs, tuple(
                 s for s in specs if s.name in self._builtins or tools.allows(s.name)))
+        return known[1]
+
+    def tokens_for(self, tools: ToolSelection) -> int:
+        """The input tokens `specs_for(tools)` adds to a request (`policy.usage`'s
+        estimate of each spec's texts), worked out once per offer."""
+        specs = self.specs_for(tools)
+        known = self._sized.get(tools)
+        if known is None or known[0] is not specs:
+            known = self._sized[tools] = (
+                specs, sum(item_tokens(spec_texts(s)) for s in specs))
         return known[1]
 
     def note(self, previous: frozenset[str] | None,

@@ -87,6 +87,12 @@ class ToolBox:
         tools of `specs` it selects. The same tuple while the offer does not change."""
         return self._offer.specs_for(tools)
 
+    def specs_tokens(self, tools: ToolSelection) -> int:
+        """The input tokens the offer to an agent that may call `tools` (`specs_for`)
+        adds to a request, estimated on the large side: sized once per offer, for every
+        turn, not at each model call."""
+        return self._offer.tokens_for(tools)
+
     def offer_note(self, previous: frozenset[str] | None,
                    tools: ToolSelection = EVERY_TOOL) -> tuple[frozenset[str], str | None]:
         """The names offered now to an agent that may call `tools`, and a note for it

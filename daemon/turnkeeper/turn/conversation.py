@@ -40,15 +40,20 @@ class Conversation:
         # changed since it was taken.
         self._saving: int | None = None
         self._touched = 0
+        # Counts every change to `messages`: what was worked out from them (the request's
+        # size) holds while it stays the same.
+        self.revision = 0
 
     def _append(self, message: Message) -> None:
         self.messages.append(message)
         self._texts.append(None)
+        self.revision += 1
 
     def _changed_from(self, index: int) -> None:
         """Messages from `index` on no longer match the stored rows."""
         self._stored = min(self._stored, index)
         self._touched = min(self._touched, index)
+        self.revision += 1
 
     @property
     def stored(self) -> int:
@@ -118,8 +123,11 @@ class Conversation:
         `end`, all by default): each an assistant answer followed by the daemon's note
         asking to continue, and nothing but the daemon's notes. Empty when the daemon has
         not asked to continue since the last answer (a steer starts a new answer)."""
-        msgs, parts = self.messages, []
+        msgs = self.messages
         end = len(msgs) if end is None else end
+        if end - 1 <= self.turn_start or msgs[end - 1].role != "user":
+            return []  # the usual case: no note asked to continue (see below)
+        parts: list[str] = []
         while True:
             j, asked = end - 1, False
             while j > self.turn_start and msgs[j].role == "user" \

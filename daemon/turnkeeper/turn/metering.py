@@ -4,20 +4,24 @@ reply is charged after.
 Both rules are the budget's and the usage's (`policy/budget.py`, `policy/usage.py`);
 this room only gathers their inputs from the turn. The request's text is what a
 provider is sent of it: the system prompt, each message's content and tool calls (names
-and arguments) and the tool specs (name, description, JSON schema). A conversation only
-grows between steps, so each message's estimate is kept and only the messages added
-since are sized again (as `MessageCache` does for the encoding); a compaction replaces
-messages, and everything from the first one that changed is sized again.
+and arguments) and the tool specs (name, description, JSON schema; the ToolBox sizes
+each offer once, `ToolBox.specs_tokens`). A conversation only grows between steps, so
+each message's estimate is kept and only the messages added since are sized again (as
+`MessageCache` does for the encoding); a compaction replaces messages, and everything
+from the first one that changed is sized again. Nothing is sized again while the
+conversation (its `revision`), the system prompt and the offer stay the same, and the
+budget's answer is kept with what it was asked (`preflight`): the step's check and its
+first attempt's ask the same question unless something changed between them.
 """
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 from turnkeeper import event_types as ev
-from turnkeeper.messages import Message, ToolSpec
+from turnkeeper.messages import Message
 from turnkeeper.policy.budget import BudgetGuard, Preflight
 from turnkeeper.policy.outcome import Stop
 from turnkeeper.policy.usage import REQUEST_TOKENS, Metered, Prices, item_tokens, metered
@@ -33,11 +37,6 @@ def message_texts(m: Message) -> list[str]:
     return texts
 
 
-def spec_texts(spec: ToolSpec) -> list[str]:
-    return [spec.name, spec.description,
-            json.dumps(spec.parameters, separators=(",", ":"), ensure_ascii=False)]
-
-
 def prices_of(settings: ProviderRequestSettings) -> Prices:
     return Prices(settings.price_input_per_mtok, settings.price_output_per_mtok,
                   settings.price_cache_read_per_mtok, settings.price_cache_write_per_mtok)
@@ -49,8 +48,9 @@ class Meter:
         self._seen: list[Message] = []
         self._sizes: list[int] = []  # each of `_seen`'s estimate
         self._total = 0  # their sum
-        self._specs: tuple[Sequence[ToolSpec], int] | None = None
         self._system: tuple[str, int] = ("", 0)
+        # The last pre-flight's answer, with what it was asked.
+        self._asked: tuple[tuple[Any, ...], Preflight | Stop] | None = None
         # Each provider's prices, with the settings they were read from.
         self._prices: dict[str, tuple[ProviderRequestSettings, Prices]] = {}
 
@@ -69,11 +69,6 @@ class Meter:
             self._total += size
         return self._total
 
-    def _specs_tokens(self, specs: Sequence[ToolSpec]) -> int:
-        if self._specs is None or self._specs[0] is not specs:
-            self._specs = (specs, sum(item_tokens(spec_texts(s)) for s in specs))
-        return self._specs[1]
-
     def input_tokens(self) -> int:
         """The next request's input, estimated on the large side (see the module)."""
         ctx = self.ctx
@@ -81,16 +76,29 @@ class Meter:
         if self._system[0] is not system:
             self._system = (system, item_tokens((system,)))
         return (REQUEST_TOKENS + self._system[1] + self._messages_tokens(ctx.conv.messages)
-                + self._specs_tokens(ctx.tool_specs()))
+                + ctx.runtime.toolbox.specs_tokens(ctx.agent.tools))
 
     def preflight(self, provider: str, guard: BudgetGuard | None = None) -> Preflight | Stop:
         """The budget's word on the next call to `provider` (`guard`: the turn's own
         unless another is given, e.g. the watched limits of a budget in warn mode)."""
         ctx = self.ctx
+        guard = guard or ctx.guard
         settings = ctx.settings.providers[provider]
-        return (guard or ctx.guard).preflight(
-            ctx.usage(), input_tokens=self.input_tokens(),
-            max_output_tokens=settings.max_output_tokens, prices=self._prices_of(provider))
+        conv, spent = ctx.conv, ctx.record.usage
+        # What the answer is made of: the limits (a guard's are replaced, never changed,
+        # when extended), the provider's cap and prices, what was spent, and what the
+        # request is made of (the time is not asked). The same question, the same answer.
+        key = (guard, guard.limits, settings, spent.input_tokens, spent.output_tokens,
+               spent.cost_usd, conv, conv.revision, ctx.agent.system_prompt,
+               ctx.runtime.toolbox.specs)
+        last = self._asked
+        if last is not None and last[0] == key:
+            return last[1]
+        answer = guard.preflight(ctx.usage(), input_tokens=self.input_tokens(),
+                                 max_output_tokens=settings.max_output_tokens,
+                                 prices=self._prices_of(provider))
+        self._asked = (key, answer)
+        return answer
 
     def _prices_of(self, provider: str) -> Prices:
         settings = self.ctx.settings.providers[provider]
