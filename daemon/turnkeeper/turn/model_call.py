@@ -152,13 +152,15 @@ class ModelCall:
         ctx.record.next_attempt_at = None
         return ctx.chain.retry_ready()
 
-    def _request(self, max_output_tokens: int, traceparent: str | None) -> ModelRequest:
+    def _request(self, max_output_tokens: int, left_s: float, traceparent: str | None
+                 ) -> ModelRequest:
+        """The request of an attempt, bounded by `left_s`, the turn's time left."""
         ctx = self.ctx
         provider = ctx.settings.providers[ctx.chain.current_provider]
         return ModelRequest(
             system=ctx.agent.system_prompt, messages=tuple(ctx.conv.messages),
             tools=ctx.tool_specs(), max_output_tokens=max_output_tokens,
-            timeout_s=max(0.001, min(provider.timeout_s, ctx.remaining_s())),
+            timeout_s=max(0.001, min(provider.timeout_s, left_s)),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message}, cache=self._encoded,
             traceparent=traceparent,
@@ -205,7 +207,10 @@ class ModelCall:
         tracer = ctx.shared.tracer
         span = tracer.chat(ctx.span, provider=name, attempt=attempt.attempt,
                            config=ctx.runtime.config)
-        request = self._request(fits.max_output_tokens, span.traceparent)
+        # The turn's time left, read once: the request's timeout, the call's total bound
+        # and the wait for an in-flight slot are all taken from here.
+        left_s = ctx.remaining_s()
+        request = self._request(fits.max_output_tokens, left_s, span.traceparent)
         budget = ctx.shared.retry_budgets[name]
         self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
                                       step=request.step, messages=len(request.messages)))
@@ -217,7 +222,7 @@ class ModelCall:
             call_scope.cancel()
         failure: CallFailure | None = None
         reply: ModelReply | None = None
-        bound = CallBound.of(turn_left_s=ctx.remaining_s(),
+        bound = CallBound.of(turn_left_s=left_s,
                              max_call_s=ctx.settings.providers[name].max_call_s)
 
         async def on_delta(text: str) -> None:
@@ -234,7 +239,7 @@ class ModelCall:
             with call_scope:
                 try:
                     reply = await ctx.shared.gates.run(
-                        name, bounded, clock=ctx.clock, wait_s=ctx.remaining_s(),
+                        name, bounded, clock=ctx.clock, wait_s=left_s,
                         on_wait=lambda limit, busy, queued: self._publish(ev.ModelQueued(
                             provider=name, limit=limit, in_flight=busy, waiting=queued)))
                 except ProviderError as exc:

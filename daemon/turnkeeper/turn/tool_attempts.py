@@ -27,7 +27,8 @@ class ToolAttempts:
         ctx = self.ctx
         tool = ctx.runtime.toolbox.get(name)
         assert tool is not None
-        breaker = ctx.shared.breakers.get(tool.breaker)
+        peer = tool.breaker
+        breaker = ctx.shared.breakers.get(peer)
         rule = ctx.settings.tools.retry
         max_attempts = attempts_for(idempotent=idempotent,
                                     max_attempts=ctx.settings.tools.max_attempts(name))
@@ -37,7 +38,7 @@ class ToolAttempts:
         while True:
             attempt += 1
             ctx.record.counters.tool_attempts = attempt
-            refused = self._refused(name, tool.breaker, breaker, first=attempt == 1)
+            refused = self._refused(name, peer, breaker, first=attempt == 1)
             if refused is not None:
                 return refused
             started_at = ctx.clock.monotonic()
@@ -60,7 +61,7 @@ class ToolAttempts:
                     breaker.record_success(ctx.clock.monotonic())
                 return outcome
             cls = classify(outcome.failure)
-            self._failed(name, tool.breaker, breaker, outcome, cls, started_at=started_at)
+            self._failed(name, peer, breaker, outcome, cls, started_at=started_at)
             delay = rule.next_delay(attempt=attempt, max_attempts=max_attempts,
                                     failure_class=cls,
                                     retry_after_s=outcome.failure.retry_after_s,
