@@ -38,6 +38,16 @@ class Clock(Protocol):
         caller reads `cancelled_caught`), not an error."""
         ...
 
+    def scope(self) -> AbstractContextManager[anyio.CancelScope]:
+        """A cancel scope with no deadline yet: `set_deadline` may give it one once
+        inside, for a bound that starts part-way (one scope where a scope inside another
+        would cost a second scope)."""
+        ...
+
+    def set_deadline(self, scope: anyio.CancelScope, seconds: float) -> None:
+        """Cancel `scope`, entered from this clock's `scope()`, `seconds` from now."""
+        ...
+
 
 class SystemClock:
     # The C functions themselves, not methods that call them: a turn asks the time about
@@ -50,6 +60,12 @@ class SystemClock:
 
     def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
         return anyio.move_on_after(seconds)
+
+    def scope(self) -> AbstractContextManager[anyio.CancelScope]:
+        return anyio.CancelScope()
+
+    def set_deadline(self, scope: anyio.CancelScope, seconds: float) -> None:
+        scope.deadline = anyio.current_time() + seconds
 
     def __repr__(self) -> str:
         return "SystemClock()"
@@ -65,6 +81,8 @@ class FakeClock:
         self._now = 0.0
         self._start = start
         self._timers: list[tuple[float, int, anyio.CancelScope]] = []
+        # The deadlines `set_deadline` gave the scopes of `scope()`, in `_timers` too.
+        self._deadlines: dict[int, tuple[float, int, anyio.CancelScope]] = {}
         self._seq = 0
 
     def __repr__(self) -> str:
@@ -105,6 +123,27 @@ class FakeClock:
 
     def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
         return self._timer(seconds)
+
+    @contextmanager
+    def scope(self) -> Iterator[anyio.CancelScope]:
+        with anyio.CancelScope() as scope:
+            try:
+                yield scope
+            finally:
+                entry = self._deadlines.pop(id(scope), None)
+                if entry is not None:
+                    self._timers.remove(entry)
+
+    def set_deadline(self, scope: anyio.CancelScope, seconds: float) -> None:
+        old = self._deadlines.pop(id(scope), None)
+        if old is not None:
+            self._timers.remove(old)
+        self._seq += 1
+        entry = (self._now + max(0.0, seconds), self._seq, scope)
+        self._deadlines[id(scope)] = entry
+        self._timers.append(entry)
+        if seconds <= 0:
+            scope.cancel()
 
     @contextmanager
     def _timer(self, seconds: float) -> Iterator[anyio.CancelScope]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import anyio
-
 from turnkeeper import event_types as ev
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.budget import CLOCK_STOPS
@@ -28,11 +26,6 @@ from turnkeeper.providers.base import MessageCache, ModelReply, ModelRequest, Pr
 from turnkeeper.turn.claims import Claims
 from turnkeeper.turn.context import Redirected, TurnContext
 from turnkeeper.turn.metering import Meter
-
-
-class _CallCut(Exception):
-    """Internal: the call's total bound ran out (see `CallBound`)."""
-
 
 # What `_last_failure` holds before any (a CallFailure is immutable: one for every turn).
 NO_FAILURE = CallFailure()
@@ -216,10 +209,6 @@ class ModelCall:
                                       step=request.step, messages=len(request.messages)))
         budget.begin_request()
         started_at = ctx.clock.monotonic()
-        call_scope = anyio.CancelScope()
-        ctx.control.call_scope = call_scope
-        if ctx.control.model_call_cut:
-            call_scope.cancel()
         failure: CallFailure | None = None
         reply: ModelReply | None = None
         bound = CallBound.of(turn_left_s=left_s,
@@ -230,13 +219,19 @@ class ModelCall:
 
         async def bounded() -> ModelReply:
             # The whole call, however it trickles in: a per-read timeout never ends a
-            # stream that keeps sending something.
-            with ctx.clock.move_on_after(bound.seconds):
-                return await provider.complete(request, on_delta)
-            raise _CallCut
+            # stream that keeps sending something. Its bound starts here, once a slot is
+            # had (the wait for one has its own): the call's scope is cut at it.
+            ctx.clock.set_deadline(call_scope, bound.seconds)
+            return await provider.complete(request, on_delta)
 
+        cut = False
         try:
-            with call_scope:
+            # One scope for the call: a steer's redirect or a reload's suspend cut it
+            # (`model_call_cut`), and so does the call's bound (anything else).
+            with ctx.clock.scope() as call_scope:
+                ctx.control.call_scope = call_scope
+                if ctx.control.model_call_cut:
+                    call_scope.cancel()
                 try:
                     reply = await ctx.shared.gates.run(
                         name, bounded, clock=ctx.clock, wait_s=left_s,
@@ -244,21 +239,24 @@ class ModelCall:
                             provider=name, limit=limit, in_flight=busy, waiting=queued)))
                 except ProviderError as exc:
                     failure = exc.failure
-                except _CallCut:
-                    failure = bound.failure()
                 if reply is not None:
                     wrong = self.meter.charge(name, reply)
                     if wrong is not None:  # a broken counter: nothing of it is counted
                         reply, failure = None, CallFailure(
                             error_type="invalid_usage", exception=("InvalidUsage",),
                             message=wrong)
+            if call_scope.cancelled_caught:
+                cut = ctx.control.model_call_cut
+                if not cut:
+                    failure = bound.failure()  # the call's bound ran out
         finally:
             ctx.control.call_scope = None
             budget.end_request()
             claims.end_retry()
             tracer.chat_ended(span, request, reply, failure)
-        if call_scope.cancelled_caught:
+        if cut:
             raise self._cut(name)
+            failure = bound.failure()  # the call's bound ran out
         if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:
             spent = ctx.time_spent()
             if spent is not None:  # the turn's time ran out: its stop, not the provider's
