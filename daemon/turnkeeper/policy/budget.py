@@ -218,11 +218,11 @@ class SoftWarning:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class Preflight:
+class Preflight(NamedTuple):
     """The next model call fits: send `max_output_tokens`. `short` names the dimensions
     ("tokens", "cost_usd") in which the provider's own cap did not fit and was cut: the
-    call would cross the limit if the model used all of it."""
+    call would cross the limit if the model used all of it. A named tuple, as
+    `BudgetUsage` is: one is made at every step."""
 
     max_output_tokens: int
     short: tuple[str, ...] = ()

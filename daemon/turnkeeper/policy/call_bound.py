@@ -17,7 +17,7 @@ A stream that sends only keepalives for the provider's `idle_timeout` is cut as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from turnkeeper.policy.classify import CallFailure
 
@@ -27,11 +27,11 @@ CALL_TIMEOUT = ("CallTimeout", "TimeoutError")
 IDLE_STREAM = ("IdleStream", "TimeoutError")
 
 
-@dataclass(frozen=True, slots=True)
-class CallBound:
+class CallBound(NamedTuple):
     """The total time one call may take (`seconds`) and whether the turn's time left
     (`by_turn`) or the provider's `max_call_seconds` sets it. Equal limits: the turn's,
-    since its stop is the more precise account of what ran out."""
+    since its stop is the more precise account of what ran out. A named tuple: one is
+    made for every model call, and a frozen dataclass costs a call per field."""
 
     seconds: float
     by_turn: bool
