@@ -94,3 +94,8 @@ def test_the_wire_figure_goes_on_as_given_and_anything_else_is_not_a_number() ->
     assert wire_count(-4.5) == -4.5
     for junk in ("12", True, {"n": 1}, [1]):
         assert math.isnan(wire_count(junk))
+
+
+def test_a_lone_surrogate_is_sized_as_the_three_bytes_it_is_written_with() -> None:
+    # JSON may carry one ("\ud800"); sizing it must not fail the turn's pre-flight.
+    assert text_tokens("\ud800") == text_tokens("\u4e00") == 2

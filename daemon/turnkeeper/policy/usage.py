@@ -32,10 +32,11 @@ PER_ITEM_TOKENS = 4
 def text_tokens(text: str) -> int:
     """A conservative token count of `text`: ceil(characters / 4) for ASCII; a character
     of n UTF-8 bytes counts (3n - 2) / 4, so a 2-byte one 1 token, a 3-byte (CJK) 1.75
-    and a 4-byte (emoji) 2.5."""
+    and a 4-byte (emoji) 2.5. A lone surrogate (JSON can carry one) counts as the three
+    bytes it is written with."""
     if text.isascii():
         return -(-len(text) // 4)
-    return -(-(3 * len(text.encode("utf-8")) - 2 * len(text)) // 4)
+    return -(-(3 * len(text.encode("utf-8", "surrogatepass")) - 2 * len(text)) // 4)
 
 
 def item_tokens(texts: Iterable[str]) -> int:
