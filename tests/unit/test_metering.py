@@ -14,7 +14,8 @@ from turnkeeper.policy.budget import BudgetGuard, Preflight
 from turnkeeper.policy.outcome import Stop, StopCode
 from turnkeeper.policy.usage import REQUEST_TOKENS, item_tokens
 from turnkeeper.tools.offer import spec_texts
-from turnkeeper.turn.metering import Meter, message_texts
+from turnkeeper.turn.conversation import message_texts
+from turnkeeper.turn.metering import Meter
 
 
 def fresh_estimate(h: Harness) -> int:

@@ -15,9 +15,23 @@ from typing import Any
 
 from turnkeeper.messages import Message, ToolCall, message_text
 from turnkeeper.policy.replies import CONTINUE_NOTE
+from turnkeeper.policy.usage import item_tokens
 from turnkeeper.store.base import MessageRows
 
 NOTE_PREFIX = "[turnkeeper note] "
+
+
+def message_texts(m: Message) -> list[str]:
+    """What a provider is sent of a message's text: its content, and each tool call's
+    name and arguments."""
+    texts = [m.content or ""]
+    for c in m.tool_calls:
+        texts += (c.name, c.arguments)
+    return texts
+
+
+def _sized(messages: Iterable[Message]) -> int:
+    return sum(item_tokens(message_texts(m)) for m in messages)
 
 
 class Conversation:
@@ -40,20 +54,25 @@ class Conversation:
         # changed since it was taken.
         self._saving: int | None = None
         self._touched = 0
-        # Counts every change to `messages`: what was worked out from them (the request's
-        # size) holds while it stays the same.
+        # Counts every change to `messages`: what was worked out from them holds while
+        # it stays the same.
         self.revision = 0
+        # The messages' input tokens, estimated on the large side (`policy.usage`): each
+        # message is sized once, as it joins, for the budget's pre-flight of each call.
+        self.tokens = _sized(self.messages)
 
     def _append(self, message: Message) -> None:
         self.messages.append(message)
         self._texts.append(None)
         self.revision += 1
+        self.tokens += item_tokens(message_texts(message))
 
     def _changed_from(self, index: int) -> None:
-        """Messages from `index` on no longer match the stored rows."""
+        """Messages from `index` on no longer match the stored rows (nor their size)."""
         self._stored = min(self._stored, index)
         self._touched = min(self._touched, index)
         self.revision += 1
+        self.tokens = _sized(self.messages)
 
     @property
     def stored(self) -> int:

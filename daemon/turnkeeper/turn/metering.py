@@ -4,37 +4,25 @@ reply is charged after.
 Both rules are the budget's and the usage's (`policy/budget.py`, `policy/usage.py`);
 this room only gathers their inputs from the turn. The request's text is what a
 provider is sent of it: the system prompt, each message's content and tool calls (names
-and arguments) and the tool specs (name, description, JSON schema; the ToolBox sizes
-each offer once, `ToolBox.specs_tokens`). A conversation only grows between steps, so
-each message's estimate is kept and only the messages added since are sized again (as
-`MessageCache` does for the encoding); a compaction replaces messages, and everything
-from the first one that changed is sized again. Nothing is sized again while the
-conversation (its `revision`), the system prompt and the offer stay the same, and the
-budget's answer is kept with what it was asked (`preflight`): the step's check and its
-first attempt's ask the same question unless something changed between them.
+and arguments) and the tool specs (name, description, JSON schema). Each part is sized
+once: the conversation keeps its messages' size as it grows (`Conversation.tokens`, each
+message sized as it joins; a compaction sizes them again), the ToolBox sizes the offer
+to each agent once for every turn (`ToolBox.specs_tokens`), and the budget's answer is kept with what
+it was asked (`preflight`): the step's check and its first attempt's ask the same
+question unless something changed between them.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Sequence
 from typing import Any
 
 from turnkeeper import event_types as ev
-from turnkeeper.messages import Message
 from turnkeeper.policy.budget import BudgetGuard, Preflight
 from turnkeeper.policy.outcome import Stop
 from turnkeeper.policy.usage import REQUEST_TOKENS, Metered, Prices, item_tokens, metered
 from turnkeeper.providers.base import ModelReply
 from turnkeeper.settings import ProviderRequestSettings
 from turnkeeper.turn.context import TurnContext
-
-
-def message_texts(m: Message) -> list[str]:
-    texts = [m.content or ""]
-    for c in m.tool_calls:
-        texts += (c.name, c.arguments)
-    return texts
 
 
 def prices_of(settings: ProviderRequestSettings) -> Prices:
@@ -45,29 +33,11 @@ def prices_of(settings: ProviderRequestSettings) -> Prices:
 class Meter:
     def __init__(self, ctx: TurnContext) -> None:
         self.ctx = ctx
-        self._seen: list[Message] = []
-        self._sizes: list[int] = []  # each of `_seen`'s estimate
-        self._total = 0  # their sum
         self._system: tuple[str, int] = ("", 0)
         # The last pre-flight's answer, with what it was asked.
         self._asked: tuple[tuple[Any, ...], Preflight | Stop] | None = None
         # Each provider's prices, with the settings they were read from.
         self._prices: dict[str, tuple[ProviderRequestSettings, Prices]] = {}
-
-    def _messages_tokens(self, messages: Sequence[Message]) -> int:
-        seen, sizes = self._seen, self._sizes
-        kept = len(seen)
-        if kept > len(messages) or not all(map(operator.is_, seen, messages)):
-            kept = next((i for i, (a, b) in enumerate(zip(seen, messages, strict=False))
-                         if a is not b), min(kept, len(messages)))
-            del seen[kept:], sizes[kept:]
-            self._total = sum(sizes)
-        for m in messages[kept:]:
-            seen.append(m)
-            size = item_tokens(message_texts(m))
-            sizes.append(size)
-            self._total += size
-        return self._total
 
     def input_tokens(self) -> int:
         """The next request's input, estimated on the large side (see the module)."""
@@ -75,7 +45,7 @@ class Meter:
         system = ctx.agent.system_prompt
         if self._system[0] is not system:
             self._system = (system, item_tokens((system,)))
-        return (REQUEST_TOKENS + self._system[1] + self._messages_tokens(ctx.conv.messages)
+        return (REQUEST_TOKENS + self._system[1] + ctx.conv.tokens
                 + ctx.runtime.toolbox.specs_tokens(ctx.agent.tools))
 
     def preflight(self, provider: str, guard: BudgetGuard | None = None) -> Preflight | Stop:
@@ -83,17 +53,18 @@ class Meter:
         unless another is given, e.g. the watched limits of a budget in warn mode)."""
         ctx = self.ctx
         guard = guard or ctx.guard
-        settings = ctx.settings.providers[provider]
         conv, spent = ctx.conv, ctx.record.usage
-        # What the answer is made of: the limits (a guard's are replaced, never changed,
-        # when extended), the provider's cap and prices, what was spent, and what the
-        # request is made of (the time is not asked). The same question, the same answer.
-        key = (guard, guard.limits, settings, spent.input_tokens, spent.output_tokens,
-               spent.cost_usd, conv, conv.revision, ctx.agent.system_prompt,
-               ctx.runtime.toolbox.specs)
+        # What the answer is made of: the provider (its cap and prices, like the agent's
+        # prompt and tool selection, are the turn's, the same for the whole turn), the
+        # limits (a guard's are replaced, never changed, when extended), what was spent,
+        # and what the request is made of (the conversation, and the offer the agent's
+        # tools are taken from); not the time. The same question, the same answer.
+        key = (provider, guard, guard.limits, spent.input_tokens, spent.output_tokens,
+               spent.cost_usd, conv, conv.revision, ctx.runtime.toolbox.specs)
         last = self._asked
         if last is not None and last[0] == key:
             return last[1]
+        settings = ctx.settings.providers[provider]
         answer = guard.preflight(ctx.usage(), input_tokens=self.input_tokens(),
                                  max_output_tokens=settings.max_output_tokens,
                                  prices=self._prices_of(provider))
