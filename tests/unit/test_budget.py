@@ -423,3 +423,7 @@ def test_the_quick_no_of_check_is_the_first_of_the_violations(
                                      max_wall_seconds=wall, started_at=started))
     usage = BudgetUsage(tokens=tokens, seconds=seconds, steps=steps, cost_usd=cost)
     assert guard.check(usage, now=now) == next(iter(guard.violations(usage, now=now)), None)
+    # And the time left, written out for speed, is the active time's and the clocks'.
+    left = guard.remaining_seconds(usage, now=now)
+    expected = max(0.0, min(10.0 - seconds, guard.clock_left(now)))
+    assert left == expected or (math.isnan(left) and math.isnan(expected))

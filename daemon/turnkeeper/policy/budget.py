@@ -428,8 +428,13 @@ class BudgetGuard:
     def remaining_seconds(self, usage: BudgetUsage, *, now: float) -> float:
         """Time any wait, request or stream may still take: the least of active time
         left, time to the deadline and time to the end of the wall clock, never
-        negative."""
-        return max(0.0, min(self.limits.max_seconds - usage.seconds, self.clock_left(now)))
+        negative. (`clock_left` written out: this is asked several times a step.)"""
+        lim = self.limits
+        clock = math.inf if lim.deadline is None else lim.deadline - now
+        wall_end = lim.wall_deadline
+        if wall_end is not None:
+            clock = min(clock, wall_end - now)
+        return max(0.0, min(lim.max_seconds - usage.seconds, max(0.0, clock)))
 
     def snapshot(self) -> dict[str, Any]:
         return {"warned": sorted(self._warned) if self._warned else []}

@@ -7,9 +7,9 @@ provider is sent of it: the system prompt, each message's content and tool calls
 and arguments) and the tool specs (name, description, JSON schema). Each part is sized
 once: the conversation keeps its messages' size as it grows (`Conversation.tokens`, each
 message sized as it joins; a compaction sizes them again), the ToolBox sizes the offer
-to each agent once for every turn (`ToolBox.specs_tokens`), and the budget's answer is kept with what
-it was asked (`preflight`): the step's check and its first attempt's ask the same
-question unless something changed between them.
+to each agent once for every turn (`ToolBox.specs_tokens`), and the budget's answer is
+kept with what it was asked (`preflight`): the step's check and its first attempt's ask
+the same question unless something changed between them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from turnkeeper import event_types as ev
-from turnkeeper.policy.budget import BudgetGuard, Preflight
+from turnkeeper.policy.budget import BudgetGuard, BudgetUsage, Preflight
 from turnkeeper.policy.outcome import Stop
 from turnkeeper.policy.usage import REQUEST_TOKENS, Metered, Prices, item_tokens, metered
 from turnkeeper.providers.base import ModelReply
@@ -48,9 +48,11 @@ class Meter:
         return (REQUEST_TOKENS + self._system[1] + ctx.conv.tokens
                 + ctx.runtime.toolbox.specs_tokens(ctx.agent.tools))
 
-    def preflight(self, provider: str, guard: BudgetGuard | None = None) -> Preflight | Stop:
+    def preflight(self, provider: str, guard: BudgetGuard | None = None, *,
+                  usage: BudgetUsage | None = None) -> Preflight | Stop:
         """The budget's word on the next call to `provider` (`guard`: the turn's own
-        unless another is given, e.g. the watched limits of a budget in warn mode)."""
+        unless another is given, e.g. the watched limits of a budget in warn mode;
+        `usage`: the turn's as it is, unless the caller has just read it)."""
         ctx = self.ctx
         guard = guard or ctx.guard
         conv, spent = ctx.conv, ctx.record.usage
@@ -65,7 +67,7 @@ class Meter:
         if last is not None and last[0] == key:
             return last[1]
         settings = ctx.settings.providers[provider]
-        answer = guard.preflight(ctx.usage(), input_tokens=self.input_tokens(),
+        answer = guard.preflight(usage or ctx.usage(), input_tokens=self.input_tokens(),
                                  max_output_tokens=settings.max_output_tokens,
                                  prices=self._prices_of(provider))
         self._asked = (key, answer)

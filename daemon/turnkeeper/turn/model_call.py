@@ -145,15 +145,15 @@ class ModelCall:
         ctx.record.next_attempt_at = None
         return ctx.chain.retry_ready()
 
-    def _request(self, max_output_tokens: int, left_s: float, traceparent: str | None
-                 ) -> ModelRequest:
-        """The request of an attempt, bounded by `left_s`, the turn's time left."""
+    def _request(self, max_output_tokens: int, left_s: float, timeout_s: float,
+                 traceparent: str | None) -> ModelRequest:
+        """The request of an attempt: the provider's `timeout_s`, bounded by `left_s`,
+        the turn's time left."""
         ctx = self.ctx
-        provider = ctx.settings.providers[ctx.chain.current_provider]
         return ModelRequest(
             system=ctx.agent.system_prompt, messages=tuple(ctx.conv.messages),
             tools=ctx.tool_specs(), max_output_tokens=max_output_tokens,
-            timeout_s=max(0.001, min(provider.timeout_s, left_s)),
+            timeout_s=max(0.001, min(timeout_s, left_s)),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message}, cache=self._encoded,
             traceparent=traceparent,
@@ -187,8 +187,9 @@ class ModelCall:
                 reopens_in_s=breaker.open_for(ctx.clock.monotonic()))
         ctx.sync_counters()
         provider = ctx.runtime.providers[name]
+        settings = ctx.settings.providers[name]
         self.sent_to, self.sent_output_cap = name, fits.max_output_tokens
-        thinking = ctx.settings.providers[name].thinking_budget_tokens
+        thinking = settings.thinking_budget_tokens
         if thinking is not None:
             stop = thinking_stop(output_cap=fits.max_output_tokens, budget_tokens=thinking,
                                  tokens_spent=ctx.usage().tokens,
@@ -203,7 +204,8 @@ class ModelCall:
         # The turn's time left, read once: the request's timeout, the call's total bound
         # and the wait for an in-flight slot are all taken from here.
         left_s = ctx.remaining_s()
-        request = self._request(fits.max_output_tokens, left_s, span.traceparent)
+        request = self._request(fits.max_output_tokens, left_s, settings.timeout_s,
+                                span.traceparent)
         budget = ctx.shared.retry_budgets[name]
         self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
                                       step=request.step, messages=len(request.messages)))
@@ -211,8 +213,7 @@ class ModelCall:
         started_at = ctx.clock.monotonic()
         failure: CallFailure | None = None
         reply: ModelReply | None = None
-        bound = CallBound.of(turn_left_s=left_s,
-                             max_call_s=ctx.settings.providers[name].max_call_s)
+        bound = CallBound.of(turn_left_s=left_s, max_call_s=settings.max_call_s)
 
         async def on_delta(text: str) -> None:
             self._publish(ev.ModelDelta(text=text))
@@ -256,7 +257,6 @@ class ModelCall:
             tracer.chat_ended(span, request, reply, failure)
         if cut:
             raise self._cut(name)
-            failure = bound.failure()  # the call's bound ran out
         if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:
             spent = ctx.time_spent()
             if spent is not None:  # the turn's time ran out: its stop, not the provider's

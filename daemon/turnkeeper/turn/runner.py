@@ -29,7 +29,14 @@ from turnkeeper.policy.budget import BudgetUsage, Preflight
 from turnkeeper.policy.chain import Phase
 from turnkeeper.policy.outcome import COUNTER_OF, Stop, StopCode, TurnResult
 from turnkeeper.policy.output import Invalid, Retry, check_output
-from turnkeeper.policy.replies import Continue, CutCall, Refused, Truncated, judge_reply
+from turnkeeper.policy.replies import (
+    ANSWERED,
+    Continue,
+    CutCall,
+    Refused,
+    Truncated,
+    judge_reply,
+)
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.providers.base import ModelReply, ToolCall
 from turnkeeper.runtime import Runtime, Shared
@@ -166,7 +173,7 @@ class TurnRunner:
                 stop = ctx.guard.check(usage, now=now)
             # A budget is a ceiling: a model call that cannot fit in what is left is
             # not made (the call checks again for the provider it is made on).
-            fits = self.model.meter.preflight(ctx.chain.current_provider)
+            fits = self.model.meter.preflight(ctx.chain.current_provider, usage=usage)
             if isinstance(fits, Stop):
                 return ctx.stop(fits)
             if ctx.watch is not None:
@@ -248,18 +255,19 @@ class TurnRunner:
             output_tokens=int(reply.usage.output_tokens),
             output_cap=self.model.sent_output_cap,
             continuations=len(continued), max_continuations=ctx.settings.max_continuations)
-        calls = reply.tool_calls
-        if isinstance(verdict, Refused):
+        calls, text = reply.tool_calls, reply.text
+        if verdict is ANSWERED:  # the usual verdict: the reply joins as it is
+            pass
+        elif isinstance(verdict, Refused):
             if not ctx.has_unread_steer():  # not kept: a replay asks the step again
                 ctx.partial.append(f"step {step}: {verdict.stop.message}")
                 ctx.open_issues.append(f"stopped early: {verdict.stop.message}")
                 return ctx.finish(verdict.stop, answer=verdict.text)
-            calls = ()  # a declined reply's calls are never run
+            calls, text = (), verdict.text  # a declined reply's calls are never run
         elif isinstance(verdict, CutCall):
             cut = calls[verdict.index]
             calls = (*calls[:verdict.index], replace(cut, cut_at=verdict.output_cap))
-        ctx.conv.add_assistant(verdict.text if isinstance(verdict, Refused) else reply.text,
-                               calls, reply.opaque)
+        ctx.conv.add_assistant(text, calls, reply.opaque)
         if calls:
             return calls
         # Nothing is awaited from here to the result: a steer that arrived during the
