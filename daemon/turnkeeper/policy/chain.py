@@ -375,7 +375,7 @@ class ProviderChain(ChainState):
         self._pass_done = False
         self._pass_start = start
         self._pass_exits = []
-        self._moved()
+        self._current = self.providers[start]  # `_moved()`, with no provider left yet
         self._pass_retry_after_s = None
         self._pass_reopen_s = None
         self._pass_reopen_by = None

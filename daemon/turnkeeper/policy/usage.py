@@ -150,14 +150,17 @@ def metered(input_tokens: float, output_tokens: float, cache_read_tokens: float 
     when it cannot be a real usage (see the module's docstring): nothing of it is then
     counted. The cached parts are parts of the input, so together they cannot exceed
     it (an Anthropic input of -1,000,005 plus its cache counts shows as that)."""
-    values = (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
     # The usual usage, four ints in range, needs no word on each (`_count` agrees).
     if (type(input_tokens) is int and type(output_tokens) is int
             and type(cache_read_tokens) is int and type(cache_write_tokens) is int
-            and min(values) >= 0 and max(values) <= MAX_TOKENS_PER_CALL):
-        inp, out, read, write = map(int, values)
+            and 0 <= input_tokens <= MAX_TOKENS_PER_CALL
+            and 0 <= output_tokens <= MAX_TOKENS_PER_CALL
+            and 0 <= cache_read_tokens <= MAX_TOKENS_PER_CALL
+            and 0 <= cache_write_tokens <= MAX_TOKENS_PER_CALL):
+        inp, out, read, write = input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
     else:
         counts: list[int] = []
+        values = (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
         for name, value in zip(_COUNT_NAMES, values, strict=True):
             checked = _count(name, value)
             if isinstance(checked, str):

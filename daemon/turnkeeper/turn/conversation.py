@@ -23,8 +23,8 @@ NOTE_PREFIX = "[turnkeeper note] "
 
 def message_texts(m: Message) -> list[str]:
     """What a provider is sent of a message's text: its content, and each tool call's
-    name and arguments."""
-    texts = [m.content or ""]
+    name and arguments (no empty content: it weighs nothing)."""
+    texts = [m.content] if m.content else []
     for c in m.tool_calls:
         texts += (c.name, c.arguments)
     return texts

@@ -36,8 +36,8 @@ class Meter:
         self._system: tuple[str, int] = ("", 0)
         # The last pre-flight's answer, with what it was asked.
         self._asked: tuple[tuple[Any, ...], Preflight | Stop] | None = None
-        # Each provider's prices, with the settings they were read from.
-        self._prices: dict[str, tuple[ProviderRequestSettings, Prices]] = {}
+        # Each provider's prices.
+        self._prices: dict[str, Prices] = {}
 
     def input_tokens(self) -> int:
         """The next request's input, estimated on the large side (see the module)."""
@@ -74,11 +74,11 @@ class Meter:
         return answer
 
     def _prices_of(self, provider: str) -> Prices:
-        settings = self.ctx.settings.providers[provider]
-        known = self._prices.get(provider)
-        if known is None or known[0] is not settings:
-            known = self._prices[provider] = (settings, prices_of(settings))
-        return known[1]
+        """The provider's prices, read once: a turn's settings stay as they are."""
+        prices = self._prices.get(provider)
+        if prices is None:
+            prices = self._prices[provider] = prices_of(self.ctx.settings.providers[provider])
+        return prices
 
     def charge(self, provider: str, reply: ModelReply) -> str | None:
         """Charge the reply's usage to the turn; what is wrong with the usage instead,
