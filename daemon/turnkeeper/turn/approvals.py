@@ -49,6 +49,9 @@ class ApprovalRoom:
         approval timeout with `on_timeout = "stop"`, the deadline, the wall clock)."""
         ctx = self.ctx
         record = ctx.record
+        if (not record.pending_approvals and not ctx.agent.approval
+                and not ctx.settings.tools.approval_by_tool):
+            return None  # nothing is held, nor can be (the usual step: no lookups)
         asked = {p["call_id"] for p in record.pending_approvals}
         new = [h for h in await self._held(calls, resuming=resuming)
                if h["call_id"] not in asked]
@@ -101,9 +104,11 @@ class ApprovalRoom:
             if (call.name in BUILTIN_TOOL_NAMES or call.cut_at is not None
                     or call.id in ctx.decided):
                 continue
-            tool = ctx.tool(call.name)  # one its agent is not offered is refused unsent
             setting = (ctx.agent.approval_for(call.name)
                        or ctx.settings.tools.approval(call.name))
+            if setting == "never":
+                continue
+            tool = ctx.tool(call.name)  # one its agent is not offered is refused unsent
             if tool is None or not needs_approval(
                     setting, idempotent=tool.idempotent,
                     destructive=bool(getattr(tool, "destructive", False))):
