@@ -69,24 +69,22 @@ class Builtins:
         if question is None:
             question = ctx.record.question or ""
         timeout = ctx.settings.clarify_timeout_s
-        if ctx.waiting_since is None:
-            ctx.waiting_since = ctx.clock.time()
+        began = ctx.begin_wait()
         ctx.record.question = question
-        ctx.emit(TurnWaiting(question=question, timeout_at=ctx.waiting_since + timeout))
+        ctx.emit(TurnWaiting(question=question, timeout_at=began + timeout))
 
         def first_answer() -> dict[str, Any] | None:
             return next((m for m in ctx.record.inbox if m["kind"] == "answer"), None)
 
         # A suspend keeps an answer that came in the inbox, for the resumed wait.
-        await ctx.park(TurnState.WAITING, until=ctx.waiting_since + timeout,
+        await ctx.park(TurnState.WAITING, until=began + timeout,
                        done=lambda: first_answer() is not None)
         answer: str | None = None
         message = first_answer()
         if message is not None:
             answer = message["text"]
             ctx.record.inbox.remove(message)
-        waited = ctx.clock.time() - ctx.waiting_since
-        ctx.waiting_since = None
+        waited = ctx.end_wait()
         ctx.record.question = None
         if answer is None:
             ctx.conv.add_tool_result(call, "no answer came")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
 import structlog
@@ -37,7 +37,7 @@ from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.settings import failure_loop, loop_detector
 from turnkeeper.store.base import QueuesTurns, SavedCheckpoint, Store, queues_turns
 from turnkeeper.tools.mcp_tool import McpTool
-from turnkeeper.tracing import NO_SPAN, Span
+from turnkeeper.tracing import NO_SPAN, Span, Tracer
 from turnkeeper.turn.control import TurnControl
 from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
@@ -479,6 +479,49 @@ class TurnContext:
         self.user_message_arrived()
         self.control.redirect_requested = False
         self.pending_stop = None
+
+    # -- the turn's own waits and holds, kept here (checkpointed with the turn) --------
+
+    def begin_wait(self) -> float:
+        """A clarify wait starts, or goes on after a resume: when it began."""
+        if self.waiting_since is None:
+            self.waiting_since = self.clock.time()
+        return self.waiting_since
+
+    def end_wait(self) -> float:
+        """The clarify wait is over: how long it lasted."""
+        began = self.begin_wait()
+        self.waiting_since = None
+        return self.clock.time() - began
+
+    def begin_recovery(self, wait_s: float) -> float:
+        """A recovery wait starts (`wait_s`), or goes on after a resume (what is left of
+        the one it was in): when it ends."""
+        if self.recover_until is None:
+            self.recover_until = self.clock.time() + wait_s
+        return self.recover_until
+
+    def end_recovery(self) -> None:
+        self.recover_until = None
+
+    def hold_stop(self, stop: Stop) -> None:
+        """A guard stopped the turn after this step's tool calls: the stop waits for the
+        step boundary, where a steer that came meanwhile still cancels it."""
+        self.pending_stop = stop
+
+    def begin_span(self, tracer: Tracer) -> None:
+        """The span of the turn's run here, parent of its attempts' spans."""
+        self.span = tracer.turn(self.record, resumed=self.resumed)
+
+    def set_limits(self, guard: BudgetLimits, watch: BudgetLimits | None,
+                   shown: Mapping[str, Any] | None = None) -> None:
+        """The limits in force (a budget extension grants more): the guard's, the
+        watch's, and what the record shows (None: as it is)."""
+        self.guard.limits = guard
+        if self.watch is not None and watch is not None:
+            self.watch.limits = watch
+        if shown is not None:
+            self.record.limits = dict(shown)
 
     def user_message_arrived(self) -> None:
         """A steer or an answer: the person changed the situation, so the rebuilds

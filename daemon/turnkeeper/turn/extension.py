@@ -27,14 +27,13 @@ class ProgressRoom:
 
     def _apply(self) -> None:
         ext, ctx = self.ctx.extension, self.ctx
-        ctx.guard.limits = ext.extended(self._base_guard)
-        if ctx.watch is not None and self._base_watch is not None:
-            ctx.watch.limits = ext.extended(self._base_watch)
-        if ext.granted:  # the turn's record shows the limits in force
-            ctx.record.limits = {**ctx.record.limits,
-                                 **ext.extended(ctx.limits).snapshot(),
-                                 "base_max_steps": ctx.limits.max_steps,
-                                 "base_max_seconds": ctx.limits.max_seconds}
+        ctx.set_limits(
+            ext.extended(self._base_guard),
+            None if self._base_watch is None else ext.extended(self._base_watch),
+            # The turn's record shows the limits in force.
+            {**ctx.record.limits, **ext.extended(ctx.limits).snapshot(),
+             "base_max_steps": ctx.limits.max_steps,
+             "base_max_seconds": ctx.limits.max_seconds} if ext.granted else None)
 
     def step_boundary(self) -> None:
         """Record the progress of the step that just ended (if any)."""

@@ -372,21 +372,20 @@ class ModelCall:
         True when a steer cut the wait short (it has joined the conversation)."""
         ctx = self.ctx
         now = ctx.clock.time()
-        if ctx.recover_until is None:
-            ctx.recover_until = now + decision.wait_s
         # A turn resumed in its wait (a restart, a reload) waits out what is left of it:
         # that, not the cycle's full wait, is what the event reports.
-        wait = round(max(0.0, ctx.recover_until - now), 3)
-        ctx.record.next_attempt_at = ctx.recover_until
+        until = ctx.begin_recovery(decision.wait_s)
+        wait = round(max(0.0, until - now), 3)
+        ctx.record.next_attempt_at = until
         self._publish(ev.TurnRecovering(cycle=decision.cycle, of=decision.of_cycles,
-                                        wait=wait, next_attempt_at=ctx.recover_until,
+                                        wait=wait, next_attempt_at=until,
                                         waits_for=decision.waits_for, reason=decision.why))
         ctx.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
                         wait=wait, waits_for=decision.waits_for, reason=decision.why,
                         **ctx.counter_values())
-        await ctx.park(TurnState.RECOVERING, until=ctx.recover_until,
+        await ctx.park(TurnState.RECOVERING, until=until,
                        done=lambda: ctx.control.redirect_requested or ctx.has_unread_steer())
-        ctx.recover_until = None
+        ctx.end_recovery()
         ctx.record.next_attempt_at = None
         stop = ctx.time_spent()
         if stop is not None and stop.code in CLOCK_STOPS:

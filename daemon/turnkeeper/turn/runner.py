@@ -83,7 +83,7 @@ class TurnRunner:
         ctx.control.scope = scope
         result: TurnResult | None = None
         tracer = ctx.shared.tracer
-        ctx.span = tracer.turn(ctx.record, resumed=ctx.resumed)
+        ctx.begin_span(tracer)
         try:
             with scope:
                 result = await self._run()

@@ -108,7 +108,7 @@ class ToolStep:
                                         polling_only=all_polling)
             stop = ctx.gate(stop) if stop is not None else None
             if stop is not None:
-                ctx.pending_stop = stop
+                ctx.hold_stop(stop)
                 ctx.log.info("guard.loop_stop", code=stop.code.value, value=stop.value,
                              limit=stop.limit, no_progress=ctx.loops.no_progress,
                              **ctx.counter_values())
