@@ -21,7 +21,7 @@ import structlog
 
 from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, to_micros
-from turnkeeper.config import ToolConfig
+from turnkeeper.config import GuardConfig, ToolConfig
 from turnkeeper.event_types import EventBody, GuardWouldStop, TurnAgentRemoved, TurnSuspended
 from turnkeeper.events import EventBus
 from turnkeeper.messages import ToolSpec
@@ -34,7 +34,7 @@ from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.restarts import RestartCounter
 from turnkeeper.policy.turn_state import TurnState, moved
 from turnkeeper.runtime import Runtime, Shared
-from turnkeeper.settings import failure_loop, loop_detector
+from turnkeeper.settings import ChainSettings, failure_loop, loop_detector
 from turnkeeper.store.base import QueuesTurns, SavedCheckpoint, Store, queues_turns
 from turnkeeper.tools.mcp_tool import McpTool
 from turnkeeper.tracing import NO_SPAN, Span, Tracer
@@ -89,13 +89,7 @@ class TurnContext:
         self.settings = runtime.settings
         # The span of the turn's run here (`runner`), parent of its attempts' spans.
         self.span: Span = NO_SPAN
-        cfg = runtime.config
-        if record.profile is not None and record.profile not in cfg.budget.profiles:
-            # A reload removed the profile this turn was submitted with: it goes on under
-            # the plain sections, and says so.
-            self.log.warning("turn.profile_gone", profile=record.profile)
-            record.profile = None
-        guards = cfg.guards(record.profile)
+        guards = runtime.config.guards(self._profile_in_force())
         self.modes = guards.modes
         self.mode_gate = ModeGate(guards.modes)
         self.restarts = RestartCounter(self.settings.max_restarts,
@@ -110,70 +104,22 @@ class TurnContext:
         # A budget in warn/observe mode only enforces the backstop and the clock limits; its
         # real limits are watched by a second guard that records what would have stopped.
         enforced = limits if self.modes["budget"] == "enforce" else limits.backstop_only()
-        self.watch: BudgetGuard | None = None
-        chain_settings = self.settings.chain_for(record.model)
-        if chain_settings is None:
-            # A reload removed the model this turn was submitted with: it goes on under
-            # the default chain, and says so.
-            self.log.warning("turn.model_gone", model=record.model)
-            record.model = None
-            chain_settings = self.settings.chain
-        # A guard's stop decided after a step's tools (loop detection) and not yet
-        # applied: checkpointed, or a crash would let the turn run one step too many.
-        self.pending_stop: Stop | None = None
+        chain_settings = self._chain_in_force()
         # A checkpoint this code cannot read (damaged, or written by an incompatible
         # version) ends the turn `internal` with what is known, never leaves it hanging.
         self.restore_error: str | None = None
+        self.resumed = False
         if checkpoint.get("conversation"):
             try:
-                self.conv = Conversation.from_json(checkpoint["conversation"])
-                self.guard = BudgetGuard.restore(checkpoint["budget"], limits=enforced)
-                if enforced is not limits:
-                    self.watch = BudgetGuard.restore(
-                        checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
-                # A checkpoint from before the trail existed holds the partial work, the
-                # loop guard's counts and the ledger's actions itself: its first save
-                # writes them as the trail's tail.
-                (partial, loop_lines, effect_lines), rows, spilled = (
-                    read_trail(checkpoint["trail"]) if "trail" in checkpoint
-                    else ((list(checkpoint.get("partial", ())), [], []), 0, (0, 0, 0)))
-                self.loops = loop_detector(guards.loop_detection, checkpoint["loops"],
-                                           loop_lines)
-                self.failures = failure_loop(guards.failure_loop, checkpoint["failures"])
-                self.chain = chain_settings.restore_chain(checkpoint.get("chain"), rand)
-                self.partial: list[str] = [str(x) for x in partial]
-                self.open_issues: list[str] = list(checkpoint.get("open_issues", ()))
-                self.waiting_since: float | None = checkpoint.get("waiting_since")
-                self.recover_until: float | None = checkpoint.get("recover_until")
-                pending = checkpoint.get("pending_stop")
-                self.pending_stop = Stop.from_json(pending) if pending else None
-                # A checkpoint from before the ledger existed starts an empty one.
-                effects = checkpoint.get("effects")
-                self.effects = (EffectLedger.restore(effects, effect_lines) if effects
-                                else EffectLedger(record.id))
-                self.trail = Trail((self.partial, self.loops.lines, self.effects.lines),
-                                   rows=rows, spilled=spilled)
+                self._restore(checkpoint, guards, enforced, chain_settings, rand)
+                self.resumed = True
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 self.restore_error = f"checkpoint unreadable: {type(exc).__name__}: {exc}"
                 checkpoint = {"partial": _salvaged_partial(checkpoint)}
-        if self.restore_error is None and checkpoint.get("conversation"):
-            self.resumed = True
-        else:
-            self.conv = Conversation.start(history, record.message)
-            self.guard = BudgetGuard(enforced)
-            self.watch = None if enforced is limits else BudgetGuard(limits)
-            self.loops = loop_detector(guards.loop_detection)
-            self.failures = failure_loop(guards.failure_loop)
-            self.chain = chain_settings.new_chain(rand)
-            self.partial = []
-            self.open_issues = []
-            self.waiting_since = None
-            self.recover_until = None
-            self.effects = EffectLedger(record.id)
-            self.resumed = False
-            if self.restore_error is not None:
-                self.partial = list(checkpoint["partial"])
-            self.trail = Trail((self.partial, self.loops.lines, self.effects.lines))
+        if not self.resumed:
+            self._start(history, guards, enforced, chain_settings, rand,
+                        salvaged=list(checkpoint.get("partial") or ())
+                        if self.restore_error is not None else [])
         # The decisions on this step's calls held for approval (call id -> decision),
         # kept until the step's tools ran: a crash before then runs them again as decided.
         self.decided: dict[str, dict[str, Any]] = (
@@ -195,6 +141,79 @@ class TurnContext:
         self.agent = self._agent()
         # The schema the final answer must match (None: free text), from one place.
         self.output_schema = self.settings.output_schema_for(record.output_schema, self.agent)
+
+    def _profile_in_force(self) -> str | None:
+        """The turn's budget profile; None when a reload removed it (the turn goes on
+        under the plain sections, and says so)."""
+        record = self.record
+        if record.profile is not None and record.profile not in self.runtime.config.budget.profiles:
+            self.log.warning("turn.profile_gone", profile=record.profile)
+            record.profile = None
+        return record.profile
+
+    def _chain_in_force(self) -> ChainSettings:
+        """The turn's provider chain; the default one when a reload removed the model it
+        was submitted with (and it says so)."""
+        record = self.record
+        chain_settings = self.settings.chain_for(record.model)
+        if chain_settings is None:
+            self.log.warning("turn.model_gone", model=record.model)
+            record.model = None
+            chain_settings = self.settings.chain
+        return chain_settings
+
+    def _restore(self, checkpoint: dict[str, Any], guards: GuardConfig,
+                 enforced: BudgetLimits, chain_settings: ChainSettings,
+                 rand: Callable[[float, float], float]) -> None:
+        """The turn as its checkpoint left it; raises when it cannot be read."""
+        limits = self.limits
+        self.conv = Conversation.from_json(checkpoint["conversation"])
+        self.guard = BudgetGuard.restore(checkpoint["budget"], limits=enforced)
+        self.watch = None if enforced is limits else BudgetGuard.restore(
+            checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
+        # A checkpoint from before the trail existed holds the partial work, the loop
+        # guard's counts and the ledger's actions itself: its first save writes them as
+        # the trail's tail.
+        (partial, loop_lines, effect_lines), rows, spilled = (
+            read_trail(checkpoint["trail"]) if "trail" in checkpoint
+            else ((list(checkpoint.get("partial", ())), [], []), 0, (0, 0, 0)))
+        self.loops = loop_detector(guards.loop_detection, checkpoint["loops"], loop_lines)
+        self.failures = failure_loop(guards.failure_loop, checkpoint["failures"])
+        self.chain = chain_settings.restore_chain(checkpoint.get("chain"), rand)
+        self.partial = [str(x) for x in partial]
+        self.open_issues = list(checkpoint.get("open_issues", ()))
+        self.waiting_since = checkpoint.get("waiting_since")
+        self.recover_until = checkpoint.get("recover_until")
+        pending = checkpoint.get("pending_stop")
+        # A guard's stop decided after a step's tools (loop detection) and not yet
+        # applied: checkpointed, or a crash would let the turn run one step too many.
+        self.pending_stop = Stop.from_json(pending) if pending else None
+        # A checkpoint from before the ledger existed starts an empty one.
+        effects = checkpoint.get("effects")
+        self.effects = (EffectLedger.restore(effects, effect_lines) if effects
+                        else EffectLedger(self.record.id))
+        self.trail = Trail((self.partial, self.loops.lines, self.effects.lines),
+                           rows=rows, spilled=spilled)
+
+    def _start(self, history: list[dict[str, Any]], guards: GuardConfig,
+               enforced: BudgetLimits, chain_settings: ChainSettings,
+               rand: Callable[[float, float], float], *, salvaged: list[str]) -> None:
+        """The turn from its first step (`salvaged`: what an unreadable checkpoint's
+        partial work could still tell)."""
+        limits = self.limits
+        self.conv = Conversation.start(history, self.record.message)
+        self.guard = BudgetGuard(enforced)
+        self.watch = None if enforced is limits else BudgetGuard(limits)
+        self.loops = loop_detector(guards.loop_detection)
+        self.failures = failure_loop(guards.failure_loop)
+        self.chain = chain_settings.new_chain(rand)
+        self.partial = salvaged
+        self.open_issues = []
+        self.waiting_since = None
+        self.recover_until = None
+        self.pending_stop = None
+        self.effects = EffectLedger(self.record.id)
+        self.trail = Trail((self.partial, self.loops.lines, self.effects.lines))
 
     def _agent(self) -> AgentDefinition:
         """The agent the turn runs as, as this policy defines it: kept for as long as
