@@ -36,6 +36,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bytecode import use_bytecode_cache
 from tests.integration.fault_server import FaultServer, ok
 from tests.integration.harness import Daemon
 
@@ -138,6 +139,7 @@ def main() -> None:
     ap.add_argument("--order", default="off,on",
                     help="the runs, in order (alternate to check the order does not matter)")
     args = ap.parse_args()
+    print(use_bytecode_cache())
     server = FaultServer().start()
     server.script("primary", then=ok("done", delay=args.latency,
                                      tool_steps=args.steps - 1))

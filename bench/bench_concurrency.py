@@ -40,6 +40,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bytecode import use_bytecode_cache
 from bench.fake_model import daemon_config, start_model, wait_port
 from tests.integration.harness import Daemon
 
@@ -213,6 +214,7 @@ def main() -> None:
     ap.add_argument("--profile", metavar="FILE", help="run the daemon under cProfile, its "
                     "statistics written to FILE (`python -m pstats FILE`)")
     args = ap.parse_args()
+    print(use_bytecode_cache())
     batch = 1 if args.submit == "single" else max(1, args.batch)
     try:
         import uvloop

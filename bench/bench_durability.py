@@ -35,6 +35,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bytecode import use_bytecode_cache
 from bench.daemon_proc import DaemonProc
 from bench.discard_store import discard_store
 
@@ -227,6 +228,7 @@ def main() -> None:
     parser.add_argument("--resume", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print(use_bytecode_cache())
     checkpoint_cost(args.turns, args.steps, args.concurrent, args.rounds)
     print()
     resume_time(args.resume, args.rounds)

@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import statistics
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +47,12 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_concurrency import cpu_s
+from bench.bytecode import use_bytecode_cache
 from bench.fake_model import daemon_config, start_model, wait_port
+from bench.pg_wire import CountingProxy, Counts
 from tests.integration.harness import Daemon, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
-from tests.pg import create_database, drop_database
+from tests.pg import CuttableProxy, create_database, drop_database, server_url
 
 TERMINAL = "('completed', 'partial', 'failed', 'blocked', 'cancelled')"
 
@@ -102,29 +108,99 @@ def count_finished(db: str) -> int:
     return asyncio.run(run())
 
 
+def backends(db: str) -> list[int]:
+    """The server processes serving the database's sessions (this one's excepted)."""
+    async def run() -> list[int]:
+        conn = await asyncpg.connect(db)
+        try:
+            return [int(r[0]) for r in await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()")]
+        finally:
+            await conn.close()
+    return asyncio.run(run())
+
+
+class BackendCpu:
+    """The CPU the database's backends spent: each backend's CPU as last seen, less what
+    it had spent when first seen at the start; sampled while the round runs, so a
+    backend that ends before the round does still counts up to its last sample."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.first: dict[int, float] = {pid: cpu_s(pid) for pid in backends(db)}
+        self.last = dict(self.first)
+
+    def sample(self) -> None:
+        for pid in backends(self.db):
+            with contextlib.suppress(OSError):
+                seen = cpu_s(pid)
+                self.first.setdefault(pid, 0.0)
+                self.last[pid] = seen
+
+    @property
+    def spent(self) -> float:
+        return sum(self.last[p] - self.first.get(p, 0.0) for p in self.last)
+
+
+def submit_all(daemons: list[Daemon], turns: int, *, batch: int = 25) -> None:
+    """Every turn submitted in batches (`POST /v1/turns` of a list), one client thread
+    per node at once, so intake is not what the round measures."""
+    def client(i: int) -> None:
+        mine = list(range(i, turns, len(daemons)))
+        for at in range(0, len(mine), batch):
+            status, data = daemons[i].post(
+                "/v1/turns", [{"message": f"work {n}"} for n in mine[at:at + batch]])
+            assert status == 202, (status, data)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(daemons))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+@dataclass
+class Round:
+    wall: float
+    node_cpu: float  # the daemons' CPU seconds
+    db_cpu: float  # the database backends' CPU seconds (0 for SQLite)
+    counts: Counts | None = None  # on the wire, in a counting round
+
+
 Configure = Callable[[Path, str | None, str], str]  # (tmp, db, node) -> config
 
 
-def run_round(configure: Configure, *, turns: int, nodes: int, pg: bool
-              ) -> tuple[float, float]:
-    """Wall seconds from the first submit to the last turn finished, and the CPU seconds
-    the daemon processes spent meanwhile."""
+def run_round(configure: Configure, *, turns: int, nodes: int, pg: bool,
+              proxy: CountingProxy | None = None) -> Round:
+    """From the first submit to the last turn finished: wall seconds, the daemons' CPU
+    and the database backends' CPU; through `proxy`, what went over the wire."""
     db = asyncio.run(create_database()) if pg else None
     with tempfile.TemporaryDirectory(prefix="tk-bench-fleet-") as tmp:
-        daemons = [Daemon(Path(tmp), configure(Path(tmp), db, f"n{i}"), name=f"n{i}").start()
+        url = proxy.url(db) if proxy is not None and db is not None else db
+        daemons = [Daemon(Path(tmp), configure(Path(tmp), url, f"n{i}"), name=f"n{i}").start()
                    for i in range(nodes)]
         try:
+            db_cpu = BackendCpu(db) if db is not None else None
             cpu0 = sum(cpu_s(d.pid) for d in daemons)
+            counts0 = proxy.snapshot() if proxy is not None else None
             started = time.perf_counter()
-            ids = [daemons[i % nodes].submit(f"work {i}")["id"] for i in range(turns)]
             if db is not None:
+                submit_all(daemons, turns)
                 while count_finished(db) < turns:
+                    assert db_cpu is not None
+                    db_cpu.sample()
                     time.sleep(0.05)
             else:
+                ids = [daemons[0].submit(f"work {i}")["id"] for i in range(turns)]
                 for tid in ids:
                     daemons[0].wait(tid, timeout=600)
             wall = time.perf_counter() - started
-            return wall, sum(cpu_s(d.pid) for d in daemons) - cpu0
+            node_cpu = sum(cpu_s(d.pid) for d in daemons) - cpu0
+            counts = proxy.snapshot() - counts0 if proxy is not None and counts0 else None
+            if db_cpu is not None:
+                db_cpu.sample()
+            return Round(wall, node_cpu, db_cpu.spent if db_cpu else 0.0, counts)
         finally:
             for d in daemons:
                 d.kill()
@@ -133,14 +209,29 @@ def run_round(configure: Configure, *, turns: int, nodes: int, pg: bool
 
 
 def measure(setups: dict[str, tuple[int, bool]], configure: Configure, *, turns: int,
-            rounds: int) -> dict[str, tuple[float, float]]:
-    """Each setup's median wall and daemon CPU, the setups alternating round by round."""
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in setups}
+            rounds: int, count: bool = False) -> dict[str, Round]:
+    """Each setup's median wall, daemon CPU and database CPU, the setups alternating
+    round by round; with `count`, one more round of each PostgreSQL setup through the
+    counting proxy for what it sends (its wall and CPU not used)."""
+    runs: dict[str, list[Round]] = {name: [] for name in setups}
     for _ in range(rounds):
         for name, (nodes, pg) in setups.items():
             runs[name].append(run_round(configure, turns=turns, nodes=nodes, pg=pg))
-    return {name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r))
-            for name, r in runs.items()}
+    counted: dict[str, Counts] = {}
+    if count:
+        proxy = CountingProxy(server_url()).start()
+        try:
+            for name, (nodes, pg) in setups.items():
+                if pg:
+                    got = run_round(configure, turns=turns, nodes=nodes, pg=pg, proxy=proxy)
+                    assert got.counts is not None
+                    counted[name] = got.counts
+        finally:
+            proxy.stop()
+    return {name: Round(statistics.median(r.wall for r in rs),
+                        statistics.median(r.node_cpu for r in rs),
+                        statistics.median(r.db_cpu for r in rs), counted.get(name))
+            for name, rs in runs.items()}
 
 
 def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, int]:
@@ -152,11 +243,7 @@ def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, in
                                                 node=f"n{i}", lease=lease),
                               name=f"n{i}").start() for i in range(3)]
             try:
-                for i in range(120):
-                    daemons[i % 3].submit(f"work {i}")
-                time.sleep(1.5)  # every node is in the middle of its turns' calls
-                daemons[0].kill()
-                killed = time.perf_counter()
+                submit_all(daemons, 120, batch=10)
 
                 async def held() -> list[Any]:
                     conn = await asyncpg.connect(db)
@@ -167,6 +254,13 @@ def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, in
                     finally:
                         await conn.close()
 
+                # n0 is killed while it holds turns in the middle of their calls.
+                deadline = time.monotonic() + 30
+                while not asyncio.run(held()) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(1.0)
+                daemons[0].kill()
+                killed = time.perf_counter()
                 victims = asyncio.run(held())  # n0 is dead: the set is final
 
                 async def left() -> int:
@@ -178,7 +272,7 @@ def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, in
                     finally:
                         await conn.close()
 
-                while asyncio.run(left()):
+                while victims and asyncio.run(left()):
                     time.sleep(0.05)
                 return time.perf_counter() - killed, len(victims)
             finally:
@@ -187,6 +281,80 @@ def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, in
     finally:
         server.respond("/effect", Reply(200))
         asyncio.run(drop_database(db))
+
+
+def over_slow_link(server: ToolServer, *, delay: float, turns: int, steps: int,
+                   lease: float, submits: int = 20) -> dict[str, float]:
+    """Two nodes whose database is `delay` s away each way (the test suite's delaying
+    proxy), against the same two on a direct link: the time a step takes more, a
+    single submit's median, and the leases that lapsed (the daemons' own log)."""
+    out: dict[str, float] = {}
+    for label, d in (("direct", 0.0), ("delayed", delay)):
+        db = asyncio.run(create_database())
+        link = CuttableProxy(db, delay=d).start() if d else None
+        try:
+            with tempfile.TemporaryDirectory(prefix="tk-bench-fleet-") as tmp:
+                url = link.url() if link is not None else db
+                daemons = [Daemon(Path(tmp), config(Path(tmp), server, steps, db=url,
+                                                    node=f"n{i}", lease=lease),
+                                  name=f"n{i}").start() for i in range(2)]
+                try:
+                    took = []
+                    for i in range(submits):
+                        t0 = time.perf_counter()
+                        daemons[i % 2].submit(f"alone {i}")
+                        took.append(time.perf_counter() - t0)
+                    wait_all(db, submits)
+                    submit_all(daemons, turns, batch=10)
+                    wait_all(db, submits + turns)
+                    per_step = asyncio.run(_step_s(db, steps))
+                    lapses = sum(d.log_text().count("fleet.lease_lapsed") for d in daemons)
+                finally:
+                    for dd in daemons:
+                        dd.kill()
+        finally:
+            if link is not None:
+                link.cut()
+            asyncio.run(drop_database(db))
+        out[f"{label} step s"] = per_step
+        out[f"{label} submit p50 s"] = statistics.median(took)
+        out[f"{label} lapses"] = lapses
+    return out
+
+
+def wait_all(db: str, n: int) -> None:
+    while count_finished(db) < n:
+        time.sleep(0.05)
+
+
+async def _step_s(db: str, steps: int) -> float:
+    """The median time a turn took, from its first write after the claim to its end, a
+    step: the turns' own stored times (queueing for a slot not in it)."""
+    conn = await asyncpg.connect(db)
+    try:
+        rows = await conn.fetch("SELECT record FROM turns WHERE message NOT LIKE '%alone %'")
+    finally:
+        await conn.close()
+    spans = []
+    for r in rows:
+        rec = json.loads(r[0])
+        begun = rec.get("started_at") or rec.get("created_at")
+        spans.append((rec["updated_at"] - begun) / steps)
+    return statistics.median(spans)
+
+
+def per_step_line(name: str, r: Round, base: Round, steps: int) -> str:
+    line = (f"  {name:<22} {r.wall:6.2f} s  {r.wall / steps * 1e3:5.2f} ms/step"
+            f" (x{r.wall / base.wall:.2f})  node CPU {r.node_cpu / steps * 1e3:5.2f} ms/step"
+            f" (x{r.node_cpu / base.node_cpu:.2f})")
+    if r.db_cpu:
+        line += (f"  DB CPU {r.db_cpu / steps * 1e3:5.2f} ms/step (ceiling"
+                 f" {steps / r.db_cpu:,.0f} steps/s a database core)")
+    if r.counts is not None:
+        c = r.counts
+        line += (f"  {c.statements / steps:5.1f} statements, {c.round_trips / steps:5.1f}"
+                 f" round trips, {c.commits / steps:4.2f} commits a step")
+    return line
 
 
 def main() -> None:
@@ -200,51 +368,73 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=25,
                     help="daemon.max_concurrent_turns of each node in the latency part")
     ap.add_argument("--latency", type=float, default=0.2, help="seconds a model call takes")
+    ap.add_argument("--delay", type=float, default=0.01,
+                    help="seconds each way of the slow link in part 4 (0: no part 4)")
+    ap.add_argument("--only", default="1,2,3,4", help="the parts to run")
     args = ap.parse_args()
     lease = args.lease
+    parts = set(args.only.split(","))
+    print(use_bytecode_cache())
 
-    model, port = start_model(latency=args.latency, steps=args.model_steps)
-    try:
-        asyncio.run(wait_port(port))
-        setups = {"sqlite, 1 daemon": (1, False), "postgres, 1 daemon": (1, True),
-                  "postgres, 2 daemons": (2, True), "postgres, 3 daemons": (3, True)}
-        got = measure(setups, lambda tmp, db, node: model_config(
-            port, args.slots, db=db, node=node, lease=lease),
-            turns=args.model_turns, rounds=args.rounds)
-    finally:
-        model.terminate()
-        model.wait()
-    steps = args.model_turns * args.model_steps
-    print(f"1. {args.model_turns} turns x {args.model_steps} model calls of "
-          f"{args.latency * 1000:.0f} ms, {args.slots} turns at once per daemon, median "
-          f"of {args.rounds} rounds")
-    base_wall, base_cpu = got["sqlite, 1 daemon"]
-    for name, (wall, cpu) in got.items():
-        nodes = setups[name][0]
-        waves = -(-args.model_turns // (args.slots * nodes))
-        floor = waves * args.model_steps * args.latency
-        print(f"  {name:<22} {wall:6.2f} s (floor {floor:4.1f} s, x{base_wall / wall:.2f} "
-              f"of the SQLite daemon's rate)  daemon CPU {cpu / steps * 1e3:5.2f} ms/step "
-              f"(x{cpu / base_cpu:.2f})")
+    if "1" in parts:
+        model, port = start_model(latency=args.latency, steps=args.model_steps)
+        try:
+            asyncio.run(wait_port(port))
+            setups = {"sqlite, 1 daemon": (1, False), "postgres, 1 daemon": (1, True),
+                      "postgres, 2 daemons": (2, True), "postgres, 3 daemons": (3, True)}
+            got = measure(setups, lambda tmp, db, node: model_config(
+                port, args.slots, db=db, node=node, lease=lease),
+                turns=args.model_turns, rounds=args.rounds)
+        finally:
+            model.terminate()
+            model.wait()
+        steps = args.model_turns * args.model_steps
+        print(f"1. {args.model_turns} turns x {args.model_steps} model calls of "
+              f"{args.latency * 1000:.0f} ms, {args.slots} turns at once per daemon, median "
+              f"of {args.rounds} rounds")
+        base = got["sqlite, 1 daemon"]
+        for name, r in got.items():
+            nodes = setups[name][0]
+            waves = -(-args.model_turns // (args.slots * nodes))
+            floor = waves * args.model_steps * args.latency
+            db_cpu = f"  DB CPU {r.db_cpu / steps * 1e3:5.2f} ms/step" if r.db_cpu else ""
+            print(f"  {name:<22} {r.wall:6.2f} s (floor {floor:4.1f} s, x{base.wall / r.wall:.2f}"
+                  f" of the SQLite daemon's rate)  node CPU {r.node_cpu / steps * 1e3:5.2f}"
+                  f" ms/step (x{r.node_cpu / base.node_cpu:.2f}){db_cpu}")
 
     server = ToolServer().start()
     try:
-        setups = {"sqlite, 1 daemon": (1, False), "postgres, 1 daemon": (1, True),
-                  "postgres, 3 daemons": (3, True)}
-        got = measure(setups, lambda tmp, db, node: config(
-            tmp, server, args.steps, db=db, node=node, lease=lease),
-            turns=args.turns, rounds=args.rounds)
-        steps = args.turns * args.steps
-        print(f"2. the store's cost: {args.turns} turns x {args.steps} steps ({args.steps - 1}"
-              f" journalled HTTP tool calls, a scripted model), median of {args.rounds} rounds")
-        base_wall, base_cpu = got["sqlite, 1 daemon"]
-        for name, (wall, cpu) in got.items():
-            print(f"  {name:<22} {wall:6.2f} s  {args.turns / wall:6.1f} turns/s  "
-                  f"{wall / steps * 1e3:5.2f} ms/step (x{wall / base_wall:.2f} of SQLite's)"
-                  f"  daemon CPU {cpu / steps * 1e3:5.2f} ms/step (x{cpu / base_cpu:.2f})")
-        took, n = takeover(server, steps=args.steps, lease=lease)
-        print(f"3. take-over after kill -9: {n} turns finished elsewhere {took:.2f} s after "
-              f"the kill (lease {lease:g} s: x{took / lease:.2f} of the lease)")
+        if "2" in parts:
+            setups = {"sqlite, 1 daemon": (1, False), "postgres, 1 daemon": (1, True),
+                      "postgres, 2 daemons": (2, True), "postgres, 3 daemons": (3, True)}
+            got = measure(setups, lambda tmp, db, node: config(
+                tmp, server, args.steps, db=db, node=node, lease=lease),
+                turns=args.turns, rounds=args.rounds, count=True)
+            steps = args.turns * args.steps
+            print(f"2. the store's cost: {args.turns} turns x {args.steps} steps ({args.steps - 1}"
+                  f" journalled HTTP tool calls, a scripted model), submitted in batches by"
+                  f" one client a node at once, median of {args.rounds} rounds; statements,"
+                  f" round trips and commits counted on the wire in a round of their own")
+            base = got["sqlite, 1 daemon"]
+            for name, r in got.items():
+                print(per_step_line(name, r, base, steps))
+        if "3" in parts:
+            took, n = takeover(server, steps=args.steps, lease=lease)
+            ratio = f" (lease {lease:g} s: x{took / lease:.2f} of the lease)" if n else (
+                ": the killed node held no turn, nothing to take over")
+            print(f"3. take-over after kill -9: {n} turns finished elsewhere {took:.2f} s after "
+                  f"the kill{ratio}")
+        if "4" in parts and args.delay > 0:
+            got4 = over_slow_link(server, delay=args.delay, turns=40, steps=args.steps,
+                                  lease=1.5)
+            added = (got4["delayed step s"] - got4["direct step s"]) * 1e3
+            print(f"4. two nodes, the database {args.delay * 1e3:.0f} ms away each way (lease"
+                  f" 1.5 s), 40 turns x {args.steps} steps: +{added:.0f} ms a step"
+                  f" ({got4['delayed step s'] * 1e3:.0f} against"
+                  f" {got4['direct step s'] * 1e3:.0f} ms direct); a submit's p50"
+                  f" {got4['delayed submit p50 s'] * 1e3:.0f} ms"
+                  f" ({got4['direct submit p50 s'] * 1e3:.0f} direct); leases lapsed:"
+                  f" {got4['delayed lapses']:.0f} ({got4['direct lapses']:.0f} direct)")
     finally:
         server.stop()
 

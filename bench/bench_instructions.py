@@ -29,6 +29,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bytecode import use_bytecode_cache
 from bench.fake_model import daemon_config, start_model, wait_port
 from tests.integration.harness import Daemon
 
@@ -100,6 +101,7 @@ def main() -> None:
     ap.add_argument("--turns", default="200,400", help="two turn counts, A,B (A < B)")
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
+    print(use_bytecode_cache())
     a, b = sorted(int(n) for n in args.turns.split(","))
     if shutil.which("valgrind") is None:
         sys.exit("bench_instructions: valgrind is not on the PATH")

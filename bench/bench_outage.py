@@ -41,6 +41,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bytecode import use_bytecode_cache
 from tests.integration.fault_server import FaultServer, fail, ok
 from tests.integration.harness import Daemon
 
@@ -245,6 +246,7 @@ def main() -> None:
     ap.add_argument("--cooldown", type=float, default=None,
                     help="circuit_breaker.cooldown (default: the daemon's, 30 s)")
     args = ap.parse_args()
+    print(use_bytecode_cache())
     asyncio.run(run(args))
 
 

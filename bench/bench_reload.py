@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bytecode import use_bytecode_cache
 from tests.integration.harness import NotifyListener
 
 from turnkeeper.control.client import Client
@@ -153,6 +154,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parked", type=int, default=1000)
     args = ap.parse_args()
+    print(use_bytecode_cache())
     where = Path(tempfile.mkdtemp(prefix="tk-bench-reload-", dir="/tmp"))
     bench = Bench(where, args.parked)
     figures: dict[str, list[float]] = {k: [] for k in (

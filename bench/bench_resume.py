@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bytecode import use_bytecode_cache
 from bench.daemon_proc import DaemonProc
 from bench.fake_model import daemon_config, start_model
 
@@ -133,6 +134,7 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
+    print(use_bytecode_cache())
     model, port = start_model(latency=args.latency, steps=args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="tk-bench-resume-"))
     empty: list[dict[str, float]] = []

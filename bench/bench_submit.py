@@ -32,6 +32,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_concurrency import cpu_s
+from bench.bytecode import use_bytecode_cache
 from tests.integration.harness import Daemon
 
 BARE_SERVER = r'''
@@ -128,6 +129,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=100)
     ap.add_argument("--batch", type=int, default=100)
     args = ap.parse_args()
+    print(use_bytecode_cache())
     try:
         import uvloop
         uvloop.install()

@@ -1,0 +1,177 @@
+"""A counting proxy in front of PostgreSQL, for the benchmarks: how many statements the
+daemons send, how many transactions they commit and how many round trips they wait for.
+
+pg_stat_statements needs `shared_preload_libraries` (a server restart), so the count is
+taken on the wire instead: every message each way is framed and read by its type.
+Statements are the server's CommandComplete messages (one per statement run, whatever
+protocol or pipelining carried it: a simple query of four statements counts four);
+transactions the COMMIT tags among them; round trips the times a client sent something
+with nothing outstanding (every Sync and simple Query it sent before answered by
+ReadyForQuery), so statements pipelined behind one another count one round trip.
+
+The proxy runs its own event loop in a thread of the benchmark's process (not a daemon's:
+its CPU is not counted with theirs). It adds a hop to every round trip: benchmarks count
+through it in a round of its own and time the other rounds without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import urllib.parse
+from dataclasses import dataclass
+
+SSL_REQUEST = 80877103
+GSSENC_REQUEST = 80877104
+
+
+@dataclass
+class Counts:
+    statements: int = 0
+    commits: int = 0
+    round_trips: int = 0
+    connections: int = 0
+
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(self.statements - other.statements, self.commits - other.commits,
+                      self.round_trips - other.round_trips,
+                      self.connections - other.connections)
+
+
+class _Conn:
+    """One client connection's framing state, both ways."""
+
+    def __init__(self, counts: Counts) -> None:
+        self.counts = counts
+        self.up = b""  # client -> server bytes not yet framed
+        self.down = b""
+        self.startup = True  # the client's next message is untyped
+        self.raw_bytes = 0  # single-byte answers to SSL/GSS requests still to come
+        self.opaque = False  # TLS: nothing more can be read
+        self.outstanding = 0  # Syncs and Queries sent, not yet answered
+
+    def client(self, data: bytes) -> None:
+        if self.opaque:
+            return
+        if self.outstanding == 0 and not self.startup:
+            self.counts.round_trips += 1
+        self.up += data
+        buf = self.up
+        at = 0
+        while True:
+            if self.startup:
+                if len(buf) - at < 4:
+                    break
+                (n,) = struct.unpack_from("!i", buf, at)
+                if len(buf) - at < n:
+                    break
+                code = struct.unpack_from("!i", buf, at + 4)[0] if n >= 8 else 0
+                if code in (SSL_REQUEST, GSSENC_REQUEST):
+                    self.raw_bytes += 1
+                else:
+                    self.startup = False
+                at += n
+                continue
+            if len(buf) - at < 5:
+                break
+            kind = buf[at:at + 1]
+            (n,) = struct.unpack_from("!i", buf, at + 1)
+            if len(buf) - at < n + 1:
+                break
+            if kind in (b"S", b"Q"):
+                self.outstanding += 1
+            at += n + 1
+        self.up = buf[at:]
+
+    def server(self, data: bytes) -> None:
+        if self.opaque:
+            return
+        if self.raw_bytes:
+            self.raw_bytes -= 1
+            if data[:1] == b"S":
+                self.opaque = True
+                return
+            data = data[1:]
+        self.down += data
+        buf = self.down
+        at = 0
+        while len(buf) - at >= 5:
+            kind = buf[at:at + 1]
+            (n,) = struct.unpack_from("!i", buf, at + 1)
+            if len(buf) - at < n + 1:
+                break
+            if kind == b"C":
+                self.counts.statements += 1
+                if buf[at + 5:at + 11] == b"COMMIT":
+                    self.counts.commits += 1
+            elif kind == b"Z":
+                self.outstanding = max(0, self.outstanding - 1)
+            at += n + 1
+        self.down = buf[at:]
+
+
+class CountingProxy:
+    """`url()` is `target_url` through the proxy; `counts` what went through so far."""
+
+    def __init__(self, target_url: str) -> None:
+        parts = urllib.parse.urlsplit(target_url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self.target_url = target_url
+        self.counts = Counts()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def url(self, target_url: str | None = None) -> str:
+        parts = urllib.parse.urlsplit(target_url or self.target_url)
+        user = f"{parts.username}@" if parts.username else ""
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
+
+    def snapshot(self) -> Counts:
+        c = self.counts
+        return Counts(c.statements, c.commits, c.round_trips, c.connections)
+
+    def start(self) -> CountingProxy:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop).result()
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                     ) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self.counts.connections += 1
+        conn = _Conn(self.counts)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                       seen: object) -> None:
+            try:
+                while data := await src.read(65536):
+                    seen(data)  # type: ignore[operator]
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_w, conn.client), pump(up_r, writer, conn.server))
