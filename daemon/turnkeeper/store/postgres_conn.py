@@ -1,6 +1,13 @@
 """The connection half of the PostgreSQL store: the pool, the group commit's
 transaction with reconnection, and reads that survive a lost connection.
 
+The writer and the lease renewal each have a connection of their own (`Dedicated`),
+outside the pool: a connection handed back to an asyncpg pool is reset first (a round
+trip the releasing task awaits), so a commit that went through the pool cost every step
+one more round trip after its COMMIT; and a renewal that waited for a pooled connection
+behind claims and reads could miss its lease over a slow link. Reads, claims and the
+rest share the pool.
+
 A lost connection (the server restarted, a backend terminated, the network gone) is not
 a failed write: the writer keeps the batch, reconnects with backoff and commits it when
 the server answers, so no write is reported done before it is durable and nothing
@@ -78,6 +85,51 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+class Dedicated:
+    """A connection of one task's own (the writer's, the lease renewal's), outside the
+    pool: made when first needed and again after it was lost, never reset between
+    uses. `lock` keeps two uses from overlapping."""
+
+    def __init__(self, connect: Callable[[], Awaitable[asyncpg.Connection]]) -> None:
+        self._connect = connect
+        self.conn: asyncpg.Connection | None = None
+        self.lock = anyio.Lock()
+        self.connects = 0
+
+    async def get(self) -> asyncpg.Connection:
+        if self.conn is None or self.conn.is_closed():
+            self.conn = None
+            self.conn = await self._connect()
+            self.connects += 1
+        return self.conn
+
+    def drop(self) -> None:
+        """Never used again (lost, or left in an unknown state by a cancellation)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.terminate()
+
+    def after(self, exc: BaseException) -> None:
+        """A use of the connection ended with `exc`: dropped when it was lost, cancelled
+        (maybe mid-statement) or left inside a transaction; kept after a statement the
+        server refused and rolled back."""
+        conn = self.conn
+        if conn is not None and (lost(exc) or not isinstance(exc, Exception)
+                                 or conn.is_in_transaction()):
+            self.drop()
+
+    async def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.fail_after(5):
+                    await conn.close()
+            except Exception:
+                conn.terminate()
+
+
 class PostgresConnection(GroupCommitWriter[Op]):
     """The pool and the writer's commits; the store's calls are in its subclasses."""
 
@@ -90,7 +142,11 @@ class PostgresConnection(GroupCommitWriter[Op]):
         self.where = redact_url(url)
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
+        self._settings: dict[str, str] = {}
         self._tg: TaskGroup | None = None
+        # The writer's connection and the lease renewal's, outside the pool.
+        self._writer_conn = Dedicated(self._connect_one)
+        self._lease_conn = Dedicated(self._connect_one)
         # Whether writes go through; while the server cannot be reached they wait, and
         # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
         self.outage = StoreOutage(fatal_after_s=fatal_after)
@@ -112,12 +168,23 @@ class PostgresConnection(GroupCommitWriter[Op]):
             # before the lease runs out, so another node can take the turns over.
             "idle_in_transaction_session_timeout": str(int(lease_s * 1000 / 3)),
         }
+        self._settings = settings
         self._pool = await asyncpg.create_pool(
             self.url, min_size=1, max_size=self.pool_size, timeout=CONNECT_TIMEOUT,
             command_timeout=COMMAND_TIMEOUT, server_settings=settings)
         return self._pool
 
+    async def _connect_one(self) -> asyncpg.Connection:
+        """A connection outside the pool (`Dedicated`), with the pool's settings."""
+        if self._pool is None:
+            raise asyncpg.InterfaceError("store is closed")
+        return await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT,
+                                     command_timeout=COMMAND_TIMEOUT,
+                                     server_settings=self._settings)
+
     async def _close_connections(self) -> None:
+        await self._writer_conn.close()
+        await self._lease_conn.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             with anyio.CancelScope(shield=True):
@@ -160,19 +227,18 @@ class PostgresConnection(GroupCommitWriter[Op]):
             return errors
 
     async def _commit_batch(self, batch: list[Write[Op]]) -> list[BaseException | None]:
-        """One transaction for the batch. If the server refuses it, each write gets its
-        own, so one bad write fails alone, never its neighbours. A lost connection is
-        raised (the caller retries the whole batch)."""
-        pool = self._pool
-        if pool is None:
+        """One transaction for the batch, on the writer's own connection. If the server
+        refuses it, each write gets its own, so one bad write fails alone, never its
+        neighbours. A lost connection is raised (the caller retries the whole batch)."""
+        if self._pool is None:
             raise asyncpg.InterfaceError("store is closed")
-        async with pool.acquire() as conn:
-            try:
-                return await self._commit_on(conn, batch)
-            except BaseException as exc:
-                if lost(exc):
-                    conn.terminate()  # never handed out again half-broken
-                raise
+        dedicated = self._writer_conn
+        conn = await dedicated.get()
+        try:
+            return await self._commit_on(conn, batch)
+        except BaseException as exc:
+            dedicated.after(exc)  # a lost one is made again for the next try
+            raise
 
     async def _commit_on(self, conn: Conn, batch: list[Write[Op]]) -> list[BaseException | None]:
         """The batch in one transaction (`postgres_batch.commit`: a write whose claim no
@@ -223,8 +289,10 @@ class PostgresConnection(GroupCommitWriter[Op]):
             raise StoreError("state database is closed: nothing can be read")
         return self._pool
 
-    async def _read(self, read: Callable[[Conn], Awaitable[_T]]) -> _T:
-        """Run `read` on a pooled connection. A connection found dead (the server
+    async def _read(self, read: Callable[[Conn], Awaitable[_T]], *,
+                    on: Dedicated | None = None) -> _T:
+        """Run `read` on a pooled connection (or on the dedicated connection `on`, one
+        use at a time). A connection found dead (the server
         restarted, a backend terminated) is dropped and the read tried again, with
         backoff, for up to READ_RETRY_S; then it fails (StoreError). A transaction the
         server rolled back for a deadlock or a serialization failure is run again at
@@ -235,6 +303,8 @@ class PostgresConnection(GroupCommitWriter[Op]):
         conflicts = 0
         while True:
             try:
+                if on is not None:
+                    return await self._read_on(on, read)
                 async with pool.acquire() as conn:
                     try:
                         return await read(conn)
@@ -257,6 +327,15 @@ class PostgresConnection(GroupCommitWriter[Op]):
                 self.reconnects += 1
             await self.clock.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX)
+
+    async def _read_on(self, on: Dedicated, read: Callable[[Conn], Awaitable[_T]]) -> _T:
+        async with on.lock:
+            conn = await on.get()
+            try:
+                return await read(conn)
+            except BaseException as exc:
+                on.after(exc)
+                raise
 
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async def fetch(conn: Conn) -> list[asyncpg.Record]:

@@ -249,7 +249,7 @@ class PostgresFleet(PostgresConnection):
                     " AND t.owner = $1 RETURNING t.id, t.epoch",
                     self.node_id, list(held), list(held.values()), self.lease_s)
 
-        return {r["id"]: r["epoch"] for r in await self._read(beat)}
+        return {r["id"]: r["epoch"] for r in await self._read(beat, on=self._lease_conn)}
 
     def abandon(self, turn_ids: Iterable[str]) -> None:
         """Turns whose claim is lost: every later write of them is refused here, before
