@@ -49,10 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_concurrency import cpu_s
 from bench.bytecode import use_bytecode_cache
 from bench.fake_model import daemon_config, start_model, wait_port
-from bench.pg_wire import CountingProxy, Counts
 from tests.integration.harness import Daemon, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
 from tests.pg import CuttableProxy, create_database, drop_database, server_url
+from tests.pg_wire import CountingProxy, Counts
 
 TERMINAL = "('completed', 'partial', 'failed', 'blocked', 'cancelled')"
 

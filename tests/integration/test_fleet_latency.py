@@ -27,6 +27,7 @@ from tests.integration.harness import Daemon
 from tests.integration.test_fleet import STEPS, effect_keys, fleet_config
 from tests.integration.tool_server import ToolServer
 from tests.pg import CuttableProxy, server_url
+from tests.pg_wire import CountingProxy
 
 DELAY = 0.01  # each way: a database 20 ms away, a round trip
 LEASE = 5.0
@@ -81,3 +82,54 @@ def test_renewals_and_batched_commits_over_a_slow_link_never_deadlock_or_lapse(
     assert {r["owner"] for r in rows} == {"n0", "n1"}
     keys = effect_keys(server)
     assert len(keys) == TURNS * (STEPS - 1) and set(keys.values()) == {1}
+
+
+SLOW_LEASE = 1.5  # renewed every 0.5 s, lapsed when none confirmed it for 1.2 s
+SLOW_TURNS = 40
+
+
+@pytest.mark.slow
+def test_over_a_slow_link_leases_never_lapse_and_a_step_costs_few_round_trips(
+        tmp_path: Path, server: ToolServer, db: str) -> None:
+    """Two nodes whose database is 10 ms away each way, with short leases: counted on
+    the wire (behind the delaying proxy), the steps' writes reach the database without a
+    pooled connection's reset after each commit, submits are not queued into the steps'
+    transactions, and no lease lapses (the nodes' own log)."""
+    counter = CountingProxy(server_url()).start()
+    link = CuttableProxy(counter.url(db), delay=DELAY).start()
+    daemons = [Daemon(tmp_path, fleet_config(tmp_path, server, link.url(), f"n{i}",
+                                             lease=SLOW_LEASE), name=f"n{i}")
+               for i in range(2)]
+    try:
+        for d in daemons:
+            d.start()
+        before = counter.snapshot()
+        for i in range(0, SLOW_TURNS, 10):
+            status, _ = daemons[i // 10 % 2].post(
+                "/v1/turns", [{"message": f"work {j}"} for j in range(i, i + 10)])
+            assert status == 202
+        wait_finished(db, SLOW_TURNS, timeout=300)
+        sent = counter.snapshot() - before
+        logs = [d.log_text() for d in daemons]
+    finally:
+        for d in daemons:
+            d.kill()
+        link.cut()
+        counter.stop()
+    steps = SLOW_TURNS * STEPS
+    print(f"per step: {sent.round_trips / steps:.2f} round trips, {sent.statements / steps:.2f}"
+          f" statements, {sent.commits / steps:.2f} commits, {sent.tags['RESET'] / steps:.2f}"
+          f" pool resets; {dict(sent.tags)}")
+    for log in logs:
+        assert "fleet.lease_lapsed" not in log and "fleet.lease_lost" not in log
+    # A pooled connection is reset when it goes back to the pool (RESET ALL among the
+    # statements): claims and reads do, a second or so apart; the writer's commits and
+    # the renewals do not.
+    assert sent.tags["RESET"] < steps / 4
+    # The submits' turn rows went in batches, not one INSERT a turn in the writer's
+    # transactions.
+    assert sent.tags["INSERT"] < steps
+    rows = query(db, "SELECT state FROM turns")
+    assert collections.Counter(r["state"] for r in rows) == {"completed": SLOW_TURNS}
+    keys = effect_keys(server)
+    assert len(keys) == SLOW_TURNS * (STEPS - 1) and set(keys.values()) == {1}

@@ -55,7 +55,6 @@ from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.base import (
     DEAD_LETTER_SQL,
     TERMINAL_SQL,
-    KeyTaken,
     MessageRows,
     StoreError,
     stored_message,
@@ -71,7 +70,8 @@ from turnkeeper.store.postgres_batch import (
     TurnCall,
     TurnUpdate,
 )
-from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, dumps
+from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, Dedicated, dumps
+from turnkeeper.store.postgres_intake import IntakeWriter, TurnInsert
 from turnkeeper.store.postgres_outbox import PostgresOutbox
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -96,26 +96,6 @@ def _event_statement(event: Event) -> Statement:
 _NOTIFY_TURNS: Statement = ("SELECT pg_notify($1, '')", (CHANNEL_TURNS,))
 
 
-async def _take_key(conn: Conn, turn: str, key: IdempotencyKey) -> None:
-    """The key's row for `turn`, replacing an expired one (or one whose turn was
-    pruned). A live row of another turn raises `KeyTaken`, which rolls back the turn's
-    insert with it: two nodes given one key at once make one turn (the second waits on
-    the first's row in the unique index, then finds it)."""
-    await conn.execute(
-        "DELETE FROM idempotency_keys WHERE key = $1 AND (created_at < $2 OR NOT EXISTS"
-        " (SELECT 1 FROM turns WHERE turns.id = idempotency_keys.turn))",
-        key.key, key.stale_before)
-    holder = await conn.fetchval(
-        "INSERT INTO idempotency_keys (key, turn, fingerprint, created_at) VALUES"
-        " ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING turn",
-        key.key, turn, key.fingerprint, key.created_at)
-    if holder is None:  # held: by this turn after a lost answer, or by another one
-        holder = await conn.fetchval("SELECT turn FROM idempotency_keys WHERE key = $1",
-                                     key.key)
-        if holder != turn:
-            raise KeyTaken(f"idempotency key {key.key!r} is held by turn {holder}")
-
-
 class PostgresStore(PostgresOutbox):
     def __init__(self, url: str, *, clock: Clock | None = None, fatal_after: float = 300.0,
                  pool_size: int = POOL_SIZE, node_id: str | None = None,
@@ -123,6 +103,17 @@ class PostgresStore(PostgresOutbox):
         super().__init__(url, clock=clock, fatal_after=fatal_after, pool_size=pool_size,
                          node_id=node_id, lease_s=lease_s)
         self._key_turn: dict[str, str] = {}  # journal keys of claimed turns in flight
+        # Submits: a group commit of their own, apart from the steps' writer.
+        self._intake = IntakeWriter(self.clock, Dedicated(self._connect_one), self.outage,
+                                    self.where, lambda: self._pool is not None)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The writer task, and the intake's beside it; both commit what is queued before
+        they end (`close`)."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._intake.run)
+            await super().run(task_status=task_status)
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
@@ -145,12 +136,14 @@ class PostgresStore(PostgresOutbox):
             raise
 
     async def close(self) -> None:
+        await self._intake._stop_writer()
         await self._stop_writer()
         if self._pool is not None:  # the node stopped: its id is free for a restart
             with anyio.CancelScope(shield=True), contextlib.suppress(*DB_ERRORS):
                 with anyio.fail_after(5):
                     await self._pool.execute("UPDATE nodes SET stopped_at = now()"
                                              " WHERE node_id = $1", self.node_id)
+        await self._intake.connection.close()
         await self._close_connections()
 
     # -- writing ------------------------------------------------------------------
@@ -159,29 +152,24 @@ class PostgresStore(PostgresOutbox):
                           events: Sequence[Event] = (), within_s: float | None = None,
                           idempotency: IdempotencyKey | None = None) -> int:
         """The turn's row, durable when this returns; `events` commit with it, and the
-        key's row when given (`_take_key`). Its number comes from a sequence, so turns
-        submitted on any daemon share one order."""
-        checkpoint_json = dumps(checkpoint)
-
-        async def insert(conn: Conn) -> None:
-            if idempotency is not None:
-                await _take_key(conn, record["id"], idempotency)
-            record["seq"] = int(await conn.fetchval("SELECT nextval('turn_seq')"))
-            inserted = await conn.fetchval(
-                "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
-                " message, checkpoint, stop_code) VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
-                " $9, $10) ON CONFLICT (id) DO NOTHING RETURNING seq",
-                record["id"], record["seq"], record["session"], record["state"],
-                record["created_at"], record["updated_at"], dumps(stored_record(record)),
-                stored_message(record), checkpoint_json, _stop_code(record))
-            if inserted is None:
-                # Committed by an attempt whose answer the lost connection never brought
-                # back: the row that is there is this turn's.
-                record["seq"] = int(await conn.fetchval(
-                    "SELECT seq FROM turns WHERE id = $1", record["id"]))
-
-        await self._write([insert, *self._event_ops(events), _NOTIFY_TURNS],
-                          within_s=within_s)
+        key's row when given (`take_key`). Its number comes from a sequence, so turns
+        submitted on any daemon share one order. Written by the intake's own group
+        commit (`postgres_intake.py`), not queued behind the steps' writes."""
+        stored = stored_record(record)
+        stored.pop("seq", None)  # the insert puts the number the sequence gives first
+        row = (record["id"], record["session"], record["state"], record["created_at"],
+               record["updated_at"], dumps(stored), stored_message(record),
+               dumps(checkpoint), _stop_code(record))
+        self.durable_writes += 1  # the store's counts hold the intake's writes too
+        try:
+            await self._intake._write([TurnInsert(
+                record, row, [(e.seq, e.turn, e.ts, e.type, dumps(e.to_json()))
+                              for e in events], idempotency,
+                [op for e in events for op in self._outbox_ops(e, None)
+                 if isinstance(op, tuple)])], within_s=within_s)
+        except StoreError:
+            self.failed_writes += 1
+            raise
         return int(record["seq"])
 
     async def save_turn(self, record: dict[str, Any],

@@ -234,20 +234,22 @@ class PostgresFleet(PostgresConnection):
         held = dict(self.claims)
 
         async def beat(conn: Conn) -> list[asyncpg.Record]:
-            async with conn.transaction():
-                await conn.execute("UPDATE nodes SET heartbeat_at = now(), turns = $2"
-                                   " WHERE node_id = $1", self.node_id, len(held))
-                # Locked in id order, as the writer's batched update locks them
-                # (`postgres_batch.TURN_UPDATE`): the two never wait for each other.
-                return await conn.fetch(
-                    "WITH l AS MATERIALIZED (SELECT t.id FROM turns t JOIN unnest("
-                    "$2::text[], $3::bigint[]) AS h(id, epoch) ON t.id = h.id"
-                    " WHERE t.epoch = h.epoch AND t.owner = $1 ORDER BY t.id FOR UPDATE OF t)"
-                    " UPDATE turns t SET lease_until = now() + make_interval(secs => $4)"
-                    " FROM unnest($2::text[], $3::bigint[]) AS h(id, epoch)"
-                    " WHERE t.id = h.id AND t.id IN (SELECT id FROM l) AND t.epoch = h.epoch"
-                    " AND t.owner = $1 RETURNING t.id, t.epoch",
-                    self.node_id, list(held), list(held.values()), self.lease_s)
+            # One statement, its own transaction: one round trip on the renewal's own
+            # connection. The node's row first (`l` reads the count of `n`, and sorts
+            # before it locks), as a release locks it; then the turns, locked in id order
+            # as the writer's batched update locks them (`postgres_batch.TURN_UPDATE`):
+            # none of them ever waits for another's rows in the opposite order.
+            return await conn.fetch(
+                "WITH n AS (UPDATE nodes SET heartbeat_at = now(), turns = $5"
+                " WHERE node_id = $1 RETURNING 1),"
+                " l AS MATERIALIZED (SELECT t.id FROM (SELECT count(*) FROM n) AS c,"
+                " turns t JOIN unnest($2::text[], $3::bigint[]) AS h(id, epoch) ON t.id = h.id"
+                " WHERE t.epoch = h.epoch AND t.owner = $1 ORDER BY t.id FOR UPDATE OF t)"
+                " UPDATE turns t SET lease_until = now() + make_interval(secs => $4)"
+                " FROM unnest($2::text[], $3::bigint[]) AS h(id, epoch)"
+                " WHERE t.id = h.id AND t.id IN (SELECT id FROM l) AND t.epoch = h.epoch"
+                " AND t.owner = $1 RETURNING t.id, t.epoch",
+                self.node_id, list(held), list(held.values()), self.lease_s, len(held))
 
         return {r["id"]: r["epoch"] for r in await self._read(beat, on=self._lease_conn)}
 
@@ -327,16 +329,16 @@ class PostgresFleet(PostgresConnection):
         """Publish this node's retry budget counts (provider -> requests, retries in
         flight) and read the sum of the other live nodes' counts."""
         async def share(conn: Conn) -> list[asyncpg.Record]:
-            async with conn.transaction():
-                await conn.execute("UPDATE nodes SET budgets = $2 WHERE node_id = $1",
-                                   self.node_id, dumps(budgets))
-                return await conn.fetch(
-                    "SELECT budgets FROM nodes WHERE node_id <> $1 AND stopped_at IS NULL"
-                    " AND heartbeat_at > now() - make_interval(secs => $2)",
-                    self.node_id, self.lease_s)
+            # One statement (the other nodes' rows are read as they were before it, which
+            # is all it reads), on the heartbeat's own connection, after the renewal.
+            return await conn.fetch(
+                "WITH u AS (UPDATE nodes SET budgets = $2 WHERE node_id = $1)"
+                " SELECT budgets FROM nodes WHERE node_id <> $1 AND stopped_at IS NULL"
+                " AND heartbeat_at > now() - make_interval(secs => $3)",
+                self.node_id, dumps(budgets), self.lease_s)
 
         totals: dict[str, tuple[int, int]] = {}
-        for row in await self._read(share):
+        for row in await self._read(share, on=self._lease_conn):
             for provider, (requests, retries) in json.loads(row["budgets"]).items():
                 r, t = totals.get(provider, (0, 0))
                 totals[provider] = (r + int(requests), t + int(retries))

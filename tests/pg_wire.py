@@ -1,5 +1,6 @@
-"""A counting proxy in front of PostgreSQL, for the benchmarks: how many statements the
-daemons send, how many transactions they commit and how many round trips they wait for.
+"""A counting proxy in front of PostgreSQL, for tests and benchmarks: how many statements
+the daemons send, how many transactions they commit and how many round trips they wait
+for.
 
 pg_stat_statements needs `shared_preload_libraries` (a server restart), so the count is
 taken on the wire instead: every message each way is framed and read by its type.
@@ -9,18 +10,21 @@ transactions the COMMIT tags among them; round trips the times a client sent som
 with nothing outstanding (every Sync and simple Query it sent before answered by
 ReadyForQuery), so statements pipelined behind one another count one round trip.
 
-The proxy runs its own event loop in a thread of the benchmark's process (not a daemon's:
-its CPU is not counted with theirs). It adds a hop to every round trip: benchmarks count
-through it in a round of its own and time the other rounds without it.
+The proxy runs its own event loop in a thread of the test's or benchmark's process (not
+a daemon's: its CPU is not counted with theirs). It adds a hop to every round trip:
+benchmarks count through it in a round of their own and time the other rounds without
+it. `tags` counts the statements by their command tag's first word (`COMMIT`, `RESET`,
+`INSERT`...).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import struct
 import threading
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
@@ -32,11 +36,12 @@ class Counts:
     commits: int = 0
     round_trips: int = 0
     connections: int = 0
+    tags: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def __sub__(self, other: Counts) -> Counts:
         return Counts(self.statements - other.statements, self.commits - other.commits,
                       self.round_trips - other.round_trips,
-                      self.connections - other.connections)
+                      self.connections - other.connections, self.tags - other.tags)
 
 
 class _Conn:
@@ -103,7 +108,9 @@ class _Conn:
                 break
             if kind == b"C":
                 self.counts.statements += 1
-                if buf[at + 5:at + 11] == b"COMMIT":
+                tag = bytes(buf[at + 5:at + 1 + n]).split(b" ", 1)[0].rstrip(b"\0")
+                self.counts.tags[tag.decode("ascii", "replace")] += 1
+                if tag == b"COMMIT":
                     self.counts.commits += 1
             elif kind == b"Z":
                 self.outstanding = max(0, self.outstanding - 1)
@@ -131,7 +138,8 @@ class CountingProxy:
 
     def snapshot(self) -> Counts:
         c = self.counts
-        return Counts(c.statements, c.commits, c.round_trips, c.connections)
+        return Counts(c.statements, c.commits, c.round_trips, c.connections,
+                      collections.Counter(c.tags))
 
     def start(self) -> CountingProxy:
         self._thread.start()
