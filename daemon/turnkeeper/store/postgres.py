@@ -65,6 +65,7 @@ from turnkeeper.store.postgres_batch import (
     EVENT_INSERT,
     EVENT_INSERT_FENCED,
     Conn,
+    FencedIntent,
     Op,
     Statement,
     TurnCall,
@@ -289,8 +290,8 @@ class PostgresStore(PostgresOutbox):
         epoch = self._fence(turn)
         if epoch is not None:
             self._key_turn[key] = turn
-            if not idempotent:
-                ops.insert(0, self._lease_check(turn, epoch))
+            if not idempotent:  # the lease checked in the statement that writes it
+                ops = [FencedIntent(key, turn, tool, arguments, self.node_id, epoch)]
         await self._journal_intent(key, ops, idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:

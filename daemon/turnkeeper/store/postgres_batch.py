@@ -12,6 +12,10 @@ Instead of a statement per op, one transaction sends
   alone (StaleLease), the others commit;
 - every conversation row as ONE statement, and every trail row as one more (the rows
   past the end of each write that trims deleted, the written ones upserted, from `unnest`);
+- every non-idempotent call's intent on a claimed turn (`FencedIntent`) as ONE
+  `INSERT INTO journal ... SELECT ... FROM unnest(...) JOIN turns`, which writes each
+  only while its claim holds and its lease has not run out at the database's clock
+  (a check and an INSERT a call, one round trip each, and a segment cut at each, before);
 - each run of statements of one shape (journal entries, ...) as one pipelined
   `executemany`, and the event rows last, one `executemany` per shape (an event row
   depends on no other write of the transaction).
@@ -24,7 +28,7 @@ segment starts a new one. A batch where every turn steps once (the common case) 
 segment: a statement or two per kind of row, whatever the number of turns.
 
 Building the statements is pure (`segments`, `turn_update`, `message_upsert`,
-`stale_writes`); `commit` runs them on a connection inside one transaction.
+`intent_insert`, `stale_writes`); `commit` runs them on a connection inside one transaction.
 """
 
 from __future__ import annotations
@@ -71,7 +75,24 @@ class TurnCall:
         await self.call(conn)
 
 
-Op = Statement | Call | TurnUpdate | MessageWrite
+@dataclass(frozen=True, slots=True)
+class FencedIntent:
+    """A non-idempotent call's intent on a claimed turn: its journal row, written only
+    while `owner`'s claim of `epoch` is the turn's and its lease has not run out at the
+    database's clock (the turn's row is locked FOR SHARE meanwhile, so no claim takes
+    it before the commit). Otherwise nothing of its write is written (StaleLease) and
+    the call is not sent. The intents of a segment go in one statement
+    (`intent_insert`), not a check and an INSERT each."""
+
+    key: str
+    turn: str
+    tool: str
+    arguments: str
+    owner: str
+    epoch: int
+
+
+Op = Statement | Call | TurnUpdate | MessageWrite | FencedIntent
 
 EVENT_INSERT = ("INSERT INTO events (seq, turn, ts, type, data) VALUES ($1, $2, $3, $4, $5)"
                 " ON CONFLICT (seq) DO NOTHING")
@@ -118,6 +139,16 @@ TURN_UPDATE = (
     " WHERE t.id = u.id AND t.id IN (SELECT id FROM l)"
     " AND (u.epoch IS NULL OR (t.owner = u.owner AND t.epoch = u.epoch))"
     " RETURNING t.id")
+# Every fenced intent of a segment (`FencedIntent`), their turn rows locked FOR SHARE in
+# id order (the order every statement that locks several turn rows takes them in).
+INTENT_INSERT = (
+    "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
+    " SELECT j.key, j.turn, j.tool, j.arguments, false FROM unnest($1::text[], $2::text[],"
+    " $3::text[], $4::text[], $5::text[], $6::bigint[])"
+    " AS j(key, turn, tool, arguments, owner, epoch) JOIN turns t ON t.id = j.turn"
+    " AND t.owner = j.owner AND t.epoch = j.epoch AND t.lease_until > clock_timestamp()"
+    " ORDER BY t.id FOR SHARE OF t"
+    " ON CONFLICT (key) DO UPDATE SET outcome = NULL RETURNING key")
 # The turn rows a batch will lock, taken at its start, in order, when its first lock is
 # not a turn update that can take them all (`commit`).
 LOCK_TURNS = "SELECT 1 FROM turns WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE"
@@ -154,22 +185,28 @@ class Segment:
 
     updates: list[tuple[int, TurnUpdate]] = field(default_factory=list)
     messages: list[tuple[int, MessageWrite]] = field(default_factory=list)
+    intents: list[tuple[int, FencedIntent]] = field(default_factory=list)
     statements: list[tuple[int, Statement]] = field(default_factory=list)
     _turns_updated: set[str] = field(default_factory=set)
     _lists_written: set[tuple[str, str]] = field(default_factory=set)  # (turn, table)
     _ordered: bool = False  # holds a statement the turn rows must not pass
 
-    def takes(self, op: TurnUpdate | MessageWrite) -> bool:
+    def takes(self, op: TurnUpdate | MessageWrite | FencedIntent) -> bool:
         """Whether `op` may join: a turn's row once, and each list of a turn once (its
-        conversation write and its trail write may share a segment)."""
+        conversation write and its trail write may share a segment); fenced intents
+        while no statement they must not pass is in it."""
         if self._ordered:
             return False
+        if isinstance(op, FencedIntent):
+            return True
         if isinstance(op, TurnUpdate):
             return op.turn not in self._turns_updated
         return (op.turn, op.table) not in self._lists_written
 
-    def add(self, i: int, op: TurnUpdate | MessageWrite | Statement) -> None:
-        if isinstance(op, TurnUpdate):
+    def add(self, i: int, op: TurnUpdate | MessageWrite | FencedIntent | Statement) -> None:
+        if isinstance(op, FencedIntent):
+            self.intents.append((i, op))
+        elif isinstance(op, TurnUpdate):
             self.updates.append((i, op))
             self._turns_updated.add(op.turn)
         elif isinstance(op, MessageWrite):
@@ -181,7 +218,7 @@ class Segment:
                 self._ordered = True
 
     def __bool__(self) -> bool:
-        return bool(self.updates or self.messages or self.statements)
+        return bool(self.updates or self.messages or self.intents or self.statements)
 
 
 def segments(writes: Sequence[Sequence[Op]]) -> list[Segment | tuple[int, Call]]:
@@ -193,7 +230,7 @@ def segments(writes: Sequence[Sequence[Op]]) -> list[Segment | tuple[int, Call]]
     current = Segment()
     for i, ops in enumerate(writes):
         for op in ops:
-            if isinstance(op, (TurnUpdate, MessageWrite)):
+            if isinstance(op, (TurnUpdate, MessageWrite, FencedIntent)):
                 if not current.takes(op):
                     out.append(current)
                     current = Segment()
@@ -248,13 +285,18 @@ def batch_locks(parts: Sequence[Segment | tuple[int, Call]]) -> BatchLocks:
             if not isinstance(part[1], TurnCall):
                 continue
             turns.add(part[1].turn)
-        elif part.updates:
-            turns.update(u.turn for _, u in part.updates)
+            here = 1
         else:
-            continue
+            # A segment locks where it updates turn rows and again where it writes
+            # fenced intents (after its updates).
+            turns.update(u.turn for _, u in part.updates)
+            turns.update(f.turn for _, f in part.intents)
+            here = bool(part.updates) + bool(part.intents)
+            if not here:
+                continue
         if points == 0:
-            first_is_update = not isinstance(part, tuple)
-        points += 1
+            first_is_update = not isinstance(part, tuple) and bool(part.updates)
+        points += here
     return BatchLocks(sorted(turns), points, first_is_update)
 
 
@@ -284,6 +326,17 @@ def message_upsert(messages: Sequence[MessageWrite]) -> list[Statement]:
     if by_table:
         raise ValueError(f"row writes to unknown tables: {sorted(by_table)}")
     return out
+
+
+def intent_insert(intents: Sequence[FencedIntent]) -> Statement:
+    return INTENT_INSERT, ([f.key for f in intents], [f.turn for f in intents],
+                           [f.tool for f in intents], [f.arguments for f in intents],
+                           [f.owner for f in intents], [f.epoch for f in intents])
+
+
+def lapsed_error(f: FencedIntent) -> StaleLease:
+    return StaleLease(f"turn {f.turn}: the lease of node {f.owner} has run out, or its"
+                      f" claim {f.epoch} is no longer the turn's; the call is not sent")
 
 
 def stale_writes(updates: Sequence[tuple[int, TurnUpdate]], written: set[str]
@@ -352,6 +405,17 @@ async def commit(conn: Conn, writes: Sequence[Sequence[Op]]) -> list[BaseExcepti
             started.update(i for i, _ in part.messages if errors[i] is None)
             for upsert in message_upsert(messages):
                 await conn.execute(*_flat(upsert))
+            intents = [(i, f) for i, f in part.intents if errors[i] is None]
+            if intents:
+                sql, args = intent_insert([f for _, f in intents])
+                written = {r[0] for r in await conn.fetch(sql, *args)}
+                for i, f in intents:
+                    if f.key in written:
+                        continue
+                    if i in started:  # part of it is already sent: roll back
+                        raise lapsed_error(f)
+                    errors[i] = lapsed_error(f)
+                started.update(i for i, _ in intents)
             plain: list[Statement] = []
             for i, (sql, args) in part.statements:
                 if errors[i] is not None:

@@ -39,7 +39,7 @@ from turnkeeper.store.fleet import (
     StaleLease,
     breaker_notice,
 )
-from turnkeeper.store.postgres_batch import Call, Conn, TurnCall
+from turnkeeper.store.postgres_batch import Conn
 from turnkeeper.store.postgres_conn import (
     CONNECT_TIMEOUT,
     DB_ERRORS,
@@ -115,20 +115,6 @@ class PostgresFleet(PostgresConnection):
             raise StaleLease(f"turn {turn_id}: node {self.node_id} lost its claim; "
                              "not written")
         return self.claims.get(turn_id)
-
-    def _lease_check(self, turn_id: str, epoch: int) -> Call:
-        """Before a non-idempotent call is sent: the claim must hold at the database's
-        clock, not only its epoch: a node paused past its lease finds out here and sends
-        nothing, even when no other node has taken the turn yet."""
-        async def check(conn: Conn) -> None:
-            valid = await conn.fetchval(
-                "SELECT lease_until > clock_timestamp() FROM turns WHERE id = $1"
-                " AND owner = $2 AND epoch = $3 FOR SHARE", turn_id, self.node_id, epoch)
-            if not valid:
-                raise StaleLease(f"turn {turn_id}: the lease of node {self.node_id} has "
-                                 "run out; the call is not sent")
-
-        return TurnCall(turn_id, check)
 
     async def event_block_start(self) -> int:
         """Where this node's bus starts numbering: the start of a block of 2**32 numbers

@@ -260,7 +260,11 @@ class Fleet:
             held = dict(self.store.claims)
             sent_at = core.clock.monotonic()
             renewed: dict[str, int] | None = None
-            with core.clock.move_on_after(timing.renew_every_s):
+            # A renewal that waits (for the rows a commit holds, over a slow link) is
+            # given until the lease would lapse: its answer counts from when it was sent,
+            # and one cut short and sent again would only start later.
+            with core.clock.move_on_after(max(timing.renew_every_s,
+                                              self.lease.valid_until - sent_at)):
                 try:
                     renewed = await self.store.renew()
                 except StoreError as exc:
