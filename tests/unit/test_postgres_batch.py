@@ -263,3 +263,32 @@ async def test_trail_rows_replace_from_start_and_drop_past_the_end_apart_from_me
     assert await _table(conn, "trail") == [("a", 0, "p0"), ("a", 1, "q")]
     assert await _table(conn, "messages") == [("a", 0, '"0"'), ("a", 1, '"1"'),
                                               ("a", 2, '"2"')]  # untouched
+
+
+def intent(key: str, turn: str) -> pb.FencedIntent:
+    return pb.FencedIntent(key, turn, "effect", "{}", "n1", 3)
+
+
+def test_a_batchs_intents_share_its_segment_and_one_fenced_statement() -> None:
+    writes: list[list[pb.Op]] = [[upd("a")], [intent("k1", "b")], [intent("k2", "c")],
+                                 [("INSERT INTO events (seq) VALUES ($1)", (1,))]]
+    [seg] = pb.segments(writes)
+    assert isinstance(seg, pb.Segment) and [i for i, _ in seg.intents] == [1, 2]
+    sql, args = pb.intent_insert([f for _, f in seg.intents])
+    assert sql == pb.INTENT_INSERT and "lease_until > clock_timestamp()" in sql
+    assert "ORDER BY t.id FOR SHARE OF t" in sql and "RETURNING key" in sql
+    assert args == (["k1", "k2"], ["b", "c"], ["effect", "effect"], ["{}", "{}"],
+                    ["n1", "n1"], [3, 3])
+    # the update and the intents lock at two points: every row first, in order
+    locks = pb.batch_locks([seg])
+    assert locks.up_front and locks.first_is_update and locks.turns == ["a", "b", "c"]
+    # intents alone lock at one point, in the statement's own order
+    alone = pb.batch_locks(pb.segments([[intent("k1", "b")], [intent("k2", "a")]]))
+    assert not alone.up_front and alone.turns == ["a", "b"]
+
+
+def test_an_intent_does_not_pass_a_statement_it_may_depend_on() -> None:
+    writes: list[list[pb.Op]] = [[("UPDATE turns SET owner = NULL WHERE id = $1", ("b",))],
+                                 [intent("k1", "b")]]
+    parts = pb.segments(writes)
+    assert len(parts) == 2 and [i for i, _ in parts[1].intents] == [1]  # type: ignore[union-attr]

@@ -69,6 +69,11 @@ DB_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, *CONNECTION
 CONFLICTS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 CONFLICT_RETRIES = 3
+# A read or a renewal rolled back is sent again after a few milliseconds at random: the
+# session it deadlocked with gets the rows it was waiting for first, instead of meeting
+# the retry on them again (a one-statement renewal is back on the rows within a
+# millisecond on a local server).
+CONFLICT_JITTER_S = (0.005, 0.025)
 
 _T = TypeVar("_T")
 log = structlog.get_logger("turnkeeper.store")
@@ -318,6 +323,7 @@ class PostgresConnection(GroupCommitWriter[Op]):
                                      f"{type(exc).__name__}: {exc}") from exc
                 conflicts += 1
                 self._conflicted(getattr(read, "__name__", "read"), exc)
+                await self.clock.sleep(random.uniform(*CONFLICT_JITTER_S))
                 continue
             except DB_ERRORS as exc:
                 if not lost(exc) or self.clock.monotonic() - started >= READ_RETRY_S \
