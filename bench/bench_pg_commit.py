@@ -5,7 +5,8 @@ its epoch), each runs S steps at once with the others; a step is what the runner
 an event queued (`append_event`), then the checkpoint awaited (`save_turn` with the
 record, the checkpoint, the step's two conversation rows and a `turn.step` event). Every
 statement the store sends is counted with asyncpg's query logger on each of its
-connections (BEGIN and COMMIT counted apart), and the wall time of the steps measured.
+connections, pooled and its own (BEGIN and COMMIT counted apart), and the wall time of
+the steps measured.
 Rounds alternate nothing (one store); the figure is the median of the rounds.
 
     python bench/bench_pg_commit.py [--turns 200] [--steps 10] [--rounds 3]
@@ -56,7 +57,19 @@ def _counting_pool(*args: Any, **kwargs: Any) -> Any:
     return _create_pool(*args, init=init, **kwargs)
 
 
+_connect = asyncpg.connect
+
+
+async def _counting_connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+    """The store's own connections (the writer's, the renewal's, the intake's), outside
+    the pool, counted as well."""
+    conn = await _connect(*args, **kwargs)
+    conn.add_query_logger(_count)
+    return conn
+
+
 asyncpg.create_pool = _counting_pool
+asyncpg.connect = _counting_connect
 
 
 def record(turn_id: str, step: int) -> dict[str, Any]:
