@@ -4,23 +4,34 @@
    for the `echo` tool S-1 times, then answers) against a real OpenAI-compatible model
    server on 127.0.0.1 that takes `--latency` s a call (bench/fake_model.py, its own
    process), each daemon running at most `--slots` turns at once: one daemon on its
-   SQLite file (the baseline), then 1, 2 and 3 daemons on one PostgreSQL database
-   (submitted round-robin). Wall time from the first submit to the last turn finished,
-   against the floor (N / (slots x nodes) waves of S x latency), and the CPU the daemon
-   processes spent per model step (utime + stime from /proc/PID/stat, before and after;
-   the database's own CPU is not in it).
+   SQLite file (the baseline), then 1, 2 and 3 daemons on one PostgreSQL database.
+   Wall time from the first submit to the last turn finished, against the floor
+   (N / (slots x nodes) waves of S x latency), the CPU the daemon processes spent per
+   model step (utime + stime from /proc/PID/stat, before and after) and the CPU the
+   database's backends spent (their processes sampled while the round runs).
 2. The store's cost per step. The same with a model that costs nothing (the scripted
    provider) and S-1 calls of a real HTTP tool (non-idempotent, so each is journalled
-   before and after): one daemon on SQLite, one and three on PostgreSQL. Here the store
-   is most of the work: wall and daemon CPU per step, as ratios to SQLite's.
+   before and after): one daemon on SQLite, one, two and three on PostgreSQL. Here the
+   store is most of the work: wall, node CPU and database CPU per step (and the ceiling
+   the database CPU implies: steps a second per database core), and in a round of its
+   own through a counting proxy (tests/pg_wire.py), the statements, round trips and
+   commits a step.
 3. Take-over. Three daemons (lease L s) run turns whose calls take 0.5 s; one is killed
-   with SIGKILL; the time from the kill until every turn it held is finished elsewhere,
-   against the lease (a node must wait for the lease to expire before it may claim).
+   with SIGKILL while it holds turns; the time from the kill until every turn it held is
+   finished elsewhere, against the lease (a node must wait for the lease to expire
+   before it may claim). No ratio when the killed node held none.
+4. A slow link. Two daemons (lease 1.5 s) reach the database through a proxy that
+   delays each way by `--delay` s, against the same two on a direct link: the time a
+   step takes more (the turns' own stored times), a single submit's median, and the
+   leases that lapsed (`fleet.lease_lapsed` in the daemons' logs).
 
-Rounds alternate the setups; medians. The default run took 67 s when last run.
+Turns are submitted in batches of 25 (`POST /v1/turns` of a list), one client a node at
+once, so intake does not decide the result. Every daemon runs with a bytecode cache
+(bench/bytecode.py). Rounds alternate the setups; medians. `--only 2,4` runs some parts.
 
     python bench/bench_fleet.py [--turns 200] [--steps 5] [--rounds 2] [--lease 5]
                                 [--model-turns 150] [--slots 25] [--latency 0.2]
+                                [--delay 0.01] [--only 1,2,3,4]
 
 Needs a PostgreSQL server: TURNKEEPER_TEST_PG or postgresql://postgres@127.0.0.1:5432/postgres.
 """
