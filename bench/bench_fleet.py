@@ -283,7 +283,7 @@ def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, in
                     finally:
                         await conn.close()
 
-                while victims and asyncio.run(left()):
+                while victims and asyncio.run(left()) > 0:
                     time.sleep(0.05)
                 return time.perf_counter() - killed, len(victims)
             finally:
@@ -351,7 +351,7 @@ async def _step_s(db: str, steps: int) -> float:
         rec = json.loads(r[0])
         begun = rec.get("started_at") or rec.get("created_at")
         spans.append((rec["updated_at"] - begun) / steps)
-    return statistics.median(spans)
+    return float(statistics.median(spans))
 
 
 def per_step_line(name: str, r: Round, base: Round, steps: int) -> str:

@@ -63,13 +63,13 @@ _connect = asyncpg.connect
 async def _counting_connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
     """The store's own connections (the writer's, the renewal's, the intake's), outside
     the pool, counted as well."""
-    conn = await _connect(*args, **kwargs)
+    conn: asyncpg.Connection = await _connect(*args, **kwargs)
     conn.add_query_logger(_count)
     return conn
 
 
 asyncpg.create_pool = _counting_pool
-asyncpg.connect = _counting_connect
+asyncpg.connect = _counting_connect  # type: ignore[assignment]
 
 
 def record(turn_id: str, step: int) -> dict[str, Any]:
