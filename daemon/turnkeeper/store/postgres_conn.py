@@ -86,6 +86,37 @@ def lost(exc: BaseException) -> bool:
             and not isinstance(exc, asyncpg.exceptions.DataError))
 
 
+async def commit_until_reachable(
+        commit: Callable[[], Awaitable[list[BaseException | None]]], size: int, *,
+        outage: StoreOutage, clock: Clock, where: str, closed: Callable[[], bool],
+        reconnected: Callable[[], None]) -> list[BaseException | None]:
+    """`commit()` a batch of `size` writes; while the server cannot be reached, wait (the
+    outage's backoff) and send the whole batch again, up to `store.fatal_after` or until
+    the store is `closed()`: then every write fails with StoreUnavailable. A write whose
+    caller gave up on it stays in the batch: a lost connection may have lost only the
+    answer to a commit the server made, so leaving it out could not promise it was not
+    made. The steps' writer and the submits' both commit this way."""
+    while True:
+        try:
+            errors = await commit()
+        except Exception as exc:
+            if not lost(exc):
+                raise
+            now = clock.monotonic()
+            if closed() or outage.fatal(now=now):
+                return [StoreUnavailable(
+                    f"state database {where} unreachable for "
+                    f"{outage.failing_for(now=now):.0f} s: "
+                    f"{type(exc).__name__}: {exc}")] * size
+            delay = outage.failed(f"state database {where} unreachable: "
+                                  f"{type(exc).__name__}", now=now, rand=random.uniform)
+            reconnected()
+            await clock.sleep(delay)
+            continue
+        outage.recovered()
+        return errors
+
+
 def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
@@ -205,31 +236,16 @@ class PostgresConnection(GroupCommitWriter[Op]):
         self._answer(batch, await self._commit_with_reconnect(batch))
 
     async def _commit_with_reconnect(self, batch: list[Write[Op]]) -> list[BaseException | None]:
-        """Commit the batch; while the server cannot be reached, wait and try again (the
-        batch is kept whole), up to `fatal_after` seconds. A write whose caller gave up
-        on it (`_write(within_s=...)`) stays in it: a lost connection may have lost only
-        the answer to a commit the server made, so leaving it out could not promise it
-        was not made."""
-        while True:
-            try:
-                errors = await self._commit_batch(batch)
-            except Exception as exc:
-                if not lost(exc):
-                    raise
-                now = self.clock.monotonic()
-                if self._pool is None or self._closed or self.outage.fatal(now=now):
-                    return [StoreUnavailable(
-                        f"state database {self.where} unreachable for "
-                        f"{self.outage.failing_for(now=now):.0f} s: "
-                        f"{type(exc).__name__}: {exc}")] * len(batch)
-                delay = self.outage.failed(f"state database {self.where} unreachable: "
-                                           f"{type(exc).__name__}", now=now,
-                                           rand=random.uniform)
-                self.reconnects += 1
-                await self.clock.sleep(delay)
-                continue
-            self.outage.recovered()
-            return errors
+        """Commit the batch, sent again whole while the server cannot be reached
+        (`commit_until_reachable`)."""
+        return await commit_until_reachable(
+            lambda: self._commit_batch(batch), len(batch), outage=self.outage,
+            clock=self.clock, where=self.where,
+            closed=lambda: self._pool is None or self._closed,
+            reconnected=self._reconnected)
+
+    def _reconnected(self) -> None:
+        self.reconnects += 1
 
     async def _commit_batch(self, batch: list[Write[Op]]) -> list[BaseException | None]:
         """One transaction for the batch, on the writer's own connection. If the server

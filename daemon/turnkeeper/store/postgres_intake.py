@@ -21,7 +21,6 @@ fails alone.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,10 +28,10 @@ from typing import Any
 from turnkeeper.clock import Clock
 from turnkeeper.policy.idempotency import IdempotencyKey
 from turnkeeper.policy.store_outage import StoreOutage
-from turnkeeper.store.base import KeyTaken, StoreUnavailable
+from turnkeeper.store.base import KeyTaken
 from turnkeeper.store.fleet import CHANNEL_TURNS
 from turnkeeper.store.postgres_batch import Conn, Statement, runs
-from turnkeeper.store.postgres_conn import Dedicated, lost
+from turnkeeper.store.postgres_conn import Dedicated, commit_until_reachable, lost
 from turnkeeper.store.writer import GroupCommitWriter, Write
 
 # Every turn row of a batch, their `turn.queued` event rows and the batch's one NOTIFY,
@@ -143,28 +142,14 @@ class IntakeWriter(GroupCommitWriter[TurnInsert]):
         self.reconnects = 0
 
     async def _commit(self, batch: list[Write[TurnInsert]]) -> None:
-        while True:
-            try:
-                errors = await self._commit_batch(batch)
-            except Exception as exc:
-                if not lost(exc):
-                    raise
-                now = self.clock.monotonic()
-                if self._closed or not self.is_open() or self.outage.fatal(now=now):
-                    errors = [StoreUnavailable(
-                        f"state database {self.where} unreachable for "
-                        f"{self.outage.failing_for(now=now):.0f} s: "
-                        f"{type(exc).__name__}: {exc}")] * len(batch)
-                    break
-                delay = self.outage.failed(f"state database {self.where} unreachable: "
-                                           f"{type(exc).__name__}", now=now,
-                                           rand=random.uniform)
-                self.reconnects += 1
-                await self.clock.sleep(delay)
-                continue
-            self.outage.recovered()
-            break
-        self._answer(batch, errors)
+        self._answer(batch, await commit_until_reachable(
+            lambda: self._commit_batch(batch), len(batch), outage=self.outage,
+            clock=self.clock, where=self.where,
+            closed=lambda: self._closed or not self.is_open(),
+            reconnected=self._reconnected))
+
+    def _reconnected(self) -> None:
+        self.reconnects += 1
 
     async def _commit_batch(self, batch: list[Write[TurnInsert]]
                             ) -> list[BaseException | None]:
