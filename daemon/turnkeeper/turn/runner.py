@@ -123,19 +123,7 @@ class TurnRunner:
         ctx = self.ctx
         if ctx.restore_error is not None:
             raise RuntimeError(ctx.restore_error)
-        if ctx.resumed:
-            self._publish(ev.TurnResumed(state=ctx.record.state,
-                                         step=ctx.record.counters.steps,
-                                         policy_version=ctx.record.policy_version))
-            ctx.log.info("turn.resumed", state=ctx.record.state,
-                         **ctx.record.counters.to_json())
-        else:
-            self._publish(ev.TurnStarted(policy_version=ctx.record.policy_version,
-                                         provider=ctx.chain.current_provider))
-        if ctx.agent_removed is not None:  # it goes on as the default agent, and says so
-            ctx.emit(ctx.agent_removed)
-        ctx.move(TurnState.RUNNING)
-        ctx.start_active()
+        self._begin()
         reenter_step = False
         if ctx.resumed:
             answered = self._resumed_answer()
@@ -144,61 +132,15 @@ class TurnRunner:
             # Parked in a recovery wait: the same step goes on, in the same cycle, with
             # the same next attempt time; nothing is counted again.
             reenter_step = ctx.chain.phase is Phase.RECOVERING
-        # A step cut short between the model's reply and the next one's: its tools run
-        # again from the journal first, and what they reported is not reported twice.
-        if ctx.conv.pending_tool_calls():
-            async with ctx.replaying():
-                outcome = await self.tools.run(ctx.conv.pending_tool_calls(),
-                                               resuming=True)
-            if outcome is not None:
-                return outcome
-        waited_on = self.builtins.pending_clarify_call()
-        if waited_on is not None:
-            outcome = await self.builtins.clarify(waited_on)
-            if outcome is not None:
-                return outcome
+        outcome = await self._finish_cut_step()
+        if outcome is not None:
+            return outcome
         tools_ran = False
         while True:
-            ctx.absorb_messages()
-            self.progress.step_boundary()
-            # A decided stop wins over a suspend: a turn that is over stays over. A step
-            # or time limit reached while the turn makes progress may be extended.
-            # The step boundary's checks read the usage and the time once, here.
-            usage, now = ctx.usage(), ctx.clock.time()
-            stop = ctx.pending_stop or ctx.guard.check(usage, now=now)
-            while stop is not None:  # each grant is counted: this ends
-                kept = self.progress.extend(stop)
-                if kept is not None:
-                    return ctx.stop(kept)
-                stop = ctx.guard.check(usage, now=now)
-            # A budget is a ceiling: a model call that cannot fit in what is left is
-            # not made (the call checks again for the provider it is made on).
-            fits = self.model.meter.preflight(ctx.chain.current_provider, usage=usage)
-            if isinstance(fits, Stop):
-                return ctx.stop(fits)
-            if ctx.watch is not None:
-                for reached in ctx.watch.violations(usage, now=now):
-                    ctx.gate(reached)
-            if ctx.control.suspend_requested:
-                await ctx.suspend()
-            if tools_ran:
-                # No checkpoint after a step's tools: each call's outcome is in the
-                # journal, and its result goes with the next checkpoint, the reply's. A
-                # stop or a crash before it resumes from the checkpoint before the
-                # tools, which run again from the journal.
-                tools_ran = False
-            else:
-                # Queued, not awaited: the next durable write (the reply's checkpoint,
-                # or the result) is awaited and commits after it; a crash before then
-                # runs this step again from the checkpoint before, which nothing
-                # acknowledged since depends on.
-                await ctx.checkpoint(TurnState.RUNNING, queued=True)
-            self._soft_warning(usage, now, fits)
-            self._offered, note = ctx.runtime.toolbox.offer_note(self._offered,
-                                                                 ctx.agent.tools)
-            if note is not None:  # MCP tools left or came back: the agent is told
-                ctx.conv.add_note(note)
-                ctx.log.info("tool.offer_changed", note=note)
+            ended = await self._boundary(tools_ran)
+            if ended is not None:
+                return ended
+            tools_ran = False
             if reenter_step:  # resumed in a recovery wait: that step goes on
                 reenter_step = False
             else:
@@ -211,20 +153,10 @@ class TurnRunner:
                 ctx.record.counters.steps -= 1
                 continue
             if isinstance(reply, Stop):
-                if (reply.code is StopCode.BUDGET_SECONDS
-                        and ctx.chain.phase in _PHASES_A_STEP_MAY_RERUN
-                        and ctx.recover_until is None):
-                    # The time ran out inside the call: an extension runs the step again.
-                    extended = self.progress.extend(reply)
-                    if extended is None:
-                        if ctx.chain.phase in (Phase.ATTEMPTING, Phase.BACKING_OFF):
-                            ctx.chain.abandon()
-                        # A recovery decided but not begun: the call starts a new pass,
-                        # no cycle counted, as after a steer.
-                        ctx.record.counters.steps -= 1
-                        continue
-                    reply = extended
-                return ctx.stop(reply)
+                stop = self._out_of_time(reply)
+                if stop is None:  # the step runs again
+                    continue
+                return ctx.stop(stop)
             if reply is None:  # context overflow rebuilt: run the step again
                 ctx.record.counters.steps -= 1
                 continue
@@ -240,6 +172,98 @@ class TurnRunner:
             if outcome is not None:
                 return outcome
             tools_ran = True
+
+    def _begin(self) -> None:
+        """`turn.started` (or `turn.resumed`), a removed agent said, the turn running."""
+        ctx = self.ctx
+        if ctx.resumed:
+            self._publish(ev.TurnResumed(state=ctx.record.state,
+                                         step=ctx.record.counters.steps,
+                                         policy_version=ctx.record.policy_version))
+            ctx.log.info("turn.resumed", state=ctx.record.state,
+                         **ctx.record.counters.to_json())
+        else:
+            self._publish(ev.TurnStarted(policy_version=ctx.record.policy_version,
+                                         provider=ctx.chain.current_provider))
+        if ctx.agent_removed is not None:  # it goes on as the default agent, and says so
+            ctx.emit(ctx.agent_removed)
+        ctx.move(TurnState.RUNNING)
+        ctx.start_active()
+
+    async def _finish_cut_step(self) -> TurnResult | None:
+        """A step cut short between the model's reply and the next one's: its tools run
+        again from the journal first (what they reported is not reported twice), then a
+        clarify question it was waiting on. A result: the turn ended there."""
+        ctx = self.ctx
+        if ctx.conv.pending_tool_calls():
+            async with ctx.replaying():
+                outcome = await self.tools.run(ctx.conv.pending_tool_calls(),
+                                               resuming=True)
+            if outcome is not None:
+                return outcome
+        waited_on = self.builtins.pending_clarify_call()
+        if waited_on is not None:
+            return await self.builtins.clarify(waited_on)
+        return None
+
+    async def _boundary(self, tools_ran: bool) -> TurnResult | None:
+        """The step boundary: steers joined, progress recorded, a decided or reached stop
+        (or the extension it earns), the pre-flight, the watch, a suspend, the
+        checkpoint, the soft note and the offer's note. A result: the turn ends here."""
+        ctx = self.ctx
+        ctx.absorb_messages()
+        self.progress.step_boundary()
+        # A decided stop wins over a suspend: a turn that is over stays over. A step or
+        # time limit reached while the turn makes progress may be extended. The step
+        # boundary's checks read the usage and the time once, here.
+        usage, now = ctx.usage(), ctx.clock.time()
+        stop = ctx.pending_stop or ctx.guard.check(usage, now=now)
+        while stop is not None:  # each grant is counted: this ends
+            kept = self.progress.extend(stop)
+            if kept is not None:
+                return ctx.stop(kept)
+            stop = ctx.guard.check(usage, now=now)
+        # A budget is a ceiling: a model call that cannot fit in what is left is not
+        # made (the call checks again for the provider it is made on).
+        fits = self.model.meter.preflight(ctx.chain.current_provider, usage=usage)
+        if isinstance(fits, Stop):
+            return ctx.stop(fits)
+        if ctx.watch is not None:
+            for reached in ctx.watch.violations(usage, now=now):
+                ctx.gate(reached)
+        if ctx.control.suspend_requested:
+            await ctx.suspend()
+        if not tools_ran:
+            # Queued, not awaited: the next durable write (the reply's checkpoint, or
+            # the result) is awaited and commits after it; a crash before then runs this
+            # step again from the checkpoint before, which nothing acknowledged since
+            # depends on. (No checkpoint after a step's tools: each call's outcome is in
+            # the journal, and its result goes with the next checkpoint, the reply's.)
+            await ctx.checkpoint(TurnState.RUNNING, queued=True)
+        self._soft_warning(usage, now, fits)
+        self._offered, note = ctx.runtime.toolbox.offer_note(self._offered, ctx.agent.tools)
+        if note is not None:  # MCP tools left or came back: the agent is told
+            ctx.conv.add_note(note)
+            ctx.log.info("tool.offer_changed", note=note)
+        return None
+
+    def _out_of_time(self, stop: Stop) -> Stop | None:
+        """The model call ended the turn with `stop`. Time that ran out inside the call
+        may earn an extension, which runs the step again (None); else the stop."""
+        ctx = self.ctx
+        if (stop.code is not StopCode.BUDGET_SECONDS
+                or ctx.chain.phase not in _PHASES_A_STEP_MAY_RERUN
+                or ctx.recover_until is not None):
+            return stop
+        kept = self.progress.extend(stop)  # None: an extension is granted
+        if kept is not None:
+            return kept
+        if ctx.chain.phase in (Phase.ATTEMPTING, Phase.BACKING_OFF):
+            ctx.chain.abandon()
+        # A recovery decided but not begun: the call starts a new pass, no cycle
+        # counted, as after a steer.
+        ctx.record.counters.steps -= 1
+        return None
 
     def _judged(self, reply: ModelReply, step: int) -> TurnResult | tuple[ToolCall, ...]:
         """The reply joins the conversation as `policy.replies` judges it: the result of
