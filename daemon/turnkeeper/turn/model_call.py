@@ -14,7 +14,7 @@ from typing import Any
 
 from turnkeeper import event_types as ev
 from turnkeeper.policy.breaker import CircuitBreaker
-from turnkeeper.policy.budget import CLOCK_STOPS
+from turnkeeper.policy.budget import CLOCK_STOPS, Preflight
 from turnkeeper.policy.call_bound import CALL_TIMEOUT, CallBound
 from turnkeeper.policy.chain import Attempt, FailOver, Recover, RetryIn
 from turnkeeper.policy.classify import CallFailure, FailureClass, classify
@@ -161,30 +161,11 @@ class ModelCall:
 
     async def _attempt(self, attempt: Attempt, claims: Claims) -> ModelReply | Any | None:
         ctx = self.ctx
-        if ctx.control.confirm_lease is not None:
-            # A node whose lease lapsed asks nothing until a renewal confirms the lease:
-            # another node may run the turn by then, and would pay for the call again.
-            await ctx.control.confirm_lease()
         name = attempt.provider
-        # A provider that asked (any turn) not to be called yet is skipped, no attempt.
-        # A retry is not asked again: its sleep honoured the Retry-After (`_retry`).
-        window = self._window(name) if attempt.attempt == 1 else None
-        if window is not None:
-            claims.end_retry()
-            ctx.log.info("model.retry_after_window", provider=name, wait=round(window, 3))
-            return ctx.chain.on_retry_after(wait_s=window)
-        # The budget is a ceiling: a request that cannot fit is not sent, and one that
-        # fits is sent with the output cap cut to what is left.
-        fits = self.meter.preflight(name)
-        if isinstance(fits, Stop):
-            ctx.chain.abandon()
-            return fits
-        breaker = self._breaker(name)
-        if not claims.acquire(breaker):
-            claims.end_retry()
-            ctx.log.info("model.breaker_open", provider=name)
-            return ctx.chain.on_breaker_open(
-                reopens_in_s=breaker.open_for(ctx.clock.monotonic()))
+        cleared = await self._cleared(attempt, claims)
+        if not isinstance(cleared, Preflight):
+            return cleared  # not sent: the chain's decision, or a stop
+        fits = cleared
         ctx.sync_counters()
         provider = ctx.runtime.providers[name]
         settings = ctx.settings.providers[name]
@@ -269,6 +250,46 @@ class ModelCall:
             ctx.chain.on_success()
             return reply
         assert failure is not None
+        return self._failed(attempt, failure, started_at, claims)
+
+    async def _cleared(self, attempt: Attempt, claims: Claims) -> Preflight | Any:
+        """Whether the attempt may be sent: the lease confirmed, no Retry-After window
+        open, the budget's pre-flight (what fits: the output cap), the breaker. Anything
+        but a Preflight: not sent (the chain's decision, or a stop)."""
+        ctx = self.ctx
+        if ctx.control.confirm_lease is not None:
+            # A node whose lease lapsed asks nothing until a renewal confirms the lease:
+            # another node may run the turn by then, and would pay for the call again.
+            await ctx.control.confirm_lease()
+        name = attempt.provider
+        # A provider that asked (any turn) not to be called yet is skipped, no attempt.
+        # A retry is not asked again: its sleep honoured the Retry-After (`_retry`).
+        window = self._window(name) if attempt.attempt == 1 else None
+        if window is not None:
+            claims.end_retry()
+            ctx.log.info("model.retry_after_window", provider=name, wait=round(window, 3))
+            return ctx.chain.on_retry_after(wait_s=window)
+        # The budget is a ceiling: a request that cannot fit is not sent, and one that
+        # fits is sent with the output cap cut to what is left.
+        fits = self.meter.preflight(name)
+        if isinstance(fits, Stop):
+            ctx.chain.abandon()
+            return fits
+        breaker = self._breaker(name)
+        if not claims.acquire(breaker):
+            claims.end_retry()
+            ctx.log.info("model.breaker_open", provider=name)
+            return ctx.chain.on_breaker_open(
+                reopens_in_s=breaker.open_for(ctx.clock.monotonic()))
+        return fits
+
+    def _failed(self, attempt: Attempt, failure: CallFailure, started_at: float,
+                claims: Claims) -> Any:
+        """The attempt failed: classified, counted (unless a stall excuses it), the
+        provider's Retry-After remembered for every turn, and the chain's decision. A
+        context overflow is no failure: None, the step is rebuilt and asked afresh."""
+        ctx = self.ctx
+        name = attempt.provider
         self._last_failure = failure
         error = failure.describe()
         self._last_errors[name] = error
