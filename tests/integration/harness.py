@@ -251,6 +251,28 @@ class Daemon:
         return list(self.client.stream(f"/v1/turns/{turn_id}/events"))
 
 
+def post_raw(sock_path: Path, path: str, body: Any,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+    """A POST sent byte by byte, with `headers` of the test's own (the harness's client
+    sends none) and its answer's headers (the client keeps only the status)."""
+    payload = json.dumps(body).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    with socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(str(sock_path))
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{extra}"
+                  f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+                  .encode() + payload)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    answer_headers = {k.strip().lower(): v.strip()
+                      for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), answer_headers, json.loads(rest) if rest else None
+
+
 def wait_until(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
                every: float = 0.02) -> Any:
     """Poll `pred` until it gives something true, and return that; the deadline only turns

@@ -5,8 +5,6 @@ naming it."""
 
 from __future__ import annotations
 
-import json
-import socket
 import sqlite3
 import threading
 import time
@@ -20,7 +18,13 @@ from tests.integration.fleet_helpers import (  # noqa: F401 - fixtures `db`, `se
     fleet_server,
     query,
 )
-from tests.integration.harness import ECHO_TOOL, Daemon, script_file, scripted_provider
+from tests.integration.harness import (
+    ECHO_TOOL,
+    Daemon,
+    post_raw,
+    script_file,
+    scripted_provider,
+)
 from tests.integration.test_fleet import fleet_config
 from tests.integration.tool_server import ToolServer
 from turnkeeper.store import DB_NAME
@@ -39,19 +43,9 @@ def config(tmp_path: Path, extra: str = "") -> str:
 
 def post(sock_path: Path, body: Any, *, key: str | None = None) -> tuple[int, Any]:
     """POST /v1/turns, with an Idempotency-Key header when `key` is given."""
-    payload = json.dumps(body).encode()
-    extra = f"Idempotency-Key: {key}\r\n" if key is not None else ""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(60)
-        s.connect(str(sock_path))
-        s.sendall(f"POST /v1/turns HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{extra}"
-                  f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-                  .encode() + payload)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(rest) if rest else None
+    status, _, data = post_raw(sock_path, "/v1/turns", body,
+                               {"Idempotency-Key": key} if key is not None else None)
+    return status, data
 
 
 def turn_count(d: Daemon) -> int:

@@ -4,14 +4,18 @@ transaction, answers in order, all-or-nothing checks), and new submits refused w
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import ECHO_TOOL, Daemon, script_file, scripted_provider
+from tests.integration.harness import (
+    ECHO_TOOL,
+    Daemon,
+    post_raw,
+    script_file,
+    scripted_provider,
+)
 
 SCRIPT = """
 [[scenarios]]
@@ -23,25 +27,6 @@ reply = "answer to: $message"
 
 def config(tmp_path: Path, extra: str = "") -> str:
     return scripted_provider(script_file(tmp_path / "script.toml", SCRIPT)) + ECHO_TOOL + extra
-
-
-def post_raw(sock_path: Path, path: str, body: Any) -> tuple[int, dict[str, str], Any]:
-    """A POST with its answer's headers (the client library keeps only the status)."""
-    payload = json.dumps(body).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(60)
-        s.connect(str(sock_path))
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-                  .encode() + payload)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip()
-               for k, _, v in (line.partition(":") for line in lines[1:])}
-    return int(lines[0].split()[1]), headers, json.loads(rest) if rest else None
 
 
 def test_a_batch_is_answered_in_order_and_every_turn_runs(start: Any, tmp_path: Path) -> None:

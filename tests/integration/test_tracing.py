@@ -9,7 +9,6 @@ is a 400 naming the field."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.integration.fault_server import FaultServer, ok
-from tests.integration.harness import Daemon, script_file
+from tests.integration.harness import Daemon, post_raw, script_file
 from tests.integration.tool_server import ToolServer
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -135,19 +134,8 @@ def faults() -> Iterator[FaultServer]:
 def post(sock_path: Path, body: Any, headers: dict[str, str] | None = None
          ) -> tuple[int, Any]:
     """POST /v1/turns with these headers (the harness's client sends none of its own)."""
-    payload = json.dumps(body).encode()
-    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(60)
-        s.connect(str(sock_path))
-        s.sendall(f"POST /v1/turns HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{extra}"
-                  f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-                  .encode() + payload)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(rest) if rest else None
+    status, _, data = post_raw(sock_path, "/v1/turns", body, headers)
+    return status, data
 
 
 def config(receiver: Receiver, faults: FaultServer, tools: ToolServer, *,
