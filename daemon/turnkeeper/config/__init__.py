@@ -5,11 +5,12 @@ Every turn runs under exactly one policy version; a reload builds a new one and 
 atomically. Unknown keys are errors: a typo in a limit must not silently fall back to a
 default.
 
-The models live in `sections.py` (the daemon and the turn's rules), `peers.py`
-(providers and tools), `agents.py` (`[agent]` and named agents), `webhooks.py` and
-`tracing.py`; `root.py` assembles them into `Config`, `loading.py` reads it from the file
-and the environment. This module names them all, freezes a `PolicyVersion`, says which
-keys wait for a restart, and answers where the socket and state live.
+The models live in `sections.py` (the daemon and the turn's rules), `providers.py`,
+`tools.py` (with `secrets.py`, the keys and values they read), `agents.py` (`[agent]` and
+named agents), `webhooks.py` and `tracing.py`; `root.py` assembles them into `Config`,
+`loading.py` reads it from the file and the environment. This module names them all,
+freezes a `PolicyVersion`, says which keys wait for a restart, and answers where the
+socket and state live.
 """
 
 from __future__ import annotations
@@ -28,17 +29,7 @@ from turnkeeper.config.loading import (
     load_config,
     read_config_file,
 )
-from turnkeeper.config.peers import (
-    DEFAULT_PROVIDERS,
-    DEFAULT_TOOLS,
-    MCP_INSTALL_HINT,
-    ProviderConfig,
-    ProviderSecrets,
-    RestartBackoffConfig,
-    ToolConfig,
-    ToolOverride,
-    mcp_available,
-)
+from turnkeeper.config.providers import DEFAULT_PROVIDERS, ProviderConfig, ProviderSecrets
 from turnkeeper.config.redact import redact_url
 from turnkeeper.config.root import Config
 from turnkeeper.config.sections import (
@@ -73,6 +64,14 @@ from turnkeeper.config.sections import (
     SessionsConfig,
     StoreConfig,
     ToolsRetryConfig,
+)
+from turnkeeper.config.tools import (
+    DEFAULT_TOOLS,
+    MCP_INSTALL_HINT,
+    RestartBackoffConfig,
+    ToolConfig,
+    ToolOverride,
+    mcp_available,
 )
 from turnkeeper.config.tracing import OTEL_INSTALL_HINT, TracingConfig, otel_available
 from turnkeeper.config.webhooks import WebhookConfig

@@ -29,7 +29,6 @@ from pydantic import (
     model_validator,
 )
 
-from turnkeeper.config.peers import ToolConfig
 from turnkeeper.config.sections import (
     BUILTIN_TOOL_NAMES,
     NonNegFloat,
@@ -37,6 +36,7 @@ from turnkeeper.config.sections import (
     PositiveInt,
     _Section,
 )
+from turnkeeper.config.tools import ToolConfig
 from turnkeeper.policy.agents import (
     EVERY_TOOL,
     AgentDefinition,

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from turnkeeper.config import agents as agents_config
 from turnkeeper.config.agents import AgentConfig, AgentName, NamedAgentConfig
-from turnkeeper.config.peers import DEFAULT_PROVIDERS, DEFAULT_TOOLS, ProviderConfig, ToolConfig
+from turnkeeper.config.providers import DEFAULT_PROVIDERS, ProviderConfig
 from turnkeeper.config.redact import REDACTED, redact_url, redact_urls
 from turnkeeper.config.sections import (
     AdaptiveConcurrencyConfig,
@@ -37,6 +37,7 @@ from turnkeeper.config.sections import (
     ToolsRetryConfig,
     _overrides,
 )
+from turnkeeper.config.tools import DEFAULT_TOOLS, ToolConfig
 from turnkeeper.config.tracing import TracingConfig
 from turnkeeper.config.webhooks import WebhookConfig
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 from yarl import URL
 
-from turnkeeper.config.peers import CREDENTIAL_NAME, read_credential, read_secret
+from turnkeeper.config.secrets import CREDENTIAL_NAME, read_credential, read_secret
 from turnkeeper.config.sections import ConfigError, PositiveFloat, PositiveInt, _Section
 from turnkeeper.config.tracing import host_allowed
 from turnkeeper.policy.webhooks import decode_secret, valid_pattern

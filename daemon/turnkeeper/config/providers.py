@@ -1,10 +1,9 @@
-"""The peers a turn talks to: `[[providers]]` (model endpoints) and `[[tools]]` (http, MCP,
-the built-in echo), with the checks that make a bad entry an error at load time."""
+"""`[[providers]]`: the model endpoints a turn talks to, where each one's key comes from,
+and the checks that make a bad entry an error at load time."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 from collections.abc import Mapping
@@ -12,14 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Field,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
-from turnkeeper.config.redact import SECRET_NAME, redact_url
+from turnkeeper.config.redact import redact_url
+from turnkeeper.config.secrets import (
+    CREDENTIAL_NAME,
+    read_credential,
+    read_secret,
+    resolve_env_refs,
+    secret_values,
+)
 from turnkeeper.config.sections import (
-    BUILTIN_TOOL_NAMES,
     ConfigError,
     NonNegFloat,
     PositiveFloat,
@@ -49,8 +51,6 @@ RESERVED_OPTIONS = frozenset({"model", "messages", "system", "tools", "stream",
                               "systemInstruction", "system_instruction"})
 _HTTP_ONLY = ("base_url", "api_key_env", "api_key_file", "api_key_credential", "options",
               "headers", "query", "max_tokens_field", "cache", "structured_output")
-# A file name under $CREDENTIALS_DIRECTORY: no path separator, no leading dot.
-CREDENTIAL_NAME = r"^([A-Za-z0-9_@:\-][A-Za-z0-9_.@:\-]*)?$"
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -217,8 +217,8 @@ class ProviderConfig(_Section):
         like a credential. Other literal values (`anthropic-beta`, a date) are settings,
         which a tool may well answer."""
         return (*([secrets.api_key] if secrets.api_key else []),
-                *_secret_values(self.headers, secrets.headers),
-                *_secret_values(self.query, secrets.query))
+                *secret_values(self.headers, secrets.headers),
+                *secret_values(self.query, secrets.query))
 
     def secrets(self) -> ProviderSecrets:
         """The key and the `env:NAME` values of headers and query, read now. Raises
@@ -227,7 +227,7 @@ class ProviderConfig(_Section):
                                self._refs("query", self.query))
 
     def _refs(self, key: str, values: Mapping[str, str]) -> dict[str, str]:
-        out = _resolve_env_refs(values)
+        out = resolve_env_refs(values)
         unset = [v[4:] for k, v in values.items() if v.startswith("env:") and not out[k]]
         if unset:
             raise ConfigError(f"providers.{self.name}.{key}: the variable "
@@ -235,190 +235,4 @@ class ProviderConfig(_Section):
         return out
 
 
-def read_credential(name: str, where: str) -> str:
-    """A systemd credential's content (`LoadCredential=`: a file under
-    `$CREDENTIALS_DIRECTORY`); `where` is the key that names it, for the error."""
-    directory = os.environ.get("CREDENTIALS_DIRECTORY")
-    if not directory:
-        raise ConfigError(f"{where}: $CREDENTIALS_DIRECTORY is not set (systemd sets it "
-                          "for LoadCredential=)")
-    return read_secret(Path(directory) / name, where)
-
-
-def read_secret(path: Path, where: str) -> str:
-    """A secret file's content without surrounding whitespace (editors add a newline)."""
-    try:
-        value = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{where}: {path} cannot be read: {reason}") from None
-    if not value:
-        raise ConfigError(f"{where}: {path} is empty")
-    return value
-
-
-class ToolOverride(_Section):
-    """Per-tool settings of an MCP server that win over the tool's own annotations."""
-
-    idempotent: bool | None = None
-    destructive: bool | None = None
-    polling: bool | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ToolOverride:
-        if self.idempotent and self.destructive:
-            raise ValueError("idempotent = true and destructive = true contradict each "
-                             "other: a destructive tool is never retried")
-        return self
-
-
-class RestartBackoffConfig(_Section):
-    """The wait before an MCP server is started again after its connection ended."""
-
-    base_delay: NonNegFloat = 0.5
-    max_delay: NonNegFloat = 30.0
-    jitter: Literal["full", "decorrelated"] = "decorrelated"
-
-
-_MCP_ONLY = ("command", "args", "env", "include", "exclude", "overrides", "connect_timeout",
-             "ping_interval", "restart_backoff")
-_NOT_FOR_MCP = ("description", "method", "parameters", "idempotent", "polling",
-                "dedupes_keys", "error_field", "follow_redirects", "max_response_bytes",
-                "allowed_hosts")
-MCP_INSTALL_HINT = "pip install 'turnkeeper[mcp]'"
-
-
-def mcp_available() -> bool:
-    """Whether the `mcp` SDK can be imported, without importing it (0.7 s)."""
-    try:
-        return importlib.util.find_spec("mcp") is not None
-    except (ImportError, ValueError):  # ValueError: sys.modules["mcp"] is None
-        return False
-
-
-class ToolConfig(_Section):
-    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
-    kind: Literal["http", "echo", "mcp"] = "http"
-    description: str = ""
-    url: str = ""
-    method: Literal["POST", "PUT", "PATCH", "GET", "DELETE"] = "POST"
-    parameters: dict[str, Any] = Field(
-        default_factory=lambda: {"type": "object", "properties": {}})
-    timeout: PositiveFloat = 10.0
-    idempotent: bool = False
-    polling: bool = False
-    # Whose say a call needs before it is sent: never (default), always, or effects (a
-    # call of a tool that is not idempotent or is destructive); see policy/approvals.py.
-    # For an MCP server, every tool it offers.
-    approval: Literal["never", "always", "effects"] = "never"
-    headers: dict[str, str] = Field(default_factory=dict)
-    max_attempts: PositiveInt | None = None  # None: [tools_retry] max_attempts
-    # http only: how a non-idempotent call's effect and its answer are judged.
-    dedupes_keys: bool = False
-    error_field: Annotated[str, Field(pattern=r"^(/.*)?$")] = ""
-    follow_redirects: bool = False
-    max_response_bytes: PositiveInt = 1_048_576
-    allowed_hosts: tuple[str, ...] = ()
-    # kind = "mcp" only: one MCP server whose tools are offered as `<name>__<tool>`.
-    command: str = ""
-    args: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    overrides: dict[str, ToolOverride] = Field(default_factory=dict)
-    connect_timeout: PositiveFloat = 30.0
-    ping_interval: NonNegFloat = 30.0
-    restart_backoff: RestartBackoffConfig = RestartBackoffConfig()
-
-    @model_validator(mode="after")
-    def _kind_needs(self) -> ToolConfig:
-        if self.kind == "http" and not self.url:
-            raise ValueError(f"tool {self.name!r} of kind http needs url")
-        if self.name in BUILTIN_TOOL_NAMES:
-            raise ValueError(f"tool name {self.name!r} is reserved for a built-in tool")
-        if self.kind == "mcp":
-            self._mcp_needs()
-        else:
-            wrong = [k for k in _MCP_ONLY if k in self.model_fields_set]
-            if wrong:
-                raise ValueError(f"tool {self.name!r}: {', '.join(wrong)}: only for tools "
-                                 "of kind mcp")
-        return self
-
-    def _mcp_needs(self) -> None:
-        where = f"tool {self.name!r} (kind mcp)"
-        wrong = [k for k in _NOT_FOR_MCP if k in self.model_fields_set]
-        if wrong:
-            raise ValueError(f"{where}: {', '.join(wrong)} cannot be set on an MCP server: "
-                             "the server declares its tools; set idempotent, destructive "
-                             "or polling per tool in overrides")
-        if bool(self.command) == bool(self.url):
-            raise ValueError(f"{where} needs either command (a stdio server) or url (a "
-                             "streamable-HTTP server), not both")
-        if self.url and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"{where}: url must start with http:// or https://")
-        if self.command and self.headers:
-            raise ValueError(f"{where}: headers only apply to a server reached by url")
-        if self.url and (self.args or self.env):
-            raise ValueError(f"{where}: args and env only apply to a server started by "
-                             "command")
-        if "__" in self.name or len(self.name) > 40:
-            raise ValueError(f"{where}: the name prefixes its tools as name__tool, so it "
-                             "must be at most 40 characters without \"__\"")
-        if not mcp_available():
-            raise ValueError(f"{where}: kind = \"mcp\" needs the optional package mcp, "
-                             f"which is not installed: {MCP_INSTALL_HINT}")
-
-    @property
-    def breaker(self) -> str:
-        """The name of this tool's circuit breaker (one per MCP server)."""
-        return f"tool:{self.name}"
-
-    def resolved_headers(self) -> dict[str, str]:
-        """Header values `env:NAME` are read from the environment at call time."""
-        return _resolve_env_refs(self.headers)
-
-    def resolved_env(self) -> dict[str, str]:
-        """An MCP server's environment: values `env:NAME` read from the daemon's."""
-        return _resolve_env_refs(self.env)
-
-    def secret_values(self) -> tuple[str, ...]:
-        """What this tool is given that may be secret, read now: the values of its
-        headers and (MCP) env read from the daemon's environment (`env:NAME`) or named
-        like a credential (Authorization, X-Api-Key, *_TOKEN, *_SECRET, *PASSWORD...),
-        and the token alone of a value such as `Bearer <token>`. Other literal values
-        (`Accept = "application/json"`) are settings, not secrets."""
-        return (*_secret_values(self.headers, self.resolved_headers()),
-                *_secret_values(self.env, self.resolved_env()))
-
-
-def _secret_values(given: Mapping[str, str], resolved: Mapping[str, str]) -> list[str]:
-    """Of headers (or variables) as configured (`given`) and as sent (`resolved`), the
-    values read from the environment or named like a credential, each with the token
-    alone of a value such as `Bearer <token>`."""
-    out: list[str] = []
-    for name, raw in given.items():
-        value = resolved.get(name, "")
-        if value and (raw.startswith("env:") or SECRET_NAME.search(name)):
-            out.append(value)
-            token = value.partition(" ")[2].strip()
-            if token:
-                out.append(token)
-    return out
-
-
-def _resolve_env_refs(values: Mapping[str, str]) -> dict[str, str]:
-    return {k: os.environ.get(v[4:], "") if v.startswith("env:") else v
-            for k, v in values.items()}
-
-
 DEFAULT_PROVIDERS = (ProviderConfig(name="scripted", kind="scripted"),)
-DEFAULT_TOOLS = (ToolConfig(name="echo", kind="echo",
-                            description="Echo the arguments back (offline demo tool)",
-                            parameters={"type": "object",
-                                        "properties": {"text": {"type": "string"}}},
-                            idempotent=True),)
-
-
