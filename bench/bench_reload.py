@@ -6,9 +6,11 @@ is a time from a trigger to the arrival of the daemon's `READY=1` datagram:
 
   start-up         process spawned -> READY=1 (fresh state, nothing to resume): the baseline
   reload, idle     SIGHUP -> READY=1 with no turn in flight
-  reload, parked   SIGHUP -> READY=1 with 1,000 turns parked in `waiting` (clarify). All of
-                   them are suspended (each checkpointed) and requeued before READY=1;
-                   "back waiting" is SIGHUP -> all 1,000 parked again under the new policy
+  reload, parked   SIGHUP -> READY=1 with 1,000 turns parked in `waiting` (clarify): the
+                   drain holds them in their waits and the swap lets them wait on under
+                   the new policy, without a write or a task woken for any of them
+  back waiting     SIGHUP -> `GET /v1/status` says ready with all 1,000 waiting again;
+                   then (not timed) every one of them is checked to be on the new policy
   start-up, parked process spawned -> READY=1 with the same 1,000 turns to resume after a stop
 
 Rounds alternate; each figure is the median of its rounds (p90 beside it).
@@ -99,14 +101,15 @@ script = "{self.where / 'script.toml'}"
         if self.proc.wait(120) != 0:
             raise RuntimeError(f"daemon exited {self.proc.returncode}")
 
-    def reload(self) -> float:
+    def reload(self) -> tuple[float, float]:
+        """SIGHUP with a new policy: when it was sent and when READY=1 came (monotonic)."""
         assert self.proc is not None
         self.nudges += 1
         self.write_config(self.state, self.nudges)
         mark = len(self.notify.messages)
         t0 = time.monotonic()
         self.proc.send_signal(signal.SIGHUP)
-        return self._ready_after(mark) - t0
+        return t0, self._ready_after(mark)
 
     def _ready_after(self, mark: int) -> float:
         """When the first READY=1 after message `mark` arrived (monotonic)."""
@@ -118,12 +121,23 @@ script = "{self.where / 'script.toml'}"
         assert code == 200, data
         return data  # type: ignore[no-any-return]
 
-    def wait_until(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 120) -> None:
-        deadline = time.perf_counter() + timeout
+    def wait_until(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 120) -> float:
+        """When (monotonic) a status answer first met `pred`."""
+        deadline = time.monotonic() + timeout
         while not pred(self.status()):
-            if time.perf_counter() > deadline:
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out: {self.status()}")
-            time.sleep(0.005)
+            time.sleep(0.001)
+        return time.monotonic()
+
+    def check_parked_on(self, version: int) -> None:
+        """Every parked turn is waiting, on policy `version`, with its question."""
+        code, data = self.client.request("GET",
+                                         f"/v1/turns?state=waiting&limit={self.parked}")
+        assert code == 200, data
+        turns = data["turns"]
+        assert len(turns) == self.parked, len(turns)
+        assert all(t["policy_version"] == version and t["question"] for t in turns)
 
     def park(self) -> None:
         def one(i: int) -> None:
@@ -164,15 +178,17 @@ def main() -> None:
             bench.write_config(f"state-{r}")
             figures["start-up"].append(bench.start())
             for _ in range(3):
-                figures["reload, idle"].append(bench.reload())
+                sent, ready = bench.reload()
+                figures["reload, idle"].append(ready - sent)
             bench.park()
-            t0 = time.perf_counter()
-            figures["reload, parked"].append(bench.reload())
-            bench.wait_until(lambda s: s["turns"]["waiting"] == args.parked
-                             and s["state"] == "ready")
-            figures["back waiting"].append(time.perf_counter() - t0)
+            sent, ready = bench.reload()
+            figures["reload, parked"].append(ready - sent)
+            back = bench.wait_until(lambda s: s["turns"]["waiting"] == args.parked
+                                    and s["state"] == "ready")
+            figures["back waiting"].append(back - sent)
             version = bench.status()["policy_version"]
             assert version == 5, version  # exactly one policy per reload
+            bench.check_parked_on(version)
             bench.stop()
             figures["start-up, parked"].append(bench.start())
             bench.wait_until(lambda s: s["turns"]["waiting"] == args.parked)

@@ -23,12 +23,14 @@ from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock
 from turnkeeper.config import Config, PolicyVersion
+from turnkeeper.event_types import EventBody
 from turnkeeper.events import Event, EventBus
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.admission import FollowerBacklog
 from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.outcome import TurnResult
 from turnkeeper.policy.scheduler import SessionScheduler
+from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store
 from turnkeeper.turn.record import TurnRecord
@@ -51,6 +53,9 @@ class LiveTurn:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)  # as `TurnControl.wake`
     running: bool = False  # it has a task (running, or parked: recovering / waiting)
+    # What announced the wait it parks in (its `turn.waiting` or `turn.recovering`): said
+    # again when a reload lets it wait on under the new policy.
+    announced: EventBody | None = None
 
 
 class _Ids:
@@ -119,6 +124,9 @@ class SupervisorCore:
         self.stop_requested_event = anyio.Event()
         self.on_turn_finished: list[Callable[[TurnRecord, TurnResult], None]] = []
         self.suspended_turns: list[str] = []  # suspended by a reload's drain, to requeue
+        # Parked turns a reload's drain holds in their wait (turn -> the state it parked
+        # in): `suspended` until the swap, then waiting on under the new policy.
+        self.held: dict[str, TurnState] = {}
 
     def __repr__(self) -> str:
         return (f"Supervisor(state={self.state!r}, policy_version={self.policy.version}, "

@@ -1,10 +1,12 @@
 """Lifecycle room: start (resume what was unfinished), reload, drain and stop.
 
 A reload validates first and changes nothing when the file is bad; then drains: parked
-turns are suspended at once, running ones finish under their policy or, after
-`drain_timeout`, are suspended: a model call cut (it has no effect), a tool call let
-finish first; then the policy is swapped in one step
-and the suspended turns go first in the queue. A stop that comes during a reload takes
+turns are held in their wait (`suspended` until the swap, their tasks left waiting and
+nothing written; suspended and requeued instead when the new policy bounds the waits
+differently), running ones finish under their policy or, after `drain_timeout`, are
+suspended: a model call cut (it has no effect), a tool call let finish first; then the
+policy is swapped in one step, the held turns wait on under it (whichever wakes runs
+under it) and the suspended turns go first in the queue. A stop that comes during a reload takes
 over its drain and the new policy is dropped. A file that gives the running policy again
 (a comment edited, a save the watcher already applied) drains nothing and makes no new
 version. Every wait goes through the injected clock.
@@ -53,6 +55,15 @@ class ReloadOutcome:
         return {"policy_version": self.policy_version,
                 "pending_restart": list(self.pending_restart),
                 "duration_s": round(self.duration_s, 6), "unchanged": self.unchanged}
+
+
+def waits_hold(running: Config, new: Config) -> bool:
+    """Whether a reload to `new` leaves every parked wait's end where it is: the clarify
+    timeout, the approval wait and the budgets (their wall clock bounds every wait) are
+    the same. Then parked turns wait on through the reload; otherwise each is suspended
+    and parks again under the new bounds."""
+    return (running.clarify == new.clarify and running.approvals == new.approvals
+            and running.budget == new.budget)
 
 
 class Lifecycle:
@@ -159,7 +170,7 @@ class Lifecycle:
         applied = keep_restart_keys(core.policy.config, config)
         if self._same_policy(applied, pending, runtime):
             return await self._unchanged(trigger, runtime, digest, started)
-        await self._drain_for(trigger)
+        await self._drain_for(trigger, applied)
         if core.stopping:
             # A SIGTERM during the drain: the stop owns the turns now (what this drain
             # suspended resumes at the next start); the new policy is not applied.
@@ -201,7 +212,7 @@ class Lifecycle:
         core.notifier.status(core.status_line())
         return ReloadOutcome(ok=False, policy_version=core.policy.version, error=error)
 
-    async def _drain_for(self, trigger: str) -> None:
+    async def _drain_for(self, trigger: str, applied: Config) -> None:
         """RELOADING=1, intake closed (submits are queued), then the drain."""
         core = self.core
         core.move_to(DaemonState.RELOADING)
@@ -212,7 +223,11 @@ class Lifecycle:
                  running=core.active, parked=core.running - core.active,
                  queued=len(core.queue))
         core.intake_open = False
-        await self._drain(core.config.daemon.drain_timeout, reason="reload")
+        self.scheduling.holding = waits_hold(core.policy.config, applied)
+        try:
+            await self._drain(core.config.daemon.drain_timeout, reason="reload")
+        finally:
+            self.scheduling.holding = False
 
     async def _swap(self, runtime: Runtime, applied: Config, pending: list[str],
                     digest: str) -> int:
@@ -233,9 +248,12 @@ class Lifecycle:
         core.scheduler.set_limits(max_concurrent=applied.daemon.max_concurrent_turns,
                                   max_queued=applied.daemon.max_queued_turns)
         core.bus.follower_rule = follower_backlog(applied)
+        kept = self.scheduling.let_go()
         suspended, core.suspended_turns = core.suspended_turns, []
         core.scheduler.enqueue_first((turn_id, core.live[turn_id].record.session)
                                      for turn_id in suspended if turn_id in core.live)
+        if kept:
+            log.info("daemon.parked_kept", turns=kept, policy_version=version.version)
         core.last_reload_error = None
         core.reload_count += 1
         core.move_to(DaemonState.READY)
@@ -287,8 +305,9 @@ class Lifecycle:
             await runtime.toolbox.aclose()
 
     async def _drain(self, timeout_s: float, *, reason: str) -> None:
-        """Let running turns finish up to `timeout_s`; parked turns suspend at once, the
-        rest once the time is up. A reload then cuts what has no effect (a model call, a
+        """Let running turns finish up to `timeout_s`; parked turns are held where they
+        wait (a reload that keeps their waits' bounds) or suspend at once, the rest
+        suspend once the time is up. A reload then cuts what has no effect (a model call, a
         retry wait: asked again on resume under the new policy) and lets a tool call on
         the wire finish first; a stop cuts everything but a non-idempotent call on the
         wire. Either way the drain ends within `timeout_s` plus the longest tool timeout.
@@ -299,21 +318,35 @@ class Lifecycle:
         core = self.core
         if not core.running:
             return
+        held = core.held
+        holding = self.scheduling.holding and reason == "reload"
+
+        def busy() -> int:
+            """Tasks the drain waits for: a reload's held turns are left waiting."""
+            return core.running - (len(held) if reason == "reload" else 0)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(extend_timeout_loop, core.notifier, name="extend timeout")
             for live in list(core.live.values()):
-                if live.running and TurnState(live.record.state).parked:
+                if not live.running:
+                    continue
+                if live.record.id in held:  # a stop that took over a reload's drain
                     live.control.suspend()
+                elif TurnState(live.record.state).parked:
+                    if holding:
+                        self.scheduling.hold(live)
+                    else:
+                        live.control.suspend()
             with core.clock.move_on_after(timeout_s):
-                while core.running:
+                while busy():
                     await core.idle.wait()
-            if core.running:
-                log.info("daemon.drain_timeout", reason=reason, running=core.running)
+            if busy():
+                log.info("daemon.drain_timeout", reason=reason, running=busy())
                 for live in list(core.live.values()):
-                    if live.running:
+                    if live.running and live.record.id not in held:
                         live.control.suspend(now=reason == "stop",
                                              between_effects=reason == "reload")
-                while core.running:
+                while busy():
                     await core.idle.wait()
             tg.cancel_scope.cancel()
 

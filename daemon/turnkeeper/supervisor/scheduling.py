@@ -5,10 +5,17 @@ Which turn runs next, how many at once and when a parked turn gets its slot back
 decided in `policy/scheduler.py`; here those decisions become tasks, wake-ups and the
 final store write. A turn parked in `waiting` or `recovering` gives its slot back (it
 keeps its session) and takes one again when it wakes, before queued turns.
+
+A reload's drain holds parked turns where they are (`hold`): each is `suspended` until
+the swap, without waking its task or writing anything, and an answer or a timer that
+wakes it meanwhile waits for the swap. The swap (`let_go`) puts each back in its wait
+under the new policy; the one that wakes then has its runner built again, under that
+policy, from its state in memory.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -16,6 +23,8 @@ import structlog
 
 from turnkeeper import event_types as ev
 from turnkeeper import logging as tk_logging
+from turnkeeper.events import Event
+from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.history import bound_history
 from turnkeeper.policy.outcome import StopCode, TurnResult, goes_to_dead_letters
 from turnkeeper.policy.turn_state import TurnState, moved
@@ -28,10 +37,22 @@ from turnkeeper.turn.runner import TurnControl, TurnRunner
 log = structlog.get_logger("turnkeeper.supervisor")
 
 
+# The events that announce a wait, said again when a reload lets the turn wait on; an
+# approval's wait is not announced again (its calls were, once).
+_ANNOUNCEMENTS = frozenset({ev.TurnWaiting.TYPE, ev.TurnRecovering.TYPE,
+                            ev.ToolApprovalRequested.TYPE})
+
+
 class Scheduling:
     def __init__(self, core: SupervisorCore, *, fleet: Fleet | None) -> None:
         self.core = core
         self.fleet = fleet  # on a shared store: claims, leases
+        # While a reload drains: parked turns are held in their wait (`hold`) rather than
+        # suspended. Off when the new policy bounds the waits differently, and for a stop.
+        self.holding = False
+        self._woke_held: set[str] = set()  # held turns woken, waiting for the swap
+        self._wanting: set[str] = set()  # woken parked turns waiting for a slot
+        core.bus.listeners.append(self._announced)
 
     def dispatch(self) -> None:
         """Apply the scheduler's decision: wake the parked turns it gave a slot back to,
@@ -68,21 +89,35 @@ class Scheduling:
 
     def release_slot(self, live: LiveTurn) -> None:
         """A turn parks: its slot goes to the next turn (its session stays taken). A turn
-        that parks while a reload or a stop drains is suspended at once, as parked turns
-        are when the drain begins."""
+        that parks while a reload or a stop drains is held or suspended at once, as parked
+        turns are when the drain begins."""
         core = self.core
         if core.state.draining:
-            live.control.suspend()
+            if self.holding and core.state is DaemonState.RELOADING:
+                self.hold(live)
+            else:
+                live.control.suspend()
         if core.scheduler.release_slot(live.record.id):
             self.dispatch()
 
     async def acquire_slot(self, live: LiveTurn) -> None:
-        """A parked turn wakes: wait for a slot, or until it is asked to suspend."""
+        """A parked turn wakes: wait for a slot, or until it is asked to suspend. One a
+        reload's drain holds waits for the swap first: it goes on under the new policy."""
         core = self.core
         turn_id = live.record.id
         if core.scheduler.holds_slot(turn_id):
             return
+        if turn_id in core.held:
+            self._woke_held.add(turn_id)
+            try:
+                while turn_id in core.held and not live.control.suspend_requested:
+                    await live.control.wake.wait()
+            finally:
+                self._woke_held.discard(turn_id)
+            if live.control.suspend_requested:
+                return
         core.scheduler.want_slot(turn_id)
+        self._wanting.add(turn_id)
         self.dispatch()
         try:
             while not core.scheduler.holds_slot(turn_id) \
@@ -90,6 +125,7 @@ class Scheduling:
                 await live.control.wake.wait()
         finally:
             core.scheduler.stop_wanting(turn_id)
+            self._wanting.discard(turn_id)
 
     async def run_turn(self, live: LiveTurn) -> None:
         core = self.core
@@ -98,6 +134,10 @@ class Scheduling:
         try:
             runner = await self._runner(live)
             result = await runner.run()
+            while result is None and live.control.policy_changed \
+                    and not live.control.suspend_requested:
+                runner = await self._runner_again(live, runner)
+                result = await runner.run()
             if self.fleet is not None and self.fleet.is_lost(record.id):
                 core.live.pop(record.id, None)  # another node runs it now
                 return
@@ -154,6 +194,18 @@ class Scheduling:
                           store=core.store, bus=core.bus, clock=core.clock,
                           checkpoint=live.checkpoint, history=history)
 
+    async def _runner_again(self, live: LiveTurn, runner: TurnRunner) -> TurnRunner:
+        """A turn awake after a reload let it wait on goes on, in the same task, under the
+        policy in force: a runner built from the state the last one left in memory.
+        Decisions on held calls its wait took in are made durable first, as before any
+        call of the step is sent."""
+        live.control.policy_changed = False
+        if runner.ctx.decided:
+            await runner.ctx.checkpoint()
+        live.checkpoint = runner.checkpoint_data()
+        live.record.policy_version = self.core.policy.version
+        return await self._runner(live)
+
     def _ran(self, live: LiveTurn) -> None:
         """The turn's task ends (finished, suspended, lost or failed): its slot is free."""
         core = self.core
@@ -163,13 +215,73 @@ class Scheduling:
         control = live.control
         control.release_slot = control.acquire_slot = control.confirm_lease = None
         live.running = False
+        core.held.pop(live.record.id, None)
         core.scheduler.finished(live.record.id)
-        if core.running == 0:
-            core.idle.set()
-            core.idle = anyio.Event()
+        self._settled()
         self.dispatch()
         if self.fleet is not None:  # a slot is free: claim the next turn
             self.fleet.wake()
+
+    def _settled(self) -> None:
+        """Every task has ended but for the turns a reload holds parked: what a drain
+        waits for (`core.idle` is set, and replaced)."""
+        core = self.core
+        if core.running == len(core.held):
+            core.idle.set()
+            core.idle = anyio.Event()
+
+    def _announced(self, event: Event) -> None:
+        """Remember what announced a live turn's wait (an approval's: nothing to say
+        again), for a reload that lets it wait on. A bus listener."""
+        if event.type in _ANNOUNCEMENTS and event.turn is not None:
+            live = self.core.live.get(event.turn)
+            if live is not None:
+                live.announced = (event.body if event.type != ev.ToolApprovalRequested.TYPE
+                                  else None)
+
+    def hold(self, live: LiveTurn) -> None:
+        """A reload's drain holds a parked turn in its wait: `suspended` until the swap,
+        as a suspended turn would be, but its task, its wait and its checkpoint (from
+        when it parked: nothing has moved since) stay as they are."""
+        core = self.core
+        record = live.record
+        parked_in = TurnState(record.state)
+        if not parked_in.parked or record.id in core.held:
+            return
+        if record.id in self._wanting:  # awake already, about to run: it suspends
+            live.control.suspend()
+            return
+        core.held[record.id] = parked_in
+        record.state = moved(parked_in, TurnState.SUSPENDED)
+        core.bus.publish(ev.TurnSuspended(step=record.counters.steps), turn=record.id)
+        self._settled()
+
+    def let_go(self) -> int:
+        """The swap: every held turn waits on under the new policy, as if resumed from
+        its checkpoint (`turn.resumed` with the new version, its wait announced again);
+        whichever wakes builds its runner again under that policy. How many."""
+        core = self.core
+        held, core.held = core.held, {}
+        version, now = core.policy.version, core.clock.time()
+        kept = 0
+        for turn_id, parked_in in held.items():
+            live = core.live.get(turn_id)
+            if live is None or not live.running:
+                continue
+            kept += 1
+            record = live.record
+            record.policy_version = version
+            record.state = moved(record.state, parked_in)
+            live.control.policy_changed = True
+            core.bus.publish(ev.TurnResumed(state=TurnState.SUSPENDED,
+                                            step=record.counters.steps,
+                                            policy_version=version), turn=turn_id)
+            again = _announced_again(live, parked_in, now)
+            if again is not None:
+                core.bus.publish(again, turn=turn_id)
+            if turn_id in self._woke_held:
+                live.control.wake_up()
+        return kept
 
     async def finish(self, live: LiveTurn, result: TurnResult, *,
                      checkpoint: SavedCheckpoint | None = None) -> None:
@@ -214,3 +326,18 @@ class Scheduling:
             hook(record, result)
         core.live.pop(record.id, None)
         live.done.set()
+
+
+def _announced_again(live: LiveTurn, parked_in: TurnState, now: float) -> ev.EventBody | None:
+    """The event that announced the turn's wait, as its resumed runner would say it again:
+    a question as it was asked, a recovery wait with the time left of it. None when the
+    last announcement is not of this wait (an approval's)."""
+    said, record = live.announced, live.record
+    if (parked_in is TurnState.WAITING and isinstance(said, ev.TurnWaiting)
+            and said.question == record.question):
+        return said
+    if (parked_in is TurnState.RECOVERING and isinstance(said, ev.TurnRecovering)
+            and said.next_attempt_at == record.next_attempt_at
+            and said.next_attempt_at is not None):
+        return replace(said, wait=round(max(0.0, said.next_attempt_at - now), 3))
+    return None

@@ -55,6 +55,11 @@ class Suspended(Exception):
     """Internal: the turn is to stop here and resume later from its checkpoint."""
 
 
+class PolicyChanged(Suspended):
+    """Internal: the turn woke from a wait a reload let it keep; its runner is to be
+    built again under the policy in force (from its state in memory, without a write)."""
+
+
 class Redirected(Exception):
     """Internal: a steer with redirect cut the model call; the step starts over."""
 
@@ -460,6 +465,8 @@ class TurnContext:
             raise
         if not await self.control.unpark():
             await self.suspend(parked=True)
+        if self.control.policy_changed:
+            raise PolicyChanged
         self.move(TurnState.RUNNING)
         self.start_active()
 
@@ -495,6 +502,9 @@ class TurnContext:
         self.record.inbox = [m for m in self.record.inbox if m["kind"] != "steer"]
         for m in steers:
             self.conv.add_user(m["text"])
+        # A steer ends a recovery wait the turn resumed in (a restart, a reload), as one
+        # that comes during the wait does: the next call starts a new pass.
+        self.recover_until = self.record.next_attempt_at = None
         self.user_message_arrived()
         self.control.redirect_requested = False
         self.pending_stop = None

@@ -35,6 +35,10 @@ class TurnControl:
     # at once and the turn suspends at its step boundary; a tool call is never cut.
     cut_model_call: bool = False
     cancel_now: bool = False
+    # A reload swapped the policy while the turn was parked and let it wait on: once
+    # awake (its slot taken again) it goes on under the new policy, its runner built
+    # again from its state by the supervisor, not under the one it parked with.
+    policy_changed: bool = False
     # A parked turn (recovering, waiting) gives its slot of max_concurrent_turns back and
     # takes one again when it wakes: a thousand turns waiting for answers must not block new
     # work. Set by the supervisor; None: no slot accounting.
