@@ -10,12 +10,10 @@ reload coalescing counters) stays in the room instead of on one wide class.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -23,7 +21,6 @@ from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock
 from turnkeeper.config import Config, PolicyVersion
-from turnkeeper.event_types import EventBody
 from turnkeeper.events import Event, EventBus
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.admission import FollowerBacklog
@@ -33,8 +30,9 @@ from turnkeeper.policy.scheduler import SessionScheduler
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.runtime import Runtime, Shared
 from turnkeeper.store.base import Store
+from turnkeeper.supervisor.live import LiveTurn as LiveTurn  # the name the rooms import
+from turnkeeper.supervisor.live import LiveTurns
 from turnkeeper.turn.record import TurnRecord
-from turnkeeper.turn.runner import TurnControl
 
 # Stores a message with its event: (message, at, event).
 AppendMessage = Callable[[dict[str, Any], float, Event], Awaitable[None]]
@@ -45,18 +43,6 @@ def follower_backlog(config: Config) -> FollowerBacklog:
     """When the event bus drops a follower, from the policy in force."""
     return FollowerBacklog(max_bytes=config.daemon.max_follower_backlog_bytes,
                            stall_timeout_s=config.daemon.follower_stall_timeout)
-
-@dataclass(slots=True)
-class LiveTurn:
-    record: TurnRecord
-    control: TurnControl = field(default_factory=TurnControl)
-    checkpoint: dict[str, Any] = field(default_factory=dict)
-    done: asyncio.Event = field(default_factory=asyncio.Event)  # as `TurnControl.wake`
-    running: bool = False  # it has a task (running, or parked: recovering / waiting)
-    # What announced the wait it parks in (its `turn.waiting` or `turn.recovering`): said
-    # again when a reload lets it wait on under the new policy.
-    announced: EventBody | None = None
-
 
 class _Ids:
     """New turn ids: 8 random bytes in hex, from the system's CSPRNG read 4 KiB at a time
@@ -107,7 +93,7 @@ class SupervisorCore:
         self.bus.follower_rule = follower_backlog(policy.config)
         self.state = DaemonState.STARTING
         self.started_at = clock.monotonic()
-        self.live: dict[str, LiveTurn] = {}
+        self.live = LiveTurns()  # indexed by state as the turns move
         self.scheduler = SessionScheduler(
             max_concurrent=policy.config.daemon.max_concurrent_turns,
             max_queued=policy.config.daemon.max_queued_turns)

@@ -79,13 +79,8 @@ class Queries:
         core = self.core
         since = None if since_s is None else core.clock.time() - since_s
         if state in LIVE_STATES:
-            records = sorted((t.record for t in core.live.values()
-                              if t.record.state == state
-                              and (session is None or t.record.session == session)
-                              and (since is None or t.record.created_at >= since)
-                              and (before_seq is None or t.record.seq < before_seq)),
-                             key=lambda r: r.seq, reverse=True)
-            return [r.to_json() for r in records[:limit]]
+            return [r.to_json() for r in core.live.newest_in(
+                state, limit, session=session, since=since, before_seq=before_seq)]
         rows = await core.store.list_turns(state=state, session=session, limit=limit,
                                            since=since, before_seq=before_seq)
         return [core.live[r["id"]].record.to_json() if r["id"] in core.live else r
@@ -116,12 +111,8 @@ class Queries:
                              core.config.sessions.max_history_tokens}}
 
     def turn_counts(self) -> dict[str, int]:
-        core = self.core
-        counts = {state.value: 0 for state in LIVE_STATES}
-        for live in core.live.values():
-            if live.record.state in counts:
-                counts[live.record.state] += 1
-        return counts
+        """Unfinished turns by state: kept as they move, not counted per request."""
+        return self.core.live.counts()
 
     def status(self) -> dict[str, Any]:
         core = self.core
@@ -137,8 +128,7 @@ class Queries:
             "queue": {"depth": len(core.queue),
                       "max": core.config.daemon.max_queued_turns,
                       "max_concurrent": core.config.daemon.max_concurrent_turns},
-            "breakers": {name.split(":", 1)[1] if name.startswith("provider:") else name:
-                         b.state(now).value for name, b in core.shared.breakers.items()},
+            "breakers": self._breakers(now),
             "retry_after": {name.split(":", 1)[1] if name.startswith("provider:") else name:
                             round(left, 3)
                             for name, left in core.shared.retry_after.windows(now).items()},
@@ -156,6 +146,10 @@ class Queries:
             "version": __version__,
         }
 
+    def _breakers(self, now: float) -> dict[str, str]:
+        return {name.split(":", 1)[1] if name.startswith("provider:") else name:
+                b.state(now).value for name, b in self.core.shared.breakers.items()}
+
     def agents(self) -> dict[str, dict[str, Any]]:
         """Each named agent: how many tools it is offered now (built-ins aside; an MCP
         server's count while it is up), its model and its budget profile."""
@@ -166,8 +160,17 @@ class Queries:
                 for name, agent in runtime.settings.agents.items()}
 
     def health(self) -> dict[str, Any]:
-        """Ready, or degraded with every reason: see `health_problems`."""
-        problems = health_problems(self.status())
+        """Ready, or degraded with every reason: see `health_problems`. Read from the
+        parts of the status it looks at, not the whole status (agents, prices,
+        webhooks, the fleet) built and dropped for each check."""
+        core = self.core
+        now = core.clock.monotonic()
+        problems = health_problems({
+            "state": core.state, "paused": core.scheduler.paused,
+            "breakers": self._breakers(now),
+            "mcp_servers": core.runtime.toolbox.server_status(),
+            "store": store_status(core.store.outage, now=now),
+            "last_reload_error": core.last_reload_error})
         return {"status": "degraded" if problems else "ok", "problems": problems}
 
 

@@ -290,7 +290,7 @@ class Scheduling:
         core = self.core
         record = live.record
         before = (record.state, record.next_attempt_at, record.question, record.updated_at)
-        record.state = moved(record.state, result.status.value)
+        record.set_state(moved(record.state, result.status.value))
         record.result = result_json = result.to_json()
         record.next_attempt_at = None
         record.question = None
@@ -306,7 +306,8 @@ class Scheduling:
         except BaseException:
             # Not kept, not shown: the turn reads as the store holds it, without a result.
             record.result = None
-            record.state, record.next_attempt_at, record.question, record.updated_at = before
+            record.set_state(before[0])
+            _, record.next_attempt_at, record.question, record.updated_at = before
             core.bus.withdraw(finished)
             raise
         stop = result.stopped_because

@@ -380,7 +380,7 @@ class TurnContext:
     def move(self, new: TurnState) -> None:
         """Change the turn's state through the transition table: an illegal move raises
         instead of leaving the turn in two places at once."""
-        self.record.state = moved(self.record.state, new)
+        self.record.set_state(moved(self.record.state, new))
 
     async def checkpoint(self, state: TurnState | None = None, *, queued: bool = False
                          ) -> None:
@@ -394,7 +394,7 @@ class TurnContext:
         new = None if state is None else moved(self.record.state, state)
         queue = self._queue_turn if queued else None
         if new is not None and queue is not None:
-            self.record.state = new
+            self.record.set_state(new)
         self.sync_counters()
         if self._active_since is not None:  # fold the running active time into the record
             self.stop_active()
@@ -410,7 +410,7 @@ class TurnContext:
                 record["state"] = new
             await self.store.save_turn(record, checkpoint, messages=rows, trail=lines)
             if new is not None:
-                self.record.state = new
+                self.record.set_state(new)
         self.conv.mark_saved()
         self.trail.mark_saved()
 

@@ -4,6 +4,7 @@ Only the supervisor and the turn's own runner write it, both on the event loop."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,18 @@ class TurnRecord:
     # The JSON Schema the submit asked the final answer to match (None: the agent's,
     # if it has one; see `TurnSettings.output_schema_for`).
     output_schema: dict[str, Any] | None = None
+    # Told of each move (`set_state`), before it, while the turn is in the supervisor's
+    # memory: its index of turns by state. Not part of the record.
+    on_move: Callable[[TurnRecord, str], None] | None = field(
+        default=None, repr=False, compare=False)
+
+    def set_state(self, state: str) -> None:
+        """Move to `state` (checked against the table by the caller, `moved`): every write
+        of `state` goes through here, so the supervisor's count of turns by state is
+        never a recount."""
+        if self.on_move is not None:
+            self.on_move(self, state)
+        self.state = state
 
     @property
     def terminal(self) -> bool:
