@@ -174,8 +174,7 @@ class Metrics:
                 self.provider_attempts.labels(p.name, cls)
 
     def _inc(self, metric: Any, *values: str, amount: float = 1.0) -> None:
-        """Count `amount` on `metric`'s series for the label `values`; it reaches the
-        counter at the next collection (`flush`)."""
+        """Count `amount` on `metric`'s `values` series, added at the next `flush`."""
         if amount < 0:
             raise ValueError(f"a counter only goes up (got {amount})")
         key = (metric, values)
@@ -228,11 +227,10 @@ class Metrics:
         if cost > 0:
             self._inc(self.cost, e.provider, amount=cost)
 
-    def _attempt_failed(self, e: ev.ModelAttemptFailed, turn: str | None) -> None:
-        self._inc(self.provider_attempts, e.provider, e.class_)
-
-    def _redirected(self, e: ev.ModelRedirected, turn: str | None) -> None:
-        self._inc(self.provider_attempts, e.provider, "redirected")
+    def _attempt_ended(self, e: ev.ModelAttemptFailed | ev.ModelRedirected,
+                       turn: str | None) -> None:
+        self._inc(self.provider_attempts, e.provider,
+                  e.class_ if isinstance(e, ev.ModelAttemptFailed) else "redirected")
 
     def _retry_scheduled(self, e: ev.ModelRetryScheduled, turn: str | None) -> None:
         self._inc(self.retries_scheduled, e.provider, e.class_)
@@ -258,11 +256,8 @@ class Metrics:
         self._inc(self.tool_approvals, self._tool_label(e.tool), e.decision, e.by)
         self.approval_wait.observe(max(0.0, float(e.waited_s)))
 
-    def _budget_warning(self, e: ev.BudgetWarning, turn: str | None) -> None:
-        self._inc(self.guard_warnings, "budget")
-
-    def _loop_warning(self, e: ev.LoopWarning, turn: str | None) -> None:
-        self._inc(self.guard_warnings, "loop")
+    def _guard_warning(self, e: ev.BudgetWarning | ev.LoopWarning, turn: str | None) -> None:
+        self._inc(self.guard_warnings, "budget" if isinstance(e, ev.BudgetWarning) else "loop")
 
     def _step(self, e: ev.StepStarted, turn: str | None) -> None:
         if turn is not None:
@@ -314,10 +309,6 @@ class Metrics:
 
     # -- event-loop lag ------------------------------------------------------------
 
-    def record_loop_lag(self, lag_s: float) -> None:
-        self.loop_lag.set(lag_s)
-        self.loop_lag_observed.observe(lag_s)
-
     async def watch_loop_lag(self, interval_s: float = LAG_INTERVAL_S) -> None:
         """Forever: sleep `interval_s` on the loop and record how late the wake-up was.
         Each sample also feeds the intake's overload guard, which refuses new submits
@@ -333,7 +324,8 @@ class Metrics:
                 log.warning("daemon.stalled", seconds=round(stalled, 3))
             await anyio.sleep(interval_s)
             lag = max(0.0, self.clock.monotonic() - start - interval_s)
-            self.record_loop_lag(lag)
+            self.loop_lag.set(lag)
+            self.loop_lag_observed.observe(lag)
             intake.observe_loop_lag(lag)
             self.overloaded.set(1 if intake.overload.shedding else 0)
 
@@ -371,14 +363,11 @@ class Metrics:
 
 
 class _Pending:
-    """A collector that yields nothing: collected first, it adds the pending counts to
-    their counters before the registry reads them."""
+    """A collector that yields nothing (and so describes nothing): collected first, it
+    adds the pending counts to their counters before the registry reads them."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-
-    def describe(self) -> list[Any]:
-        return []
 
     def collect(self) -> list[Any]:
         self._metrics.flush()
@@ -389,8 +378,8 @@ class _Pending:
 _BY_CLASS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] = {
     ev.ModelRequest: Metrics._model_request,
     ev.ModelResponse: Metrics._model_response,
-    ev.ModelAttemptFailed: Metrics._attempt_failed,
-    ev.ModelRedirected: Metrics._redirected,
+    ev.ModelAttemptFailed: Metrics._attempt_ended,
+    ev.ModelRedirected: Metrics._attempt_ended,
     ev.ModelRetryScheduled: Metrics._retry_scheduled,
     ev.ModelFailover: Metrics._failover,
     ev.TurnRecovering: Metrics._recovering,
@@ -398,8 +387,8 @@ _BY_CLASS: dict[type[ev.EventBody], Callable[[Metrics, Any, str | None], None]] 
     ev.ToolRetryScheduled: Metrics._tool_retry,
     ev.ToolOutcomeUnknown: Metrics._outcome_unknown,
     ev.ToolApprovalDecided: Metrics._approval_decided,
-    ev.BudgetWarning: Metrics._budget_warning,
-    ev.LoopWarning: Metrics._loop_warning,
+    ev.BudgetWarning: Metrics._guard_warning,
+    ev.LoopWarning: Metrics._guard_warning,
     ev.StepStarted: Metrics._step,
     ev.TurnSuspended: Metrics._suspended,
     ev.TurnFinished: Metrics._finished,
