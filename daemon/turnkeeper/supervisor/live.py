@@ -52,7 +52,8 @@ class LiveTurns(dict[str, LiveTurn]):
         record.on_move = self._moved
         self._by_state.setdefault(record.state, {})[turn_id] = live
 
-    def pop(self, turn_id: str, *default: LiveTurn | None) -> LiveTurn | None:  # type: ignore[override]
+    def pop(  # type: ignore[override]
+            self, turn_id: str, *default: LiveTurn | None) -> LiveTurn | None:
         live = super().pop(turn_id, None)
         if live is None:
             if default:
@@ -103,8 +104,8 @@ class LiveTurns(dict[str, LiveTurn]):
                   since: float | None = None, before_seq: int | None = None
                   ) -> list[TurnRecord]:
         """Up to `limit` records in `state`, newest (highest seq) first: a sort of that
-        state's turns only (`heapq.nlargest` took 6 ms for 5,000 against 1: turns come in by seq,
-        each a new largest)."""
+        state's turns only (`heapq.nlargest` took 6 ms for 5,000 against 1: turns come
+        in by seq, each a new largest)."""
         records: Iterable[TurnRecord] = (t.record for t in self.in_state(state))
         if session is not None:
             records = (r for r in records if r.session == session)
