@@ -8,7 +8,8 @@ per step against the bare loop's per call, control-socket latency under load (a
 (p50/p99 from its /metrics histogram, read before and after) against the bare loop's own
 lag (the daemon's probe, run on the bare loop and put in the same buckets), peak RSS per
 turn (VmHWM over the idle RSS), and the CPU the model server and this client used (a run
-slowed by a starved machine shows there, not in the daemon's CPU).
+slowed by a starved machine shows there, not in the daemon's CPU), and the machine's load
+average at the start and the end of the daemon's run.
 
 `--profile FILE` runs the daemon under cProfile (TURNKEEPER_PROFILE): read it with
 `python -m pstats FILE` (the profiler slows the daemon: its figures are not comparable).
@@ -170,7 +171,8 @@ async def through_daemon(d: Daemon, turns: int, batch: int) -> dict[str, Any]:
         lag = lag_quantiles(lag_before, await lag_buckets(session))
         q = statistics.quantiles(status_lat, n=100) if len(status_lat) > 2 else [0.0] * 99
         return {"wall": wall, "submitted": submitted, "completed": statuses.count("completed"),
-                "status_p50_ms": q[49] * 1000, "status_p99_ms": q[98] * 1000, "lag": lag,
+                "status_p50_ms": q[49] * 1000, "status_p99_ms": q[98] * 1000,
+                "status_n": len(status_lat), "lag": lag,
                 "refused": refused}
 
 
@@ -246,7 +248,9 @@ max_seconds = 600.0
         idle_kb = rss_kb(d.proc.pid, "VmRSS")
         cpu0 = cpu_s(d.proc.pid)
         client_cpu0, model_cpu0 = time.process_time(), cpu_s(model.pid)
+        load_before = os.getloadavg()
         res = asyncio.run(through_daemon(d, args.turns, batch))
+        load_after = os.getloadavg()
         client_cpu = time.process_time() - client_cpu0
         model_cpu = cpu_s(model.pid) - model_cpu0
         overload = d.get("/v1/status")[1].get("overload", {})
@@ -274,11 +278,15 @@ max_seconds = 600.0
               f"(daemon run); this client in the daemon run {client_cpu:.2f} s (submits, "
               f"the event stream, probes)")
         print(f"  status latency under load p50 {res['status_p50_ms']:.1f} ms, p99 "
-              f"{res['status_p99_ms']:.1f} ms")
+              f"{res['status_p99_ms']:.1f} ms ({res['status_n']} requests)")
         print(f"  event-loop lag, daemon   {res['lag']}")
         print(f"  event-loop lag, bare     {lag_quantiles({}, bucketed(bare_lags))} (the same "
               f"{LAG_INTERVAL_S * 1e3:g} ms probe on the bare loop; worst "
               f"{max(bare_lags, default=0.0) * 1e3:.0f} ms)")
+        print(f"  machine load (/proc/loadavg 1, 5, 15 min) at the daemon run's start "
+              f"{' '.join(f'{x:.2f}' for x in load_before)}, at its end "
+              f"{' '.join(f'{x:.2f}' for x in load_after)} ({os.cpu_count()} cores: over "
+              f"that, processes wait for a core and every latency above with them)")
         print(f"  RSS idle {idle_kb / 1024:.0f} MiB, peak {peak_kb / 1024:.0f} MiB: "
               f"{(peak_kb - idle_kb) / args.turns:.1f} KiB per turn")
     finally:
