@@ -236,6 +236,9 @@ def main() -> None:
 max_concurrent_turns = {args.turns}
 max_queued_turns = {args.turns * 2}
 log_level = "warning"
+# A starved machine (a load average of 17 on 2 cores) made the SQLite writer take over
+# the default 5 s for a batch's commit: the run died on a 507 instead of measuring.
+submit_timeout = 60.0
 
 [budget]
 max_seconds = 600.0
