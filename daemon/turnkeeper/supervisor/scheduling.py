@@ -274,7 +274,7 @@ class Scheduling:
             live.control.suspend()
             return
         core.held[record.id] = parked_in
-        record.state = moved(parked_in, TurnState.SUSPENDED)
+        record.set_state(moved(parked_in, TurnState.SUSPENDED))
         core.bus.publish(ev.TurnSuspended(step=record.counters.steps), turn=record.id)
         self._settled()
 
@@ -293,7 +293,7 @@ class Scheduling:
             kept += 1
             record = live.record
             record.policy_version = version
-            record.state = moved(record.state, parked_in)
+            record.set_state(moved(record.state, parked_in))
             live.control.policy_changed = True
             core.bus.publish(ev.TurnResumed(state=TurnState.SUSPENDED,
                                             step=record.counters.steps,
