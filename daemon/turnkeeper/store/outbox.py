@@ -134,8 +134,8 @@ class _Row:
 
 
 class MemoryOutbox:
-    """The outbox of the in-memory store, with the SQLite store's semantics (one process:
-    nothing is claimed, `skip` keeps what is in flight out)."""
+    """The outbox of the in-memory store (its part), with the SQLite store's semantics
+    (one process: nothing is claimed, `skip` keeps what is in flight out)."""
 
     def __init__(self) -> None:
         self._route: WebhookRoute | None = None
@@ -144,7 +144,7 @@ class MemoryOutbox:
     def set_webhook_route(self, route: WebhookRoute | None) -> None:
         self._route = route
 
-    def _outbox_add(self, event: Event) -> None:
+    def add(self, event: Event) -> None:
         """`event`'s rows, as it is stored (the first row of a webhook and event stays)."""
         if self._route is None:
             return
