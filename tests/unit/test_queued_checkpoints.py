@@ -124,11 +124,11 @@ async def test_event_rows_queued_back_to_back_make_one_write(tmp_path: Path) -> 
             for seq in (1, 2, 3, 2, 4):  # a number is stored once
                 store.append_event(Event(seq=seq, ts=float(seq), type="turn.step",
                                          turn="t_a", data={"n": seq}))
-            assert len(store._queue) == 1 and len(store._queue[0].ops) == 5
+            assert len(store.writer._queue) == 1 and len(store.writer._queue[0].ops) == 5
             store.queue_turn(record("running", 2.0), checkpoint(0, 1))
             store.append_event(Event(seq=5, ts=5.0, type="turn.step", turn="t_a",
                                      data={"n": 5}))
-            assert len(store._queue) == 3  # an event after a checkpoint starts a write
+            assert len(store.writer._queue) == 3  # an event after a checkpoint starts a write
             await store.flush()
             events = await store.events(turn="t_a")
             assert [(e["seq"], e["n"]) for e in events] == [(1, 1), (2, 2), (3, 3),

@@ -43,13 +43,13 @@ def record(turn_id: str) -> dict[str, Any]:
 def count_hops(store: SQLiteStore) -> list[int]:
     """The number of reads each hop to the reader's thread carried."""
     hops: list[int] = []
-    run = store._read_batch
+    run = store.reader._read_batch
 
     def counted(batch: Any, outcomes: Any) -> None:
         hops.append(len(batch))
         run(batch, outcomes)
 
-    store._read_batch = counted  # type: ignore[method-assign]
+    store.reader._read_batch = counted  # type: ignore[method-assign]
     return hops
 
 
@@ -83,7 +83,7 @@ async def test_a_read_that_fails_fails_alone(store: SQLiteStore) -> None:
 
     async def call(name: str, work: Any) -> None:
         try:
-            results[name] = await store._in_reader(work)
+            results[name] = await store.reader.run(work)
         except Exception as exc:
             results[name] = exc
 
@@ -117,13 +117,13 @@ async def test_a_read_cancelled_while_it_waits_is_not_made(store: SQLiteStore) -
     answers: list[str] = []
     async with anyio.create_task_group() as tg:
         async def call(work: Any) -> None:
-            answers.append(await store._in_reader(work))
+            answers.append(await store.reader.run(work))
 
         tg.start_soon(call, slow)
         await anyio.wait_all_tasks_blocked()
         with anyio.CancelScope() as scope:
             scope.cancel()
-            await store._in_reader(quick("cancelled"))
+            await store.reader.run(quick("cancelled"))
         tg.start_soon(call, quick("after"))
         await anyio.wait_all_tasks_blocked()
         gate.set()
@@ -147,7 +147,7 @@ async def test_close_waits_for_the_read_in_the_readers_thread(tmp_path: Path) ->
     answers: list[Any] = []
     async with anyio.create_task_group() as tg:
         async def read() -> None:
-            answers.append(await s._in_reader(slow))
+            answers.append(await s.reader.run(slow))
 
         tg.start_soon(read)
         await entered.wait()
@@ -156,4 +156,4 @@ async def test_close_waits_for_the_read_in_the_readers_thread(tmp_path: Path) ->
         gate.set()
     assert answers == [[(1,)]]
     with pytest.raises(StoreError, match="closed"):
-        await s._in_reader(lambda c: c.execute("SELECT 1").fetchall())
+        await s.reader.run(lambda c: c.execute("SELECT 1").fetchall())

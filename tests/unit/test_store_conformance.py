@@ -772,10 +772,10 @@ async def test_unfinished_turns_are_read_in_three_queries_however_many_there_are
                 await store.insert_turn(rec, {})
                 await store.save_turn(rec, conv_cp(3), messages=rows(0, "a", "b", str(i)))
             statements: list[str] = []
-            assert store._reader is not None
-            store._reader.set_trace_callback(statements.append)
+            assert store.connection.reader is not None
+            store.connection.reader.set_trace_callback(statements.append)
             unfinished = await store.unfinished_turns()
-            store._reader.set_trace_callback(None)
+            store.connection.reader.set_trace_callback(None)
             assert [contents(c)[2] for _, c in unfinished] == [str(i) for i in range(50)]
             # the turns, their message rows, their trail rows
             assert len([s for s in statements if s.lstrip().startswith("SELECT")]) == 3
@@ -990,12 +990,12 @@ async def test_a_step_s_sqlite_rows_carry_the_turn_s_number_and_delete_only_to_t
             await store.insert_turn(a, {})
             store.append_event(event(1, "t_a"))
             store.append_event(event(2, "t_ghost"))
-            assert store._writer is not None
+            assert store.connection.writer is not None
             await store.save_turn(a, conv_cp(3), messages=rows(0, "m0", "m1", "m2"))
-            store._writer.set_trace_callback(statements.append)
+            store.connection.writer.set_trace_callback(statements.append)
             await store.save_turn(a, conv_cp(4), messages=MessageRows(
                 3, rows(3, "m3").rows, trims=False))
-            store._writer.set_trace_callback(None)
+            store.connection.writer.set_trace_callback(None)
             assert contents(await store.get_checkpoint("t_a")) == ["m0", "m1", "m2", "m3"]
             step = [s for s in statements if "messages" in s]
             assert step and not [s for s in step if s.startswith("DELETE")], step
@@ -1034,8 +1034,8 @@ async def test_a_turn_read_back_unfinished_writes_its_rows_by_its_number(
                     await store.insert_turn(record("t_a", state="running"), {})
                 else:
                     [(a, _)] = await store.unfinished_turns()
-                    assert store._writer is not None
-                    store._writer.set_trace_callback(statements.append)
+                    assert store.connection.writer is not None
+                    store.connection.writer.set_trace_callback(statements.append)
                     await store.save_turn(a, conv_cp(1), messages=rows(0, "m0"),
                                           events=[event(1, "t_a")])
                 tg.cancel_scope.cancel()

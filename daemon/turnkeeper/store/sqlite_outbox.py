@@ -1,9 +1,9 @@
-"""The SQLite store's webhook outbox (what it is: store/outbox.py).
+"""The SQLite store's outbox part: its webhook outbox (what it is: store/outbox.py).
 
 An event's outbox rows are statements written right after the event's own, in the same
 write, so they commit in its transaction. One daemon holds the file, so nothing is
 claimed: the sender keeps the deliveries it has in flight out of the next read
-(`skip`). Reads go through the store's reader, writes through its one writer.
+(`skip`). Reads go through the store's reader part, writes through its writer part.
 """
 
 from __future__ import annotations
@@ -24,22 +24,30 @@ from turnkeeper.store.outbox import (
     backlog_of,
     outbox_params,
 )
-from turnkeeper.store.sqlite_conn import SQLiteConnection, Statement
+from turnkeeper.store.sqlite_reader import SQLiteReader
+from turnkeeper.store.sqlite_statements import Statement
+from turnkeeper.store.sqlite_writer import SQLiteWriter
 
 OUTBOX_INSERT = (f"INSERT OR IGNORE INTO webhook_outbox {OUTBOX_COLUMNS}"
                  " VALUES (?, ?, ?, ?, ?, ?, ?)")
 
 
-class SQLiteOutbox(SQLiteConnection):
-    _route: WebhookRoute | None = None  # set by the daemon: no webhook until then
+class SQLiteOutbox:
+    """The `Outbox` of a SQLite store, reading with its `reader` and writing with its
+    `writer`."""
+
+    def __init__(self, reader: SQLiteReader, writer: SQLiteWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.route: WebhookRoute | None = None  # set by the daemon: no webhook until then
 
     def set_webhook_route(self, route: WebhookRoute | None) -> None:
-        self._route = route
+        self.route = route
 
-    def _outbox_rows(self, event: Event) -> list[Statement]:
+    def rows(self, event: Event) -> list[Statement]:
         """The outbox rows of `event`, to write with its row (none when no webhook
         takes it)."""
-        route = self._route
+        route = self.route
         if route is None:
             return []
         names = route(event)
@@ -49,7 +57,7 @@ class SQLiteOutbox(SQLiteConnection):
     async def webhook_due(self, webhook: str, *, now: float, limit: int,
                           skip: Collection[int] = (), lease_s: float = 60.0
                           ) -> list[Delivery]:
-        rows = await self._read(
+        rows = await self._reader.rows(
             "SELECT seq, type, body, attempts, created_at FROM webhook_outbox WHERE"
             " webhook = ? AND state = ? AND next_at <= ? AND seq NOT IN (SELECT value"
             " FROM json_each(?)) ORDER BY next_at, seq LIMIT ?",
@@ -58,7 +66,7 @@ class SQLiteOutbox(SQLiteConnection):
 
     async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
                              next_at: float, error: str | None, now: float) -> None:
-        await self._write([(
+        await self._writer._write([(
             "UPDATE webhook_outbox SET state = ?, attempts = ?, next_at = ?, last_error = ?,"
             " updated_at = ? WHERE webhook = ? AND seq = ? AND state = ?",
             (state, attempts, next_at, error, now, webhook, seq, PENDING))])
@@ -68,12 +76,12 @@ class SQLiteOutbox(SQLiteConnection):
 
     async def webhook_give_up(self, webhook: str, *, count: int, error: str,
                               now: float) -> int:
-        rows = await self._read(
+        rows = await self._reader.rows(
             "SELECT seq FROM webhook_outbox WHERE webhook = ? AND state = ? ORDER BY seq"
             " LIMIT ?", (webhook, PENDING, count))
         seqs = [r[0] for r in rows]
         if seqs:
-            await self._write([(
+            await self._writer._write([(
                 "UPDATE webhook_outbox SET state = ?, last_error = ?, updated_at = ? WHERE"
                 " webhook = ? AND state = ? AND seq IN (SELECT value FROM json_each(?))",
                 (FAILED, error, now, webhook, PENDING, json.dumps(seqs)))])
@@ -88,15 +96,16 @@ class SQLiteOutbox(SQLiteConnection):
                 " GROUP BY webhook, state").fetchall()
             return backlog_of(rows)
 
-        return await self._in_reader(read)
+        return await self._reader.run(read)
 
     async def webhook_prune(self, *, delivered_before: float, failed_before: float,
                             limit: int = 1000) -> int:
-        rows = await self._read(
+        rows = await self._reader.rows(
             "SELECT webhook, seq FROM webhook_outbox WHERE (state = ? AND updated_at < ?)"
             " OR (state = ? AND updated_at < ?) LIMIT ?",
             (DELIVERED, delivered_before, FAILED, failed_before, limit))
         if rows:
-            await self._write([("DELETE FROM webhook_outbox WHERE webhook = ? AND seq = ?",
-                                (webhook, seq)) for webhook, seq in rows])
+            await self._writer._write([
+                ("DELETE FROM webhook_outbox WHERE webhook = ? AND seq = ?", (webhook, seq))
+                for webhook, seq in rows])
         return len(rows)
