@@ -236,8 +236,8 @@ async def test_a_nodes_silence_is_measured_by_the_databases_clock(
     await a.renew()
     [n0] = [n for n in await b.nodes() if n["node_id"] == "n0"]
     assert 0.0 <= n0["silent_s"] < 5.0
-    await a._fetch("UPDATE nodes SET heartbeat_at = now() - interval '100 seconds'"
-                   " WHERE node_id = 'n0'")
+    await a.db.fetch("UPDATE nodes SET heartbeat_at = now() - interval '100 seconds'"
+                     " WHERE node_id = 'n0'")
     [n0] = [n for n in await b.nodes() if n["node_id"] == "n0"]
     assert 100.0 <= n0["silent_s"] < 105.0
     assert not n0["alive"]
@@ -260,7 +260,7 @@ async def test_sessions_idle_in_a_transaction_end_at_a_third_of_the_lease(
     async def setting(conn: Any) -> str:
         return str(await conn.fetchval("SHOW idle_in_transaction_session_timeout"))
 
-    assert await nodes[0]._read(setting) == "5s"
+    assert await nodes[0].db.read(setting) == "5s"
 
 
 async def test_a_message_by_mail_is_taken_once_and_only_by_the_turns_holder(

@@ -1,134 +1,150 @@
 """The shared store: a PostgreSQL database (`[store] url = "postgresql://..."`).
 
-The same calls and the same write semantics as the embedded SQLite store. One writer
-task commits in groups: every write queued while the previous transaction was
-committing goes into the next one, so concurrent turns share a commit, and the commit
-sends a few set-based statements, not one per write (`store/postgres_batch.py`): every
-turn row of the batch in one UPDATE, every conversation row in one statement and every
-trail row in another, the rest (journal entries, events) as pipelined `executemany`. A
-caller that awaits a write resumes only after its transaction committed. `append_event`,
-and the journal of an idempotent call, are not awaited: they commit, in order, with the
-next durable write.
-Events that must never be kept without their state (`turn.queued`, `turn.finished`,
-`turn.message`) are in the row's transaction. A transaction that fails takes none of its
-neighbours down: a write whose claim no longer holds fails alone inside it, and when the
-server refuses the transaction the batch is retried write by write, and only the write
-that fails reports the error.
+The same calls and the same write semantics as the embedded SQLite store, over a
+connection pool, riding out lost connections; claims, leases and fenced writes for a
+fleet of daemons sharing the database. `PostgresStore` is the one class that answers
+the store interface (`store/base.py`), the webhook outbox's (`store/outbox.py`) and the
+fleet's (`store/fleet.py`); each call is handed to the part that makes it:
 
-A turn keeps two lists as rows, each row written once: its conversation (`messages`, one
-row per message) and its trail (`trail`, its partial-work lines, loop guard keys and
-side effects' outcomes, a few kilobytes of them a row). Its checkpoint counts the rows of
-each; reads put them back into the checkpoint from the same snapshot as the checkpoint
-itself. The message the turn was submitted with is a column of its row (`message`),
-written when the row is inserted and never after: an UPDATE of the rest of the row
-leaves it as stored, not rewritten.
+- `db` (`postgres_conn.py`): the pool, the writer's and the renewal's own connections,
+  the outage state, reads that survive a lost connection;
+- `writer` (`postgres_writer.py`): the steps' group commit, a batch as the set-based
+  statements of `postgres_batch.py`; `intake` (`postgres_intake.py`): the submits' own;
+- `writes` (`postgres_writes.py`): what each write call commits, fenced by the claims;
+- `reads` (`postgres_reads.py`): turns, checkpoints with their rows, events, the journal;
+- `fleet` (`postgres_fleet.py`): nodes, claims, leases, mail, NOTIFY; `shared`
+  (`postgres_shared.py`): retry budgets, breakers and Retry-After windows;
+- `outbox` (`postgres_outbox.py`): the webhook outbox's rows and claims.
 
-Event numbers: an event row keeps the number the daemon's bus gave it as its key, as
-in SQLite, so `events(after_seq=...)` reads the same on both backends and a client
-deduplicates by `seq` as before. In a fleet each node's bus numbers from a block of 2**32
-reserved at its start (`event_block_start`), so nodes never share a number without a
-round trip per event (a sequence per event row was the other choice: it would make
-every `append_event` wait for the database, or the bus renumber events after publishing
-them). Every row also gets `pos`, an identity assigned at insert: the order in which
-the rows of every node reached the database.
-
-`PostgresStore` holds the writes and stands on three layers: `postgres_reads.py` (what
-it reads), on `postgres_fleet.py` (nodes, claims, leases and fencing, mail, NOTIFY), on
-`postgres_conn.py` (the pool, the commit's transaction with reconnection, reads that
-survive a lost connection). The URL's password is never
-written to a log or an error: `redact_url` replaces it.
+The URL's password is never written to a log or an error: `redact_url` replaces it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import anyio
 
 from turnkeeper.clock import Clock
+from turnkeeper.config.redact import redact_url
 from turnkeeper.events import Event
-from turnkeeper.policy.idempotency import IdempotencyKey
-from turnkeeper.policy.turn_state import TERMINAL_STATES
-from turnkeeper.store.base import (
-    DEAD_LETTER_SQL,
-    TERMINAL_SQL,
-    MessageRows,
-    StoreError,
-    stored_message,
-    stored_record,
-)
-from turnkeeper.store.fleet import CHANNEL_TURNS, MailTaken
-from turnkeeper.store.postgres_batch import (
-    EVENT_INSERT,
-    EVENT_INSERT_FENCED,
-    Conn,
-    FencedIntent,
-    Op,
-    Statement,
-    TurnCall,
-    TurnUpdate,
-)
-from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, Dedicated, dumps
-from turnkeeper.store.postgres_intake import IntakeWriter, TurnInsert
-from turnkeeper.store.postgres_outbox import PostgresOutbox
+from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
+from turnkeeper.policy.limits import FinishedTurn
+from turnkeeper.policy.store_outage import StoreOutage
+from turnkeeper.store.base import MessageRows, StoreError
+from turnkeeper.store.fleet import Claimed
+from turnkeeper.store.outbox import Backlog, Delivery, WebhookRoute
+from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, Dedicated, PgConnection
+from turnkeeper.store.postgres_fleet import PgFleet
+from turnkeeper.store.postgres_intake import IntakeWriter
+from turnkeeper.store.postgres_outbox import PgOutbox
+from turnkeeper.store.postgres_reads import PgReads
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
-from turnkeeper.store.writer import message_write
+from turnkeeper.store.postgres_shared import PgShared
+from turnkeeper.store.postgres_writer import StepWriter
+from turnkeeper.store.postgres_writes import PgWrites
 
 
-def _stop_code(record: dict[str, Any]) -> str | None:
-    result = record.get("result")
-    if not isinstance(result, dict):
-        return None
-    stopped = result.get("stopped_because")
-    code = stopped.get("code") if isinstance(stopped, dict) else None
-    return code if isinstance(code, str) else None
+class PostgresStore:
+    """The store on PostgreSQL: its parts (see the module's docstring), and every call
+    of the store, outbox and fleet interfaces handed to the one that makes it."""
 
-
-def _event_statement(event: Event) -> Statement:
-    return (EVENT_INSERT, (event.seq, event.turn, event.ts, event.type,
-                           dumps(event.to_json())))
-
-
-_NOTIFY_TURNS: Statement = ("SELECT pg_notify($1, '')", (CHANNEL_TURNS,))
-
-
-class PostgresStore(PostgresOutbox):
     def __init__(self, url: str, *, clock: Clock | None = None, fatal_after: float = 300.0,
                  pool_size: int = POOL_SIZE, node_id: str | None = None,
                  lease_s: float = 15.0) -> None:
-        super().__init__(url, clock=clock, fatal_after=fatal_after, pool_size=pool_size,
-                         node_id=node_id, lease_s=lease_s)
-        self._key_turn: dict[str, str] = {}  # journal keys of claimed turns in flight
+        self.db = PgConnection(url, clock=clock, fatal_after=fatal_after,
+                               pool_size=pool_size, node_id=node_id)
+        self.writer = StepWriter(self.db)
         # Submits: a group commit of their own, apart from the steps' writer.
-        self._intake = IntakeWriter(self.clock, Dedicated(self._connect_one), self.outage,
-                                    self.where, lambda: self._pool is not None)
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """The writer task, and the intake's beside it; both commit what is queued before
-        they end (`close`)."""
-        async with anyio.create_task_group() as tg:
-            await tg.start(self._intake.run)
-            await super().run(task_status=task_status)
+        self.intake = IntakeWriter(self.db.clock, Dedicated(self.db.connect_one),
+                                   self.db.outage, self.db.where,
+                                   lambda: self.db.pool is not None)
+        self.fleet = PgFleet(self.db, self.writer, lease_s)
+        self.shared = PgShared(self.db, lease_s)
+        self.reads = PgReads(self.db)
+        self.outbox = PgOutbox(self.db, self.writer)
+        self.writes = PgWrites(self.db, self.writer, self.intake, self.fleet, self.outbox)
+        self.clock = self.db.clock
+        self.node_id = self.db.node_id
+        self.lease_s = lease_s
+        self.outage: StoreOutage = self.db.outage
+        # The fleet part's own dict and set: the fleet interface names them.
+        self.claims: dict[str, int] = self.fleet.claims
+        self.lost: set[str] = self.fleet.lost
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
 
+    @property
+    def url(self) -> str:
+        return self.db.url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        """Another database before `open` (a test's database of its own)."""
+        self.db.url = url
+        self.db.where = redact_url(url)
+
+    @property
+    def where(self) -> str:
+        return self.db.where
+
+    # -- what the store counts (its writers' and its connections') ----------------
+
+    @property
+    def degraded(self) -> str | None:
+        return self.db.degraded
+
+    @property
+    def durable_writes(self) -> int:
+        return self.writer.durable_writes
+
+    @property
+    def failed_writes(self) -> int:
+        return self.writer.failed_writes
+
+    @property
+    def superseded(self) -> int:
+        return self.writer.superseded
+
+    @property
+    def commits(self) -> int:
+        return self.writer.commits
+
+    @property
+    def reconnects(self) -> int:
+        return self.db.reconnects
+
+    @property
+    def conflicts(self) -> int:
+        return self.db.conflicts
+
+    @property
+    def event_base(self) -> int:
+        return self.fleet.event_base
+
     # -- lifecycle ----------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The steps' writer task, and the intake's beside it; both commit what is
+        queued before they end (`close`)."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.intake.run)
+            await self.writer.run(task_status=task_status)
 
     async def open(self) -> None:
         try:
-            pool = await self._connect(self.lease_s)
+            pool = await self.db.connect(self.lease_s)
             async with pool.acquire() as conn:
                 await prepare(conn, self.where)
-                await self._register(conn)
+                await self.fleet.register(conn)
         except BaseException as exc:
-            await self._close_connections()
+            await self.db.close()
             if isinstance(exc, StoreError):
                 raise
             if isinstance(exc, (*DB_ERRORS, ValueError)):
@@ -137,208 +153,212 @@ class PostgresStore(PostgresOutbox):
             raise
 
     async def close(self) -> None:
-        await self._intake._stop_writer()
-        await self._stop_writer()
-        if self._pool is not None:  # the node stopped: its id is free for a restart
+        await self.intake._stop_writer()
+        await self.writer._stop_writer()
+        pool = self.db.pool
+        if pool is not None:  # the node stopped: its id is free for a restart
             with anyio.CancelScope(shield=True), contextlib.suppress(*DB_ERRORS):
                 with anyio.fail_after(5):
-                    await self._pool.execute("UPDATE nodes SET stopped_at = now()"
-                                             " WHERE node_id = $1", self.node_id)
-        await self._intake.connection.close()
-        await self._close_connections()
+                    await pool.execute("UPDATE nodes SET stopped_at = now()"
+                                       " WHERE node_id = $1", self.node_id)
+        await self.intake.connection.close()
+        await self.db.close()
 
-    # -- writing ------------------------------------------------------------------
+    async def flush(self) -> None:
+        await self.writer.flush()
+
+    # -- writes (`postgres_writes.py`) ---------------------------------------------
 
     async def insert_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                           events: Sequence[Event] = (), within_s: float | None = None,
                           idempotency: IdempotencyKey | None = None) -> int:
-        """The turn's row, durable when this returns; `events` commit with it, and the
-        key's row when given (`take_key`). Its number comes from a sequence, so turns
-        submitted on any daemon share one order. Written by the intake's own group
-        commit (`postgres_intake.py`), not queued behind the steps' writes."""
-        stored = stored_record(record)
-        stored.pop("seq", None)  # the insert puts the number the sequence gives first
-        row = (record["id"], record["session"], record["state"], record["created_at"],
-               record["updated_at"], dumps(stored), stored_message(record),
-               dumps(checkpoint), _stop_code(record))
-        self.durable_writes += 1  # the store's counts hold the intake's writes too
-        try:
-            await self._intake._write([TurnInsert(
-                record, row, [(e.seq, e.turn, e.ts, e.type, dumps(e.to_json()))
-                              for e in events], idempotency,
-                [op for e in events for op in self._outbox_ops(e, None)
-                 if isinstance(op, tuple)])], within_s=within_s)
-        except StoreError:
-            self.failed_writes += 1
-            raise
-        return int(record["seq"])
+        return await self.writes.insert_turn(record, checkpoint, events=events,
+                                             within_s=within_s, idempotency=idempotency)
 
     async def save_turn(self, record: dict[str, Any],
                         checkpoint: dict[str, Any] | None = None, *,
                         messages: MessageRows | None = None,
                         trail: MessageRows | None = None,
                         events: Sequence[Event] = ()) -> None:
-        """The record (and the checkpoint and the changed rows of its conversation and
-        its trail, when given) in one transaction with `events`. A turn this node
-        claimed is written only while its claim's epoch is still the turn's (StaleLease
-        otherwise, nothing written)."""
-        turn_id = record["id"]
-        ops: list[Op] = [self._turn_update(record, checkpoint),
-                         *message_write(turn_id, messages, trail),
-                         *self._event_ops(events)]
-        if record["state"] in TERMINAL_STATES:
-            # Its end takes the turn's mail (a cancel waits there until now: see
-            # `append_message`), in its transaction, and only if the claim holds.
-            ops.append(("DELETE FROM mail WHERE turn = $1", (turn_id,)))
-        await self._write(ops, supersedes=None if checkpoint is None else turn_id)
-        if record["state"] in TERMINAL_STATES:
-            self.claims.pop(turn_id, None)
+        await self.writes.save_turn(record, checkpoint, messages=messages, trail=trail,
+                                    events=events)
 
     def queue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                    messages: MessageRows | None = None,
                    trail: MessageRows | None = None) -> bool:
-        """`save_turn` of a record and checkpoint, queued and not awaited (the rules are
-        `QueuesTurns`' in the store interface): it commits with the next durable write,
-        before any later write of the turn, and a newer checkpoint of the turn arriving
-        first drops it. Fenced like `save_turn`: a turn this node lost raises StaleLease
-        here; one lost while it waits is refused in its commit, and the turn's next
-        awaited write hears it. False when the store takes no more writes."""
-        return self._enqueue_turn(record["id"], [
-            self._turn_update(record, checkpoint),
-            *message_write(record["id"], messages, trail)])
-
-    def _turn_update(self, record: dict[str, Any], checkpoint: dict[str, Any] | None
-                     ) -> TurnUpdate:
-        """The turn's row, fenced by this node's claim when it holds the turn."""
-        epoch = self._fence(record["id"])
-        return TurnUpdate(record["id"], record["state"], record["updated_at"],
-                          dumps(stored_record(record)), _stop_code(record),
-                          None if checkpoint is None else dumps(checkpoint),
-                          None if epoch is None else self.node_id, epoch)
+        return self.writes.queue_turn(record, checkpoint, messages=messages, trail=trail)
 
     async def append_message(self, turn_id: str, message: dict[str, Any], *,
                              updated_at: float, events: Sequence[Event] = (),
                              mail_id: int | None = None) -> None:
-        """Add a user message to the stored inbox of a turn, leaving the rest of its
-        record as of its last checkpoint (the row is locked while it is changed).
-
-        `mail_id`: the message came from another node by mail. The transaction first
-        takes the mail (`DELETE ... RETURNING`), only while this node's claim of the
-        turn holds, then adds the message: the take and its effect commit together, so
-        a crash between them is impossible and a second delivery (or a node whose claim
-        was taken over) finds the mail gone and writes nothing (MailTaken). A message's
-        effect is a row, so it can share the take's transaction; a cancel's effect is
-        the turn's end, so its mail is taken by the turn's last `save_turn` instead."""
-        epoch = self._fence(turn_id) if mail_id is not None else None
-
-        async def append(conn: Conn) -> None:
-            if mail_id is not None:
-                taken = await conn.fetchval(
-                    "DELETE FROM mail m WHERE m.id = $1 AND m.turn = $2 AND ($4::bigint IS"
-                    " NULL OR EXISTS (SELECT 1 FROM turns t WHERE t.id = m.turn AND"
-                    " t.owner = $3 AND t.epoch = $4)) RETURNING m.id",
-                    mail_id, turn_id, self.node_id, epoch)
-                if taken is None:
-                    raise MailTaken(f"turn {turn_id}: mail {mail_id} was already taken, or"
-                                    f" node {self.node_id} no longer holds the turn;"
-                                    " not applied")
-            stored = await conn.fetchval("SELECT record FROM turns WHERE id = $1 FOR UPDATE",
-                                         turn_id)
-            if stored is None:
-                return
-            record = json.loads(stored)
-            inbox = record.get("inbox")
-            record["inbox"] = [*(inbox if isinstance(inbox, list) else []), message]
-            record["updated_at"] = updated_at
-            await conn.execute("UPDATE turns SET updated_at = $1, record = $2 WHERE id = $3",
-                               updated_at, dumps(record), turn_id)
-
-        await self._write([TurnCall(turn_id, append), *self._event_ops(events)])
+        await self.writes.append_message(turn_id, message, updated_at=updated_at,
+                                         events=events, mail_id=mail_id)
 
     def append_event(self, event: Event) -> None:
-        if event.turn is not None and event.turn in self.lost:
-            return  # a turn another node now runs: its events are that node's
-        for op in self._event_ops((event,)):  # its outbox rows join the event's write
-            self._enqueue_event(op)
-
-    def _event_ops(self, events: Sequence[Event]) -> list[Op]:
-        """The events' rows, each with its webhook outbox rows (if any); those of a
-        claimed turn are written only while the claim holds."""
-        ops: list[Op] = []
-        for event in events:
-            epoch = self.claims.get(event.turn) if event.turn is not None else None
-            ops.append(_event_statement(event) if epoch is None else (
-                EVENT_INSERT_FENCED, (event.seq, event.turn, event.ts, event.type,
-                                      dumps(event.to_json()), epoch)))
-            if self._route is not None:
-                ops.extend(self._outbox_ops(event, epoch))
-        return ops
+        self.writes.append_event(event)
 
     def reserve_event_seqs(self, upto: int) -> None:
-        self._enqueue([(
-            "INSERT INTO meta (key, value) VALUES ('event_seq_reserved', $1) ON CONFLICT (key)"
-            " DO UPDATE SET value = GREATEST(meta.value, excluded.value)", (upto,))])
+        self.writes.reserve_event_seqs(upto)
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
-        """Queued or awaited as `_journal_intent` says; a non-idempotent call's intent on
-        a claimed turn only while its lease holds. See `Store.journal_intent`."""
-        ops: list[Op] = [(
-            "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
-            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO UPDATE SET outcome = NULL",
-            (key, turn, tool, arguments, idempotent))]
-        epoch = self._fence(turn)
-        if epoch is not None:
-            self._key_turn[key] = turn
-            if not idempotent:  # the lease checked in the statement that writes it
-                ops = [FencedIntent(key, turn, tool, arguments, self.node_id, epoch)]
-        await self._journal_intent(key, ops, idempotent=idempotent)
+        await self.writes.journal_intent(key, turn=turn, tool=tool, arguments=arguments,
+                                         idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
-        turn = self._key_turn.pop(key, None)
-        if turn is not None:
-            self._fence(turn)  # a lost turn's outcome is the new holder's to write
-        ops: list[Op] = [("UPDATE journal SET outcome = $1 WHERE key = $2",
-                           (dumps(outcome), key))]
-        await self._journal_outcome(key, ops)
+        await self.writes.journal_outcome(key, outcome)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
                            trail: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
-        self.claims.pop(record["id"], None)
-        self.lost.discard(record["id"])
-        await self._write([*message_write(record["id"], messages, trail), (
-            "UPDATE turns SET state = $1, updated_at = $2, record = $3, checkpoint = $4,"
-            " stop_code = $5, replayed_by = NULL, owner = NULL, lease_until = NULL"
-            " WHERE id = $6",
-            (record["state"], record["updated_at"], dumps(stored_record(record)),
-             dumps(checkpoint), _stop_code(record), record["id"])),
-            *self._event_ops(events), _NOTIFY_TURNS])
+        await self.writes.requeue_turn(record, checkpoint, messages=messages, trail=trail,
+                                       events=events)
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
-        await self._write([("UPDATE turns SET replayed_by = $1 WHERE id = $2",
-                            (new_turn_id, turn_id))])
+        await self.writes.mark_replayed(turn_id, new_turn_id)
 
     async def prune(self, *, finished_before: float, dead_letters: bool = False,
                     limit: int) -> int:
-        keep_dead = "" if dead_letters else (
-            f" AND COALESCE(stop_code, '') NOT IN {DEAD_LETTER_SQL}")
-        rows = await self._fetch(
-            f"SELECT id FROM turns WHERE state IN {TERMINAL_SQL} AND updated_at < $1"
-            f"{keep_dead} ORDER BY seq LIMIT $2", finished_before, limit)
-        ids = [r[0] for r in rows]
-        # Checked again inside the transaction: a dead letter replayed since the read is
-        # queued again, and keeps everything.
-        due = f"SELECT id FROM turns WHERE id = ANY($1::text[]) AND state IN {TERMINAL_SQL}"
-        ops: list[Op] = [
-            (f"DELETE FROM events WHERE turn IN ({due})", (ids,)),
-            (f"DELETE FROM journal WHERE turn IN ({due})", (ids,)),
-            (f"DELETE FROM messages WHERE turn IN ({due})", (ids,)),
-            (f"DELETE FROM trail WHERE turn IN ({due})", (ids,)),
-            (f"DELETE FROM mail WHERE turn IN ({due})", (ids,)),
-            (f"DELETE FROM turns WHERE id IN ({due})", (ids,)),
-        ] if ids else []
-        ops.append(("DELETE FROM events WHERE turn IS NULL AND ts < $1", (finished_before,)))
-        await self._write(ops)
-        return len(ids)
+        return await self.writes.prune(finished_before=finished_before,
+                                       dead_letters=dead_letters, limit=limit)
+
+    async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
+        return await self.writes.prune_idempotency_keys(created_before=created_before,
+                                                        limit=limit)
+
+    # -- reads (`postgres_reads.py`) -------------------------------------------------
+
+    async def max_event_seq(self) -> int:
+        return await self.reads.max_event_seq()
+
+    async def get_turn(self, turn_id: str) -> dict[str, Any] | None:
+        return await self.reads.get_turn(turn_id)
+
+    async def get_checkpoint(self, turn_id: str) -> dict[str, Any] | None:
+        return await self.reads.get_checkpoint(turn_id)
+
+    async def list_turns(self, *, state: str | None = None, session: str | None = None,
+                         limit: int = 100, since: float | None = None,
+                         before_seq: int | None = None) -> list[dict[str, Any]]:
+        return await self.reads.list_turns(state=state, session=session, limit=limit,
+                                           since=since, before_seq=before_seq)
+
+    async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return await self.reads.unfinished_turns()
+
+    async def session_history(self, session: str, *, before_seq: int
+                              ) -> list[dict[str, Any]]:
+        return await self.reads.session_history(session, before_seq=before_seq)
+
+    async def events(self, *, turn: str | None = None, after_seq: int = 0,
+                     limit: int = 10_000) -> list[dict[str, Any]]:
+        return await self.reads.events(turn=turn, after_seq=after_seq, limit=limit)
+
+    async def journal_get(self, key: str) -> dict[str, Any] | None:
+        return await self.reads.journal_get(key)
+
+    async def finished_usage(self, *, since: float | None = None,
+                             limit: int = 100_000) -> list[FinishedTurn]:
+        return await self.reads.finished_usage(since=since, limit=limit)
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        return await self.reads.dead_letters()
+
+    async def idempotency_key(self, key: str) -> StoredKey | None:
+        return await self.reads.idempotency_key(key)
+
+    # -- the fleet (`postgres_fleet.py`, `postgres_shared.py`) ----------------------
+
+    async def event_block_start(self) -> int:
+        return await self.fleet.event_block_start()
+
+    async def last_event_pos(self) -> int:
+        return await self.fleet.last_event_pos()
+
+    async def peer_events(self, *, after_pos: int, turn: str | None = None,
+                          limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+        return await self.fleet.peer_events(after_pos=after_pos, turn=turn, limit=limit)
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        return await self.fleet.claim(limit)
+
+    async def backlog(self) -> int:
+        return await self.fleet.backlog()
+
+    async def renew(self) -> dict[str, int]:
+        return await self.fleet.renew()
+
+    def abandon(self, turn_ids: Iterable[str]) -> None:
+        self.fleet.abandon(turn_ids)
+
+    async def release(self) -> int:
+        return await self.fleet.release()
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return await self.fleet.nodes()
+
+    async def post_mail(self, turn_id: str, kind: str, body: dict[str, Any]) -> None:
+        await self.fleet.post_mail(turn_id, kind, body)
+
+    async def pending_mail(self) -> list[tuple[int, str, str, dict[str, Any]]]:
+        return await self.fleet.pending_mail()
+
+    async def drop_mail(self, mail_id: int) -> None:
+        await self.fleet.drop_mail(mail_id)
+
+    async def listen(self, on_notify: Callable[[str, str], None]) -> None:
+        await self.fleet.listen(on_notify)
+
+    async def share_budgets(self, budgets: dict[str, tuple[int, int]]
+                            ) -> dict[str, tuple[int, int]]:
+        return await self.shared.share_budgets(budgets)
+
+    async def open_breaker(self, name: str, for_s: float) -> None:
+        await self.shared.open_breaker(name, for_s)
+
+    async def add_breaker_failures(self, name: str, failures: int, *, reset: bool,
+                                   threshold: int, cooldown_s: float
+                                   ) -> tuple[int, float | None]:
+        return await self.shared.add_breaker_failures(
+            name, failures, reset=reset, threshold=threshold, cooldown_s=cooldown_s)
+
+    async def shared_breakers(self) -> dict[str, tuple[int, float | None]]:
+        return await self.shared.shared_breakers()
+
+    async def share_retry_after(self, name: str, for_s: float) -> None:
+        await self.shared.share_retry_after(name, for_s)
+
+    async def shared_retry_after(self) -> dict[str, float]:
+        return await self.shared.shared_retry_after()
+
+    # -- the webhook outbox (`postgres_outbox.py`) ----------------------------------
+
+    def set_webhook_route(self, route: WebhookRoute | None) -> None:
+        self.outbox.set_webhook_route(route)
+
+    async def webhook_due(self, webhook: str, *, now: float, limit: int,
+                          skip: Collection[int] = (), lease_s: float = 60.0
+                          ) -> list[Delivery]:
+        return await self.outbox.webhook_due(webhook, now=now, limit=limit, skip=skip,
+                                             lease_s=lease_s)
+
+    async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
+                             next_at: float, error: str | None, now: float) -> None:
+        await self.outbox.webhook_settle(webhook, seq, state=state, attempts=attempts,
+                                         next_at=next_at, error=error, now=now)
+
+    async def webhook_release(self) -> None:
+        await self.outbox.webhook_release()
+
+    async def webhook_give_up(self, webhook: str, *, count: int, error: str,
+                              now: float) -> int:
+        return await self.outbox.webhook_give_up(webhook, count=count, error=error, now=now)
+
+    async def webhook_backlog(self) -> dict[str, Backlog]:
+        return await self.outbox.webhook_backlog()
+
+    async def webhook_prune(self, *, delivered_before: float, failed_before: float,
+                            limit: int = 1000) -> int:
+        return await self.outbox.webhook_prune(delivered_before=delivered_before,
+                                               failed_before=failed_before, limit=limit)

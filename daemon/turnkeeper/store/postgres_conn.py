@@ -1,5 +1,6 @@
-"""The connection half of the PostgreSQL store: the pool, the group commit's
-transaction with reconnection, and reads that survive a lost connection.
+"""The PostgreSQL store's connections (`PgConnection`, a part the store and its other
+parts share): the pool, the dedicated connections, the outage state, and reads that
+survive a lost connection. The writer that commits over them is `postgres_writer.py`.
 
 The writer and the lease renewal each have a connection of their own (`Dedicated`),
 outside the pool: a connection handed back to an asyncpg pool is reset first (a round
@@ -28,20 +29,18 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 import asyncpg
 import structlog
-from anyio.abc import TaskGroup
 
 from turnkeeper.clock import Clock, SystemClock
 from turnkeeper.config.redact import redact_url
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.store.base import StoreError, StoreUnavailable
-from turnkeeper.store.postgres_batch import Conn, Op, commit
-from turnkeeper.store.writer import GroupCommitWriter, Write
+from turnkeeper.store.postgres_batch import Conn
 
 POOL_SIZE = 4
 CONNECT_TIMEOUT = 10.0
@@ -166,27 +165,26 @@ class Dedicated:
                 conn.terminate()
 
 
-class PostgresConnection(GroupCommitWriter[Op]):
-    """The pool and the writer's commits; the store's calls are in its subclasses."""
+class PgConnection:
+    """The pool, the writer's and the lease renewal's own connections, the outage state
+    every writer shares, and the reads (`read`, `fetch`). No store calls: the store's
+    other parts send theirs through this one."""
 
     def __init__(self, url: str, *, clock: Clock | None, fatal_after: float,
                  pool_size: int, node_id: str | None) -> None:
         self.clock = clock or SystemClock()
-        super().__init__(self.clock)
         self.url = url
         self.node_id = node_id or f"{socket.gethostname()[:60]}-{secrets.token_hex(3)}"
         self.where = redact_url(url)
         self.pool_size = pool_size
-        self._pool: asyncpg.Pool | None = None
+        self.pool: asyncpg.Pool | None = None
         self._settings: dict[str, str] = {}
-        self._tg: TaskGroup | None = None
         # The writer's connection and the lease renewal's, outside the pool.
-        self._writer_conn = Dedicated(self._connect_one)
-        self._lease_conn = Dedicated(self._connect_one)
+        self.writer_conn = Dedicated(self.connect_one)
+        self.lease_conn = Dedicated(self.connect_one)
         # Whether writes go through; while the server cannot be reached they wait, and
         # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
         self.outage = StoreOutage(fatal_after_s=fatal_after)
-        self.commits = 0
         self.reconnects = 0
         self.conflicts = 0  # transactions sent again after a deadlock or a serialization failure
 
@@ -195,7 +193,7 @@ class PostgresConnection(GroupCommitWriter[Op]):
         """Why writes wait, while they do."""
         return self.outage.last_error if self.outage.degraded else None
 
-    async def _connect(self, lease_s: float) -> asyncpg.Pool:
+    async def connect(self, lease_s: float) -> asyncpg.Pool:
         """The pool, its sessions named after this node."""
         settings = {
             "application_name": f"turnkeeper {self.node_id} pid {os.getpid()}",
@@ -205,24 +203,24 @@ class PostgresConnection(GroupCommitWriter[Op]):
             "idle_in_transaction_session_timeout": str(int(lease_s * 1000 / 3)),
         }
         self._settings = settings
-        self._pool = await asyncpg.create_pool(
+        self.pool = await asyncpg.create_pool(
             self.url, min_size=1, max_size=self.pool_size, timeout=CONNECT_TIMEOUT,
             command_timeout=COMMAND_TIMEOUT, server_settings=settings)
-        return self._pool
+        return self.pool
 
-    async def _connect_one(self) -> asyncpg.Connection:
+    async def connect_one(self) -> asyncpg.Connection:
         """A connection outside the pool (`Dedicated`), with the pool's settings."""
-        if self._pool is None:
+        if self.pool is None:
             raise asyncpg.InterfaceError("store is closed")
         return await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT,
                                      command_timeout=COMMAND_TIMEOUT,
                                      server_settings=self._settings)
 
-    async def _close_connections(self) -> None:
-        await self._writer_conn.close()
-        await self._lease_conn.close()
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
+    async def close(self) -> None:
+        await self.writer_conn.close()
+        await self.lease_conn.close()
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
             with anyio.CancelScope(shield=True):
                 try:
                     with anyio.fail_after(5):
@@ -230,95 +228,27 @@ class PostgresConnection(GroupCommitWriter[Op]):
                 except Exception:  # a connection that cannot close cleanly is dropped
                     pool.terminate()
 
-    # -- the writer's commits -------------------------------------------------------
-
-    async def _commit(self, batch: list[Write[Op]]) -> None:
-        self._answer(batch, await self._commit_with_reconnect(batch))
-
-    async def _commit_with_reconnect(self, batch: list[Write[Op]]) -> list[BaseException | None]:
-        """Commit the batch, sent again whole while the server cannot be reached
-        (`commit_until_reachable`)."""
-        return await commit_until_reachable(
-            lambda: self._commit_batch(batch), len(batch), outage=self.outage,
-            clock=self.clock, where=self.where,
-            closed=lambda: self._pool is None or self._closed,
-            reconnected=self._reconnected)
-
-    def _reconnected(self) -> None:
-        self.reconnects += 1
-
-    async def _commit_batch(self, batch: list[Write[Op]]) -> list[BaseException | None]:
-        """One transaction for the batch, on the writer's own connection. If the server
-        refuses it, each write gets its own, so one bad write fails alone, never its
-        neighbours. A lost connection is raised (the caller retries the whole batch)."""
-        if self._pool is None:
-            raise asyncpg.InterfaceError("store is closed")
-        dedicated = self._writer_conn
-        conn = await dedicated.get()
-        try:
-            return await self._commit_on(conn, batch)
-        except BaseException as exc:
-            dedicated.after(exc)  # a lost one is made again for the next try
-            raise
-
-    async def _commit_on(self, conn: Conn, batch: list[Write[Op]]) -> list[BaseException | None]:
-        """The batch in one transaction (`postgres_batch.commit`: a write whose claim no
-        longer holds fails alone in it); if the server refuses it, each write in its own."""
-        try:
-            return await self._commit_retrying(conn, [w.ops for w in batch])
-        except Exception as exc:
-            if lost(exc):
-                raise
-            if len(batch) == 1:
-                return [exc]
-        errors = []
-        for w in batch:
-            try:
-                errors += await self._commit_retrying(conn, [w.ops])
-            except Exception as exc:
-                if lost(exc):
-                    raise
-                errors.append(exc)
-        return errors
-
-    async def _commit_retrying(self, conn: Conn, writes: list[Sequence[Op]]
-                               ) -> list[BaseException | None]:
-        """One transaction of `writes`, sent again at once when the server rolled it back
-        for a deadlock or a serialization failure (CONFLICT_RETRIES times at most)."""
-        tries = 0
-        while True:
-            try:
-                errors = await commit(conn, writes)
-            except CONFLICTS as exc:
-                if tries >= CONFLICT_RETRIES:
-                    raise
-                tries += 1
-                self._conflicted("commit", exc)
-                continue
-            self.commits += 1
-            return errors
-
-    def _conflicted(self, what: str, exc: BaseException) -> None:
+    def conflicted(self, what: str, exc: BaseException) -> None:
         self.conflicts += 1
         log.warning("store.conflict_retried", node=self.node_id, transaction=what,
                     error=f"{type(exc).__name__}: {exc}")
 
     # -- reads --------------------------------------------------------------------
 
-    def _require_pool(self) -> asyncpg.Pool:
-        if self._pool is None:
+    def require_pool(self) -> asyncpg.Pool:
+        if self.pool is None:
             raise StoreError("state database is closed: nothing can be read")
-        return self._pool
+        return self.pool
 
-    async def _read(self, read: Callable[[Conn], Awaitable[_T]], *,
-                    on: Dedicated | None = None) -> _T:
+    async def read(self, read: Callable[[Conn], Awaitable[_T]], *,
+                   on: Dedicated | None = None) -> _T:
         """Run `read` on a pooled connection (or on the dedicated connection `on`, one
         use at a time). A connection found dead (the server
         restarted, a backend terminated) is dropped and the read tried again, with
         backoff, for up to READ_RETRY_S; then it fails (StoreError). A transaction the
         server rolled back for a deadlock or a serialization failure is run again at
         once (a lease renewal among them: not at the next heartbeat)."""
-        pool = self._require_pool()
+        pool = self.require_pool()
         started = self.clock.monotonic()
         delay = BACKOFF_FIRST
         conflicts = 0
@@ -338,12 +268,12 @@ class PostgresConnection(GroupCommitWriter[Op]):
                     raise StoreError(f"state database transaction failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
                 conflicts += 1
-                self._conflicted(getattr(read, "__name__", "read"), exc)
+                self.conflicted(getattr(read, "__name__", "read"), exc)
                 await self.clock.sleep(random.uniform(*CONFLICT_JITTER_S))
                 continue
             except DB_ERRORS as exc:
                 if not lost(exc) or self.clock.monotonic() - started >= READ_RETRY_S \
-                        or self._pool is None:
+                        or self.pool is None:
                     raise StoreError(f"state database read failed: {type(exc).__name__}: "
                                      f"{exc}") from exc
                 self.reconnects += 1
@@ -359,8 +289,8 @@ class PostgresConnection(GroupCommitWriter[Op]):
                 on.after(exc)
                 raise
 
-    async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async def fetch(conn: Conn) -> list[asyncpg.Record]:
             return await conn.fetch(sql, *args)
 
-        return await self._read(fetch)
+        return await self.read(fetch)

@@ -1,5 +1,6 @@
-"""The fleet half of the PostgreSQL store: nodes, claims, leases, fencing, mail,
-NOTIFY, and what the nodes share (retry budgets, breakers, Retry-After windows).
+"""The fleet part of the PostgreSQL store: nodes, claims, leases, fencing, mail and
+NOTIFY (what the nodes share, retry budgets, breakers and Retry-After windows, is
+`postgres_shared.py`).
 
 Several daemons share a database as a fleet (`supervisor/fleet.py`): each registers
 its node id in `nodes` (a node id whose daemon still beats is refused, StoreInUse, exit
@@ -21,7 +22,6 @@ from typing import Any
 import anyio
 import asyncpg
 
-from turnkeeper.clock import Clock
 from turnkeeper.store.base import (
     TERMINAL_SQL,
     StoreError,
@@ -37,22 +37,19 @@ from turnkeeper.store.fleet import (
     CHANNEL_TURNS,
     Claimed,
     StaleLease,
-    breaker_notice,
 )
 from turnkeeper.store.postgres_batch import Conn
 from turnkeeper.store.postgres_conn import (
     CONNECT_TIMEOUT,
     DB_ERRORS,
-    PostgresConnection,
+    PgConnection,
     dumps,
 )
+from turnkeeper.store.postgres_writer import StepWriter
 from turnkeeper.store.writer import MESSAGES, TRAIL
 
 EVENT_BLOCK = 2**32
 EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
-# The seconds a breakers row stays open, by the database's clock (NULL: not open).
-OPEN_LEFT_S = ("CASE WHEN open_until > now() THEN extract(epoch FROM open_until - now())"
-               " END")
 
 
 def process_alive(pid: int) -> bool:
@@ -65,13 +62,15 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-class PostgresFleet(PostgresConnection):
-    """A node of the fleet: the turns it holds, and the calls of `store/fleet.py`."""
+class PgFleet:
+    """A node of the fleet: the turns it holds, and the calls of `store/fleet.py` but
+    what the nodes share (`postgres_shared.py`); reads through `db`, mail through the
+    steps' `writer`."""
 
-    def __init__(self, url: str, *, clock: Clock | None, fatal_after: float,
-                 pool_size: int, node_id: str | None, lease_s: float) -> None:
-        super().__init__(url, clock=clock, fatal_after=fatal_after, pool_size=pool_size,
-                         node_id=node_id)
+    def __init__(self, db: PgConnection, writer: StepWriter, lease_s: float) -> None:
+        self.db = db
+        self.writer = writer
+        self.node_id = db.node_id
         self.lease_s = lease_s
         # The turns this node holds (turn -> the epoch of its claim), and those it lost:
         # writes of a held turn are fenced by its epoch, writes of a lost one refused.
@@ -79,7 +78,7 @@ class PostgresFleet(PostgresConnection):
         self.lost: set[str] = set()
         self.event_base = 0  # where this node's event numbers start (event_block_start)
 
-    async def _register(self, conn: Conn) -> None:
+    async def register(self, conn: Conn) -> None:
         """This node in the nodes table. A node id whose daemon still beats (its
         heartbeat younger than a lease) is refused, unless that daemon ran on this host
         and its process is gone (a restart after a crash): two daemons under one name
@@ -95,7 +94,7 @@ class PostgresFleet(PostgresConnection):
                     row["host"] == host and not process_alive(row["pid"])):
                 raise StoreInUse(
                     f"node id {self.node_id!r} is in use by a running turnkeeper (pid "
-                    f"{row['pid']} on {row['host']}) on {self.where}; give each daemon "
+                    f"{row['pid']} on {row['host']}) on {self.db.where}; give each daemon "
                     "its own [fleet] node_id")
             await conn.execute(
                 "INSERT INTO nodes (node_id, pid, host, started_at, heartbeat_at)"
@@ -108,7 +107,7 @@ class PostgresFleet(PostgresConnection):
                 " FOR UPDATE) UPDATE turns t SET owner = NULL, lease_until = NULL FROM l"
                 " WHERE t.id = l.id AND t.owner = $1", self.node_id)
 
-    def _fence(self, turn_id: str) -> int | None:
+    def fence(self, turn_id: str) -> int | None:
         """The epoch a write of `turn_id` must carry (None: not a claimed turn); raises
         StaleLease for a turn this node lost."""
         if turn_id in self.lost:
@@ -133,11 +132,11 @@ class PostgresFleet(PostgresConnection):
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value", base)
                 return base
 
-        self.event_base = await self._read(reserve)
+        self.event_base = await self.db.read(reserve)
         return self.event_base
 
     async def last_event_pos(self) -> int:
-        rows = await self._fetch("SELECT COALESCE(max(pos), 0) FROM events")
+        rows = await self.db.fetch("SELECT COALESCE(max(pos), 0) FROM events")
         return int(rows[0][0])
 
     async def peer_events(self, *, after_pos: int, turn: str | None = None,
@@ -150,7 +149,7 @@ class PostgresFleet(PostgresConnection):
         args: list[Any] = [after_pos, base, base + EVENT_BLOCK, limit]
         if turn is not None:
             args.append(turn)
-        rows = await self._fetch(sql, *args)
+        rows = await self.db.fetch(sql, *args)
         last = rows[-1]["pos"] if rows else after_pos
         return [json.loads(r["data"]) for r in rows], int(last)
 
@@ -190,7 +189,7 @@ class PostgresFleet(PostgresConnection):
                     " ORDER BY turn, idx", ids) for table in (MESSAGES, TRAIL)]
                 return turns, messages, trail
 
-        turns, messages, trail = await self._read(take)
+        turns, messages, trail = await self.db.read(take)
         rows, lines = rows_by_turn(messages), rows_by_turn(trail)
         claimed = []
         for t in sorted(turns, key=lambda t: t["seq"]):
@@ -206,7 +205,7 @@ class PostgresFleet(PostgresConnection):
     async def backlog(self) -> int:
         """Unfinished turns no live node holds (never claimed, handed back, or their
         lease run out): the fleet's queue."""
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             f"SELECT count(*) FROM turns WHERE state NOT IN {TERMINAL_SQL}"
             " AND (owner IS NULL OR lease_until < now())")
         return int(rows[0][0])
@@ -237,7 +236,7 @@ class PostgresFleet(PostgresConnection):
                 " AND t.owner = $1 RETURNING t.id, t.epoch",
                 self.node_id, list(held), list(held.values()), self.lease_s, len(held))
 
-        return {r["id"]: r["epoch"] for r in await self._read(beat, on=self._lease_conn)}
+        return {r["id"]: r["epoch"] for r in await self.db.read(beat, on=self.db.lease_conn)}
 
     def abandon(self, turn_ids: Iterable[str]) -> None:
         """Turns whose claim is lost: every later write of them is refused here, before
@@ -263,14 +262,14 @@ class PostgresFleet(PostgresConnection):
                 await conn.execute("SELECT pg_notify($1, '')", CHANNEL_TURNS)
                 return status
 
-        status = await self._read(give_back)
+        status = await self.db.read(give_back)
         self.claims.clear()
         return int(status.split()[-1])
 
     async def post_mail(self, turn_id: str, kind: str, body: dict[str, Any]) -> None:
         """A message (steer, answer, cancel) for a turn another node runs, durable when
         this returns; the node holding the turn hears of it at once (NOTIFY)."""
-        await self._write([("INSERT INTO mail (turn, kind, body) VALUES ($1, $2, $3)",
+        await self.writer._write([("INSERT INTO mail (turn, kind, body) VALUES ($1, $2, $3)",
                             (turn_id, kind, dumps(body))),
                            ("SELECT pg_notify($1, $2)", (CHANNEL_MAIL, turn_id))])
 
@@ -278,18 +277,18 @@ class PostgresFleet(PostgresConnection):
         """Mail for the turns this node holds, oldest first: (id, turn, kind, body)."""
         if not self.claims:
             return []
-        rows = await self._fetch("SELECT id, turn, kind, body FROM mail WHERE turn ="
+        rows = await self.db.fetch("SELECT id, turn, kind, body FROM mail WHERE turn ="
                                  " ANY($1::text[]) ORDER BY id", list(self.claims))
         return [(r["id"], r["turn"], r["kind"], json.loads(r["body"])) for r in rows]
 
     async def drop_mail(self, mail_id: int) -> None:
-        await self._write([("DELETE FROM mail WHERE id = $1", (mail_id,))])
+        await self.writer._write([("DELETE FROM mail WHERE id = $1", (mail_id,))])
 
     async def listen(self, on_notify: Callable[[str, str], None]) -> None:
         """Hear NOTIFY on the fleet's channels until cancelled or the connection is lost
         (then it raises StoreError: the caller listens again)."""
         try:
-            conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT)
+            conn = await asyncpg.connect(self.db.url, timeout=CONNECT_TIMEOUT)
         except DB_ERRORS as exc:
             raise StoreError(f"listen: {type(exc).__name__}: {exc}") from exc
         lost = anyio.Event()
@@ -310,105 +309,9 @@ class PostgresFleet(PostgresConnection):
         finally:
             conn.terminate()
 
-    async def share_budgets(self, budgets: dict[str, tuple[int, int]]
-                            ) -> dict[str, tuple[int, int]]:
-        """Publish this node's retry budget counts (provider -> requests, retries in
-        flight) and read the sum of the other live nodes' counts."""
-        async def share(conn: Conn) -> list[asyncpg.Record]:
-            # One statement (the other nodes' rows are read as they were before it, which
-            # is all it reads), on the heartbeat's own connection, after the renewal.
-            return await conn.fetch(
-                "WITH u AS (UPDATE nodes SET budgets = $2 WHERE node_id = $1)"
-                " SELECT budgets FROM nodes WHERE node_id <> $1 AND stopped_at IS NULL"
-                " AND heartbeat_at > now() - make_interval(secs => $3)",
-                self.node_id, dumps(budgets), self.lease_s)
-
-        totals: dict[str, tuple[int, int]] = {}
-        for row in await self._read(share, on=self._lease_conn):
-            for provider, (requests, retries) in json.loads(row["budgets"]).items():
-                r, t = totals.get(provider, (0, 0))
-                totals[provider] = (r + int(requests), t + int(retries))
-        return totals
-
-    async def open_breaker(self, name: str, for_s: float) -> None:
-        """This node opened the breaker of a peer (provider or tool) for `for_s` seconds:
-        every node keeps it open as long (NOTIFY tells them at once)."""
-        async def publish(conn: Conn) -> None:
-            async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO breakers AS b (name, open_until, node) VALUES ($1,"
-                    " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
-                    " SET open_until = GREATEST(b.open_until, excluded.open_until),"
-                    " node = excluded.node", name, for_s, self.node_id)
-                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS,
-                                   breaker_notice(name, for_s))
-
-        await self._read(publish)
-
-    async def add_breaker_failures(self, name: str, failures: int, *, reset: bool,
-                                   threshold: int, cooldown_s: float
-                                   ) -> tuple[int, float | None]:
-        """Add this node's failures to the fleet's streak of a breaker (after setting it
-        back to zero if `reset`: a success here broke it). When the streak reaches
-        `threshold` and the breaker is not open, it opens for `cooldown_s` in the same
-        transaction and every node hears it at once (NOTIFY). Returns the streak and the
-        seconds the breaker stays open (None: not open), by the database's clock."""
-        async def add(conn: Conn) -> tuple[int, float | None]:
-            async with conn.transaction():
-                row = await conn.fetchrow(
-                    "INSERT INTO breakers AS b (name, open_until, node, failures)"
-                    " VALUES ($1, NULL, $2, $3) ON CONFLICT (name) DO UPDATE SET failures"
-                    " = CASE WHEN $4 THEN 0 ELSE b.failures END + excluded.failures"
-                    f" RETURNING failures, {OPEN_LEFT_S} AS left_s",
-                    name, self.node_id, failures, reset)
-                assert row is not None  # an upsert returns its row
-                streak, left = int(row["failures"]), row["left_s"]
-                if left is None and streak >= threshold:
-                    left = await conn.fetchval(
-                        "UPDATE breakers SET open_until = now() + make_interval(secs =>"
-                        " $2), node = $3 WHERE name = $1 RETURNING extract(epoch FROM"
-                        " open_until - now())", name, cooldown_s, self.node_id)
-                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS,
-                                       breaker_notice(name, float(left)))
-                return streak, None if left is None else float(left)
-
-        return await self._read(add)
-
-    async def shared_breakers(self) -> dict[str, tuple[int, float | None]]:
-        """Every breaker the fleet shares: name -> (streak, seconds it stays open or
-        None), by the database's clock, so nodes' clocks need not agree."""
-        rows = await self._fetch(
-            f"SELECT name, failures, {OPEN_LEFT_S} AS s FROM breakers")
-        return {r["name"]: (int(r["failures"]), None if r["s"] is None else float(r["s"]))
-                for r in rows}
-
-    async def share_retry_after(self, name: str, for_s: float) -> None:
-        """A peer (provider or tool) asked this node, in a Retry-After, not to be called
-        for `for_s` seconds: every node keeps from calling it as long (NOTIFY tells them
-        at once). A window already open longer is kept."""
-        async def publish(conn: Conn) -> None:
-            async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO retry_after AS w (name, until, node) VALUES ($1,"
-                    " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
-                    " SET until = GREATEST(w.until, excluded.until), node = excluded.node",
-                    name, for_s, self.node_id)
-                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_RETRY_AFTER,
-                                   breaker_notice(name, for_s))
-
-        await self._read(publish)
-
-    async def shared_retry_after(self) -> dict[str, float]:
-        """Every open Retry-After window of the fleet: name -> seconds left, by the
-        database's clock."""
-        rows = await self._fetch(
-            "SELECT name, extract(epoch FROM until - now()) AS s FROM retry_after"
-            " WHERE until > now()")
-        return {r["name"]: float(r["s"]) for r in rows}
-
     async def nodes(self) -> list[dict[str, Any]]:
         """The fleet as the database sees it: each node, its heartbeat and its turns."""
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             "SELECT node_id, pid, host, extract(epoch FROM started_at) AS started_at,"
             " extract(epoch FROM heartbeat_at) AS heartbeat_at,"
             " extract(epoch FROM stopped_at) AS stopped_at,"

@@ -31,7 +31,8 @@ from turnkeeper.store.postgres_batch import (
     Conn,
     Op,
 )
-from turnkeeper.store.postgres_reads import PostgresReads
+from turnkeeper.store.postgres_conn import PgConnection
+from turnkeeper.store.postgres_writer import StepWriter
 
 _CLAIM = (
     "WITH c AS (SELECT webhook, seq FROM webhook_outbox WHERE webhook = $1 AND state = $2"
@@ -43,15 +44,21 @@ _CLAIM = (
     " RETURNING o.seq, o.type, o.body, o.attempts, o.created_at")
 
 
-class PostgresOutbox(PostgresReads):
-    _route: WebhookRoute | None = None  # set by the daemon: no webhook until then
+class PgOutbox:
+    """The store's outbox part: its reads through `db`, its settled attempts through the
+    steps' `writer`."""
+
+    def __init__(self, db: PgConnection, writer: StepWriter) -> None:
+        self.db = db
+        self.writer = writer
+        self.route: WebhookRoute | None = None  # set by the daemon: no webhook until then
 
     def set_webhook_route(self, route: WebhookRoute | None) -> None:
-        self._route = route
+        self.route = route
 
-    def _outbox_ops(self, event: Event, epoch: int | None) -> list[Op]:
+    def outbox_ops(self, event: Event, epoch: int | None) -> list[Op]:
         """`event`'s outbox rows, fenced by `epoch` (its turn's claim) when given."""
-        route = self._route
+        route = self.route
         names = route(event) if route is not None else ()
         if not names:
             return []
@@ -65,26 +72,26 @@ class PostgresOutbox(PostgresReads):
                           ) -> list[Delivery]:
         async def claim(conn: Conn) -> list[Any]:
             return list(await conn.fetch(_CLAIM, webhook, PENDING, now, sorted(skip),
-                                         limit, self.node_id, lease_s))
+                                         limit, self.db.node_id, lease_s))
 
-        rows = await self._read(claim)
+        rows = await self.db.read(claim)
         return sorted((Delivery(webhook, int(r["seq"]), r["type"], r["body"],
                                 int(r["attempts"]), float(r["created_at"])) for r in rows),
                       key=lambda d: d.seq)
 
     async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
                              next_at: float, error: str | None, now: float) -> None:
-        await self._write([(
+        await self.writer._write([(
             "UPDATE webhook_outbox SET state = $1, attempts = $2, next_at = $3,"
             " last_error = $4, updated_at = $5, claimed_by = NULL, claim_until = NULL"
             " WHERE webhook = $6 AND seq = $7 AND state = $8"
             " AND (claimed_by IS NULL OR claimed_by = $9)",
-            (state, attempts, next_at, error, now, webhook, seq, PENDING, self.node_id))])
+            (state, attempts, next_at, error, now, webhook, seq, PENDING, self.db.node_id))])
 
     async def webhook_release(self) -> None:
-        await self._write([(
+        await self.writer._write([(
             "UPDATE webhook_outbox SET claimed_by = NULL, claim_until = NULL"
-            " WHERE claimed_by = $1 AND state = $2", (self.node_id, PENDING))])
+            " WHERE claimed_by = $1 AND state = $2", (self.db.node_id, PENDING))])
 
     async def webhook_give_up(self, webhook: str, *, count: int, error: str,
                               now: float) -> int:
@@ -96,10 +103,10 @@ class PostgresOutbox(PostgresReads):
                 " RETURNING seq", FAILED, error, now, webhook, PENDING, count)
             return len(rows)
 
-        return await self._read(give_up)
+        return await self.db.read(give_up)
 
     async def webhook_backlog(self) -> dict[str, Backlog]:
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             "SELECT webhook, state, count(*), min(created_at), (SELECT last_error FROM"
             " webhook_outbox f WHERE f.webhook = o.webhook AND f.state = o.state"
             " ORDER BY updated_at DESC LIMIT 1) FROM webhook_outbox o"
@@ -116,4 +123,4 @@ class PostgresOutbox(PostgresReads):
                 DELIVERED, delivered_before, FAILED, failed_before, limit)
             return len(rows)
 
-        return await self._read(prune)
+        return await self.db.read(prune)

@@ -1,9 +1,9 @@
 """The PostgreSQL store's reads: a turn, its checkpoint with the rows it counts, the
 turns to resume, a session's history, events, the journal, usage and dead letters. Each
-goes through `PostgresConnection`'s reads, which survive a lost connection; the ones that
+goes through `PgConnection`'s reads, which survive a lost connection; the ones that
 must agree with each other (a checkpoint and its rows, the unfinished turns and theirs)
 read one snapshot (a repeatable-read, read-only transaction). The writes are
-`PostgresStore`'s, in `store/postgres.py`."""
+`PgWrites`', in `store/postgres_writes.py`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from turnkeeper.store.base import (
     with_messages,
 )
 from turnkeeper.store.postgres_batch import Conn
-from turnkeeper.store.postgres_fleet import PostgresFleet
+from turnkeeper.store.postgres_conn import PgConnection
 from turnkeeper.store.writer import MESSAGES, TRAIL
 
 
@@ -45,17 +45,20 @@ def _row_counts(checkpoint_json: str) -> dict[str, int]:
     return counts
 
 
-class PostgresReads(PostgresFleet):
-    """What `PostgresStore` reads (see the module's docstring)."""
+class PgReads:
+    """What `PostgresStore` reads (see the module's docstring), through `db`."""
+
+    def __init__(self, db: PgConnection) -> None:
+        self.db = db
 
     async def max_event_seq(self) -> int:
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             "SELECT GREATEST(COALESCE((SELECT max(seq) FROM events), 0),"
             " COALESCE((SELECT value FROM meta WHERE key = 'event_seq_reserved'), 0))")
         return int(rows[0][0])
 
     async def get_turn(self, turn_id: str) -> dict[str, Any] | None:
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             "SELECT record, message, replayed_by FROM turns WHERE id = $1", turn_id)
         if not rows:
             return None
@@ -82,7 +85,7 @@ class PostgresReads(PostgresFleet):
                     lists[table] = [r[0] for r in rows]
                 return stored, lists
 
-        stored, lists = await self._read(read)
+        stored, lists = await self.db.read(read)
         return None if stored is None else with_messages(
             json.loads(stored), lists.get(MESSAGES, []), lists.get(TRAIL, []))
 
@@ -92,7 +95,7 @@ class PostgresReads(PostgresFleet):
         sql, params = list_turns_sql(state=state, session=session, since=since,
                                      before_seq=before_seq, placeholder=lambda n: f"${n}")
         return [record_of(record_json, message)
-                for record_json, message in await self._fetch(sql, *params, limit)]
+                for record_json, message in await self.db.fetch(sql, *params, limit)]
 
     async def unfinished_turns(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every unfinished turn with its checkpoint, in three queries (the turns, then
@@ -109,7 +112,7 @@ class PostgresReads(PostgresFleet):
                     for table in (MESSAGES, TRAIL)]
                 return turns, messages, trail
 
-        turns, messages, trail = await self._read(read)
+        turns, messages, trail = await self.db.read(read)
         rows, lines = rows_by_turn(messages), rows_by_turn(trail)
         return [(record_of(record_json, message),
                  with_messages(json.loads(checkpoint), rows.get(turn_id, []),
@@ -117,7 +120,7 @@ class PostgresReads(PostgresFleet):
                 for turn_id, record_json, message, checkpoint in turns]
 
     async def session_history(self, session: str, *, before_seq: int) -> list[dict[str, Any]]:
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             f"SELECT record, message FROM turns WHERE session = $1 AND seq < $2 AND state"
             f" IN {TERMINAL_SQL} ORDER BY seq", session, before_seq)
         return [record_of(record_json, message) for record_json, message in rows]
@@ -125,17 +128,17 @@ class PostgresReads(PostgresFleet):
     async def events(self, *, turn: str | None = None, after_seq: int = 0,
                      limit: int = 10_000) -> list[dict[str, Any]]:
         if turn is None:
-            rows = await self._fetch("SELECT data FROM events WHERE seq > $1 ORDER BY seq"
+            rows = await self.db.fetch("SELECT data FROM events WHERE seq > $1 ORDER BY seq"
                                      " LIMIT $2", after_seq, limit)
         else:
             # In the order they reached the database: a turn that moved between nodes has
             # events from several nodes' number blocks.
-            rows = await self._fetch("SELECT data FROM events WHERE turn = $1 AND seq > $2"
+            rows = await self.db.fetch("SELECT data FROM events WHERE turn = $1 AND seq > $2"
                                      " ORDER BY pos LIMIT $3", turn, after_seq, limit)
         return [json.loads(r[0]) for r in rows]
 
     async def journal_get(self, key: str) -> dict[str, Any] | None:
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             "SELECT tool, arguments, idempotent, outcome FROM journal WHERE key = $1", key)
         if not rows:
             return None
@@ -147,7 +150,7 @@ class PostgresReads(PostgresFleet):
         # hold: it is read as U+FFFD here. Replacing the six characters keeps the JSON
         # valid wherever they stand (after an escaped backslash they are plain text), and
         # changes only text inside strings, none of which this reads.
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             "SELECT COALESCE(r->>'profile', 'default'), state,"
             " r->'result'->'stopped_because'->>'code', r->'usage'->>'total_tokens',"
             " r->'usage'->>'seconds', r->'counters'->>'steps', r->'usage'->>'cost_usd',"
@@ -164,22 +167,13 @@ class PostgresReads(PostgresFleet):
                 in rows]
 
     async def dead_letters(self) -> list[dict[str, Any]]:
-        rows = await self._fetch(
+        rows = await self.db.fetch(
             "SELECT record, message, replayed_by FROM turns WHERE stop_code IN"
             f" {DEAD_LETTER_SQL} ORDER BY seq DESC LIMIT {DEAD_LETTERS_SHOWN}")
         return [dead_letter_entry(record_of(record_json, message), replayed_by)
                 for record_json, message, replayed_by in rows]
 
     async def idempotency_key(self, key: str) -> StoredKey | None:
-        rows = await self._fetch("SELECT turn, fingerprint, created_at FROM"
+        rows = await self.db.fetch("SELECT turn, fingerprint, created_at FROM"
                                  " idempotency_keys WHERE key = $1", key)
         return StoredKey(key, *rows[0]) if rows else None
-
-    async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
-        rows = await self._fetch("SELECT key FROM idempotency_keys WHERE created_at < $1"
-                                 " ORDER BY created_at LIMIT $2", created_before, limit)
-        keys = [r[0] for r in rows]
-        if keys:
-            await self._write([("DELETE FROM idempotency_keys WHERE key = ANY($1::text[])"
-                                " AND created_at < $2", (keys, created_before))])
-        return len(keys)
