@@ -20,10 +20,12 @@
    with SIGKILL while it holds turns; the time from the kill until every turn it held is
    finished elsewhere, against the lease (a node must wait for the lease to expire
    before it may claim). No ratio when the killed node held none.
-4. A slow link. Two daemons (lease 1.5 s) reach the database through a proxy that
-   delays each way by `--delay` s, against the same two on a direct link: the time a
-   step takes more (the turns' own stored times), a single submit's median, and the
-   leases that lapsed (`fleet.lease_lapsed` in the daemons' logs).
+4. A slow link (bench/bench_fleet_link.py). Two daemons (lease 1.5 s) reach the
+   database through a proxy that delays each way by each of `--delays`: per delay, a
+   submit's median with ten clients at once, the time a step takes more than with no
+   delay, the statements and round trips a step on the wire, the node's and the
+   database's CPU a step, the leases that lapsed; with `--before DIR`, the same again
+   with another daemon source tree, alternating, to compare in one run.
 
 Turns are submitted in batches of 25 (`POST /v1/turns` of a list), one client a node at
 once, so intake does not decide the result. Every daemon runs with a bytecode cache
@@ -31,7 +33,8 @@ once, so intake does not decide the result. Every daemon runs with a bytecode ca
 
     python bench/bench_fleet.py [--turns 200] [--steps 5] [--rounds 2] [--lease 5]
                                 [--model-turns 150] [--slots 25] [--latency 0.2]
-                                [--delay 0.01] [--only 1,2,3,4]
+                                [--delays 0,0.001,0.005,0.02] [--before DIR]
+                                [--only 1,2,3,4]
 
 Needs a PostgreSQL server: TURNKEEPER_TEST_PG or postgresql://postgres@127.0.0.1:5432/postgres.
 """
@@ -40,8 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import statistics
 import sys
 import tempfile
@@ -58,11 +59,17 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_concurrency import cpu_s
+from bench.bench_fleet_link import (
+    BackendCpu,
+    count_finished,
+    over_slow_link,
+    report,
+)
 from bench.bytecode import use_bytecode_cache
 from bench.fake_model import daemon_config, start_model, wait_port
 from tests.integration.harness import Daemon, scripted_provider
 from tests.integration.tool_server import Reply, ToolServer
-from tests.pg import CuttableProxy, create_database, drop_database, server_url
+from tests.pg import create_database, drop_database, server_url
 from tests.pg_wire import CountingProxy, Counts
 
 TERMINAL = "('completed', 'partial', 'failed', 'blocked', 'cancelled')"
@@ -107,51 +114,6 @@ def model_config(port: int, slots: int, *, db: str | None, node: str, lease: flo
         max_queued_turns = 10000
         log_level = "warning"
         """) + daemon_config(port, timeout=60.0) + fleet_section(db, node, lease)
-
-
-def count_finished(db: str) -> int:
-    async def run() -> int:
-        conn = await asyncpg.connect(db)
-        try:
-            return int(await conn.fetchval(f"SELECT count(*) FROM turns WHERE state IN {TERMINAL}"))
-        finally:
-            await conn.close()
-    return asyncio.run(run())
-
-
-def backends(db: str) -> list[int]:
-    """The server processes serving the database's sessions (this one's excepted)."""
-    async def run() -> list[int]:
-        conn = await asyncpg.connect(db)
-        try:
-            return [int(r[0]) for r in await conn.fetch(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND pid <> pg_backend_pid()")]
-        finally:
-            await conn.close()
-    return asyncio.run(run())
-
-
-class BackendCpu:
-    """The CPU the database's backends spent: each backend's CPU as last seen, less what
-    it had spent when first seen at the start; sampled while the round runs, so a
-    backend that ends before the round does still counts up to its last sample."""
-
-    def __init__(self, db: str) -> None:
-        self.db = db
-        self.first: dict[int, float] = {pid: cpu_s(pid) for pid in backends(db)}
-        self.last = dict(self.first)
-
-    def sample(self) -> None:
-        for pid in backends(self.db):
-            with contextlib.suppress(OSError):
-                seen = cpu_s(pid)
-                self.first.setdefault(pid, 0.0)
-                self.last[pid] = seen
-
-    @property
-    def spent(self) -> float:
-        return sum(self.last[p] - self.first.get(p, 0.0) for p in self.last)
 
 
 def submit_all(daemons: list[Daemon], turns: int, *, batch: int = 25) -> None:
@@ -294,66 +256,6 @@ def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, in
         asyncio.run(drop_database(db))
 
 
-def over_slow_link(server: ToolServer, *, delay: float, turns: int, steps: int,
-                   lease: float, submits: int = 20) -> dict[str, float]:
-    """Two nodes whose database is `delay` s away each way (the test suite's delaying
-    proxy), against the same two on a direct link: the time a step takes more, a
-    single submit's median, and the leases that lapsed (the daemons' own log)."""
-    out: dict[str, float] = {}
-    for label, d in (("direct", 0.0), ("delayed", delay)):
-        db = asyncio.run(create_database())
-        link = CuttableProxy(db, delay=d).start() if d else None
-        try:
-            with tempfile.TemporaryDirectory(prefix="tk-bench-fleet-") as tmp:
-                url = link.url() if link is not None else db
-                daemons = [Daemon(Path(tmp), config(Path(tmp), server, steps, db=url,
-                                                    node=f"n{i}", lease=lease),
-                                  name=f"n{i}").start() for i in range(2)]
-                try:
-                    took = []
-                    for i in range(submits):
-                        t0 = time.perf_counter()
-                        daemons[i % 2].submit(f"alone {i}")
-                        took.append(time.perf_counter() - t0)
-                    wait_all(db, submits)
-                    submit_all(daemons, turns, batch=10)
-                    wait_all(db, submits + turns)
-                    per_step = asyncio.run(_step_s(db, steps))
-                    lapses = sum(d.log_text().count("fleet.lease_lapsed") for d in daemons)
-                finally:
-                    for dd in daemons:
-                        dd.kill()
-        finally:
-            if link is not None:
-                link.cut()
-            asyncio.run(drop_database(db))
-        out[f"{label} step s"] = per_step
-        out[f"{label} submit p50 s"] = statistics.median(took)
-        out[f"{label} lapses"] = lapses
-    return out
-
-
-def wait_all(db: str, n: int) -> None:
-    while count_finished(db) < n:
-        time.sleep(0.05)
-
-
-async def _step_s(db: str, steps: int) -> float:
-    """The median time a turn took, from its first write after the claim to its end, a
-    step: the turns' own stored times (queueing for a slot not in it)."""
-    conn = await asyncpg.connect(db)
-    try:
-        rows = await conn.fetch("SELECT record FROM turns WHERE message NOT LIKE '%alone %'")
-    finally:
-        await conn.close()
-    spans = []
-    for r in rows:
-        rec = json.loads(r[0])
-        begun = rec.get("started_at") or rec.get("created_at")
-        spans.append((rec["updated_at"] - begun) / steps)
-    return float(statistics.median(spans))
-
-
 def per_step_line(name: str, r: Round, base: Round, steps: int) -> str:
     line = (f"  {name:<22} {r.wall:6.2f} s  {r.wall / steps * 1e3:5.2f} ms/step"
             f" (x{r.wall / base.wall:.2f})  node CPU {r.node_cpu / steps * 1e3:5.2f} ms/step"
@@ -379,8 +281,10 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=25,
                     help="daemon.max_concurrent_turns of each node in the latency part")
     ap.add_argument("--latency", type=float, default=0.2, help="seconds a model call takes")
-    ap.add_argument("--delay", type=float, default=0.01,
-                    help="seconds each way of the slow link in part 4 (0: no part 4)")
+    ap.add_argument("--delays", default="0,0.001,0.005,0.02",
+                    help="seconds each way of the slow link in part 4 ('': no part 4)")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="part 4 again with this daemon source tree (its daemon/ directory)")
     ap.add_argument("--only", default="1,2,3,4", help="the parts to run")
     args = ap.parse_args()
     lease = args.lease
@@ -435,17 +339,12 @@ def main() -> None:
                 ": the killed node held no turn, nothing to take over")
             print(f"3. take-over after kill -9: {n} turns finished elsewhere {took:.2f} s after "
                   f"the kill{ratio}")
-        if "4" in parts and args.delay > 0:
-            got4 = over_slow_link(server, delay=args.delay, turns=40, steps=args.steps,
-                                  lease=1.5)
-            added = (got4["delayed step s"] - got4["direct step s"]) * 1e3
-            print(f"4. two nodes, the database {args.delay * 1e3:.0f} ms away each way (lease"
-                  f" 1.5 s), 40 turns x {args.steps} steps: +{added:.0f} ms a step"
-                  f" ({got4['delayed step s'] * 1e3:.0f} against"
-                  f" {got4['direct step s'] * 1e3:.0f} ms direct); a submit's p50"
-                  f" {got4['delayed submit p50 s'] * 1e3:.0f} ms"
-                  f" ({got4['direct submit p50 s'] * 1e3:.0f} direct); leases lapsed:"
-                  f" {got4['delayed lapses']:.0f} ({got4['direct lapses']:.0f} direct)")
+        if "4" in parts and args.delays:
+            delays = [float(d) for d in args.delays.split(",")]
+            got4 = over_slow_link(lambda tmp, db, node: config(
+                tmp, server, args.steps, db=db, node=node, lease=1.5), delays=delays,
+                turns=40, steps=args.steps, before=args.before)
+            report(got4, turns=40, steps=args.steps)
     finally:
         server.stop()
 

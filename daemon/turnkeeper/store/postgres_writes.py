@@ -66,6 +66,7 @@ from turnkeeper.store.postgres_batch import (
 )
 from turnkeeper.store.postgres_conn import PgConnection, dumps
 from turnkeeper.store.postgres_fleet import PgFleet
+from turnkeeper.store.postgres_fused import JOURNAL_OUTCOME, MAIL_TAKEN
 from turnkeeper.store.postgres_intake import IntakeWriter, TurnInsert
 from turnkeeper.store.postgres_outbox import PgOutbox
 from turnkeeper.store.postgres_writer import StepWriter
@@ -144,7 +145,7 @@ class PgWrites:
         if record["state"] in TERMINAL_STATES:
             # Its end takes the turn's mail (a cancel waits there until now: see
             # `append_message`), in its transaction, and only if the claim holds.
-            ops.append(("DELETE FROM mail WHERE turn = $1", (turn_id,)))
+            ops.append((MAIL_TAKEN, (turn_id,)))
         await self.writer._write(ops, supersedes=None if checkpoint is None else turn_id)
         if record["state"] in TERMINAL_STATES:
             self.fleet.claims.pop(turn_id, None)
@@ -253,8 +254,7 @@ class PgWrites:
         turn = self._key_turn.pop(key, None)
         if turn is not None:
             self.fleet.fence(turn)  # a lost turn's outcome is the new holder's to write
-        ops: list[Op] = [("UPDATE journal SET outcome = $1 WHERE key = $2",
-                           (dumps(outcome), key))]
+        ops: list[Op] = [(JOURNAL_OUTCOME, (dumps(outcome), key))]
         await self.writer._journal_outcome(key, ops)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
