@@ -5,16 +5,14 @@
 A batch the server refuses is committed again write by write, so only the write that
 fails reports the error; a transaction rolled back for a deadlock or a serialization
 failure is sent again at once; while the server cannot be reached the whole batch waits
-and is sent again (`commit_until_reachable`). A batch nobody awaits waits a moment for
-one somebody does (`_linger`), and a batch that `postgres_fused.fuse` can hold is one
-statement: one round trip.
+and is sent again (`commit_until_reachable`). A batch that `postgres_fused.fuse` can hold
+is one statement: one round trip.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import anyio
 import asyncpg
 
 from turnkeeper.store.postgres_batch import Conn, Op, commit
@@ -26,10 +24,7 @@ from turnkeeper.store.postgres_conn import (
     lost,
 )
 from turnkeeper.store.postgres_fused import commit_fused, fuse
-from turnkeeper.store.writer import MAX_BATCH, GroupCommitWriter, Write
-
-# How long a batch nobody awaits waits for an awaited write to share its commit.
-LINGER_S = 0.05
+from turnkeeper.store.writer import GroupCommitWriter, Write
 
 
 class StepWriter(GroupCommitWriter[Op]):
@@ -39,31 +34,9 @@ class StepWriter(GroupCommitWriter[Op]):
         super().__init__(db.clock)
         self.db = db
         self.commits = 0
-        self.lingered = 0  # batches nobody awaited, held for an awaited write
 
     async def _commit(self, batch: list[Write[Op]]) -> None:
-        if not any(w.done is not None for w in batch):
-            batch = await self._linger(batch)
         self._answer(batch, await self._commit_with_reconnect(batch))
-
-    async def _linger(self, batch: list[Write[Op]]) -> list[Write[Op]]:
-        """A batch nobody awaits (events, a queued checkpoint, an idempotent call's
-        journal: each commits with the next durable write) waits up to LINGER_S for an
-        awaited write, and takes everything queued by then. Sent at once, it held the
-        one connection while the step's awaited write (the intent of its call, queued
-        a moment after its checkpoint) waited behind it: a round trip more a step."""
-        queue = self._queue
-        with self.db.clock.move_on_after(LINGER_S):
-            while not self._closed and not any(w.done is not None for w in queue):
-                self._wake = anyio.Event()
-                await self._wake.wait()
-        self.lingered += 1
-        while queue and len(batch) < MAX_BATCH:
-            w = queue.popleft()
-            if w.turn is not None and self._queued_turns.get(w.turn) is w:
-                del self._queued_turns[w.turn]
-            batch.append(w)
-        return batch
 
     async def _commit_with_reconnect(self, batch: list[Write[Op]]) -> list[BaseException | None]:
         """Commit the batch, sent again whole while the server cannot be reached
