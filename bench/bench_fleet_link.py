@@ -5,7 +5,8 @@ each of `delays` seconds (tests/pg.py's CuttableProxy, 0 included: the same hops
 the delay), behind a counting proxy (tests/pg_wire.py). For each delay: a submit's
 median with ten clients submitting at once (two single submits each; after one submit a
 node, so a connection's first use is not in it), then T turns of
-S steps (S-1 journalled calls of a non-idempotent HTTP tool) submitted in batches; the
+S steps (S-1 journalled calls of a non-idempotent HTTP tool) submitted in batches (and
+before them one such turn alone: its time a step, the round trips a step meanwhile); the
 time a step takes (the turns' own stored times: queueing for a slot not in it) and what
 it takes more than with no delay, the statements and round trips a step on the wire,
 the daemons' and the database backends' CPU a step, and the leases that lapsed
@@ -88,12 +89,15 @@ def wait_all(db: str, n: int) -> None:
         time.sleep(0.05)
 
 
-async def _step_s(db: str, steps: int) -> float:
+async def _step_s(db: str, steps: int, only: str | None = None) -> float:
     """The median time a turn took, from its first write after the claim to its end, a
-    step: the turns' own stored times (queueing for a slot not in it)."""
+    step: the turns' own stored times (queueing for a slot not in it). The turns of the
+    batches, or the one whose message is `only`."""
     conn = await asyncpg.connect(db)
     try:
-        rows = await conn.fetch("SELECT record FROM turns WHERE message NOT LIKE '%alone %'")
+        rows = (await conn.fetch("SELECT record FROM turns WHERE message = $1", only)
+                if only is not None else
+                await conn.fetch("SELECT record FROM turns WHERE message NOT LIKE '%alone %'"))
     finally:
         await conn.close()
     spans = []
@@ -102,8 +106,6 @@ async def _step_s(db: str, steps: int) -> float:
         begun = rec.get("started_at") or rec.get("created_at")
         spans.append((rec["updated_at"] - begun) / steps)
     return float(statistics.median(spans))
-
-
 
 
 @dataclass
@@ -115,6 +117,8 @@ class Link:
     round_trips: float  # a step
     node_cpu_ms: float  # a step
     db_cpu_ms: float  # a step
+    alone_step_s: float = 0.0  # one turn running alone on a node: its time a step
+    alone_round_trips: float = 0.0  # and the round trips a step while it ran
 
 
 def concurrent_submits(daemons: list[Daemon], clients: int = 10, each: int = 2
@@ -154,11 +158,16 @@ def one_link(configure: Configure, counter: CountingProxy, *, delay: float, turn
                     d.submit("alone warm")
                 took = concurrent_submits(daemons)
                 wait_all(db, len(took) + len(daemons))
+                counts0 = counter.snapshot()
+                daemons[0].submit("alone solo")
+                wait_all(db, len(took) + len(daemons) + 1)
+                alone_rt = (counter.snapshot() - counts0).round_trips / steps
+                alone = asyncio.run(_step_s(db, steps, "alone solo"))
                 db_cpu = BackendCpu(db)
                 cpu0 = sum(cpu_s(d.pid) for d in daemons)
                 counts0 = counter.snapshot()
                 submit_all(daemons, turns, batch=10)
-                while not _all_done(db, len(took) + len(daemons) + turns, db_cpu):
+                while not _all_done(db, len(took) + len(daemons) + 1 + turns, db_cpu):
                     time.sleep(0.05)
                 counts = counter.snapshot() - counts0
                 node_cpu = sum(cpu_s(d.pid) for d in daemons) - cpu0
@@ -173,7 +182,8 @@ def one_link(configure: Configure, counter: CountingProxy, *, delay: float, turn
         asyncio.run(drop_database(db))
     n = turns * steps
     return Link(per_step, statistics.median(took), lapses, counts.statements / n,
-                counts.round_trips / n, node_cpu / n * 1e3, db_cpu.spent / n * 1e3)
+                counts.round_trips / n, node_cpu / n * 1e3, db_cpu.spent / n * 1e3,
+                alone, alone_rt)
 
 
 def _all_done(db: str, n: int, cpu: BackendCpu) -> bool:
@@ -214,5 +224,7 @@ def report(got: dict[str, dict[float, Link]], *, turns: int, steps: int) -> None
                   f" (+{added:5.1f} ms{in_rtt}), submit p50 {r.submit_p50_s * 1e3:6.1f} ms"
                   f"{sub_rtt}, {r.round_trips:5.2f} round trips and {r.statements:5.2f}"
                   f" statements a step, node CPU {r.node_cpu_ms:5.2f} ms and DB CPU"
-                  f" {r.db_cpu_ms:5.2f} ms a step, leases lapsed {r.lapses}")
+                  f" {r.db_cpu_ms:5.2f} ms a step, leases lapsed {r.lapses}; one turn alone:"
+                  f" {r.alone_step_s * 1e3:6.1f} ms and {r.alone_round_trips:5.2f} round trips"
+                  " a step")
 
