@@ -16,9 +16,12 @@ from tests.pg import fresh_database
 from tests.pg_wire import CountingProxy
 from tests.unit.test_postgres_lock_order import waiting_for_locks
 
+from turnkeeper.events import Event
 from turnkeeper.store import postgres_batch as pb
 from turnkeeper.store import postgres_fused as pf
+from turnkeeper.store.base import MessageRows
 from turnkeeper.store.fleet import StaleLease
+from turnkeeper.store.postgres import PostgresStore
 from turnkeeper.store.postgres_schema import prepare
 from turnkeeper.store.writer import TRAIL, MessageWrite
 
@@ -195,3 +198,53 @@ async def test_a_step_batch_is_one_round_trip_without_begin_or_commit(url: str) 
         proxy.stop()
     assert sent.round_trips == 1 and sent.statements == 1
     assert sent.tags["BEGIN"] == 0 and sent.tags["COMMIT"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_claimed_turns_step_through_the_store_is_one_round_trip_a_write(
+        url: str) -> None:
+    """Through the store, as a step writes: its checkpoint queued (the row, a message
+    row, a trail row) with an event, then its call's intent awaited, then the outcome
+    awaited, then the next checkpoint awaited: three commits, three round trips (the
+    tree before sent BEGIN, a statement per kind of row and COMMIT: 13)."""
+    proxy = CountingProxy(url).start()
+    store = PostgresStore(proxy.url(), node_id="n9", lease_s=60.0)
+    try:
+        async with anyio.create_task_group() as tg:
+            await store.open()
+            await tg.start(store.run)
+            try:
+                record = {"id": "t_1", "session": "t_1", "state": "queued", "message": "m",
+                          "created_at": 1.0, "updated_at": 1.0, "inbox": []}
+                await store.insert_turn(record, {})
+                [claimed] = await store.claim(1)
+                record = {**claimed.record, "state": "running", "updated_at": 2.0}
+                await store.save_turn(record, {"step": 0})  # the statement prepared
+                before = proxy.snapshot()
+                store.queue_turn(record, {"step": 1}, messages=MessageRows(0, ('"m0"',)),
+                                 trail=MessageRows(0, ("p0",)))
+                store.append_event(Event(seq=1, turn="t_1", ts=2.0, type="turn.step",
+                                         data={}))
+                await store.journal_intent("k1", turn="t_1", tool="effect", arguments="{}",
+                                           idempotent=False)
+                await store.journal_outcome("k1", {"ok": True})
+                await store.save_turn(record, {"step": 2},
+                                      messages=MessageRows(1, ('"m1"',)))
+                sent = proxy.snapshot() - before
+            finally:
+                await store.close()
+    finally:
+        proxy.stop()
+    assert sent.round_trips == 3 and sent.tags["BEGIN"] == 0
+    conn = await asyncpg.connect(url)
+    try:
+        assert await conn.fetchval("SELECT checkpoint FROM turns WHERE id = 't_1'") == (
+            '{"step":2}')
+        assert await _rows(conn, "SELECT idx, data FROM messages WHERE turn = 't_1'"
+                                 " ORDER BY idx") == [
+            (0, '"m0"'), (1, '"m1"')]
+        assert await _rows(conn, "SELECT key, outcome FROM journal") == [("k1", '{"ok":true}')]
+        assert await _rows(conn, "SELECT seq FROM events WHERE turn = 't_1' AND seq = 1") == [
+            (1,)]
+    finally:
+        await conn.close()
