@@ -50,14 +50,14 @@ class PgShared:
         """This node opened the breaker of a peer (provider or tool) for `for_s` seconds:
         every node keeps it open as long (NOTIFY tells them at once)."""
         async def publish(conn: Conn) -> None:
-            async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO breakers AS b (name, open_until, node) VALUES ($1,"
-                    " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
-                    " SET open_until = GREATEST(b.open_until, excluded.open_until),"
-                    " node = excluded.node", name, for_s, self.node_id)
-                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_BREAKERS,
-                                   breaker_notice(name, for_s))
+            # One statement, its own transaction (one round trip): the row, and the
+            # NOTIFY the commit delivers.
+            await conn.execute(
+                "WITH b AS (INSERT INTO breakers AS b (name, open_until, node) VALUES ($1,"
+                " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
+                " SET open_until = GREATEST(b.open_until, excluded.open_until),"
+                " node = excluded.node) SELECT pg_notify($4, $5)",
+                name, for_s, self.node_id, CHANNEL_BREAKERS, breaker_notice(name, for_s))
 
         await self.db.read(publish)
 
@@ -103,14 +103,12 @@ class PgShared:
         for `for_s` seconds: every node keeps from calling it as long (NOTIFY tells them
         at once). A window already open longer is kept."""
         async def publish(conn: Conn) -> None:
-            async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO retry_after AS w (name, until, node) VALUES ($1,"
-                    " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
-                    " SET until = GREATEST(w.until, excluded.until), node = excluded.node",
-                    name, for_s, self.node_id)
-                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL_RETRY_AFTER,
-                                   breaker_notice(name, for_s))
+            await conn.execute(  # one statement, as `open_breaker`
+                "WITH w AS (INSERT INTO retry_after AS w (name, until, node) VALUES ($1,"
+                " now() + make_interval(secs => $2), $3) ON CONFLICT (name) DO UPDATE"
+                " SET until = GREATEST(w.until, excluded.until), node = excluded.node)"
+                " SELECT pg_notify($4, $5)",
+                name, for_s, self.node_id, CHANNEL_RETRY_AFTER, breaker_notice(name, for_s))
 
         await self.db.read(publish)
 
