@@ -43,6 +43,9 @@ from turnkeeper.store.base import StoreError, StoreUnavailable
 from turnkeeper.store.postgres_batch import Conn
 
 POOL_SIZE = 4
+# Transactions the steps' writer has in flight at once, each on a connection of its own
+# (`postgres_writer.py`).
+WRITERS = 2
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0
 BACKOFF_FIRST = 0.05
@@ -180,7 +183,8 @@ class PgConnection:
         self.pool: asyncpg.Pool | None = None
         self._settings: dict[str, str] = {}
         # The writer's connection and the lease renewal's, outside the pool.
-        self.writer_conn = Dedicated(self.connect_one)
+        self.writer_conns = [Dedicated(self.connect_one) for _ in range(WRITERS)]
+        self.writer_conn = self.writer_conns[0]
         self.lease_conn = Dedicated(self.connect_one)
         # Whether writes go through; while the server cannot be reached they wait, and
         # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
@@ -217,7 +221,8 @@ class PgConnection:
                                      server_settings=self._settings)
 
     async def close(self) -> None:
-        await self.writer_conn.close()
+        for conn in self.writer_conns:
+            await conn.close()
         await self.lease_conn.close()
         if self.pool is not None:
             pool, self.pool = self.pool, None

@@ -54,6 +54,11 @@ from turnkeeper.store.postgres_batch import (
 from turnkeeper.store.writer import MESSAGES, TRAIL, MessageWrite
 
 JOURNAL_OUTCOME = "UPDATE journal SET outcome = $1 WHERE key = $2"
+# The same, naming the key's turn (known for a claimed turn's call): the writer may then
+# commit it beside another transaction that writes none of the turn's rows.
+JOURNAL_OUTCOME_OF = "UPDATE journal SET outcome = $1 WHERE key = $2 AND turn = $3"
+JOURNAL_INTENT = ("INSERT INTO journal (key, turn, tool, arguments, idempotent)"
+                  " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO UPDATE SET outcome = NULL")
 MAIL_TAKEN = "DELETE FROM mail WHERE turn = $1"  # a turn's end takes its mail
 
 
@@ -136,7 +141,7 @@ def _statement(fused: Fused, i: int, sql: str, args: Sequence[Any]) -> bool:
     elif sql in (OUTBOX_INSERT, OUTBOX_INSERT_FENCED):
         turn, epoch = (args[7], args[8]) if len(args) > 7 else (None, None)
         fused.outbox.append((*args[:7], turn, epoch, i))
-    elif sql == JOURNAL_OUTCOME:
+    elif sql in (JOURNAL_OUTCOME, JOURNAL_OUTCOME_OF):  # a key is one turn's
         fused.outcomes.append((args[0], args[1]))
     elif sql == MAIL_TAKEN:
         fused.mail.append((args[0], i))

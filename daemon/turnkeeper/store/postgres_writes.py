@@ -66,7 +66,12 @@ from turnkeeper.store.postgres_batch import (
 )
 from turnkeeper.store.postgres_conn import PgConnection, dumps
 from turnkeeper.store.postgres_fleet import PgFleet
-from turnkeeper.store.postgres_fused import JOURNAL_OUTCOME, MAIL_TAKEN
+from turnkeeper.store.postgres_fused import (
+    JOURNAL_INTENT,
+    JOURNAL_OUTCOME,
+    JOURNAL_OUTCOME_OF,
+    MAIL_TAKEN,
+)
 from turnkeeper.store.postgres_intake import IntakeWriter, TurnInsert
 from turnkeeper.store.postgres_outbox import PgOutbox
 from turnkeeper.store.postgres_writer import StepWriter
@@ -239,10 +244,7 @@ class PgWrites:
                              idempotent: bool) -> None:
         """Queued or awaited as `_journal_intent` says; a non-idempotent call's intent on
         a claimed turn only while its lease holds. See `Store.journal_intent`."""
-        ops: list[Op] = [(
-            "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
-            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO UPDATE SET outcome = NULL",
-            (key, turn, tool, arguments, idempotent))]
+        ops: list[Op] = [(JOURNAL_INTENT, (key, turn, tool, arguments, idempotent))]
         epoch = self.fleet.fence(turn)
         if epoch is not None:
             self._key_turn[key] = turn
@@ -254,7 +256,8 @@ class PgWrites:
         turn = self._key_turn.pop(key, None)
         if turn is not None:
             self.fleet.fence(turn)  # a lost turn's outcome is the new holder's to write
-        ops: list[Op] = [(JOURNAL_OUTCOME, (dumps(outcome), key))]
+        ops: list[Op] = [(JOURNAL_OUTCOME, (dumps(outcome), key)) if turn is None
+                         else (JOURNAL_OUTCOME_OF, (dumps(outcome), key, turn))]
         await self.writer._journal_outcome(key, ops)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
