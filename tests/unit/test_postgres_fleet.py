@@ -20,6 +20,7 @@ from turnkeeper.store.fleet import (
     read_breaker_notice,
 )
 from turnkeeper.store.postgres import PostgresStore
+from turnkeeper.store.postgres_fleet import EVENT_BLOCK
 
 pytestmark = pytest.mark.anyio
 
@@ -441,3 +442,33 @@ async def test_webhook_delivery_of_a_lost_turn_is_not_written(
     await a.flush()
     assert [d.seq for d in await a.webhook_due("hook", now=1e9, limit=5)] == [6]
     assert claimed.record["id"] == "t_w"
+
+
+async def test_a_follower_never_steps_over_an_event_that_commits_after_later_ones(
+        db: str, nodes: list[PostgresStore]) -> None:
+    """Two writers in flight: the first takes the lower position and commits last. A
+    follower that read the second's row must still get the first's when it commits."""
+    reader = nodes[0]
+    await reader.event_block_start()
+    other = reader.event_base + 5 * EVENT_BLOCK  # another node's numbers
+    insert = ("INSERT INTO events (seq, turn, ts, type, data) VALUES ($1, 't', 1.0,"
+              " 'turn.progress', $2)")
+    cursor = await reader.events_cursor()
+    first, second = await asyncpg.connect(db), await asyncpg.connect(db)
+    seen: list[int] = []
+    try:
+        slow = first.transaction()
+        await slow.start()
+        await first.execute(insert, other + 1, '{"seq": 1}')  # the lower position
+        await second.execute(insert, other + 2, '{"seq": 2}')  # committed at once
+        got, cursor = await reader.peer_events(after=cursor)
+        seen += [e["seq"] for e in got]
+        await slow.commit()
+        got, cursor = await reader.peer_events(after=cursor)
+        seen += [e["seq"] for e in got]
+        got, cursor = await reader.peer_events(after=cursor)
+        assert got == []  # nothing twice
+    finally:
+        await first.close()
+        await second.close()
+    assert sorted(seen) == [1, 2], seen

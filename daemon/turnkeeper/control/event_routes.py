@@ -275,7 +275,7 @@ async def _fleet_live(sup: Supervisor, live: Follower, turn: str | None, last: i
     database as they reach it (read every quarter second)."""
     assert sup.fleet is not None
     store = sup.fleet.store
-    pos = await store.last_event_pos()
+    cursor = await store.events_cursor()
     while not sup.stopping_event.is_set():
         head: Live | None = None
         with sup.clock.move_on_after(FLEET_FOLLOW_POLL_S):
@@ -287,7 +287,7 @@ async def _fleet_live(sup: Supervisor, live: Follower, turn: str | None, last: i
             batch = _live_batch(live, head, last, keep)
             if batch is not None:
                 yield batch
-        peers, pos = await store.peer_events(after_pos=pos, turn=turn)
+        peers, cursor = await store.peer_events(after=cursor, turn=turn)
         kept = [e for e in peers if keep(e["type"])]
         if kept:
             yield _stored(kept)[0], None

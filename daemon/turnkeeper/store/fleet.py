@@ -16,7 +16,7 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from turnkeeper.store.base import StoreError
 
@@ -64,6 +64,15 @@ class Claimed:
     epoch: int
 
 
+class EventCursor(NamedTuple):
+    """A follower's place in the events every node writes: the transaction that wrote the
+    last row read, and that row's position. Read in this order, a row that commits after
+    rows inserted later is never stepped over."""
+
+    tx: int
+    pos: int
+
+
 @runtime_checkable
 class FleetStore(Protocol):
     """A store several daemons share (PostgreSQL): what the fleet room calls on it."""
@@ -75,10 +84,12 @@ class FleetStore(Protocol):
 
     async def event_block_start(self) -> int: ...
 
-    async def last_event_pos(self) -> int: ...
+    async def events_cursor(self) -> EventCursor:
+        """Where a follower starts reading the other nodes' events: now."""
+        ...
 
-    async def peer_events(self, *, after_pos: int, turn: str | None = None,
-                          limit: int = 1000) -> tuple[list[dict[str, Any]], int]: ...
+    async def peer_events(self, *, after: EventCursor, turn: str | None = None,
+                          limit: int = 1000) -> tuple[list[dict[str, Any]], EventCursor]: ...
 
     async def claim(self, limit: int) -> list[Claimed]: ...
 

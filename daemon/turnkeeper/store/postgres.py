@@ -34,7 +34,7 @@ from turnkeeper.policy.idempotency import IdempotencyKey, StoredKey
 from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.store.base import MessageRows, StoreError
-from turnkeeper.store.fleet import Claimed
+from turnkeeper.store.fleet import Claimed, EventCursor
 from turnkeeper.store.outbox import Backlog, Delivery, WebhookRoute
 from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, Dedicated, PgConnection
 from turnkeeper.store.postgres_fleet import PgFleet
@@ -273,12 +273,12 @@ class PostgresStore:
     async def event_block_start(self) -> int:
         return await self.fleet.event_block_start()
 
-    async def last_event_pos(self) -> int:
-        return await self.fleet.last_event_pos()
+    async def events_cursor(self) -> EventCursor:
+        return await self.fleet.events_cursor()
 
-    async def peer_events(self, *, after_pos: int, turn: str | None = None,
-                          limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
-        return await self.fleet.peer_events(after_pos=after_pos, turn=turn, limit=limit)
+    async def peer_events(self, *, after: EventCursor, turn: str | None = None,
+                          limit: int = 1000) -> tuple[list[dict[str, Any]], EventCursor]:
+        return await self.fleet.peer_events(after=after, turn=turn, limit=limit)
 
     async def claim(self, limit: int) -> list[Claimed]:
         return await self.fleet.claim(limit)

@@ -36,6 +36,7 @@ from turnkeeper.store.fleet import (
     CHANNEL_RETRY_AFTER,
     CHANNEL_TURNS,
     Claimed,
+    EventCursor,
     StaleLease,
 )
 from turnkeeper.store.postgres_batch import Conn
@@ -49,6 +50,9 @@ from turnkeeper.store.postgres_writer import StepWriter
 from turnkeeper.store.writer import MESSAGES, TRAIL
 
 EVENT_BLOCK = 2**32
+# The oldest transaction still running anywhere on the server: every one before it has
+# committed or rolled back, so its rows are all there is ever going to be.
+_SETTLED = "pg_snapshot_xmin(pg_current_snapshot())"
 EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
 
 
@@ -135,23 +139,32 @@ class PgFleet:
         self.event_base = await self.db.read(reserve)
         return self.event_base
 
-    async def last_event_pos(self) -> int:
-        rows = await self.db.fetch("SELECT COALESCE(max(pos), 0) FROM events")
-        return int(rows[0][0])
+    async def events_cursor(self) -> EventCursor:
+        """Now: before every transaction still running (their rows are yet to come)."""
+        rows = await self.db.fetch(f"SELECT {_SETTLED}::text")
+        return EventCursor(int(rows[0][0]), 0)
 
-    async def peer_events(self, *, after_pos: int, turn: str | None = None,
-                          limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
-        """Events the other nodes wrote after `after_pos` (this node's own come from its
-        bus), in the order they reached the database; and the position to go on from."""
+    async def peer_events(self, *, after: EventCursor, turn: str | None = None,
+                          limit: int = 1000) -> tuple[list[dict[str, Any]], EventCursor]:
+        """Events the other nodes wrote after `after` (this node's own come from its
+        bus), and the cursor to go on from. Only rows of transactions older than every
+        one still running, in (transaction, position) order: any row that commits later
+        sorts after every row read, so none is stepped over."""
         base = self.event_base
-        sql = ("SELECT pos, data FROM events WHERE pos > $1 AND (seq < $2 OR seq >= $3)"
-               + (" AND turn = $5" if turn is not None else "") + " ORDER BY pos LIMIT $4")
-        args: list[Any] = [after_pos, base, base + EVENT_BLOCK, limit]
+        sql = ("SELECT tx::text AS tx, pos, data FROM events WHERE tx >= $1::text::xid8"
+               f" AND (tx > $1::text::xid8 OR pos > $2) AND tx < {_SETTLED}"
+               " AND (seq < $3 OR seq >= $4)"
+               + (" AND turn = $6" if turn is not None else "")
+               + " ORDER BY tx, pos LIMIT $5")
+        args: list[Any] = [str(after.tx), after.pos, base, base + EVENT_BLOCK, limit]
         if turn is not None:
             args.append(turn)
         rows = await self.db.fetch(sql, *args)
-        last = rows[-1]["pos"] if rows else after_pos
-        return [json.loads(r["data"]) for r in rows], int(last)
+        if not rows:
+            return [], after
+        last = rows[-1]
+        return ([json.loads(r["data"]) for r in rows],
+                EventCursor(int(last["tx"]), int(last["pos"])))
 
     async def claim(self, limit: int) -> list[Claimed]:
         """Take up to `limit` runnable turns, oldest first, that no live node holds: each

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # The advisory lock key that serialises migrations ("tk" "migr" as an integer).
 MIGRATION_LOCK = 0x746B_6D69_6772
@@ -206,6 +206,15 @@ MIGRATIONS: tuple[tuple[str | Callable[[Conn], Awaitable[None]], ...], ...] = (
             PRIMARY KEY (webhook, seq)
         )""",
         "CREATE INDEX webhook_outbox_due ON webhook_outbox (webhook, state, next_at)",
+    ),
+    (
+        # The transaction that wrote each event: `pos` is taken when the row is inserted,
+        # so two transactions in flight commit their rows out of `pos` order, and a
+        # reader following `pos` alone would step over the one that commits last. A
+        # follower reads by (tx, pos), only rows of transactions older than every one
+        # still running (store/postgres_fleet.py).
+        "ALTER TABLE events ADD COLUMN tx xid8 NOT NULL DEFAULT pg_current_xact_id()",
+        "CREATE INDEX events_tx ON events (tx, pos)",
     ),
 )
 
