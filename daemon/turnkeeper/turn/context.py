@@ -16,7 +16,7 @@ import contextlib
 import functools
 import random
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from turnkeeper.clock import Clock, to_micros
 from turnkeeper.config import ToolConfig
@@ -289,7 +289,7 @@ class TurnContext:
         return self.finish(stop, answer=self.conv.last_assistant_text()
                            if stop.code is not StopCode.INTERNAL else None)
 
-    async def suspend(self, *, parked: bool = False) -> None:
+    async def suspend(self, *, parked: bool = False) -> NoReturn:
         """Stop here; the supervisor requeues the turn. A parked turn (waiting, recovering)
         was checkpointed when it parked and has not moved since: that checkpoint is what a
         resume needs, so only its state changes, in memory (after a crash the stored row
