@@ -43,6 +43,7 @@ class TurnStart:
 
     conv: Conversation
     guard: BudgetGuard
+    # The guard that watches the real limits of a budget that does not enforce them.
     watch: BudgetGuard | None
     loops: LoopDetector
     failures: FailureLoop
@@ -50,17 +51,21 @@ class TurnStart:
     partial: list[str]
     effects: EffectLedger
     trail: Trail
-    # The limits in force, and the extensions that are part of them.
+    # The one source of the limits in force, and the extensions earned by progress
+    # that are part of them (with the agent's plan, applied by the runner).
     limits: LimitsInForce
     extension: Extension
     open_issues: list[str] = field(default_factory=list)
     waiting_since: float | None = None
     recover_until: float | None = None
+    # A guard's stop decided after a step's tools, held for the step boundary.
     pending_stop: Stop | None = None
-    # Read back only: the held calls' decisions and the checkpoint's last event number.
+    # Read back only: the decisions on the step's calls held for approval (call id ->
+    # decision) and the checkpoint's last event number (see `TurnContext.replaying`).
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)
     events_after: int | None = None
     resumed: bool = False
+    # Why the checkpoint could not be read (the turn then ends `internal`).
     restore_error: str | None = None
 
 

@@ -90,10 +90,10 @@ class TurnContext:
         self.apply_limits()
 
     def _take(self, start: TurnStart) -> None:
-        """The state the turn begins this run with, each part its own field."""
+        """The state the turn begins this run with, each part its own field (what each
+        holds: `TurnStart`)."""
         self.conv = start.conv
         self.guard = start.guard
-        # The guard that watches the real limits of a budget that does not enforce them.
         self.watch = start.watch
         self.loops = start.loops
         self.failures = start.failures
@@ -105,15 +105,11 @@ class TurnContext:
         self.pending_stop = start.pending_stop
         self.effects = start.effects
         self.trail = start.trail
-        # The one source of the limits (`limits_in_force`), and the extensions earned by
-        # progress with the agent's plan (applied by the runner).
         self.in_force = start.limits
         self.extension = start.extension
-        # The decisions on this step's calls held for approval (call id -> decision).
         self.decided = start.decided
         self._replay = Replay(self.store, self.record.id, start.events_after)
         self.resumed = start.resumed
-        # Why the checkpoint could not be read (the turn then ends `internal`).
         self.restore_error = start.restore_error
 
     @classmethod
@@ -160,8 +156,6 @@ class TurnContext:
         with it, 30 without)."""
         return turn_log(self.record)
 
-    # -- time -----------------------------------------------------------------------
-
     def start_active(self) -> None:
         if self._active_since is None:
             self._active_since = self.clock.monotonic()
@@ -192,8 +186,6 @@ class TurnContext:
         """The budget's stop when the active time, the wall clock or the deadline has
         run out."""
         return self.guard.check_time(self.usage(), now=self.clock.time())
-
-    # -- events, counters, checkpoints -------------------------------------------------
 
     def emit(self, event: EventBody | str, **data: Any) -> None:
         """Publish one of this turn's events: a catalogue event, or (for the rooms not
@@ -319,8 +311,6 @@ class TurnContext:
             raise PolicyChanged
         self.move(TurnState.RUNNING)
         self.start_active()
-
-    # -- guards and user messages --------------------------------------------------------
 
     def gate(self, stop: Stop) -> Stop | None:
         """The stop, when its guard family enforces; else None, with the stop recorded
