@@ -149,7 +149,11 @@ class ModelCall:
     async def _attempt(self, attempt: Attempt, claims: Claims) -> ModelReply | Any | None:
         ctx = self.ctx
         name = attempt.provider
-        cleared = await self._cleared(attempt, claims)
+        if ctx.control.confirm_lease is not None:
+            # A node whose lease lapsed asks nothing until a renewal confirms the lease:
+            # another node may run the turn by then, and would pay for the call again.
+            await ctx.control.confirm_lease()
+        cleared = self._cleared(attempt, claims)
         if not isinstance(cleared, Preflight):
             return cleared  # not sent: the chain's decision, or a stop
         fits = cleared
@@ -194,15 +198,11 @@ class ModelCall:
         assert failure is not None
         return self._failed(attempt, failure, started_at, claims)
 
-    async def _cleared(self, attempt: Attempt, claims: Claims) -> Preflight | Any:
-        """Whether the attempt may be sent: the lease confirmed, no Retry-After window
+    def _cleared(self, attempt: Attempt, claims: Claims) -> Preflight | Any:
+        """Whether the attempt may be sent (its lease confirmed): no Retry-After window
         open, the budget's pre-flight (what fits: the output cap), the breaker. Anything
         but a Preflight: not sent (the chain's decision, or a stop)."""
         ctx = self.ctx
-        if ctx.control.confirm_lease is not None:
-            # A node whose lease lapsed asks nothing until a renewal confirms the lease:
-            # another node may run the turn by then, and would pay for the call again.
-            await ctx.control.confirm_lease()
         name = attempt.provider
         # A provider that asked (any turn) not to be called yet is skipped, no attempt.
         # A retry is not asked again: its sleep honoured the Retry-After (`_retry`).

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from turnkeeper import event_types as ev
-from turnkeeper.config import BUILTIN_TOOL_NAMES
+from turnkeeper.config import BUILTIN_TOOL_NAMES, ToolConfig
 from turnkeeper.policy.classify import CallFailure, classify
 from turnkeeper.policy.effects import Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
@@ -26,6 +26,7 @@ from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.replies import cut_call_message
 from turnkeeper.providers.base import ToolCall
 from turnkeeper.tools.arguments import ArgumentProblem
+from turnkeeper.tools.mcp_tool import McpTool
 from turnkeeper.tools.registry import ToolOutcome
 from turnkeeper.turn.approvals import ApprovalRoom
 from turnkeeper.turn.builtins import Builtins
@@ -83,7 +84,7 @@ class ToolStep:
                 call = replace(call, arguments=json.dumps(decided["arguments"]))
             tool = ctx.tool(call.name)
             all_polling = all_polling and bool(tool and tool.polling)
-            result = await self._tool_call(call, key, resuming=resuming)
+            result = await self._tool_call(call, tool, key, resuming=resuming)
             control = ctx.control
             if isinstance(result, Stop) or control.cancel_requested or control.suspend_now:
                 return await self._cut_short(call, result)
@@ -164,18 +165,19 @@ class ToolStep:
         await ctx.checkpoint()
         return ctx.stop(stop)
 
-    async def _tool_call(self, call: ToolCall, key: str, *, resuming: bool
-                         ) -> Stop | tuple[str | None, str | None]:
-        """One tool call with its guards, journal, breaker and retries. `key` is the
-        call's place (`<turn>.<step>.<index>`), the Idempotency-Key of an idempotent
-        tool; a non-idempotent one takes its key from the turn's effect ledger, which
-        keeps it across steps for the same action until its outcome is known. Returns the
-        observation (content, state), content None for a failure (the failure loop
-        governs those, not the progress and state rules), or a Stop."""
+    async def _tool_call(self, call: ToolCall, tool: ToolConfig | McpTool | None, key: str,
+                         *, resuming: bool) -> Stop | tuple[str | None, str | None]:
+        """One tool call with its guards, journal, breaker and retries. `tool`: the
+        turn's agent's (`ctx.tool`); one it is not offered is unknown to it, whoever else
+        has it. `key` is the call's place (`<turn>.<step>.<index>`), the Idempotency-Key
+        of an idempotent tool; a non-idempotent one takes its key from the turn's effect
+        ledger, which keeps it across steps for the same action until its outcome is
+        known. Returns the observation (content, state), content None for a failure (the
+        failure loop governs those, not the progress and state rules), or a Stop."""
         ctx = self.ctx
         place = key
-        # A tool the turn's agent is not offered is unknown to it, whoever else has it.
-        tool = None if call.cut_at is not None else ctx.tool(call.name)
+        if call.cut_at is not None:
+            tool = None
         args, problem = (None, None) if tool is None else ctx.runtime.toolbox.check_arguments(
             call.name, call.arguments)
         if tool is None or problem is not None:
