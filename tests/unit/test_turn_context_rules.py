@@ -1,5 +1,5 @@
 """`TurnContext` owns its fields: another module asks it (`ctx.begin_wait()`,
-`ctx.hold_stop(stop)`, `ctx.set_limits(...)`) instead of writing `ctx.<field> = ...` or
+`ctx.hold_stop(stop)`, `ctx.apply_limits()`) instead of writing `ctx.<field> = ...` or
 the guards' limits behind its back, so what a checkpoint keeps is decided in one place."""
 
 from __future__ import annotations

@@ -232,38 +232,51 @@ async def config_changes(
             if halt.is_set():
                 return
         plan = watch_plan(path)
-        watcher = watchfiles.awatch(
-            *plan.dirs,
-            watch_filter=plan.watch_filter,
-            debounce=debounce_ms,
-            step=step_ms,
-            # Duck-typed: watchfiles only calls is_set() (from its thread) and set().
-            stop_event=cast(anyio.Event, halt),
-            rust_timeout=max(1, int(rescan_s * 1000)),
-            yield_on_timeout=True,  # an empty set every rescan_s: hash anyway
-            recursive=False,
-            force_polling=force_polling,
-        )
+        watcher = _awatch(plan, halt, debounce_ms=debounce_ms, step_ms=step_ms,
+                          rescan_s=rescan_s, force_polling=force_polling)
         failed = False
         async with aclosing(watcher):
             while True:
-                try:
-                    events = await _next_events(watcher, halt)
-                except OSError as exc:
-                    _log.warning(
-                        "config_watch.failed", path=str(path), error=str(exc), retry_s=retry_s
-                    )
-                    failed = True
-                    break
+                events, failed = await _next_batch(watcher, halt, path, retry_s)
                 if events is None:
                     break
-                state = await _read(path)
-                if tracker.observe(state):
+                if tracker.observe(state := await _read(path)):
                     yield state
                 if watch_plan(path) != plan:
                     break  # a link now points elsewhere: watch the new place
         if failed:
             await anyio.sleep(retry_s)
+
+
+def _awatch(plan: WatchPlan, halt: _Halt, *, debounce_ms: int, step_ms: int, rescan_s: float,
+            force_polling: bool | None) -> AsyncGenerator[set[tuple[watchfiles.Change, str]], None]:
+    """A watch of the plan's directories, stopped by `halt`, yielding an empty batch
+    every `rescan_s` without an event (the file is hashed anyway)."""
+    return watchfiles.awatch(
+        *plan.dirs,
+        watch_filter=plan.watch_filter,
+        debounce=debounce_ms,
+        step=step_ms,
+        # Duck-typed: watchfiles only calls is_set() (from its thread) and set().
+        stop_event=cast(anyio.Event, halt),
+        rust_timeout=max(1, int(rescan_s * 1000)),
+        yield_on_timeout=True,  # an empty set every rescan_s: hash anyway
+        recursive=False,
+        force_polling=force_polling,
+    )
+
+
+async def _next_batch(
+    watcher: AsyncGenerator[set[tuple[watchfiles.Change, str]], None], halt: _Halt,
+    path: Path, retry_s: float,
+) -> tuple[set[tuple[watchfiles.Change, str]] | None, bool]:
+    """The watcher's next batch (None: it stopped), and whether it failed instead (the
+    directory removed, inotify limits): logged, the watch starts over after `retry_s`."""
+    try:
+        return await _next_events(watcher, halt), False
+    except OSError as exc:
+        _log.warning("config_watch.failed", path=str(path), error=str(exc), retry_s=retry_s)
+        return None, True
 
 
 ChangeHandler = Callable[[ConfigChange], Awaitable[None] | None]

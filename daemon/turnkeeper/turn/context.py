@@ -3,10 +3,11 @@ does (emit an event, checkpoint, park, suspend, finish).
 
 The rooms of a turn (the step loop in `runner`, the model call, the tool step, the
 builtin tools) each hold this context and never each other's methods from below: they
-meet here. The state is either fresh (a new turn) or restored from a checkpoint, and
-`to_checkpoint()` is its exact inverse. A checkpoint written to the store holds the
-conversation's counts, not its messages (those go as rows, each written once), and the
-trail's tail (see `turn/trail.py`).
+meet here, and ask it (`ctx.begin_wait()`, `ctx.hold_stop(stop)`) instead of writing its
+fields. It is built for a new turn (`TurnContext.new`) or from the turn's checkpoint
+(`TurnContext.restore`): its terms from `turn/terms.py`, its state from
+`turn/checkpoint.py`, which writes the checkpoint too (`to_checkpoint()` is the exact
+inverse of `restore`).
 """
 
 from __future__ import annotations
@@ -14,41 +15,29 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, NoReturn, cast
 
-import structlog
-
-from turnkeeper import jsonwire
 from turnkeeper.clock import Clock, to_micros
-from turnkeeper.config import GuardConfig, ToolConfig
-from turnkeeper.event_types import EventBody, GuardWouldStop, TurnAgentRemoved, TurnSuspended
+from turnkeeper.config import ToolConfig
+from turnkeeper.event_types import EventBody, GuardWouldStop, TurnSuspended
 from turnkeeper.events import EventBus
 from turnkeeper.messages import ToolSpec
-from turnkeeper.policy.agents import AgentDefinition
-from turnkeeper.policy.budget import BudgetGuard, BudgetLimits, BudgetUsage
-from turnkeeper.policy.effects import EffectLedger
-from turnkeeper.policy.extension import Extension
+from turnkeeper.policy.backoff import Rand
+from turnkeeper.policy.budget import BudgetLimits, BudgetUsage
 from turnkeeper.policy.gate import ModeGate, WouldStop
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.restarts import RestartCounter
 from turnkeeper.policy.turn_state import TurnState, moved
 from turnkeeper.runtime import Runtime, Shared
-from turnkeeper.settings import ChainSettings, failure_loop, loop_detector
 from turnkeeper.store.base import QueuesTurns, SavedCheckpoint, Store, queues_turns
 from turnkeeper.tools.mcp_tool import McpTool
 from turnkeeper.tracing import NO_SPAN, Span, Tracer
+from turnkeeper.turn.checkpoint import TurnStart, as_stored, fresh, restored, whole
 from turnkeeper.turn.control import TurnControl
-from turnkeeper.turn.conversation import Conversation
 from turnkeeper.turn.record import TurnRecord
-from turnkeeper.turn.trail import Trail
-from turnkeeper.turn.trail import read as read_trail
-
-log = structlog.get_logger("turnkeeper.turn")
-
-
-# An event's envelope, around the fields its type gives it.
-_ENVELOPE = frozenset({"seq", "ts", "turn", "type"})
+from turnkeeper.turn.replay import Replay
+from turnkeeper.turn.terms import Terms, terms_in_force, turn_log
 
 
 class Suspended(Exception):
@@ -64,22 +53,12 @@ class Redirected(Exception):
     """Internal: a steer with redirect cut the model call; the step starts over."""
 
 
-def _salvaged_partial(checkpoint: dict[str, Any]) -> list[str]:
-    """The partial-work lines of a checkpoint that cannot be restored, when they can be
-    read on their own (none otherwise): what the turn's result still reports."""
-    try:
-        if "trail" in checkpoint:
-            return [str(x) for x in read_trail(checkpoint["trail"])[0][0]]
-        return [str(x) for x in checkpoint.get("partial") or ()]
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return []
-
-
 class TurnContext:
+    """Built by `new` (a fresh turn) or `restore` (one rebuilt from its checkpoint)."""
+
     def __init__(self, record: TurnRecord, control: TurnControl, *, runtime: Runtime,
-                 shared: Shared, store: Store, bus: EventBus, clock: Clock,
-                 checkpoint: dict[str, Any], history: list[dict[str, Any]],
-                 rand: Callable[[float, float], float] = random.uniform) -> None:
+                 shared: Shared, store: Store, bus: EventBus, clock: Clock, rand: Rand,
+                 terms: Terms, start: TurnStart) -> None:
         self.record = record
         self.control = control
         self.runtime = runtime
@@ -94,147 +73,72 @@ class TurnContext:
         self.settings = runtime.settings
         # The span of the turn's run here (`runner`), parent of its attempts' spans.
         self.span: Span = NO_SPAN
-        guards = runtime.config.guards(self._profile_in_force())
-        self.modes = guards.modes
-        self.mode_gate = ModeGate(guards.modes)
+        self.modes = terms.modes
+        self.mode_gate = ModeGate(terms.modes)
         self.restarts = RestartCounter(self.settings.max_restarts,
                                        count=record.counters.restarts)
-        if record.started_at is None:  # its first start: the wall clock begins
-            record.started_at = clock.time()
-        limits = BudgetLimits.from_config(guards.budget, overrides=record.budget,
-                                          deadline=record.deadline,
-                                          started_at=record.started_at)
-        self.limits = limits
-        record.limits = limits.snapshot()
-        # A budget in warn/observe mode only enforces the backstop and the clock limits; its
-        # real limits are watched by a second guard that records what would have stopped.
-        enforced = limits if self.modes["budget"] == "enforce" else limits.backstop_only()
-        chain_settings = self._chain_in_force()
-        # A checkpoint this code cannot read (damaged, or written by an incompatible
-        # version) ends the turn `internal` with what is known, never leaves it hanging.
-        self.restore_error: str | None = None
-        self.resumed = False
-        if checkpoint.get("conversation"):
-            try:
-                self._restore(checkpoint, guards, enforced, chain_settings, rand)
-                self.resumed = True
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                self.restore_error = f"checkpoint unreadable: {type(exc).__name__}: {exc}"
-                checkpoint = {"partial": _salvaged_partial(checkpoint)}
-        if not self.resumed:
-            self._start(history, guards, enforced, chain_settings, rand,
-                        salvaged=list(checkpoint.get("partial") or ())
-                        if self.restore_error is not None else [])
-        # The decisions on this step's calls held for approval (call id -> decision),
-        # kept until the step's tools ran: a crash before then runs them again as decided.
-        self.decided: dict[str, dict[str, Any]] = (
-            dict(checkpoint.get("approvals") or {}) if self.resumed else {})
-        # Extensions earned by progress, and the agent's plan (applied by the runner).
-        self.extension = Extension.from_config(guards.budget.extension).restore_state(
-            checkpoint.get("extension") if self.resumed else None)
+        self.agent = terms.agent
+        # The agent a reload removed from under the turn (reported when it starts).
+        self.agent_removed = terms.agent_removed
+        # The schema the final answer must match (None: free text), from one place.
+        self.output_schema = self.settings.output_schema_for(record.output_schema, self.agent)
+        self._take(start)
         self._active_since: float | None = None
         # Set when the turn answers: what its result's write stores with it (the
         # checkpoint, its message rows and its trail rows).
         self.result_checkpoint: SavedCheckpoint | None = None
-        # The last event number when the checkpoint this turn resumed from was taken, and
-        # (while `replaying`) what the turn logged after it: see `replaying`.
-        self._events_after: int | None = (checkpoint.get("event_seq") if self.resumed
-                                          else None)
-        self._logged: list[tuple[str, Any]] = []
-        # The agent a reload removed from under the turn (reported when it starts).
-        self.agent_removed: TurnAgentRemoved | None = None
-        self.agent = self._agent()
-        # The schema the final answer must match (None: free text), from one place.
-        self.output_schema = self.settings.output_schema_for(record.output_schema, self.agent)
+        self.apply_limits()
 
-    def _profile_in_force(self) -> str | None:
-        """The turn's budget profile; None when a reload removed it (the turn goes on
-        under the plain sections, and says so)."""
-        record = self.record
-        if record.profile is not None and record.profile not in self.runtime.config.budget.profiles:
-            self.log.warning("turn.profile_gone", profile=record.profile)
-            record.profile = None
-        return record.profile
+    def _take(self, start: TurnStart) -> None:
+        """The state the turn begins this run with, each part its own field (what each
+        holds: `TurnStart`)."""
+        self.conv = start.conv
+        self.guard = start.guard
+        self.watch = start.watch
+        self.loops = start.loops
+        self.failures = start.failures
+        self.chain = start.chain
+        self.partial = start.partial
+        self.open_issues = start.open_issues
+        self.waiting_since = start.waiting_since
+        self.recover_until = start.recover_until
+        self.pending_stop = start.pending_stop
+        self.effects = start.effects
+        self.trail = start.trail
+        self.in_force = start.limits
+        self.extension = start.extension
+        self.decided = start.decided
+        self._replay = Replay(self.store, self.record.id, start.events_after)
+        self.resumed = start.resumed
+        self.restore_error = start.restore_error
 
-    def _chain_in_force(self) -> ChainSettings:
-        """The turn's provider chain; the default one when a reload removed the model it
-        was submitted with (and it says so)."""
-        record = self.record
-        chain_settings = self.settings.chain_for(record.model)
-        if chain_settings is None:
-            self.log.warning("turn.model_gone", model=record.model)
-            record.model = None
-            chain_settings = self.settings.chain
-        return chain_settings
+    @classmethod
+    def new(cls, record: TurnRecord, control: TurnControl, *, runtime: Runtime,
+            shared: Shared, store: Store, bus: EventBus, clock: Clock,
+            history: list[dict[str, Any]], rand: Rand = random.uniform) -> TurnContext:
+        """A turn from its first step (`history`: the session's earlier messages)."""
+        terms = terms_in_force(record, runtime, clock)
+        return cls(record, control, runtime=runtime, shared=shared, store=store, bus=bus,
+                   clock=clock, rand=rand, terms=terms,
+                   start=fresh(terms, record, history, rand))
 
-    def _restore(self, checkpoint: dict[str, Any], guards: GuardConfig,
-                 enforced: BudgetLimits, chain_settings: ChainSettings,
-                 rand: Callable[[float, float], float]) -> None:
-        """The turn as its checkpoint left it; raises when it cannot be read."""
-        limits = self.limits
-        self.conv = Conversation.from_json(checkpoint["conversation"])
-        self.guard = BudgetGuard.restore(checkpoint["budget"], limits=enforced)
-        self.watch = None if enforced is limits else BudgetGuard.restore(
-            checkpoint.get("budget_watch") or {"warned": []}, limits=limits)
-        # A checkpoint from before the trail existed holds the partial work, the loop
-        # guard's counts and the ledger's actions itself: its first save writes them as
-        # the trail's tail.
-        (partial, loop_lines, effect_lines), rows, spilled = (
-            read_trail(checkpoint["trail"]) if "trail" in checkpoint
-            else ((list(checkpoint.get("partial", ())), [], []), 0, (0, 0, 0)))
-        self.loops = loop_detector(guards.loop_detection, checkpoint["loops"], loop_lines)
-        self.failures = failure_loop(guards.failure_loop, checkpoint["failures"])
-        self.chain = chain_settings.restore_chain(checkpoint.get("chain"), rand)
-        self.partial = [str(x) for x in partial]
-        self.open_issues = list(checkpoint.get("open_issues", ()))
-        self.waiting_since = checkpoint.get("waiting_since")
-        self.recover_until = checkpoint.get("recover_until")
-        pending = checkpoint.get("pending_stop")
-        # A guard's stop decided after a step's tools (loop detection) and not yet
-        # applied: checkpointed, or a crash would let the turn run one step too many.
-        self.pending_stop = Stop.from_json(pending) if pending else None
-        # A checkpoint from before the ledger existed starts an empty one.
-        effects = checkpoint.get("effects")
-        self.effects = (EffectLedger.restore(effects, effect_lines) if effects
-                        else EffectLedger(self.record.id))
-        self.trail = Trail((self.partial, self.loops.lines, self.effects.lines),
-                           rows=rows, spilled=spilled)
+    @classmethod
+    def restore(cls, record: TurnRecord, control: TurnControl, checkpoint: dict[str, Any],
+                *, runtime: Runtime, shared: Shared, store: Store, bus: EventBus,
+                clock: Clock, history: list[dict[str, Any]], rand: Rand = random.uniform
+                ) -> TurnContext:
+        """A turn rebuilt from its checkpoint (`resumed`); one that holds no step yet, or
+        cannot be read, begins as a new turn (the latter with `restore_error` set: the
+        turn ends `internal` with what is known)."""
+        terms = terms_in_force(record, runtime, clock)
+        return cls(record, control, runtime=runtime, shared=shared, store=store, bus=bus,
+                   clock=clock, rand=rand, terms=terms,
+                   start=restored(terms, record, checkpoint, history, rand))
 
-    def _start(self, history: list[dict[str, Any]], guards: GuardConfig,
-               enforced: BudgetLimits, chain_settings: ChainSettings,
-               rand: Callable[[float, float], float], *, salvaged: list[str]) -> None:
-        """The turn from its first step (`salvaged`: what an unreadable checkpoint's
-        partial work could still tell)."""
-        limits = self.limits
-        self.conv = Conversation.start(history, self.record.message)
-        self.guard = BudgetGuard(enforced)
-        self.watch = None if enforced is limits else BudgetGuard(limits)
-        self.loops = loop_detector(guards.loop_detection)
-        self.failures = failure_loop(guards.failure_loop)
-        self.chain = chain_settings.new_chain(rand)
-        self.partial = salvaged
-        self.open_issues = []
-        self.waiting_since = None
-        self.recover_until = None
-        self.pending_stop = None
-        self.effects = EffectLedger(self.record.id)
-        self.trail = Trail((self.partial, self.loops.lines, self.effects.lines))
-
-    def _agent(self) -> AgentDefinition:
-        """The agent the turn runs as, as this policy defines it: kept for as long as
-        the turn runs under this policy (a reload's new definition applies when the
-        turn resumes under the next one, at a step boundary, as the policy does). An
-        agent the policy no longer defines (a reload removed it) leaves the turn to the
-        default agent, and the turn says so (`agent_removed`, its event)."""
-        record = self.record
-        agent = self.settings.agent(record.agent)
-        if agent is not None:
-            return agent
-        self.log.warning("turn.agent_removed", agent=record.agent)
-        self.agent_removed = TurnAgentRemoved(agent=str(record.agent),
-                                              policy_version=record.policy_version)
-        record.agent = None
-        return self.settings.default_agent
+    @property
+    def limits(self) -> BudgetLimits:
+        """The turn's base limits, before any extension (see `in_force`)."""
+        return self.in_force.base
 
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         """The tools offered to the turn's agent now: the built-ins and its own."""
@@ -250,10 +154,7 @@ class TurnContext:
         """The turn's logger, bound on first use: most turns write no line of their own,
         and a bind assembles a new structlog logger (building a turn's runner took 61 us
         with it, 30 without)."""
-        r = self.record
-        return log.bind(turn=r.id, session=r.session, policy_version=r.policy_version)
-
-    # -- time -----------------------------------------------------------------------
+        return turn_log(self.record)
 
     def start_active(self) -> None:
         if self._active_since is None:
@@ -286,44 +187,18 @@ class TurnContext:
         run out."""
         return self.guard.check_time(self.usage(), now=self.clock.time())
 
-    # -- events, counters, checkpoints -------------------------------------------------
-
     def emit(self, event: EventBody | str, **data: Any) -> None:
         """Publish one of this turn's events: a catalogue event, or (for the rooms not
         yet moved to the catalogue) a wire type with its fields. While `replaying`, an
         event the turn already logged is not published again."""
-        if self._logged and self._was_logged(event, data):
+        if self._replay.logged and self._replay.was_logged(event, data):
             return
         self.bus.publish(event, turn=self.record.id, **data)
 
-    @contextlib.asynccontextmanager
-    async def replaying(self) -> AsyncIterator[None]:
-        """Around work a resumed turn does again that it had done before a stop or a
-        crash cut it: a step's tools, run again from the journal (a stored outcome is
-        reused, not sent again). What the turn logged after its checkpoint (events it
-        published and the store kept) is read first, and each event the work publishes
-        again the same, field for field, is left out: a follower reads every tool call
-        and result once, even across a restart."""
-        if self._events_after is not None:
-            logged = await self.store.events(turn=self.record.id,
-                                             after_seq=self._events_after)
-            self._logged = [(e["type"], {k: v for k, v in e.items() if k not in _ENVELOPE})
-                            for e in logged]
-        try:
-            yield
-        finally:
-            self._logged = []
-
-    def _was_logged(self, event: EventBody | str, data: dict[str, Any]) -> bool:
-        """Whether `event` is one logged since the checkpoint (taken off the list)."""
-        kind, fields = ((event.TYPE, event.to_json()) if isinstance(event, EventBody)
-                        else (event, data))
-        fields = jsonwire.loads(jsonwire.dumps(fields))  # as the store gives them back
-        for i, (logged_kind, logged_fields) in enumerate(self._logged):
-            if logged_kind == kind and logged_fields == fields:
-                del self._logged[i]
-                return True
-        return False
+    def replaying(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Around work a resumed turn does again (a step's tools, from the journal): what
+        it publishes again as it was logged is left out (see `turn/replay.py`)."""
+        return self._replay.around()
 
     def sync_counters(self) -> None:
         c = self.record.counters
@@ -341,14 +216,7 @@ class TurnContext:
     def to_checkpoint(self) -> dict[str, Any]:
         """The whole state, messages and trail lines inline: what a resume from memory
         starts from."""
-        return {"conversation": self.conv.to_json(), "trail": self.trail.to_json(),
-                **self._checkpoint_rest()}
-
-    def _stored_checkpoint(self, trail: dict[str, Any]) -> dict[str, Any]:
-        """The checkpoint as the store keeps it: the conversation's counts, not its
-        messages, and the trail's part (`Trail.save`) (their rows go on their own)."""
-        return {"conversation": self.conv.stored_json(), "trail": trail,
-                **self._checkpoint_rest()}
+        return whole(self, self.bus.last_seq)
 
     def checkpoint_with_result(self) -> None:
         """The checkpoint of a turn that has just answered, kept for the write of its
@@ -357,25 +225,8 @@ class TurnContext:
         three or none (the step is asked again)."""
         self.sync_counters()
         trail, lines = self.trail.save()
-        self.result_checkpoint = (self._stored_checkpoint(trail), self.conv.unsaved_rows(),
-                                  lines)
-
-    def _checkpoint_rest(self) -> dict[str, Any]:
-        return {
-            "budget": self.guard.snapshot(),
-            "budget_watch": self.watch.snapshot() if self.watch is not None else None,
-            "loops": self.loops.snapshot(),
-            "failures": self.failures.snapshot(),
-            "chain": self.chain.snapshot(),
-            "open_issues": list(self.open_issues),
-            "waiting_since": self.waiting_since,
-            "recover_until": self.recover_until,
-            "pending_stop": self.pending_stop.to_json() if self.pending_stop else None,
-            "effects": self.effects.snapshot(),
-            "approvals": dict(self.decided),
-            "extension": self.extension.snapshot(),
-            "event_seq": self.bus.last_seq,
-        }
+        self.result_checkpoint = (as_stored(self, trail, self.bus.last_seq),
+                                  self.conv.unsaved_rows(), lines)
 
     def move(self, new: TurnState) -> None:
         """Change the turn's state through the transition table: an illegal move raises
@@ -404,11 +255,11 @@ class TurnContext:
         # them; the trail's lines ride in its tail until they make a row.
         rows, (trail, lines) = self.conv.unsaved_rows(), self.trail.save()
         record = self.record.to_json()
-        checkpoint = self._stored_checkpoint(trail)
-        if queue is None or not queue(record, checkpoint, messages=rows, trail=lines):
+        saved = as_stored(self, trail, self.bus.last_seq)
+        if queue is None or not queue(record, saved, messages=rows, trail=lines):
             if new is not None:
                 record["state"] = new
-            await self.store.save_turn(record, checkpoint, messages=rows, trail=lines)
+            await self.store.save_turn(record, saved, messages=rows, trail=lines)
             if new is not None:
                 self.record.set_state(new)
         self.conv.mark_saved()
@@ -430,7 +281,7 @@ class TurnContext:
         return self.finish(stop, answer=self.conv.last_assistant_text()
                            if stop.code is not StopCode.INTERNAL else None)
 
-    async def suspend(self, *, parked: bool = False) -> None:
+    async def suspend(self, *, parked: bool = False) -> NoReturn:
         """Stop here; the supervisor requeues the turn. A parked turn (waiting, recovering)
         was checkpointed when it parked and has not moved since: that checkpoint is what a
         resume needs, so only its state changes, in memory (after a crash the stored row
@@ -447,30 +298,19 @@ class TurnContext:
                    done: Callable[[], bool]) -> None:
         """Wait, not as active time and without a slot, until the wall-clock time `until`
         (never past the deadline or the wall-clock budget, which count every wait), until
-        `done()` holds, or until
-        a suspend. The turn is checkpointed in `state` first, so a crash resumes it in the
-        same wait. A suspend raises `Suspended`; otherwise the turn is running again on
-        return, whichever way the wait ended."""
+        `done()` holds, or until a suspend. The turn is checkpointed in `state` first, so
+        a crash resumes it in the same wait. A suspend raises `Suspended`; otherwise the
+        turn is running again on return, whichever way the wait ended."""
         now = self.clock.time()
         wait_s = min(max(0.0, until - now), self.guard.clock_left(now))
         self.stop_active()
         await self.checkpoint(state)
-        self.control.park()
-        try:
-            with self.clock.move_on_after(wait_s):
-                while not (done() or self.control.suspend_requested):
-                    await self.control.wake.wait()
-        except BaseException:  # cancelled: no slot to take back
-            self.control.parked = False
-            raise
-        if not await self.control.unpark():
+        if not await self.control.wait_parked(self.clock, wait_s, done):
             await self.suspend(parked=True)
         if self.control.policy_changed:
             raise PolicyChanged
         self.move(TurnState.RUNNING)
         self.start_active()
-
-    # -- guards and user messages --------------------------------------------------------
 
     def gate(self, stop: Stop) -> Stop | None:
         """The stop, when its guard family enforces; else None, with the stop recorded
@@ -542,15 +382,14 @@ class TurnContext:
         """The span of the turn's run here, parent of its attempts' spans."""
         self.span = tracer.turn(self.record, resumed=self.resumed)
 
-    def set_limits(self, guard: BudgetLimits, watch: BudgetLimits | None,
-                   shown: Mapping[str, Any] | None = None) -> None:
-        """The limits in force (a budget extension grants more): the guard's, the
-        watch's, and what the record shows (None: as it is)."""
-        self.guard.limits = guard
-        if self.watch is not None and watch is not None:
-            self.watch.limits = watch
-        if shown is not None:
-            self.record.limits = dict(shown)
+    def apply_limits(self) -> None:
+        """The guards and the record take the limits in force, each in its form (see
+        `turn/limits_in_force.py`): when the turn is built, and after an extension."""
+        self.guard.limits = self.in_force.for_guard()
+        watched = self.in_force.for_watch()
+        if self.watch is not None and watched is not None:
+            self.watch.limits = watched
+        self.record.limits = self.in_force.shown()
 
     def user_message_arrived(self) -> None:
         """A steer or an answer: the person changed the situation, so the rebuilds

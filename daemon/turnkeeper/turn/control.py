@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from turnkeeper.clock import Clock
+
 
 @dataclass(slots=True)
 class TurnControl:
@@ -61,6 +63,20 @@ class TurnControl:
         self.parked = True
         if self.release_slot is not None:
             self.release_slot()
+
+    async def wait_parked(self, clock: Clock, wait_s: float, done: Callable[[], bool]
+                          ) -> bool:
+        """Park, and wait up to `wait_s` until `done()` holds or a suspend is asked; then
+        take a slot again (`unpark`). False when the turn is to suspend instead."""
+        self.park()
+        try:
+            with clock.move_on_after(wait_s):
+                while not (done() or self.suspend_requested):
+                    await self.wake.wait()
+        except BaseException:  # cancelled: no slot to take back
+            self.parked = False
+            raise
+        return await self.unpark()
 
     async def unpark(self) -> bool:
         """Take a slot again (waiting for one if need be). False when the turn is to suspend

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from turnkeeper import event_types as ev
-from turnkeeper.policy.budget import BudgetLimits
 from turnkeeper.policy.outcome import Stop, TurnResult
 from turnkeeper.turn.context import TurnContext
 
@@ -20,20 +19,6 @@ from turnkeeper.turn.context import TurnContext
 class ProgressRoom:
     def __init__(self, ctx: TurnContext) -> None:
         self.ctx = ctx
-        self._base_guard: BudgetLimits = ctx.guard.limits
-        self._base_watch: BudgetLimits | None = (
-            ctx.watch.limits if ctx.watch is not None else None)
-        self._apply()
-
-    def _apply(self) -> None:
-        ext, ctx = self.ctx.extension, self.ctx
-        ctx.set_limits(
-            ext.extended(self._base_guard),
-            None if self._base_watch is None else ext.extended(self._base_watch),
-            # The turn's record shows the limits in force.
-            {**ctx.record.limits, **ext.extended(ctx.limits).snapshot(),
-             "base_max_steps": ctx.limits.max_steps,
-             "base_max_seconds": ctx.limits.max_seconds} if ext.granted else None)
 
     def step_boundary(self) -> None:
         """Record the progress of the step that just ended (if any)."""
@@ -49,8 +34,8 @@ class ProgressRoom:
         grant = ctx.extension.decide(stop, steps=ctx.record.counters.steps)
         if grant is None:
             return ctx.extension.final_stop(stop, ctx.limits)
-        self._apply()
-        limits = ctx.guard.limits
+        ctx.apply_limits()
+        limits = ctx.in_force.current
         ctx.conv.add_note(grant.message)
         ctx.partial.append(f"step {ctx.record.counters.steps}: {grant.reason} limit reached "
                            f"while making progress; extended ({grant.number} of "
@@ -58,8 +43,7 @@ class ProgressRoom:
         body = ev.BudgetExtended(number=grant.number, of=grant.of, reason=grant.reason,
                                  added_steps=grant.steps, added_seconds=grant.seconds,
                                  max_steps=limits.max_steps,
-                                 max_seconds=(ctx.watch.limits if ctx.watch is not None
-                                              else limits).max_seconds,
+                                 max_seconds=limits.max_seconds,
                                  step=ctx.record.counters.steps,
                                  last_progress_step=grant.progress_step)
         ctx.emit(body)

@@ -1,5 +1,5 @@
-"""One model call of a step, through the provider chain: the request, each attempt,
-the retry sleeps, the failovers and the recovery waits.
+"""One model call of a step, through the provider chain: each attempt (its request and
+reply: `turn/exchange.py`), the retry sleeps, the failovers and the recovery waits.
 
 `ProviderChain` decides every move; this room carries them out. The shared protection
 a call claims on the way (a provider breaker's slot, a retry from the provider's retry
@@ -22,9 +22,10 @@ from turnkeeper.policy.outcome import Stop, StopCode
 from turnkeeper.policy.replies import thinking_stop
 from turnkeeper.policy.restarts import context_exhausted
 from turnkeeper.policy.turn_state import TurnState
-from turnkeeper.providers.base import MessageCache, ModelReply, ModelRequest, ProviderError
+from turnkeeper.providers.base import ModelReply
 from turnkeeper.turn.claims import Claims
 from turnkeeper.turn.context import Redirected, TurnContext
+from turnkeeper.turn.exchange import Exchange
 from turnkeeper.turn.metering import Meter
 
 # What `_last_failure` holds before any (a CallFailure is immutable: one for every turn).
@@ -38,14 +39,14 @@ class ModelCall:
         # Each provider's last failure in this model call, one line: what a providers
         # stop tells in its result instead of leaving the cause to the daemon's log.
         self._last_errors: dict[str, str] = {}
-        # The turn's messages as the adapter encoded them for the last request.
-        self._encoded = MessageCache()
         # The provider and the output cap of the last request: whose reply it is, and
         # the limit of a cut one.
         self.sent_to = ""
         self.sent_output_cap = 0
         # The size of the next request, and the charge of each reply.
         self.meter = Meter(ctx)
+        # The request of each attempt, and its reply.
+        self.exchange = Exchange(ctx, self.meter)
 
     def _breaker(self, provider: str) -> CircuitBreaker:
         return self.ctx.shared.breakers[f"provider:{provider}"]
@@ -145,29 +146,18 @@ class ModelCall:
         ctx.record.next_attempt_at = None
         return ctx.chain.retry_ready()
 
-    def _request(self, max_output_tokens: int, left_s: float, timeout_s: float,
-                 traceparent: str | None) -> ModelRequest:
-        """The request of an attempt: the provider's `timeout_s`, bounded by `left_s`,
-        the turn's time left."""
-        ctx = self.ctx
-        return ModelRequest(
-            system=ctx.agent.system_prompt, messages=tuple(ctx.conv.messages),
-            tools=ctx.tool_specs(), max_output_tokens=max_output_tokens,
-            timeout_s=max(0.001, min(timeout_s, left_s)),
-            turn_id=ctx.record.id, step=ctx.record.counters.steps,
-            metadata={"turn_message": ctx.record.message}, cache=self._encoded,
-            traceparent=traceparent,
-            output_schema=ctx.output_schema)
-
     async def _attempt(self, attempt: Attempt, claims: Claims) -> ModelReply | Any | None:
         ctx = self.ctx
         name = attempt.provider
-        cleared = await self._cleared(attempt, claims)
+        if ctx.control.confirm_lease is not None:
+            # A node whose lease lapsed asks nothing until a renewal confirms the lease:
+            # another node may run the turn by then, and would pay for the call again.
+            await ctx.control.confirm_lease()
+        cleared = self._cleared(attempt, claims)
         if not isinstance(cleared, Preflight):
             return cleared  # not sent: the chain's decision, or a stop
         fits = cleared
         ctx.sync_counters()
-        provider = ctx.runtime.providers[name]
         settings = ctx.settings.providers[name]
         self.sent_to, self.sent_output_cap = name, fits.max_output_tokens
         thinking = settings.thinking_budget_tokens
@@ -179,63 +169,19 @@ class ModelCall:
                 ctx.chain.abandon()
                 return stop
         # The attempt's span (the turn's own with tracing off): its traceparent goes out.
-        tracer = ctx.shared.tracer
-        span = tracer.chat(ctx.span, provider=name, attempt=attempt.attempt,
-                           config=ctx.runtime.config)
+        span = ctx.shared.tracer.chat(ctx.span, provider=name, attempt=attempt.attempt,
+                                      config=ctx.runtime.config)
         # The turn's time left, read once: the request's timeout, the call's total bound
         # and the wait for an in-flight slot are all taken from here.
         left_s = ctx.remaining_s()
-        request = self._request(fits.max_output_tokens, left_s, settings.timeout_s,
+        request = self.exchange.request(fits.max_output_tokens, left_s, settings.timeout_s,
                                 span.traceparent)
-        budget = ctx.shared.retry_budgets[name]
         self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
                                       step=request.step, messages=len(request.messages)))
-        budget.begin_request()
         started_at = ctx.clock.monotonic()
-        failure: CallFailure | None = None
-        reply: ModelReply | None = None
         bound = CallBound.of(turn_left_s=left_s, max_call_s=settings.max_call_s)
-
-        async def on_delta(text: str) -> None:
-            self._publish(ev.ModelDelta(text=text))
-
-        async def bounded() -> ModelReply:
-            # The whole call, however it trickles in: a per-read timeout never ends a
-            # stream that keeps sending something. Its bound starts here, once a slot is
-            # had (the wait for one has its own): the call's scope is cut at it.
-            ctx.clock.set_deadline(call_scope, bound.seconds)
-            return await provider.complete(request, on_delta)
-
-        cut = False
-        try:
-            # One scope for the call: a steer's redirect or a reload's suspend cut it
-            # (`model_call_cut`), and so does the call's bound (anything else).
-            with ctx.clock.scope() as call_scope:
-                ctx.control.call_scope = call_scope
-                if ctx.control.model_call_cut:
-                    call_scope.cancel()
-                try:
-                    reply = await ctx.shared.gates.run(
-                        name, bounded, clock=ctx.clock, wait_s=left_s,
-                        on_wait=lambda limit, busy, queued: self._publish(ev.ModelQueued(
-                            provider=name, limit=limit, in_flight=busy, waiting=queued)))
-                except ProviderError as exc:
-                    failure = exc.failure
-                if reply is not None:
-                    wrong = self.meter.charge(name, reply)
-                    if wrong is not None:  # a broken counter: nothing of it is counted
-                        reply, failure = None, CallFailure(
-                            error_type="invalid_usage", exception=("InvalidUsage",),
-                            message=wrong)
-            if call_scope.cancelled_caught:
-                cut = ctx.control.model_call_cut
-                if not cut:
-                    failure = bound.failure()  # the call's bound ran out
-        finally:
-            ctx.control.call_scope = None
-            budget.end_request()
-            claims.end_retry()
-            tracer.chat_ended(span, request, reply, failure)
+        reply, failure, cut = await self.exchange.send(name, request, left_s, bound, claims,
+                                                       span)
         if cut:
             raise self._cut(name)
         if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:
@@ -252,15 +198,11 @@ class ModelCall:
         assert failure is not None
         return self._failed(attempt, failure, started_at, claims)
 
-    async def _cleared(self, attempt: Attempt, claims: Claims) -> Preflight | Any:
-        """Whether the attempt may be sent: the lease confirmed, no Retry-After window
+    def _cleared(self, attempt: Attempt, claims: Claims) -> Preflight | Any:
+        """Whether the attempt may be sent (its lease confirmed): no Retry-After window
         open, the budget's pre-flight (what fits: the output cap), the breaker. Anything
         but a Preflight: not sent (the chain's decision, or a stop)."""
         ctx = self.ctx
-        if ctx.control.confirm_lease is not None:
-            # A node whose lease lapsed asks nothing until a renewal confirms the lease:
-            # another node may run the turn by then, and would pay for the call again.
-            await ctx.control.confirm_lease()
         name = attempt.provider
         # A provider that asked (any turn) not to be called yet is skipped, no attempt.
         # A retry is not asked again: its sleep honoured the Retry-After (`_retry`).

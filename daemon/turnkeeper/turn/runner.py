@@ -63,9 +63,12 @@ class TurnRunner:
                  shared: Shared, store: Store, bus: EventBus, clock: Clock,
                  checkpoint: dict[str, Any], history: list[dict[str, Any]],
                  rand: Callable[[float, float], float] = random.uniform) -> None:
-        self.ctx = TurnContext(record, control, runtime=runtime, shared=shared, store=store,
-                               bus=bus, clock=clock, checkpoint=checkpoint, history=history,
-                               rand=rand)
+        self.ctx = (TurnContext.restore(record, control, checkpoint, runtime=runtime,
+                                        shared=shared, store=store, bus=bus, clock=clock,
+                                        history=history, rand=rand) if checkpoint
+                    else TurnContext.new(record, control, runtime=runtime, shared=shared,
+                                         store=store, bus=bus, clock=clock, history=history,
+                                         rand=rand))
         self.model = ModelCall(self.ctx)
         self.progress = ProgressRoom(self.ctx)
         self.builtins = Builtins(self.ctx)

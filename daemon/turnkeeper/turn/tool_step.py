@@ -1,8 +1,8 @@
 """The tools of one step: each call's guards (loop detection, time left), its journal
 entry (so a resumed turn never runs a side effect twice), its attempts (retries only for
-idempotent tools) and its outcome, told to the agent and to the failure loop.
-`report_blocked`, `clarify` and `update_plan` go to the builtins, their arguments checked
-first like any tool's.
+idempotent tools) and its outcome, told to the agent and to the guards
+(`turn/tool_report.py`). `report_blocked`, `clarify` and `update_plan` go to the
+builtins, their arguments checked first like any tool's.
 
 A non-idempotent call is planned by the turn's effect ledger (its key, or a refusal when
 the same action's last outcome is unknown) and recorded in it afterwards. An unknown
@@ -18,18 +18,21 @@ from typing import Any
 import anyio
 
 from turnkeeper import event_types as ev
-from turnkeeper.config import BUILTIN_TOOL_NAMES
+from turnkeeper.config import BUILTIN_TOOL_NAMES, ToolConfig
 from turnkeeper.policy.classify import CallFailure, classify
-from turnkeeper.policy.effects import EffectOutcome, Refuse
+from turnkeeper.policy.effects import Refuse
 from turnkeeper.policy.loops import Action, LoopWarning, action_key
 from turnkeeper.policy.outcome import Stop, StopCode, TurnResult
 from turnkeeper.policy.replies import cut_call_message
 from turnkeeper.providers.base import ToolCall
+from turnkeeper.tools.arguments import ArgumentProblem
+from turnkeeper.tools.mcp_tool import McpTool
 from turnkeeper.tools.registry import ToolOutcome
 from turnkeeper.turn.approvals import ApprovalRoom
 from turnkeeper.turn.builtins import Builtins
 from turnkeeper.turn.context import TurnContext
 from turnkeeper.turn.tool_attempts import ToolAttempts
+from turnkeeper.turn.tool_report import ToolReport, unknown_outcome
 
 
 class ToolStep:
@@ -38,6 +41,7 @@ class ToolStep:
         self.builtins = builtins
         self.attempts = ToolAttempts(ctx)
         self.approvals = ApprovalRoom(ctx)
+        self.report = ToolReport(ctx)
 
     def _call_positions(self) -> dict[str, int]:
         ctx = self.ctx
@@ -68,9 +72,6 @@ class ToolStep:
             if call.name in BUILTIN_TOOL_NAMES and call.cut_at is None:
                 all_polling = False
                 ended = await self._builtin(call)
-                if isinstance(ended, Stop):  # the failure loop stopped a malformed call
-                    await ctx.checkpoint()
-                    return ctx.stop(ended)
                 if ended is not None:
                     return ended
                 continue
@@ -82,36 +83,18 @@ class ToolStep:
             if decided is not None and decided["arguments"] is not None:
                 call = replace(call, arguments=json.dumps(decided["arguments"]))
             tool = ctx.tool(call.name)
-            polling = bool(tool and tool.polling)
-            all_polling = all_polling and polling
-            result = await self._tool_call(call, key, resuming=resuming)
-            if ctx.control.cancel_requested:
-                # A plain cancel waited for this call's effect; its real outcome is known.
-                return ctx.finish(Stop(StopCode.CANCELLED, "cancelled by request"))
-            if ctx.control.suspend_now and not isinstance(result, Stop):
-                # A stop waited for this call's effect: its outcome is in the journal and
-                # the conversation; the calls after it run on resume.
-                await ctx.suspend()
-            if isinstance(result, Stop):
-                if any(c.id == call.id for c in ctx.conv.pending_tool_calls()):
-                    ctx.conv.add_tool_result(call, "not run: the turn stops here")
-                await ctx.checkpoint()
-                return ctx.stop(result)
+            all_polling = all_polling and bool(tool and tool.polling)
+            result = await self._tool_call(call, tool, key, resuming=resuming)
+            control = ctx.control
+            if isinstance(result, Stop) or control.cancel_requested or control.suspend_now:
+                return await self._cut_short(call, result)
             content, state = result
             if content is not None:
                 observations.append(content)
             if state is not None:
                 states.append(state)
         if observations:
-            stop = ctx.loops.after_step(observations,
-                                        state="|".join(states) if states else None,
-                                        polling_only=all_polling)
-            stop = ctx.gate(stop) if stop is not None else None
-            if stop is not None:
-                ctx.hold_stop(stop)
-                ctx.log.info("guard.loop_stop", code=stop.code.value, value=stop.value,
-                             limit=stop.limit, no_progress=ctx.loops.no_progress,
-                             **ctx.counter_values())
+            self._after_step(observations, states, polling_only=all_polling)
         # No checkpoint here, nor at the next step boundary: every call's outcome is in
         # the journal, and the results go with the model reply's checkpoint (or the
         # result). One here cost ~15% of a step's CPU and a commit round trip; one at
@@ -121,11 +104,42 @@ class ToolStep:
         ctx.sync_counters()
         return None
 
-    async def _builtin(self, call: ToolCall) -> TurnResult | Stop | None:
+    async def _cut_short(self, call: ToolCall,
+                         result: Stop | tuple[str | None, str | None]) -> TurnResult:
+        """The step ends after `call`: a plain cancel waited for the call's effect (its
+        real outcome is known); a stop waited for it (its outcome is in the journal and
+        the conversation, the calls after it run on resume: the turn suspends); or the
+        call stopped the turn."""
+        ctx = self.ctx
+        if ctx.control.cancel_requested:
+            return ctx.finish(Stop(StopCode.CANCELLED, "cancelled by request"))
+        if not isinstance(result, Stop):
+            await ctx.suspend()
+        if any(c.id == call.id for c in ctx.conv.pending_tool_calls()):
+            ctx.conv.add_tool_result(call, "not run: the turn stops here")
+        await ctx.checkpoint()
+        return ctx.stop(result)
+
+    def _after_step(self, observations: list[str], states: list[str], *,
+                    polling_only: bool) -> None:
+        """The loop guard's word on the step's observations: a stop is held for the step
+        boundary (`hold_stop`)."""
+        ctx = self.ctx
+        stop = ctx.loops.after_step(observations, state="|".join(states) if states else None,
+                                    polling_only=polling_only)
+        stop = ctx.gate(stop) if stop is not None else None
+        if stop is not None:
+            ctx.hold_stop(stop)
+            ctx.log.info("guard.loop_stop", code=stop.code.value, value=stop.value,
+                         limit=stop.limit, no_progress=ctx.loops.no_progress,
+                         **ctx.counter_values())
+
+    async def _builtin(self, call: ToolCall) -> TurnResult | None:
         """A built-in call, its arguments checked like any tool's: malformed ones (cut
         JSON, a wrong type) are a deterministic failure told to the agent and counted
-        by the failure loop, so it can send them again; only a well-formed
-        report_blocked ends the turn. None: the step goes on."""
+        by the failure loop, so it can send them again (unless the failure loop stops
+        the turn); only a well-formed report_blocked ends the turn. None: the step goes
+        on."""
         ctx = self.ctx
         args, problem = ctx.runtime.toolbox.check_arguments(call.name, call.arguments)
         failure: CallFailure | None = None
@@ -145,59 +159,41 @@ class ToolStep:
             return await self.builtins.clarify(call, str(args.get("question") or ""))
         if failure is None:
             return None
-        stop = self._tool_failed(call, args, failure)
-        return stop if isinstance(stop, Stop) else None
+        stop = self.report.failed(call, args, failure)
+        if not isinstance(stop, Stop):
+            return None
+        await ctx.checkpoint()
+        return ctx.stop(stop)
 
-    async def _tool_call(self, call: ToolCall, key: str, *, resuming: bool
-                         ) -> Stop | tuple[str | None, str | None]:
-        """One tool call with its guards, journal, breaker and retries. `key` is the
-        call's place (`<turn>.<step>.<index>`), the Idempotency-Key of an idempotent
-        tool; a non-idempotent one takes its key from the turn's effect ledger, which
-        keeps it across steps for the same action until its outcome is known. Returns the
-        observation (content, state), content None for a failure (the failure loop
-        governs those, not the progress and state rules), or a Stop."""
+    async def _tool_call(self, call: ToolCall, tool: ToolConfig | McpTool | None, key: str,
+                         *, resuming: bool) -> Stop | tuple[str | None, str | None]:
+        """One tool call with its guards, journal, breaker and retries. `tool`: the
+        turn's agent's (`ctx.tool`); one it is not offered is unknown to it, whoever else
+        has it. `key` is the call's place (`<turn>.<step>.<index>`), the Idempotency-Key
+        of an idempotent tool; a non-idempotent one takes its key from the turn's effect
+        ledger, which keeps it across steps for the same action until its outcome is
+        known. Returns the observation (content, state), content None for a failure (the
+        failure loop governs those, not the progress and state rules), or a Stop."""
         ctx = self.ctx
-        if call.cut_at is not None:
-            return self._tool_failed(call, None, CallFailure(
-                exception=("MalformedArguments",), message=cut_call_message(call.cut_at)))
         place = key
-        toolbox = ctx.runtime.toolbox
-        # A tool the turn's agent is not offered is unknown to it, whoever else has it.
-        tool = ctx.tool(call.name)
-        args, problem = (None, None) if tool is None else toolbox.check_arguments(
+        if call.cut_at is not None:
+            tool = None
+        args, problem = (None, None) if tool is None else ctx.runtime.toolbox.check_arguments(
             call.name, call.arguments)
         if tool is None or problem is not None:
-            recalled = await self._recalled(call, key) if resuming else None
-            if recalled is not None:
-                return recalled
-            if problem is not None:
-                return self._tool_failed(call, None, problem.failure)
-            failure = CallFailure(exception=("UnknownTool",),
-                                  message=f"there is no tool named {call.name!r}")
-            return self._tool_failed(call, None, failure)
-        assert tool is not None
+            return await self._refused(call, key, problem, resuming=resuming)
         assert args is not None
         action = Action(tool=call.name, key=action_key(call.name, args), polling=tool.polling)
-        verdict = ctx.loops.before_action(action)
-        if isinstance(verdict, Stop):
-            verdict = ctx.gate(verdict)
-            if verdict is not None:
-                return verdict
-        if isinstance(verdict, LoopWarning):
-            if ctx.modes["loop_detection"] != "observe":
-                ctx.conv.add_note(verdict.message)
-            ctx.emit(ev.LoopWarning(code=verdict.code, count=verdict.count,
-                                    limit=verdict.limit, tool=call.name))
-            ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
-                         repeats=verdict.count, limit=verdict.limit,
-                         **ctx.counter_values())
+        stop = self._before_action(call, action)
+        if stop is not None:
+            return stop
         if not tool.idempotent:
             plan = ctx.effects.plan(call.name, args,
                                     dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
             if isinstance(plan, Refuse):  # nothing is sent: the effect may have happened
                 ctx.record.counters.tool_attempts = 0
                 ctx.loops.after_action(action, classify(plan.failure))
-                return self._tool_failed(call, args, plan.failure)
+                return self.report.failed(call, args, plan.failure)
             key = plan.key
         # Resumed: the journal says whether the call was sent, and how it went.
         journalled = await self._journalled(call, args, place,
@@ -220,7 +216,40 @@ class ToolStep:
             key, entry, idempotent=idempotent)
         if outcome is None:
             outcome = await self._send(call, args, key, idempotent=idempotent)
-        return self._report(call, args, key, outcome, action, idempotent=idempotent)
+        return self.report.outcome(call, args, key, outcome, action, idempotent=idempotent)
+
+    async def _refused(self, call: ToolCall, key: str, problem: ArgumentProblem | None, *,
+                       resuming: bool) -> Stop | tuple[str | None, str | None]:
+        """A call the turn does not take: cut by the output cap, naming a tool the agent
+        is not offered, or with arguments its tool refuses (`problem`). A resumed call
+        the journal already holds an outcome of is reported as it went (`_recalled`)."""
+        if call.cut_at is not None:
+            return self.report.failed(call, None, CallFailure(
+                exception=("MalformedArguments",), message=cut_call_message(call.cut_at)))
+        recalled = await self._recalled(call, key) if resuming else None
+        if recalled is not None:
+            return recalled
+        if problem is not None:
+            return self.report.failed(call, None, problem.failure)
+        return self.report.failed(call, None, CallFailure(
+            exception=("UnknownTool",), message=f"there is no tool named {call.name!r}"))
+
+    def _before_action(self, call: ToolCall, action: Action) -> Stop | None:
+        """The loop guard's word before the call is made: a stop (when its family
+        enforces), or a warning told to the agent (unless observed only)."""
+        ctx = self.ctx
+        verdict = ctx.loops.before_action(action)
+        if isinstance(verdict, Stop):
+            return ctx.gate(verdict)
+        if isinstance(verdict, LoopWarning):
+            if ctx.modes["loop_detection"] != "observe":
+                ctx.conv.add_note(verdict.message)
+            ctx.emit(ev.LoopWarning(code=verdict.code, count=verdict.count,
+                                    limit=verdict.limit, tool=call.name))
+            ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
+                         repeats=verdict.count, limit=verdict.limit,
+                         **ctx.counter_values())
+        return None
 
     async def _journalled(self, call: ToolCall, args: dict[str, Any], place: str, *,
                           idempotent: bool | None) -> tuple[str, dict[str, Any]] | None:
@@ -264,7 +293,7 @@ class ToolStep:
         action = Action(tool=call.name, key=action_key(call.name, args), polling=False)
         ctx.loops.before_action(action)  # counted as when it was let through
         ctx.emit(ev.ToolCalled(tool=call.name, call_id=call.id, key=key, arguments=args))
-        return self._report(call, args, key, outcome, action,
+        return self.report.outcome(call, args, key, outcome, action,
                             idempotent=entry["idempotent"])
 
     async def _stored_outcome(self, key: str, entry: dict[str, Any], *,
@@ -278,29 +307,9 @@ class ToolStep:
             return ToolOutcome.from_json(entry["outcome"])
         if idempotent:
             return None
-        outcome = _unknown("DaemonStopped", "the daemon stopped while it was in flight")
+        outcome = unknown_outcome("DaemonStopped", "the daemon stopped while it was in flight")
         await self.ctx.store.journal_outcome(key, outcome.to_json())
         return outcome
-
-    def _report(self, call: ToolCall, args: dict[str, Any], key: str, outcome: ToolOutcome,
-                action: Action, *, idempotent: bool
-                ) -> Stop | tuple[str | None, str | None]:
-        """A call's outcome told to the agent, its guards and its events."""
-        ctx = self.ctx
-        if not idempotent:
-            ctx.effects.record(call.name, args, outcome.kind)
-        ctx.loops.after_action(action, classify(outcome.failure) if outcome.failure else None)
-        if outcome.kind is EffectOutcome.UNKNOWN:
-            return self._tool_unknown(call, args, key, outcome)
-        if outcome.failure is not None:
-            return self._tool_failed(call, args, outcome.failure, key=key)
-        ctx.failures.record_success(call.name, args)
-        ctx.conv.add_tool_result(call, outcome.content)
-        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} "
-                           f"{_short(call.arguments)} -> ok")
-        ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=True,
-                               content=outcome.content[:2000], state=outcome.state))
-        return (outcome.content, outcome.state)
 
     async def _send(self, call: ToolCall, args: dict[str, Any], key: str, *,
                     idempotent: bool) -> ToolOutcome:
@@ -329,77 +338,12 @@ class ToolStep:
                 with anyio.CancelScope(shield=True):
                     why = ("cancelled with --now while it was in flight"
                            if ctx.control.cancel_now else "cut while it was in flight")
-                    cut = _unknown("Cancelled", why)
+                    cut = unknown_outcome("Cancelled", why)
                     await ctx.store.journal_outcome(key, cut.to_json())
                     ctx.effects.record(call.name, args, cut.kind)
-                    self._tool_unknown(call, args, key, cut)
+                    self.report.unknown(call, args, key, cut)
             raise
         finally:
             ctx.control.effect_in_flight = False
         return outcome
 
-    def _tool_unknown(self, call: ToolCall, args: dict[str, Any], key: str,
-                      outcome: ToolOutcome) -> tuple[str | None, str | None]:
-        """The effect may have happened and nothing says whether. It is not a failure to
-        retry: the agent is told to check, not to repeat; the turn's result lists it as
-        an open issue. The failure loop does not count it (a repeat is refused, and
-        that refusal is what it counts)."""
-        ctx = self.ctx
-        assert outcome.failure is not None
-        reason = outcome.failure.describe()
-        issue = unknown_issue(call.name, call.arguments, key)
-        if issue not in ctx.open_issues:
-            ctx.open_issues.append(issue)
-        ctx.conv.add_tool_result(call, (
-            f"OUTCOME UNKNOWN: {call.name} may have done its effect ({reason}), and no "
-            "answer says whether. It was not repeated. Check whether it happened before "
-            f"doing it again (Idempotency-Key {key})."))
-        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} "
-                           f"{_short(call.arguments)} -> outcome unknown")
-        ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=None,
-                               outcome=str(EffectOutcome.UNKNOWN)))
-        ctx.emit(ev.ToolOutcomeUnknown(tool=call.name, call_id=call.id, key=key,
-                                       arguments=args, reason=reason))
-        ctx.log.info("tool.outcome_unknown", tool=call.name, key=key, reason=reason,
-                     **ctx.counter_values())
-        return (f"unknown:{key}", None)
-
-    def _tool_failed(self, call: ToolCall, args: dict[str, Any] | None,
-                     failure: CallFailure, *, key: str | None = None
-                     ) -> Stop | tuple[str | None, str | None]:
-        """The agent is told every failure (so it can change what it sends); the failure
-        loop counts it."""
-        ctx = self.ctx
-        cls = classify(failure)
-        text = f"ERROR ({cls.value}): {failure.describe()}"
-        ctx.conv.add_tool_result(call, text)
-        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} "
-                           f"{_short(call.arguments)} -> failed ({cls.value})")
-        stop = ctx.failures.record_failure(call.name, args if args is not None
-                                           else call.arguments, cls)
-        stop = ctx.gate(stop) if stop is not None else None
-        streak, limit = ctx.failures.streak, ctx.failures.thresholds[cls]
-        ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=False,
-                               class_=cls.value, error=failure.describe()[:500],
-                               failure_streak=streak, limit=limit))
-        ctx.log.info("tool.failed", tool=call.name, failure_class=cls.value,
-                     error=failure.describe()[:300], failure_streak=streak, limit=limit,
-                     **ctx.counter_values())
-        if stop is not None:
-            return stop
-        return (None, None)
-
-
-def unknown_issue(tool: str, arguments: str, key: str) -> str:
-    """The open issue an unknown outcome leaves in the turn's result: the same words
-    whatever cut the call (a timeout, a reset, cancel --now, a stop, a crash)."""
-    return f"outcome unknown: {tool} {arguments} (Idempotency-Key {key})"
-
-
-def _unknown(exception: str, message: str) -> ToolOutcome:
-    return ToolOutcome(content="", unknown=True,
-                       failure=CallFailure(exception=(exception,), message=message))
-
-
-def _short(arguments: str, limit: int = 120) -> str:
-    return arguments if len(arguments) <= limit else arguments[:limit] + "..."
