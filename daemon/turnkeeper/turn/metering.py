@@ -19,7 +19,7 @@ from typing import Any
 from turnkeeper import event_types as ev
 from turnkeeper.policy.budget import BudgetGuard, BudgetUsage, Preflight
 from turnkeeper.policy.outcome import Stop
-from turnkeeper.policy.usage import REQUEST_TOKENS, Metered, Prices, item_tokens, metered
+from turnkeeper.policy.usage import REQUEST_TOKENS, Prices, item_tokens, metered
 from turnkeeper.providers.base import ModelReply
 from turnkeeper.settings import ProviderRequestSettings
 from turnkeeper.turn.context import TurnContext
@@ -81,18 +81,15 @@ class Meter:
         return prices
 
     def charge(self, provider: str, reply: ModelReply) -> str | None:
-        """Charge the reply's usage to the turn; what is wrong with the usage instead,
-        charging nothing, when it is not one a provider could really have used."""
+        """Charge the reply's usage to the turn, and publish `model.response`; what is
+        wrong with the usage instead, charging nothing, when it is not one a provider
+        could really have used."""
         u = reply.usage
         counted = metered(u.input_tokens, u.output_tokens, u.cache_read_tokens,
                           u.cache_write_tokens,
                           prices=self._prices_of(provider))
         if isinstance(counted, str):
             return counted
-        self._add(provider, reply, counted)
-        return None
-
-    def _add(self, provider: str, reply: ModelReply, counted: Metered) -> None:
         ctx = self.ctx
         usage = ctx.record.usage
         usage.input_tokens += counted.input_tokens
@@ -103,3 +100,4 @@ class Meter:
                                       "output_tokens": counted.output_tokens},
             cost_usd=round(counted.cost_usd, 9), finish_reason=reply.finish_reason,
             tool_calls=len(reply.tool_calls)), turn=ctx.record.id)
+        return None
