@@ -264,7 +264,8 @@ class ModelCall:
         name = attempt.provider
         # A provider that asked (any turn) not to be called yet is skipped, no attempt.
         # A retry is not asked again: its sleep honoured the Retry-After (`_retry`).
-        window = self._window(name) if attempt.attempt == 1 else None
+        window = (self._window(name) if attempt.attempt == 1 and ctx.shared.retry_after.until
+                  else None)
         if window is not None:
             claims.end_retry()
             ctx.log.info("model.retry_after_window", provider=name, wait=round(window, 3))
