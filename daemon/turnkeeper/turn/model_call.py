@@ -181,7 +181,7 @@ class ModelCall:
         # The attempt's span (the turn's own with tracing off): its traceparent goes out.
         tracer = ctx.shared.tracer
         span = tracer.chat(ctx.span, provider=name, attempt=attempt.attempt,
-                           config=ctx.runtime.config)
+                           config=ctx.runtime.config) if tracer.enabled else ctx.span
         # The turn's time left, read once: the request's timeout, the call's total bound
         # and the wait for an in-flight slot are all taken from here.
         left_s = ctx.remaining_s()
@@ -235,7 +235,8 @@ class ModelCall:
             ctx.control.call_scope = None
             budget.end_request()
             claims.end_retry()
-            tracer.chat_ended(span, request, reply, failure)
+            if tracer.enabled:
+                tracer.chat_ended(span, request, reply, failure)
         if cut:
             raise self._cut(name)
         if failure is not None and failure.exception == CALL_TIMEOUT and bound.by_turn:
