@@ -255,7 +255,9 @@ class BudgetGuard:
                 spare = cost_left - prices.worst_cost_usd(input_tokens, 0)
                 cap = max(least, min(cap, math.floor(spare * 1e6 / prices.output_per_mtok)))
                 short.append("cost_usd")
-        return Preflight(max_output_tokens=max(1, cap), short=tuple(short))
+        # Built as a tuple is (max_output_tokens, short): a named tuple's own
+        # constructor is a Python call, and this runs at every step.
+        return tuple.__new__(Preflight, (max(1, cap), tuple(short)))
 
     def soft_warning(self, usage: BudgetUsage, *, now: float,
                      short: tuple[str, ...] = ()) -> SoftWarning | None:

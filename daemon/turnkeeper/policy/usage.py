@@ -183,4 +183,5 @@ def metered(input_tokens: float, output_tokens: float, cache_read_tokens: float 
             + out * prices.output_per_mtok) / 1e6
     if not math.isfinite(cost) or cost < 0:
         return f"usage priced at {cost!r} USD"
-    return Metered(inp, out, read, write, cost)
+    # Built as a tuple is: a named tuple's own constructor is a Python call.
+    return tuple.__new__(Metered, (inp, out, read, write, cost))
