@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -221,6 +221,9 @@ class EventBus:
         self._undelivered: set[int] = set()  # prepared, not delivered or withdrawn yet
         self.dropped_subscribers = 0
         self.listeners: list[Callable[[Event], None]] = []
+        # Listeners of a few types only (`listen`), by type: an event of any other type
+        # costs them one dict lookup, not a call each.
+        self._listeners_of: dict[str, list[Callable[[Event], None]]] = {}
         self.listener_errors = 0
         self.strict = strict
         self.unknown_types = 0
@@ -301,6 +304,12 @@ class EventBus:
         if self.unknown_types <= 10:
             log.error("events.unknown_type", event_type=type)
 
+    def listen(self, listener: Callable[[Event], None], *, types: Iterable[str]) -> None:
+        """Call `listener` with every event of `types` delivered (of any type: append it
+        to `listeners`)."""
+        for type in types:
+            self._listeners_of.setdefault(type, []).append(listener)
+
     def deliver(self, event: Event) -> None:
         """Fan an event out to listeners and live subscribers (no persistence)."""
         if self._undelivered:
@@ -310,6 +319,12 @@ class EventBus:
                 listener(event)
             except Exception:
                 self.listener_errors += 1
+        if self._listeners_of:
+            for listener in self._listeners_of.get(event.type, ()):
+                try:
+                    listener(event)
+                except Exception:
+                    self.listener_errors += 1
         of_turn = (self._of_turn.get(event.turn)
                    if self._of_turn and event.turn is not None else None)
         if not self._of_all and of_turn is None:

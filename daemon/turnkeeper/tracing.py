@@ -78,7 +78,11 @@ NO_SPAN = Span()
 
 class Tracer:
     """The no-op tracer, and the interface of a real one. A model or tool attempt's span
-    is its turn's span: what the turn sends on is the submitted traceparent, if any."""
+    is its turn's span: what the turn sends on is the submitted traceparent, if any.
+
+    `enabled` False (this no-op tracer): the model and tool attempts do not call their
+    hooks at all (`chat`, `chat_ended`, `tool`, `tool_ended`) and send the turn's span's
+    traceparent, as these would have answered. A real tracer says True."""
 
     enabled = False
 

@@ -104,3 +104,21 @@ def test_a_dropped_stream_reopens_below_any_event_still_owed_to_it() -> None:
     withdrawn = bus.prepare("turn.message", turn="a")  # its write failed
     bus.withdraw(withdrawn)
     assert bus.resume_point(3, None) == 3
+
+
+def test_a_listener_of_some_types_hears_those_only_and_a_failing_one_is_counted() -> None:
+    bus = EventBus(clock=FakeClock())
+    heard: list[str] = []
+    everything: list[str] = []
+    bus.listeners.append(lambda e: everything.append(e.type))
+    bus.listen(lambda e: heard.append(e.type), types=("turn.waiting", "turn.recovering"))
+
+    def broken(_event: object) -> None:
+        raise RuntimeError("a listener's bug")
+
+    bus.listen(broken, types=("turn.recovering",))
+    for kind in ("turn.message", "turn.waiting", "step.started", "turn.recovering"):
+        bus.publish(kind, turn="a")
+    assert heard == ["turn.waiting", "turn.recovering"]
+    assert everything == ["turn.message", "turn.waiting", "step.started", "turn.recovering"]
+    assert bus.listener_errors == 1

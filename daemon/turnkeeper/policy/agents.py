@@ -50,10 +50,17 @@ class ToolSelection:
     names: frozenset[str] | None = None
     servers: tuple[tuple[str, str], ...] = ()
     builtins: frozenset[str] = frozenset()
+    # Whether it is every tool (`names` None), and its hash: worked out once, as the
+    # offer reads both at every step (a property and a dataclass's hash are a call each).
+    every: bool = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def every(self) -> bool:
-        return self.names is None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "every", self.names is None)
+        object.__setattr__(self, "_hash", hash((self.names, self.servers, self.builtins)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def allows(self, tool: str) -> bool:
         """Whether the agent may be offered (and may call) the tool named `tool`."""

@@ -40,9 +40,11 @@ class CallBound(NamedTuple):
     @classmethod
     def of(cls, *, turn_left_s: float, max_call_s: float) -> CallBound:
         turn_left_s = max(0.0, turn_left_s)
+        # (seconds, by_turn, max_call_s), built as a tuple is: a named tuple's own
+        # constructor is a Python call, and one is made for every model call.
         if turn_left_s <= max_call_s:
-            return cls(seconds=turn_left_s, by_turn=True, max_call_s=max_call_s)
-        return cls(seconds=max_call_s, by_turn=False, max_call_s=max_call_s)
+            return tuple.__new__(cls, (turn_left_s, True, max_call_s))
+        return tuple.__new__(cls, (max_call_s, False, max_call_s))
 
     def failure(self) -> CallFailure:
         """The failure of a call this bound cut. The model call asks the budget first

@@ -44,12 +44,14 @@ class RetryAfterMemory:
     """The open Retry-After windows, per peer name: the monotonic time each ends."""
 
     def __init__(self) -> None:
-        self._until: dict[str, float] = {}
+        # Empty while no window is open, the usual case: a caller reads it first and asks
+        # `window` only when it holds something (a call saved at every attempt).
+        self.until: dict[str, float] = {}
         # Hears each window `heard` opened or lengthened (in a fleet: to share it).
         self.observer: Callable[[WindowOpened], None] | None = None
 
     def __repr__(self) -> str:
-        return f"RetryAfterMemory({len(self._until)} windows)"
+        return f"RetryAfterMemory({len(self.until)} windows)"
 
     def heard(self, name: str, retry_after_s: float | None, *, now: float,
               max_retry_after_s: float) -> float | None:
@@ -67,33 +69,33 @@ class RetryAfterMemory:
         """Keep `name` unasked until the monotonic time `until` (a window heard here, or
         from another node of a fleet). False when it changes nothing: a window already
         open as long, or one that has already passed."""
-        if until <= now or until <= self._until.get(name, now):
+        if until <= now or until <= self.until.get(name, now):
             return False
-        self._until[name] = until
+        self.until[name] = until
         return True
 
     def window(self, name: str, now: float) -> float | None:
         """Seconds left of `name`'s window; None when it has none open (a window that
         has passed is forgotten)."""
-        until = self._until.get(name)
+        until = self.until.get(name)
         if until is None:
             return None
         if until <= now:
-            del self._until[name]
+            del self.until[name]
             return None
         return until - now
 
     def forget(self, name: str) -> None:
         """A peer that is no longer the one that asked (its config changed, or it is
         gone): whatever it asked for does not carry over."""
-        self._until.pop(name, None)
+        self.until.pop(name, None)
 
     def names(self) -> list[str]:
-        return list(self._until)
+        return list(self.until)
 
     def windows(self, now: float) -> dict[str, float]:
         """Every open window: name -> seconds left."""
-        return {name: until - now for name, until in self._until.items() if until > now}
+        return {name: until - now for name, until in self.until.items() if until > now}
 
 
 def not_sent(name: str, window_s: float) -> CallFailure:

@@ -173,10 +173,15 @@ def metered(input_tokens: float, output_tokens: float, cache_read_tokens: float 
     if read + write > inp:
         return (f"usage cache_read_tokens {read} + cache_write_tokens {write} is more "
                 f"than input_tokens {inp}")
-    cost = cost_usd(inp, out, price_input_per_mtok=prices.input_per_mtok,
-                    price_output_per_mtok=prices.output_per_mtok, cache_read_tokens=read,
-                    cache_write_tokens=write, price_cache_read_per_mtok=prices.cache_read_per_mtok,
-                    price_cache_write_per_mtok=prices.cache_write_per_mtok)
+    # `cost_usd` written out (the counts are checked: 0 <= read + write <= inp): this
+    # prices every reply.
+    price_in = prices.input_per_mtok
+    read_price, write_price = prices.cache_read_per_mtok, prices.cache_write_per_mtok
+    cost = ((inp - read - write) * price_in
+            + read * (price_in if read_price is None else read_price)
+            + write * (price_in if write_price is None else write_price)
+            + out * prices.output_per_mtok) / 1e6
     if not math.isfinite(cost) or cost < 0:
         return f"usage priced at {cost!r} USD"
-    return Metered(inp, out, read, write, cost)
+    # Built as a tuple is: a named tuple's own constructor is a Python call.
+    return tuple.__new__(Metered, (inp, out, read, write, cost))

@@ -56,7 +56,7 @@ class Scheduling:
         self.holding = False
         self._woke_held: set[str] = set()  # held turns woken, waiting for the swap
         self._wanting: set[str] = set()  # woken parked turns waiting for a slot
-        core.bus.listeners.append(self._announced)
+        core.bus.listen(self._announced, types=_ANNOUNCEMENTS)
 
     def dispatch(self) -> None:
         """Apply the scheduler's decision: wake the parked turns it gave a slot back to,

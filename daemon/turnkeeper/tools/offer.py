@@ -60,7 +60,7 @@ class Offer:
     def specs_for(self, tools: ToolSelection) -> tuple[ToolSpec, ...]:
         """What is offered to an agent that may call `tools`: the built-ins and the
         tools of `specs` it selects. The same tuple while the offer does not change."""
-        specs = self.specs
+        specs = self.specs if self._servers else self._static  # no servers: no call
         if tools.every:
             return specs
         known = self._selected.get(tools)

@@ -67,6 +67,8 @@ class ToolBox:
                 reuse = old.get(t.name)
                 self._servers[t.name] = (reuse if reuse is not None and reuse.cfg == t
                                          else McpServer(t))
+        # No MCP server: the offer is the same for as long as this ToolBox serves.
+        self.offer_fixed = not self._servers
         self._offer = Offer(BUILTIN_SPECS + tuple(
             ToolSpec(name=t.name, description=t.description or t.name,
                      parameters=t.parameters) for t in static), BUILTIN_NAMES, self._servers)

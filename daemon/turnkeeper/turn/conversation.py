@@ -15,7 +15,7 @@ from typing import Any
 
 from turnkeeper.messages import Message, ToolCall, message_text
 from turnkeeper.policy.replies import CONTINUE_NOTE
-from turnkeeper.policy.usage import item_tokens
+from turnkeeper.policy.usage import PER_ITEM_TOKENS, text_tokens
 from turnkeeper.store.base import MessageRows
 
 NOTE_PREFIX = "[turnkeeper note] "
@@ -30,8 +30,21 @@ def message_texts(m: Message) -> list[str]:
     return texts
 
 
+def message_tokens(m: Message) -> int:
+    """`item_tokens(message_texts(m))`, without the list: each message is sized as it
+    joins (an ASCII text's estimate worked out here, any other's by `text_tokens`)."""
+    content = m.content
+    n = PER_ITEM_TOKENS
+    if content:
+        n += -(-len(content) // 4) if content.isascii() else text_tokens(content)
+    for c in m.tool_calls:
+        for text in (c.name, c.arguments):
+            n += -(-len(text) // 4) if text.isascii() else text_tokens(text)
+    return n
+
+
 def _sized(messages: Iterable[Message]) -> int:
-    return sum(item_tokens(message_texts(m)) for m in messages)
+    return sum(map(message_tokens, messages))
 
 
 class Conversation:
@@ -65,7 +78,7 @@ class Conversation:
         self.messages.append(message)
         self._texts.append(None)
         self.revision += 1
-        self.tokens += item_tokens(message_texts(message))
+        self.tokens += message_tokens(message)
 
     def _changed_from(self, index: int) -> None:
         """Messages from `index` on no longer match the stored rows (nor their size)."""

@@ -97,5 +97,7 @@ class Exchange:
             ctx.control.call_scope = None
             budget.end_request()
             claims.end_retry()
-            ctx.shared.tracer.chat_ended(span, request, reply, failure)
+            tracer = ctx.shared.tracer
+            if tracer.enabled:
+                tracer.chat_ended(span, request, reply, failure)
         return reply, failure, cut

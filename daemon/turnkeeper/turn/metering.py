@@ -7,7 +7,8 @@ provider is sent of it: the system prompt, each message's content and tool calls
 and arguments) and the tool specs (name, description, JSON schema). Each part is sized
 once: the conversation keeps its messages' size as it grows (`Conversation.tokens`, each
 message sized as it joins; a compaction sizes them again), the ToolBox sizes the offer
-to each agent once for every turn (`ToolBox.specs_tokens`), and the budget's answer is
+to each agent once for every turn (`ToolBox.specs_tokens`; a fixed offer, with no MCP
+server, is asked once a turn), and the budget's answer is
 kept with what it was asked (`preflight`): the step's check and its first attempt's ask
 the same question unless something changed between them.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from turnkeeper import event_types as ev
 from turnkeeper.policy.budget import BudgetGuard, BudgetUsage, Preflight
 from turnkeeper.policy.outcome import Stop
-from turnkeeper.policy.usage import REQUEST_TOKENS, Metered, Prices, item_tokens, metered
+from turnkeeper.policy.usage import REQUEST_TOKENS, Prices, item_tokens, metered
 from turnkeeper.providers.base import ModelReply
 from turnkeeper.settings import ProviderRequestSettings
 from turnkeeper.turn.context import TurnContext
@@ -38,6 +39,9 @@ class Meter:
         self._asked: tuple[tuple[Any, ...], Preflight | Stop] | None = None
         # Each provider's prices.
         self._prices: dict[str, Prices] = {}
+        # The size of the offer to the turn's agent, when it is fixed (no MCP server):
+        # the same for the whole turn, as the agent is.
+        self._fixed_offer_tokens: int | None = None
 
     def input_tokens(self) -> int:
         """The next request's input, estimated on the large side (see the module)."""
@@ -45,8 +49,13 @@ class Meter:
         system = ctx.agent.system_prompt
         if self._system[0] is not system:
             self._system = (system, item_tokens((system,)))
-        return (REQUEST_TOKENS + self._system[1] + ctx.conv.tokens
-                + ctx.runtime.toolbox.specs_tokens(ctx.agent.tools))
+        toolbox = ctx.runtime.toolbox
+        offer = self._fixed_offer_tokens if toolbox.offer_fixed else None
+        if offer is None:
+            offer = toolbox.specs_tokens(ctx.agent.tools)
+            if toolbox.offer_fixed:
+                self._fixed_offer_tokens = offer
+        return REQUEST_TOKENS + self._system[1] + ctx.conv.tokens + offer
 
     def preflight(self, provider: str, guard: BudgetGuard | None = None, *,
                   usage: BudgetUsage | None = None) -> Preflight | Stop:
@@ -60,9 +69,12 @@ class Meter:
         # prompt and tool selection, are the turn's, the same for the whole turn), the
         # limits (a guard's are replaced, never changed, when extended), what was spent,
         # and what the request is made of (the conversation, and the offer the agent's
-        # tools are taken from); not the time. The same question, the same answer.
+        # tools are taken from: a fixed one is its toolbox's); not the time. The same
+        # question, the same answer.
+        toolbox = ctx.runtime.toolbox
         key = (provider, guard, guard.limits, spent.input_tokens, spent.output_tokens,
-               spent.cost_usd, conv, conv.revision, ctx.runtime.toolbox.specs)
+               spent.cost_usd, conv, conv.revision,
+               toolbox if toolbox.offer_fixed else toolbox.specs)
         last = self._asked
         if last is not None and last[0] == key:
             return last[1]
@@ -81,18 +93,15 @@ class Meter:
         return prices
 
     def charge(self, provider: str, reply: ModelReply) -> str | None:
-        """Charge the reply's usage to the turn; what is wrong with the usage instead,
-        charging nothing, when it is not one a provider could really have used."""
+        """Charge the reply's usage to the turn, and publish `model.response`; what is
+        wrong with the usage instead, charging nothing, when it is not one a provider
+        could really have used."""
         u = reply.usage
         counted = metered(u.input_tokens, u.output_tokens, u.cache_read_tokens,
                           u.cache_write_tokens,
-                          prices=self._prices_of(provider))
+                          prices=self._prices.get(provider) or self._prices_of(provider))
         if isinstance(counted, str):
             return counted
-        self._add(provider, reply, counted)
-        return None
-
-    def _add(self, provider: str, reply: ModelReply, counted: Metered) -> None:
         ctx = self.ctx
         usage = ctx.record.usage
         usage.input_tokens += counted.input_tokens
@@ -103,3 +112,4 @@ class Meter:
                                       "output_tokens": counted.output_tokens},
             cost_usd=round(counted.cost_usd, 9), finish_reason=reply.finish_reason,
             tool_calls=len(reply.tool_calls)), turn=ctx.record.id)
+        return None

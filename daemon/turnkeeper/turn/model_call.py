@@ -169,8 +169,9 @@ class ModelCall:
                 ctx.chain.abandon()
                 return stop
         # The attempt's span (the turn's own with tracing off): its traceparent goes out.
-        span = ctx.shared.tracer.chat(ctx.span, provider=name, attempt=attempt.attempt,
-                                      config=ctx.runtime.config)
+        tracer = ctx.shared.tracer
+        span = tracer.chat(ctx.span, provider=name, attempt=attempt.attempt,
+                           config=ctx.runtime.config) if tracer.enabled else ctx.span
         # The turn's time left, read once: the request's timeout, the call's total bound
         # and the wait for an in-flight slot are all taken from here.
         left_s = ctx.remaining_s()
@@ -206,7 +207,8 @@ class ModelCall:
         name = attempt.provider
         # A provider that asked (any turn) not to be called yet is skipped, no attempt.
         # A retry is not asked again: its sleep honoured the Retry-After (`_retry`).
-        window = self._window(name) if attempt.attempt == 1 else None
+        window = (self._window(name) if attempt.attempt == 1 and ctx.shared.retry_after.until
+                  else None)
         if window is not None:
             claims.end_retry()
             ctx.log.info("model.retry_after_window", provider=name, wait=round(window, 3))

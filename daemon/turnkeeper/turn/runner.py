@@ -244,10 +244,12 @@ class TurnRunner:
             # the journal, and its result goes with the next checkpoint, the reply's.)
             await ctx.checkpoint(TurnState.RUNNING, queued=True)
         self._soft_warning(usage, now, fits)
-        self._offered, note = ctx.runtime.toolbox.offer_note(self._offered, ctx.agent.tools)
-        if note is not None:  # MCP tools left or came back: the agent is told
-            ctx.conv.add_note(note)
-            ctx.log.info("tool.offer_changed", note=note)
+        toolbox = ctx.runtime.toolbox
+        if self._offered is None or not toolbox.offer_fixed:  # else: nothing to tell
+            self._offered, note = toolbox.offer_note(self._offered, ctx.agent.tools)
+            if note is not None:  # MCP tools left or came back: the agent is told
+                ctx.conv.add_note(note)
+                ctx.log.info("tool.offer_changed", note=note)
         return None
 
     def _out_of_time(self, stop: Stop) -> Stop | None:

@@ -15,6 +15,7 @@ from turnkeeper.policy.classify import CallFailure, FailureClass, classify
 from turnkeeper.policy.retry_after import not_sent
 from turnkeeper.policy.tool_retry import attempts_for
 from turnkeeper.tools.registry import ToolOutcome
+from turnkeeper.tracing import Tracer
 from turnkeeper.turn.context import TurnContext
 
 
@@ -29,9 +30,9 @@ class ToolAttempts:
         assert tool is not None
         peer = tool.breaker
         breaker = ctx.shared.breakers.get(peer)
-        rule = ctx.settings.tools.retry
-        max_attempts = attempts_for(idempotent=idempotent,
-                                    max_attempts=ctx.settings.tools.max_attempts(name))
+        # The retry rule and the attempts allowed are read at the first failure: most
+        # calls have none.
+        max_attempts = 0
         previous: float | None = None
         attempt = 0
         tracer = ctx.shared.tracer
@@ -42,31 +43,20 @@ class ToolAttempts:
             if refused is not None:
                 return refused
             started_at = ctx.clock.monotonic()
-            # The attempt's span (the turn's own with tracing off): its traceparent goes out.
-            span = tracer.tool(ctx.span, tool=name, call_id=call_id, key=key,
-                               attempt=attempt, arguments=args)
-            try:
-                outcome = await ctx.runtime.toolbox.call(
-                    name, args, idempotency_key=key,
-                    timeout_s=max(0.001, min(tool.timeout, ctx.remaining_s())),
-                    traceparent=span.traceparent)
-            except BaseException:
-                tracer.tool_ended(span, None)
-                if breaker is not None:
-                    breaker.release(ctx.clock.monotonic())
-                raise
-            tracer.tool_ended(span, outcome)
+            outcome = await self._attempt(tracer, name, args, key, attempt, call_id,
+                                          timeout_s=tool.timeout, breaker=breaker)
             if outcome.failure is None:
                 if breaker is not None:
                     breaker.record_success(ctx.clock.monotonic())
                 return outcome
             cls = classify(outcome.failure)
             self._failed(name, peer, breaker, outcome, cls, started_at=started_at)
-            delay = rule.next_delay(attempt=attempt, max_attempts=max_attempts,
-                                    failure_class=cls,
-                                    retry_after_s=outcome.failure.retry_after_s,
-                                    remaining_s=ctx.remaining_s(), previous_s=previous,
-                                    rand=ctx.rand)
+            max_attempts = max_attempts or attempts_for(
+                idempotent=idempotent, max_attempts=ctx.settings.tools.max_attempts(name))
+            delay = ctx.settings.tools.retry.next_delay(
+                attempt=attempt, max_attempts=max_attempts, failure_class=cls,
+                retry_after_s=outcome.failure.retry_after_s,
+                remaining_s=ctx.remaining_s(), previous_s=previous, rand=ctx.rand)
             if delay is None:
                 return outcome
             previous = delay
@@ -75,12 +65,43 @@ class ToolAttempts:
                                            status=outcome.failure.status))
             await self._backoff(delay)
 
+    async def _attempt(self, tracer: Tracer, name: str, args: dict[str, Any], key: str,
+                       attempt: int, call_id: str, *, timeout_s: float,
+                       breaker: CircuitBreaker | None) -> ToolOutcome:
+        """One attempt, in its span when tracing is on (off: the turn's span, whose
+        traceparent goes out, and no call to the tracer at all)."""
+        ctx = self.ctx
+        timeout_s = max(0.001, min(timeout_s, ctx.remaining_s()))
+        if not tracer.enabled:
+            try:
+                return await ctx.runtime.toolbox.call(
+                    name, args, idempotency_key=key, timeout_s=timeout_s,
+                    traceparent=ctx.span.traceparent)
+            except BaseException:
+                if breaker is not None:
+                    breaker.release(ctx.clock.monotonic())
+                raise
+        span = tracer.tool(ctx.span, tool=name, call_id=call_id, key=key,
+                           attempt=attempt, arguments=args)
+        try:
+            outcome = await ctx.runtime.toolbox.call(
+                name, args, idempotency_key=key, timeout_s=timeout_s,
+                traceparent=span.traceparent)
+        except BaseException:
+            tracer.tool_ended(span, None)
+            if breaker is not None:
+                breaker.release(ctx.clock.monotonic())
+            raise
+        tracer.tool_ended(span, outcome)
+        return outcome
+
     def _refused(self, name: str, peer: str, breaker: CircuitBreaker | None, *,
                  first: bool) -> ToolOutcome | None:
         """Not sent: inside a Retry-After window the tool opened (for any turn; a retry
         is not asked, its sleep honoured the Retry-After), or its breaker is open."""
         ctx = self.ctx
-        window = ctx.shared.retry_after.window(peer, ctx.clock.monotonic()) if first else None
+        memory = ctx.shared.retry_after
+        window = memory.window(peer, ctx.clock.monotonic()) if first and memory.until else None
         if window is not None:
             return ToolOutcome(content="", attempted=False,
                                failure=not_sent(f"tool {name}", window))
