@@ -14,6 +14,7 @@ from tests.pg import fresh_database
 
 from turnkeeper.store import postgres_batch as pb
 from turnkeeper.store.fleet import StaleLease
+from turnkeeper.store.postgres_commit import commit
 from turnkeeper.store.postgres_schema import prepare
 from turnkeeper.store.writer import TRAIL, MessageWrite
 
@@ -187,7 +188,7 @@ async def test_a_stale_claim_fails_its_own_write_and_the_rest_commit(
         [upd("b", 7, '{"n":2}'), MessageWrite("b", 0, ('"b0"',)), event(2, "b")],
         [upd("c"), event(3, "c")],
     ]
-    errors = await pb.commit(conn, writes)
+    errors = await commit(conn, writes)
     assert errors[0] is None and errors[2] is None
     assert isinstance(errors[1], StaleLease)
     got = {r["id"]: (r["state"], r["checkpoint"]) for r in await conn.fetch(
@@ -203,10 +204,10 @@ async def test_a_stale_claim_fails_its_own_write_and_the_rest_commit(
 @pytest.mark.anyio
 async def test_conversation_rows_replace_from_start_and_drop_past_the_end(
         conn: asyncpg.Connection) -> None:
-    await pb.commit(conn, [[MessageWrite("a", 0, ('"0"', '"1"', '"2"', '"3"'))]])
-    await pb.commit(conn, [[MessageWrite("a", 1, ('"x"',))],
+    await commit(conn, [[MessageWrite("a", 0, ('"0"', '"1"', '"2"', '"3"'))]])
+    await commit(conn, [[MessageWrite("a", 1, ('"x"',))],
                            [MessageWrite("b", 0, ('"b"',))]])
-    await pb.commit(conn, [[MessageWrite("b", 1, ('"c"',))],
+    await commit(conn, [[MessageWrite("b", 1, ('"c"',))],
                            [MessageWrite("b", 2, ('"d"',))]])  # same turn: in order
     assert [tuple(r) for r in await conn.fetch(
         "SELECT turn, idx, data FROM messages ORDER BY turn, idx")] == [
@@ -222,7 +223,7 @@ async def test_a_stale_claim_after_part_of_its_write_was_sent_rolls_back(
         await c.execute("UPDATE turns SET stop_code = 'x' WHERE id = 'c'")
 
     with pytest.raises(StaleLease):
-        await pb.commit(conn, [[mark, upd("b", 7)], [upd("a", 1)]])
+        await commit(conn, [[mark, upd("b", 7)], [upd("a", 1)]])
     assert await conn.fetchval("SELECT count(*) FROM turns WHERE state = 'running'"
                                " OR stop_code IS NOT NULL") == 0
 
@@ -243,7 +244,7 @@ async def test_a_turns_messages_and_trail_commit_together_each_in_its_table(
         [upd("c"), MessageWrite("c", 0, ("pc",), TRAIL)],
     ]
     assert len(pb.segments(writes)) == 1
-    errors = await pb.commit(conn, writes)
+    errors = await commit(conn, writes)
     assert errors[0] is None and errors[2] is None and isinstance(errors[1], StaleLease)
     assert await _table(conn, "messages") == [("a", 0, '"m0"')]
     assert await _table(conn, "trail") == [("a", 0, "pa"), ("a", 1, "pb"), ("c", 0, "pc")]
@@ -252,14 +253,14 @@ async def test_a_turns_messages_and_trail_commit_together_each_in_its_table(
 @pytest.mark.anyio
 async def test_trail_rows_replace_from_start_and_drop_past_the_end_apart_from_messages(
         conn: asyncpg.Connection) -> None:
-    await pb.commit(conn, [[MessageWrite("a", 0, ('"0"', '"1"', '"2"')),
+    await commit(conn, [[MessageWrite("a", 0, ('"0"', '"1"', '"2"')),
                             MessageWrite("a", 0, ("p0", "p1", "p2"), TRAIL)]])
     # Two trail writes of a in one batch: in order, in two segments.
-    await pb.commit(conn, [[MessageWrite("a", 1, ("x",), TRAIL)],
+    await commit(conn, [[MessageWrite("a", 1, ("x",), TRAIL)],
                            [MessageWrite("a", 2, ("y", "z"), TRAIL)]])
     assert await _table(conn, "trail") == [("a", 0, "p0"), ("a", 1, "x"), ("a", 2, "y"),
                                            ("a", 3, "z")]
-    await pb.commit(conn, [[MessageWrite("a", 1, ("q",), TRAIL)]])
+    await commit(conn, [[MessageWrite("a", 1, ("q",), TRAIL)]])
     assert await _table(conn, "trail") == [("a", 0, "p0"), ("a", 1, "q")]
     assert await _table(conn, "messages") == [("a", 0, '"0"'), ("a", 1, '"1"'),
                                               ("a", 2, '"2"')]  # untouched

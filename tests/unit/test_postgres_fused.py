@@ -1,5 +1,5 @@
 """A step batch as one statement (`postgres_fused`): which batches it holds, and against
-a real server that it writes what `postgres_batch.commit` writes, fenced as it fences
+a real server that it writes what `postgres_commit.commit` writes, fenced as it fences
 (a stale claim fails its own write alone, with every row of it left out; a lapsed
 intent is not written; a claim another node commits while the statement waits for the
 turn's row is seen), in one round trip and no BEGIN or COMMIT."""

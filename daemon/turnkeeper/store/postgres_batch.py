@@ -28,7 +28,8 @@ segment starts a new one. A batch where every turn steps once (the common case) 
 segment: a statement or two per kind of row, whatever the number of turns.
 
 Building the statements is pure (`segments`, `turn_update`, `message_upsert`,
-`intent_insert`, `stale_writes`); `commit` runs them on a connection inside one transaction.
+`intent_insert`, `stale_writes`); `postgres_commit.commit` runs them on a connection
+inside one transaction.
 """
 
 from __future__ import annotations
@@ -360,77 +361,3 @@ def runs(statements: Sequence[Statement]) -> list[tuple[str, list[Sequence[Any]]
         else:
             out.append((sql, [args]))
     return out
-
-
-async def _send(conn: Conn, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-    if len(rows) == 1:
-        await conn.execute(sql, *rows[0])
-    else:
-        await conn.executemany(sql, rows)
-
-
-async def commit(conn: Conn, writes: Sequence[Sequence[Op]]) -> list[BaseException | None]:
-    """The writes in one transaction: None for each that committed, StaleLease for each
-    whose claim no longer held (nothing of it written). Any other failure is raised and
-    the transaction rolled back; so is a StaleLease found after part of its write was
-    sent (the caller then commits the writes one by one)."""
-    errors: list[BaseException | None] = [None] * len(writes)
-    started: set[int] = set()  # writes some op of which has been sent
-    events: dict[str, list[Sequence[Any]]] = {}
-    parts = segments(writes)
-    locks = batch_locks(parts)
-    lock_all: list[str] | None = locks.turns if locks.up_front else None
-    async with conn.transaction():
-        if lock_all is not None and not locks.first_is_update:
-            await conn.execute(LOCK_TURNS, lock_all)
-            lock_all = None
-        for part in parts:
-            if isinstance(part, tuple):
-                i, call = part
-                if errors[i] is None:
-                    started.add(i)
-                    await call(conn)
-                continue
-            updates = [(i, u) for i, u in part.updates if errors[i] is None]
-            if updates:
-                sql, args = turn_update([u for _, u in updates], lock_all)
-                lock_all = None
-                written = {r[0] for r in await conn.fetch(sql, *args)}
-                for i, u in stale_writes(updates, written).items():
-                    if i in started:  # part of it is already sent: roll back
-                        raise stale_error(u)
-                    errors[i] = stale_error(u)
-                started.update(i for i, _ in updates)
-            messages = [m for i, m in part.messages if errors[i] is None]
-            started.update(i for i, _ in part.messages if errors[i] is None)
-            for upsert in message_upsert(messages):
-                await conn.execute(*_flat(upsert))
-            intents = [(i, f) for i, f in part.intents if errors[i] is None]
-            if intents:
-                sql, args = intent_insert([f for _, f in intents])
-                written = {r[0] for r in await conn.fetch(sql, *args)}
-                for i, f in intents:
-                    if f.key in written:
-                        continue
-                    if i in started:  # part of it is already sent: roll back
-                        raise lapsed_error(f)
-                    errors[i] = lapsed_error(f)
-                started.update(i for i, _ in intents)
-            plain: list[Statement] = []
-            for i, (sql, args) in part.statements:
-                if errors[i] is not None:
-                    continue
-                started.add(i)
-                if sql in EVENT_SQL:
-                    events.setdefault(sql, []).append(args)
-                else:
-                    plain.append((sql, args))
-            for sql, rows in runs(plain):
-                await _send(conn, sql, rows)
-        for sql, rows in events.items():
-            await _send(conn, sql, rows)
-    return errors
-
-
-def _flat(statement: Statement) -> tuple[Any, ...]:
-    return (statement[0], *statement[1])

@@ -7,7 +7,7 @@ outcome, the checkpoint): thirteen round trips a step, half a second with the da
 20 ms away. A single statement is its own transaction: `FUSED` writes everything a step
 batch holds with data-modifying CTEs, one round trip, atomically.
 
-It writes what `postgres_batch.commit` writes, with the same fencing, in the same lock
+It writes what `postgres_commit.commit` writes, with the same fencing, in the same lock
 order:
 
 - `l` locks every turn row the batch writes, sorted by id, before any is written (the
@@ -26,7 +26,7 @@ order:
 A batch is fused only when this is exactly what it holds (`fuse`): one segment of
 `postgres_batch.segments`, no call, every conversation or trail write with its turn's
 row, every fenced intent a write of its own, each journal key written once, and no
-other statement. Anything else takes the transaction of `postgres_batch.commit`.
+other statement. Anything else takes the transaction of `postgres_commit.commit`.
 The statement's text is always the same (empty arrays for what a batch lacks), so it is
 prepared once per connection.
 """
@@ -159,7 +159,7 @@ def _segment(writes: Sequence[Sequence[Op]]) -> Segment | None:
 
 def fuse(writes: Sequence[Sequence[Op]]) -> Fused | None:
     """The batch as one statement's columns, or None when it holds anything `FUSED`
-    does not write as `postgres_batch.commit` would (see the module's docstring)."""
+    does not write as `postgres_commit.commit` would (see the module's docstring)."""
     part = _segment(writes)
     if part is None:
         return None

@@ -1,6 +1,6 @@
 """The PostgreSQL store's steps' writer (`StepWriter`): the group commit
 (`store/writer.py`) whose batches it commits on its own connection (`PgConnection`'s
-`writer_conn`), as the set-based statements of `postgres_batch.commit`.
+`writer_conn`), as the set-based statements of `postgres_commit.commit`.
 
 A batch the server refuses is committed again write by write, so only the write that
 fails reports the error; a transaction rolled back for a deadlock or a serialization
@@ -40,8 +40,8 @@ from turnkeeper.store.postgres_batch import (
     Op,
     TurnCall,
     TurnUpdate,
-    commit,
 )
+from turnkeeper.store.postgres_commit import commit
 from turnkeeper.store.postgres_conn import (
     CONFLICT_RETRIES,
     CONFLICTS,
@@ -202,7 +202,7 @@ class StepWriter(GroupCommitWriter[Op]):
             raise
 
     async def _commit_on(self, conn: Conn, batch: list[Write[Op]]) -> list[BaseException | None]:
-        """The batch in one transaction (`postgres_batch.commit`: a write whose claim no
+        """The batch in one transaction (`postgres_commit.commit`: a write whose claim no
         longer holds fails alone in it); if the server refuses it, each write in its own."""
         try:
             return await self._commit_retrying(conn, [w.ops for w in batch])
@@ -224,7 +224,7 @@ class StepWriter(GroupCommitWriter[Op]):
     async def _commit_retrying(self, conn: Conn, writes: list[Sequence[Op]]
                                ) -> list[BaseException | None]:
         """One transaction of `writes` (one statement, `postgres_fused.py`, when the
-        batch is what it writes; `postgres_batch.commit` otherwise), sent again at once
+        batch is what it writes; `postgres_commit.commit` otherwise), sent again at once
         when the server rolled it back for a deadlock or a serialization failure
         (CONFLICT_RETRIES times at most)."""
         tries = 0
