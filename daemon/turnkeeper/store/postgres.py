@@ -153,8 +153,8 @@ class PostgresStore:
             raise
 
     async def close(self) -> None:
-        await self.intake._stop_writer()
-        await self.writer._stop_writer()
+        await self.intake.stop()
+        await self.writer.stop()
         pool = self.db.pool
         if pool is not None:  # the node stopped: its id is free for a restart
             with anyio.CancelScope(shield=True), contextlib.suppress(*DB_ERRORS):

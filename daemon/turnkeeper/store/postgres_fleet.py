@@ -282,7 +282,7 @@ class PgFleet:
     async def post_mail(self, turn_id: str, kind: str, body: dict[str, Any]) -> None:
         """A message (steer, answer, cancel) for a turn another node runs, durable when
         this returns; the node holding the turn hears of it at once (NOTIFY)."""
-        await self.writer._write([("INSERT INTO mail (turn, kind, body) VALUES ($1, $2, $3)",
+        await self.writer.write([("INSERT INTO mail (turn, kind, body) VALUES ($1, $2, $3)",
                             (turn_id, kind, dumps(body))),
                            ("SELECT pg_notify($1, $2)", (CHANNEL_MAIL, turn_id))])
 
@@ -295,7 +295,7 @@ class PgFleet:
         return [(r["id"], r["turn"], r["kind"], json.loads(r["body"])) for r in rows]
 
     async def drop_mail(self, mail_id: int) -> None:
-        await self.writer._write([("DELETE FROM mail WHERE id = $1", (mail_id,))])
+        await self.writer.write([("DELETE FROM mail WHERE id = $1", (mail_id,))])
 
     async def listen(self, on_notify: Callable[[str, str], None]) -> None:
         """Hear NOTIFY on the fleet's channels until cancelled or the connection is lost

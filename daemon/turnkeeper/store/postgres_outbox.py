@@ -81,7 +81,7 @@ class PgOutbox:
 
     async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
                              next_at: float, error: str | None, now: float) -> None:
-        await self.writer._write([(
+        await self.writer.write([(
             "UPDATE webhook_outbox SET state = $1, attempts = $2, next_at = $3,"
             " last_error = $4, updated_at = $5, claimed_by = NULL, claim_until = NULL"
             " WHERE webhook = $6 AND seq = $7 AND state = $8"
@@ -89,7 +89,7 @@ class PgOutbox:
             (state, attempts, next_at, error, now, webhook, seq, PENDING, self.db.node_id))])
 
     async def webhook_release(self) -> None:
-        await self.writer._write([(
+        await self.writer.write([(
             "UPDATE webhook_outbox SET claimed_by = NULL, claim_until = NULL"
             " WHERE claimed_by = $1 AND state = $2", (self.db.node_id, PENDING))])
 

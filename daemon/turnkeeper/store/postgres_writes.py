@@ -124,7 +124,7 @@ class PgWrites:
                dumps(checkpoint), _stop_code(record))
         self.writer.durable_writes += 1  # the store's counts hold the intake's writes too
         try:
-            await self.intake._write([TurnInsert(
+            await self.intake.write([TurnInsert(
                 record, row, [(e.seq, e.turn, e.ts, e.type, dumps(e.to_json()))
                               for e in events], idempotency,
                 [op for e in events for op in self.outbox.outbox_ops(e, None)
@@ -151,7 +151,7 @@ class PgWrites:
             # Its end takes the turn's mail (a cancel waits there until now: see
             # `append_message`), in its transaction, and only if the claim holds.
             ops.append((MAIL_TAKEN, (turn_id,)))
-        await self.writer._write(ops, supersedes=None if checkpoint is None else turn_id)
+        await self.writer.write(ops, supersedes=None if checkpoint is None else turn_id)
         if record["state"] in TERMINAL_STATES:
             self.fleet.claims.pop(turn_id, None)
 
@@ -164,7 +164,7 @@ class PgWrites:
         first drops it. Fenced like `save_turn`: a turn this node lost raises StaleLease
         here; one lost while it waits is refused in its commit, and the turn's next
         awaited write hears it. False when the store takes no more writes."""
-        return self.writer._enqueue_turn(record["id"], [
+        return self.writer.enqueue_turn(record["id"], [
             self.turn_update(record, checkpoint),
             *message_write(record["id"], messages, trail)])
 
@@ -214,13 +214,13 @@ class PgWrites:
             await conn.execute("UPDATE turns SET updated_at = $1, record = $2 WHERE id = $3",
                                updated_at, dumps(record), turn_id)
 
-        await self.writer._write([TurnCall(turn_id, append), *self.event_ops(events)])
+        await self.writer.write([TurnCall(turn_id, append), *self.event_ops(events)])
 
     def append_event(self, event: Event) -> None:
         if event.turn is not None and event.turn in self.fleet.lost:
             return  # a turn another node now runs: its events are that node's
         for op in self.event_ops((event,)):  # its outbox rows join the event's write
-            self.writer._enqueue_event(op)
+            self.writer.enqueue_event(op)
 
     def event_ops(self, events: Sequence[Event]) -> list[Op]:
         """The events' rows, each with its webhook outbox rows (if any); those of a
@@ -236,13 +236,13 @@ class PgWrites:
         return ops
 
     def reserve_event_seqs(self, upto: int) -> None:
-        self.writer._enqueue([(
+        self.writer.enqueue([(
             "INSERT INTO meta (key, value) VALUES ('event_seq_reserved', $1) ON CONFLICT (key)"
             " DO UPDATE SET value = GREATEST(meta.value, excluded.value)", (upto,))])
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
-        """Queued or awaited as `_journal_intent` says; a non-idempotent call's intent on
+        """Queued or awaited as `StepWriter.journal_intent` says; a non-idempotent call's intent on
         a claimed turn only while its lease holds. See `Store.journal_intent`."""
         ops: list[Op] = [(JOURNAL_INTENT, (key, turn, tool, arguments, idempotent))]
         epoch = self.fleet.fence(turn)
@@ -250,7 +250,7 @@ class PgWrites:
             self._key_turn[key] = turn
             if not idempotent:  # the lease checked in the statement that writes it
                 ops = [FencedIntent(key, turn, tool, arguments, self.node_id, epoch)]
-        await self.writer._journal_intent(key, ops, idempotent=idempotent)
+        await self.writer.journal_intent(key, ops, idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
         turn = self._key_turn.pop(key, None)
@@ -258,7 +258,7 @@ class PgWrites:
             self.fleet.fence(turn)  # a lost turn's outcome is the new holder's to write
         ops: list[Op] = [(JOURNAL_OUTCOME, (dumps(outcome), key)) if turn is None
                          else (JOURNAL_OUTCOME_OF, (dumps(outcome), key, turn))]
-        await self.writer._journal_outcome(key, ops)
+        await self.writer.journal_outcome(key, ops)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
@@ -266,7 +266,7 @@ class PgWrites:
                            events: Sequence[Event] = ()) -> None:
         self.fleet.claims.pop(record["id"], None)
         self.fleet.lost.discard(record["id"])
-        await self.writer._write([*message_write(record["id"], messages, trail), (
+        await self.writer.write([*message_write(record["id"], messages, trail), (
             "UPDATE turns SET state = $1, updated_at = $2, record = $3, checkpoint = $4,"
             " stop_code = $5, replayed_by = NULL, owner = NULL, lease_until = NULL"
             " WHERE id = $6",
@@ -275,7 +275,7 @@ class PgWrites:
             *self.event_ops(events), _NOTIFY_TURNS])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
-        await self.writer._write([("UPDATE turns SET replayed_by = $1 WHERE id = $2",
+        await self.writer.write([("UPDATE turns SET replayed_by = $1 WHERE id = $2",
                             (new_turn_id, turn_id))])
 
     async def prune(self, *, finished_before: float, dead_letters: bool = False,
@@ -298,7 +298,7 @@ class PgWrites:
             (f"DELETE FROM turns WHERE id IN ({due})", (ids,)),
         ] if ids else []
         ops.append(("DELETE FROM events WHERE turn IS NULL AND ts < $1", (finished_before,)))
-        await self.writer._write(ops)
+        await self.writer.write(ops)
         return len(ids)
 
     async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
@@ -306,7 +306,7 @@ class PgWrites:
                                    " ORDER BY created_at LIMIT $2", created_before, limit)
         keys = [r[0] for r in rows]
         if keys:
-            await self.writer._write([("DELETE FROM idempotency_keys WHERE key ="
+            await self.writer.write([("DELETE FROM idempotency_keys WHERE key ="
                                        " ANY($1::text[]) AND created_at < $2",
                                        (keys, created_before))])
         return len(keys)

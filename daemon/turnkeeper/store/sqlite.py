@@ -169,7 +169,7 @@ class SQLiteStore:
         self._next_seq += 1
         record["seq"] = number = self._next_seq
         try:
-            await self.writer._write([*key_rows(record["id"], idempotency), (
+            await self.writer.write([*key_rows(record["id"], idempotency), (
                 "INSERT INTO turns (id, seq, session, state, created_at, updated_at, record,"
                 " checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (record["id"], number, record["session"], record["state"],
@@ -198,7 +198,7 @@ class SQLiteStore:
         the same moment: a write of the record alone is for a turn that ends (its
         checkpoint is no longer read)."""
         number = self._number(record)
-        await self.writer._write([turn_statement(record, checkpoint),
+        await self.writer.write([turn_statement(record, checkpoint),
                            *message_write(record["id"], messages, trail, turn_no=number),
                            *self._event_rows(events, number)],
                           supersedes=None if checkpoint is None else record["id"])
@@ -212,7 +212,7 @@ class SQLiteStore:
         rows go with the newer one). False when the store takes no more writes (nothing
         was queued: the caller awaits `save_turn` instead). See `QueuesTurns` in the
         store interface for when a caller may leave a checkpoint unawaited."""
-        return self.writer._enqueue_turn(record["id"], [
+        return self.writer.enqueue_turn(record["id"], [
             turn_statement(record, checkpoint),
             *message_write(record["id"], messages, trail, turn_no=self._number(record))])
 
@@ -222,7 +222,7 @@ class SQLiteStore:
         rest of its record as of its last checkpoint. Writing the live record instead
         would store an inbox from which the runner already took messages that its last
         checkpoint does not hold yet: a crash then would lose them."""
-        await self.writer._write([(
+        await self.writer.write([(
             "UPDATE turns SET updated_at = ?, record = json_set(record, '$.inbox',"
             " json(json_insert(COALESCE(json_extract(record, '$.inbox'), json('[]')),"
             " '$[#]', json(?))), '$.updated_at', ?) WHERE id = ?",
@@ -231,37 +231,37 @@ class SQLiteStore:
 
     def append_event(self, event: Event) -> None:
         turn = event.turn
-        self.writer._enqueue_event(event_statement(
+        self.writer.enqueue_event(event_statement(
             event, None if turn is None else self._numbers.get(turn)))
         if self.outbox.route is not None:
             for row in self.outbox.rows(event):  # joins the event's write
-                self.writer._enqueue_event(row)
+                self.writer.enqueue_event(row)
 
     def reserve_event_seqs(self, upto: int) -> None:
-        self.writer._enqueue([(
+        self.writer.enqueue([(
             "INSERT INTO meta (key, value) VALUES ('event_seq_reserved', ?) ON CONFLICT(key)"
             " DO UPDATE SET value = MAX(value, excluded.value)", (upto,))])
 
     async def journal_intent(self, key: str, *, turn: str, tool: str, arguments: str,
                              idempotent: bool) -> None:
-        """Queued or awaited as `_journal_intent` says; see `Store.journal_intent`."""
+        """Queued or awaited as `SQLiteWriter.journal_intent` says; see `Store.journal_intent`."""
         statements: list[Statement] = [(
             "INSERT INTO journal (key, turn, tool, arguments, idempotent)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET outcome = NULL",
             (key, turn, tool, arguments, int(idempotent)))]
-        await self.writer._journal_intent(key, statements, idempotent=idempotent)
+        await self.writer.journal_intent(key, statements, idempotent=idempotent)
 
     async def journal_outcome(self, key: str, outcome: dict[str, Any]) -> None:
         statements: list[Statement] = [("UPDATE journal SET outcome = ? WHERE key = ?",
                                          (_dumps(outcome), key))]
-        await self.writer._journal_outcome(key, statements)
+        await self.writer.journal_outcome(key, statements)
 
     async def requeue_turn(self, record: dict[str, Any], checkpoint: dict[str, Any], *,
                            messages: MessageRows | None = None,
                            trail: MessageRows | None = None,
                            events: Sequence[Event] = ()) -> None:
         number = self._number(record)
-        await self.writer._write([(
+        await self.writer.write([(
             "UPDATE turns SET state = ?, updated_at = ?, record = ?, checkpoint = ?,"
             " replayed_by = NULL WHERE id = ?",
             (record["state"], record["updated_at"], _dumps(stored_record(record)),
@@ -270,7 +270,7 @@ class SQLiteStore:
             *self._event_rows(events, number)])
 
     async def mark_replayed(self, turn_id: str, new_turn_id: str) -> None:
-        await self.writer._write([("UPDATE turns SET replayed_by = ? WHERE id = ?",
+        await self.writer.write([("UPDATE turns SET replayed_by = ? WHERE id = ?",
                             (new_turn_id, turn_id))])
 
     async def prune(self, *, finished_before: float, dead_letters: bool = False,
@@ -285,7 +285,7 @@ class SQLiteStore:
         statements = prune_statements(ids) if ids else []
         statements.append(("DELETE FROM events WHERE turn IS NULL AND ts < ?",
                            (finished_before,)))
-        await self.writer._write(statements)
+        await self.writer.write(statements)
         return len(ids)
 
     async def prune_idempotency_keys(self, *, created_before: float, limit: int) -> int:
@@ -293,7 +293,7 @@ class SQLiteStore:
                                 " ORDER BY created_at LIMIT ?", (created_before, limit))
         keys = [r[0] for r in rows]
         if keys:
-            await self.writer._write([(f"DELETE FROM idempotency_keys WHERE key IN"
+            await self.writer.write([(f"DELETE FROM idempotency_keys WHERE key IN"
                                 f" ({','.join('?' * len(keys))})", keys)])
         return len(keys)
 

@@ -66,7 +66,7 @@ class SQLiteOutbox:
 
     async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
                              next_at: float, error: str | None, now: float) -> None:
-        await self._writer._write([(
+        await self._writer.write([(
             "UPDATE webhook_outbox SET state = ?, attempts = ?, next_at = ?, last_error = ?,"
             " updated_at = ? WHERE webhook = ? AND seq = ? AND state = ?",
             (state, attempts, next_at, error, now, webhook, seq, PENDING))])
@@ -81,7 +81,7 @@ class SQLiteOutbox:
             " LIMIT ?", (webhook, PENDING, count))
         seqs = [r[0] for r in rows]
         if seqs:
-            await self._writer._write([(
+            await self._writer.write([(
                 "UPDATE webhook_outbox SET state = ?, last_error = ?, updated_at = ? WHERE"
                 " webhook = ? AND state = ? AND seq IN (SELECT value FROM json_each(?))",
                 (FAILED, error, now, webhook, PENDING, json.dumps(seqs)))])
@@ -105,7 +105,7 @@ class SQLiteOutbox:
             " OR (state = ? AND updated_at < ?) LIMIT ?",
             (DELIVERED, delivered_before, FAILED, failed_before, limit))
         if rows:
-            await self._writer._write([
+            await self._writer.write([
                 ("DELETE FROM webhook_outbox WHERE webhook = ? AND seq = ?", (webhook, seq))
                 for webhook, seq in rows])
         return len(rows)

@@ -179,7 +179,3 @@ class SQLiteWriter(GroupCommitWriter[Op]):
                     return errors + [exc] * (len(batch) - len(errors))
                 errors.append(exc)
         return errors
-
-    async def stop(self) -> None:
-        """No more writes: what is queued commits, and the writer task ends."""
-        await self._stop_writer()

@@ -2,14 +2,14 @@
 
 Writes are queued to a single task that takes everything queued while its last
 transaction was committing and commits it as the next one: hundreds of concurrent turns
-share one commit instead of queueing on it. A caller that awaits a write (`_write`)
+share one commit instead of queueing on it. A caller that awaits a write (`write`)
 resumes only after its transaction committed; a write that is only enqueued
-(`_enqueue`: events, an idempotent call's journal) commits, in order, with the next one.
+(`enqueue`: events, an idempotent call's journal) commits, in order, with the next one.
 The queue is a deque the writer drains: events queued back to back join one write (the
 backend may then insert them in one statement), so a step's five events cost the writer
 one write, not five.
 
-A turn's checkpoint may also be queued (`_enqueue_turn`): it commits in order, before any
+A turn's checkpoint may also be queued (`enqueue_turn`): it commits in order, before any
 later write of the same turn. A queued checkpoint that a newer one of the same turn
 supersedes before it was taken for a commit is dropped (`superseded`); its message and
 trail rows move into the newer write, which counts them, joined with the newer rows of
@@ -135,7 +135,7 @@ class Write(Generic[Op]):
     error: BaseException | None = field(default=None)
     events: bool = False
     turn: str | None = None
-    # Its caller stopped waiting (`_write(within_s=...)`): not tried again (see
+    # Its caller stopped waiting (`write(within_s=...)`): not tried again (see
     # `_drop_withdrawn`).
     withdrawn: bool = False
 
@@ -207,7 +207,7 @@ class GroupCommitWriter(Generic[Op]):
                 waiters.append(w.done)
         _wake(waiters, 0)
 
-    async def _stop_writer(self) -> None:
+    async def stop(self) -> None:
         """No more writes; the writer commits what is queued and ends."""
         self._closed = True
         if self._running:
@@ -235,7 +235,7 @@ class GroupCommitWriter(Generic[Op]):
         self.superseded += 1
         return join_messages(moved, ops) if moved else ops
 
-    async def _write(self, ops: Sequence[Op], *, supersedes: str | None = None,
+    async def write(self, ops: Sequence[Op], *, supersedes: str | None = None,
                      within_s: float | None = None) -> None:
         """`ops` in a transaction (with whatever else is queued), durable on return. A
         StoreError of the backend's own is raised as it is; any other error wrapped.
@@ -291,12 +291,12 @@ class GroupCommitWriter(Generic[Op]):
                                            "time: it was withdrawn and not made")] * len(gone))
         return [w for w in pending if not w.withdrawn]
 
-    def _enqueue(self, ops: Sequence[Op]) -> None:
+    def enqueue(self, ops: Sequence[Op]) -> None:
         """`ops` with the next durable write, in order; not awaited."""
         if self._running and not self._closed:
             self._push(Write(ops))
 
-    def _enqueue_event(self, op: Op) -> None:
+    def enqueue_event(self, op: Op) -> None:
         """An event row with the next durable write, in order; not awaited. Event rows
         queued back to back make one write."""
         if self._running and not self._closed:
@@ -308,7 +308,7 @@ class GroupCommitWriter(Generic[Op]):
             else:
                 self._push(Write([op], events=True))
 
-    def _enqueue_turn(self, turn: str, ops: Sequence[Op]) -> bool:
+    def enqueue_turn(self, turn: str, ops: Sequence[Op]) -> bool:
         """A turn's checkpoint (`ops[0]` writes its row, the rest its rows),
         committed in order with the next durable write and not awaited; it supersedes the
         turn's queued one. False when the writer takes no more writes (nothing queued)."""
@@ -321,7 +321,7 @@ class GroupCommitWriter(Generic[Op]):
         self._push(w)
         return True
 
-    async def _journal_intent(self, key: str, ops: Sequence[Op], *, idempotent: bool
+    async def journal_intent(self, key: str, ops: Sequence[Op], *, idempotent: bool
                               ) -> None:
         """An idempotent call may run again after a crash (with the same Idempotency-Key),
         so its intent and outcome are not awaited: they commit, in order, with the next
@@ -330,19 +330,19 @@ class GroupCommitWriter(Generic[Op]):
         if idempotent:
             if len(self._idempotent_keys) < MAX_PENDING_IDEMPOTENT:
                 self._idempotent_keys.add(key)
-            self._enqueue(ops)
+            self.enqueue(ops)
         else:
-            await self._write(ops)
+            await self.write(ops)
 
-    async def _journal_outcome(self, key: str, ops: Sequence[Op]) -> None:
+    async def journal_outcome(self, key: str, ops: Sequence[Op]) -> None:
         """An outcome goes as its intent went: queued for an idempotent call, awaited
         otherwise."""
         if key in self._idempotent_keys:
             self._idempotent_keys.discard(key)
-            self._enqueue(ops)
+            self.enqueue(ops)
         else:
-            await self._write(ops)
+            await self.write(ops)
 
     async def flush(self) -> None:
         """Until everything enqueued so far is durable."""
-        await self._write(())
+        await self.write(())
