@@ -338,16 +338,21 @@ class ModelCall:
         ctx = self.ctx
         now = ctx.clock.time()
         # A turn resumed in its wait (a restart, a reload) waits out what is left of it:
-        # that, not the cycle's full wait, is what the event reports.
+        # that, not the cycle's full wait, is what the event reports. One whose wait is
+        # over already (woken by its timer after a reload let it wait on) goes on at
+        # once: the wait was announced, and there is nothing left of it to announce.
+        resumed = ctx.recover_until is not None
         until = ctx.begin_recovery(decision.wait_s)
         wait = round(max(0.0, until - now), 3)
         ctx.record.next_attempt_at = until
-        self._publish(ev.TurnRecovering(cycle=decision.cycle, of=decision.of_cycles,
-                                        wait=wait, next_attempt_at=until,
-                                        waits_for=decision.waits_for, reason=decision.why))
-        ctx.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
-                        wait=wait, waits_for=decision.waits_for, reason=decision.why,
-                        **ctx.counter_values())
+        if wait > 0 or not resumed:
+            self._publish(ev.TurnRecovering(cycle=decision.cycle, of=decision.of_cycles,
+                                            wait=wait, next_attempt_at=until,
+                                            waits_for=decision.waits_for,
+                                            reason=decision.why))
+            ctx.log.warning("turn.recovering", cycle=decision.cycle, of=decision.of_cycles,
+                            wait=wait, waits_for=decision.waits_for, reason=decision.why,
+                            **ctx.counter_values())
         await ctx.park(TurnState.RECOVERING, until=until,
                        done=lambda: ctx.control.redirect_requested or ctx.has_unread_steer())
         ctx.end_recovery()
