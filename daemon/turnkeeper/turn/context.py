@@ -173,8 +173,10 @@ class TurnContext:
         seconds = u.seconds
         if self._active_since is not None:
             seconds += self.clock.monotonic() - self._active_since
-        return BudgetUsage(u.total_tokens, seconds,
-                           self.record.counters.steps, u.cost_usd)
+        # Built as the tuple it is: a named tuple's own constructor is a Python call,
+        # and the usage is read several times a step.
+        return tuple.__new__(BudgetUsage, (u.input_tokens + u.output_tokens, seconds,
+                                           self.record.counters.steps, u.cost_usd))
 
     def remaining_s(self) -> float:
         """The time the turn has left, the least of its active time, its wall-clock
