@@ -184,6 +184,8 @@ class CircuitBreaker:
     def try_acquire(self, now: float) -> bool:
         """May a call go to the peer now? Closed: yes. Open: no. Half-open: while fewer
         than `half_open_probes` probes are in flight (this call becomes one)."""
+        if self._open_until is None:  # closed (`state`, without its call: every step)
+            return True
         state = self.state(now)
         if state is BreakerState.CLOSED:
             return True
@@ -197,6 +199,8 @@ class CircuitBreaker:
     # -- outcomes --------------------------------------------------------------------
 
     def record_success(self, now: float) -> None:
+        if self._open_until is None and not self._consecutive_failures:
+            return  # closed with no streak: the table's RESET_STREAK changes nothing
         self._report(now, _Outcome.SUCCESS, None)
 
     def record_failure(self, now: float, failure_class: FailureClass,

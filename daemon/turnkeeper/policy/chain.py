@@ -166,7 +166,8 @@ class ProviderChain(ChainState):
             self._start_pass(self._index())
         self._provider_attempts = 0
         self._previous_delay_s = None
-        return self._enter(self._attempt())
+        self._phase = Phase.ATTEMPTING  # `_enter` of the Attempt, written out: every step
+        return self._attempt()
 
     def on_success(self) -> None:
         """The call succeeded: the outage is over. recovery_cycles starts over and so
@@ -180,7 +181,7 @@ class ProviderChain(ChainState):
         self._pass_reopen_s = None
         self._pass_reopen_by = None
         self._pass_done = True  # the next begin_call() starts a new pass
-        self._enter(None)
+        self._phase = Phase.READY  # `_enter(None)`, written out: every step
 
     def on_failure(self, failure_class: FailureClass, *, retry_after_s: float | None = None,
                    remaining_s: float = math.inf,
@@ -298,7 +299,7 @@ class ProviderChain(ChainState):
 
     def _attempt(self) -> Attempt:
         self._provider_attempts += 1
-        return Attempt(provider=self.current_provider, attempt=self._provider_attempts)
+        return Attempt(provider=self._current, attempt=self._provider_attempts)
 
     def _hop(self, reason: FailOverReason, rand: Rand | None) -> FailOver | Recover | Stop:
         """Leave the current provider: a hop, and the end of the pass when none is left."""

@@ -109,7 +109,7 @@ class ChainState:
         recovery cycle (the next pass starts there)."""
         if self._phase is Phase.RECOVERING:
             return self.providers[0]
-        return self.current_provider
+        return self._current
 
     def _index(self) -> int:
         """A pass walks the list from where it started, wrapping round past the end,
@@ -147,12 +147,14 @@ class ChainState:
     # -- checkpoints -----------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """The chain's counters, JSON-able, for the turn's checkpoint."""
+        """The chain's counters, JSON-able, for the turn's checkpoint. (The fields
+        read directly, the phase's value as `_value_`: an enum's `value` and a property
+        are Python calls each, and a turn checkpoints more than once a step.)"""
         return {"version": SNAPSHOT_VERSION, "providers": list(self.providers),
-                "phase": self._phase.value, "current_provider": self.current_provider,
+                "phase": self._phase._value_, "current_provider": self._current,
                 "pass_start": self._pass_start,
                 "provider_attempts": self._provider_attempts,
-                "fallback_hops": self.fallback_hops,
+                "fallback_hops": len(self._pass_exits),
                 "recovery_cycles": self._recovery_cycles,
                 "pass_exits": list(self._pass_exits),
                 "pass_retry_after_s": self._pass_retry_after_s,

@@ -161,10 +161,14 @@ class Extension:
         """Record the marks at the end of `step` (observations and states the turn has
         seen, from the loop detector; plan items done, from here). True when a mark grew
         since the last record: the step made progress."""
-        marks = (observations, states, self.completed)
-        if marks == self._marks:
+        marks = (observations, states, len(self._completed_seen))  # `completed`
+        old = self._marks
+        if marks == old:
             return False
-        grew = bool(self._marks) and any(a > b for a, b in zip(marks, self._marks, strict=True))
+        if len(old) == 3:  # written out: this runs every step
+            grew = marks[0] > old[0] or marks[1] > old[1] or marks[2] > old[2]
+        else:
+            grew = bool(old) and any(a > b for a, b in zip(marks, old, strict=True))
         if not self._marks and any(marks):
             grew = True
         self._marks = marks

@@ -242,7 +242,7 @@ class LoopDetector:
         """Call before the tool call runs. A Stop means: do not run it, end the turn."""
         if action.polling:
             return None
-        key = _kept(action.key)
+        key = action.key[:KEPT_KEY_CHARS]  # `_kept`, written out: every call
         if self._last_outcome.get(key) in _RETRY_CLASSES:
             return None
         count = self._repeats.get(key, 0) + 1
@@ -272,7 +272,7 @@ class LoopDetector:
             return
         # Only failures are kept: a success and no record judge the next repeat alike,
         # and the common step (a success) then leaves the snapshot as it was.
-        key = _kept(action.key)
+        key = action.key[:KEPT_KEY_CHARS]  # `_kept`, written out: every call
         if outcome is not None and key in self._fresh:  # led nowhere: reached no state
             self._fresh.discard(key)
             self._snapshot = None
@@ -295,8 +295,8 @@ class LoopDetector:
             return None
         self._snapshot = None
         obs_keys = [_sha256(o)[:KEPT_KEY_CHARS] for o in observations]
-        key = _kept(_sha256("state\n" + state) if state is not None
-                    else _state_of_keys(obs_keys))
+        key = (_sha256("state\n" + state) if state is not None
+               else _state_of_keys(obs_keys))[:KEPT_KEY_CHARS]  # `_kept`
         visits = self._state_visits.get(key, 0) + 1
         self._state_visits[key] = visits
         lines, seen = self._lines, self._seen

@@ -33,7 +33,8 @@ class Claims:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.end_retry()
+        if self._retry_of is not None:  # `end_retry`, without its call when none is held
+            self.end_retry()
         if self._breaker is not None:
             self._breaker.release(self._clock.monotonic())
             self._breaker = None

@@ -173,8 +173,9 @@ class TurnContext:
         seconds = u.seconds
         if self._active_since is not None:
             seconds += self.clock.monotonic() - self._active_since
-        return BudgetUsage(u.total_tokens, seconds,
-                           self.record.counters.steps, u.cost_usd)
+        # Built as a tuple (a named tuple's own constructor is a Python call), often.
+        return tuple.__new__(BudgetUsage, (u.input_tokens + u.output_tokens, seconds,
+                                           self.record.counters.steps, u.cost_usd))
 
     def remaining_s(self) -> float:
         """The time the turn has left, the least of its active time, its wall-clock
@@ -247,9 +248,10 @@ class TurnContext:
         if new is not None and queue is not None:
             self.record.set_state(new)
         self.sync_counters()
-        if self._active_since is not None:  # fold the running active time into the record
-            self.stop_active()
-            self.start_active()
+        if (since := self._active_since) is not None:  # active time so far to the record
+            now, usage = self.clock.monotonic(), self.record.usage
+            usage.seconds = to_micros(usage.seconds + now - since)
+            self._active_since, self.record.active_since = now, self.clock.time()
         self.record.updated_at = self.clock.time()
         # The messages go as rows, only those not stored yet, and the checkpoint counts
         # them; the trail's lines ride in its tail until they make a row.

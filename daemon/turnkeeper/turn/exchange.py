@@ -10,6 +10,7 @@ cuts; the reply charged to the turn's meter (`turn/metering.py`).
 from __future__ import annotations
 
 from turnkeeper import event_types as ev
+from turnkeeper.messages import ToolSpec
 from turnkeeper.policy.call_bound import CallBound
 from turnkeeper.policy.classify import CallFailure
 from turnkeeper.providers.base import MessageCache, ModelReply, ModelRequest, ProviderError
@@ -25,6 +26,9 @@ class Exchange:
         self.meter = meter
         # The turn's messages as the adapter encoded them for the last request.
         self._encoded = MessageCache()
+        # The tools offered to the turn's agent, when the offer is fixed (no MCP server):
+        # the same tuple for the whole turn, as the agent and its toolbox are.
+        self._fixed_tools: tuple[ToolSpec, ...] | None = None
 
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
@@ -34,9 +38,14 @@ class Exchange:
         """The request of an attempt: the provider's `timeout_s`, bounded by `left_s`,
         the turn's time left."""
         ctx = self.ctx
+        tools = self._fixed_tools
+        if tools is None:
+            tools = ctx.tool_specs()
+            if ctx.runtime.toolbox.offer_fixed:
+                self._fixed_tools = tools
         return ModelRequest(
             system=ctx.agent.system_prompt, messages=tuple(ctx.conv.messages),
-            tools=ctx.tool_specs(), max_output_tokens=max_output_tokens,
+            tools=tools, max_output_tokens=max_output_tokens,
             timeout_s=max(0.001, min(timeout_s, left_s)),
             turn_id=ctx.record.id, step=ctx.record.counters.steps,
             metadata={"turn_message": ctx.record.message}, cache=self._encoded,

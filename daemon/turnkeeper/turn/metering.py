@@ -79,9 +79,9 @@ class Meter:
         if last is not None and last[0] == key:
             return last[1]
         settings = ctx.settings.providers[provider]
+        prices = self._prices.get(provider) or self._prices_of(provider)
         answer = guard.preflight(usage or ctx.usage(), input_tokens=self.input_tokens(),
-                                 max_output_tokens=settings.max_output_tokens,
-                                 prices=self._prices_of(provider))
+                                 max_output_tokens=settings.max_output_tokens, prices=prices)
         self._asked = (key, answer)
         return answer
 

@@ -177,8 +177,8 @@ class ModelCall:
         left_s = ctx.remaining_s()
         request = self.exchange.request(fits.max_output_tokens, left_s, settings.timeout_s,
                                 span.traceparent)
-        self._publish(ev.ModelRequest(provider=name, attempt=attempt.attempt,
-                                      step=request.step, messages=len(request.messages)))
+        ctx.bus.publish(ev.ModelRequest(provider=name, attempt=attempt.attempt, step=request.step,
+                                        messages=len(request.messages)), turn=ctx.record.id)
         started_at = ctx.clock.monotonic()
         bound = CallBound.of(turn_left_s=left_s, max_call_s=settings.max_call_s)
         reply, failure, cut = await self.exchange.send(name, request, left_s, bound, claims,

@@ -62,7 +62,8 @@ class TurnUsage:
 
     def to_json(self) -> dict[str, Any]:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "total_tokens": self.total_tokens, "seconds": self.seconds,
+                "total_tokens": self.input_tokens + self.output_tokens,  # no property call
+                "seconds": self.seconds,
                 "cost_usd": self.cost_usd}
 
     @classmethod

@@ -149,7 +149,8 @@ class TurnRunner:
             else:
                 ctx.record.counters.steps += 1
             step = ctx.record.counters.steps
-            self._publish(ev.StepStarted(step=step, provider=ctx.chain.next_provider))
+            ctx.bus.publish(ev.StepStarted(step=step, provider=ctx.chain.next_provider),
+                            turn=ctx.record.id)  # not through `_publish`: every step
             try:
                 reply = await self.model.call()
             except Redirected:

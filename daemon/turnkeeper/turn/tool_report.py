@@ -34,7 +34,7 @@ class ToolReport:
         if not idempotent:
             ctx.effects.record(call.name, args, outcome.kind)
         ctx.loops.after_action(action, classify(outcome.failure) if outcome.failure else None)
-        if outcome.kind is EffectOutcome.UNKNOWN:
+        if outcome.unknown:  # `kind` is UNKNOWN (read without the property)
             return self.unknown(call, args, key, outcome)
         if outcome.failure is not None:
             return self.failed(call, args, outcome.failure, key=key)

@@ -44,9 +44,11 @@ class ToolStep:
         self.report = ToolReport(ctx)
 
     def _call_positions(self) -> dict[str, int]:
-        ctx = self.ctx
-        last = next((m for m in reversed(ctx.conv.messages) if m.role == "assistant"), None)
-        calls = last.tool_calls if last is not None else ()
+        calls: tuple[ToolCall, ...] = ()
+        for m in reversed(self.ctx.conv.messages):  # the last reply's (a loop: no generator)
+            if m.role == "assistant":
+                calls = m.tool_calls
+                break
         position = {c.id: i for i, c in enumerate(calls)}
         return position if len(position) == len(calls) else {}
 
