@@ -21,7 +21,7 @@ events a longer prefix of those published than SQLite would keep after a crash.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +42,7 @@ from turnkeeper.store.base import (
     usage_of,
     with_messages,
 )
-from turnkeeper.store.outbox import Backlog, Delivery, MemoryOutbox, WebhookRoute
+from turnkeeper.store.outbox import MemoryOutbox, OutboxFront
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
 
@@ -92,8 +92,10 @@ class _Row:
                              [self.trail[i] for i in sorted(self.trail)])
 
 
-class MemoryStore:
+class MemoryStore(OutboxFront):
     """The `Store` (and `Outbox`) held in memory; its webhook outbox is its `outbox`."""
+
+    outbox: MemoryOutbox
 
     def __init__(self) -> None:
         self.outbox = MemoryOutbox()
@@ -358,34 +360,3 @@ class MemoryStore:
             if len(out) >= DEAD_LETTERS_SHOWN:
                 break
         return out
-
-    # -- the webhook outbox (its part: `MemoryOutbox`) --------------------------------
-
-    def set_webhook_route(self, route: WebhookRoute | None) -> None:
-        self.outbox.set_webhook_route(route)
-
-    async def webhook_due(self, webhook: str, *, now: float, limit: int,
-                          skip: Collection[int] = (), lease_s: float = 60.0
-                          ) -> list[Delivery]:
-        return await self.outbox.webhook_due(webhook, now=now, limit=limit, skip=skip,
-                                             lease_s=lease_s)
-
-    async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
-                             next_at: float, error: str | None, now: float) -> None:
-        await self.outbox.webhook_settle(webhook, seq, state=state, attempts=attempts,
-                                         next_at=next_at, error=error, now=now)
-
-    async def webhook_release(self) -> None:
-        await self.outbox.webhook_release()
-
-    async def webhook_give_up(self, webhook: str, *, count: int, error: str,
-                              now: float) -> int:
-        return await self.outbox.webhook_give_up(webhook, count=count, error=error, now=now)
-
-    async def webhook_backlog(self) -> dict[str, Backlog]:
-        return await self.outbox.webhook_backlog()
-
-    async def webhook_prune(self, *, delivered_before: float, failed_before: float,
-                            limit: int = 1000) -> int:
-        return await self.outbox.webhook_prune(delivered_before=delivered_before,
-                                               failed_before=failed_before, limit=limit)

@@ -124,6 +124,42 @@ class Outbox(Protocol):
         ...
 
 
+class OutboxFront:
+    """A store's outbox calls, each handed to its outbox part (`self.outbox`): what every
+    backend's store class takes in, so that the `Store` is one object to its callers."""
+
+    outbox: Outbox
+
+    def set_webhook_route(self, route: WebhookRoute | None) -> None:
+        self.outbox.set_webhook_route(route)
+
+    async def webhook_due(self, webhook: str, *, now: float, limit: int,
+                          skip: Collection[int] = (), lease_s: float = 60.0
+                          ) -> list[Delivery]:
+        return await self.outbox.webhook_due(webhook, now=now, limit=limit, skip=skip,
+                                             lease_s=lease_s)
+
+    async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
+                             next_at: float, error: str | None, now: float) -> None:
+        await self.outbox.webhook_settle(webhook, seq, state=state, attempts=attempts,
+                                         next_at=next_at, error=error, now=now)
+
+    async def webhook_release(self) -> None:
+        await self.outbox.webhook_release()
+
+    async def webhook_give_up(self, webhook: str, *, count: int, error: str,
+                              now: float) -> int:
+        return await self.outbox.webhook_give_up(webhook, count=count, error=error, now=now)
+
+    async def webhook_backlog(self) -> dict[str, Backlog]:
+        return await self.outbox.webhook_backlog()
+
+    async def webhook_prune(self, *, delivered_before: float, failed_before: float,
+                            limit: int = 1000) -> int:
+        return await self.outbox.webhook_prune(delivered_before=delivered_before,
+                                               failed_before=failed_before, limit=limit)
+
+
 @dataclass(slots=True)
 class _Row:
     delivery: Delivery

@@ -22,7 +22,7 @@ The URL's password is never written to a log or an error: `redact_url` replaces 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import anyio
@@ -35,7 +35,7 @@ from turnkeeper.policy.limits import FinishedTurn
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.store.base import MessageRows, StoreError
 from turnkeeper.store.fleet import Claimed, EventCursor
-from turnkeeper.store.outbox import Backlog, Delivery, WebhookRoute
+from turnkeeper.store.outbox import OutboxFront
 from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, Dedicated, PgConnection
 from turnkeeper.store.postgres_fleet import PgFleet
 from turnkeeper.store.postgres_intake import IntakeWriter
@@ -49,9 +49,11 @@ from turnkeeper.store.postgres_writer import StepWriter
 from turnkeeper.store.postgres_writes import PgWrites
 
 
-class PostgresStore:
+class PostgresStore(OutboxFront):
     """The store on PostgreSQL: its parts (see the module's docstring), and every call
     of the store, outbox and fleet interfaces handed to the one that makes it."""
+
+    outbox: PgOutbox
 
     def __init__(self, url: str, *, clock: Clock | None = None, fatal_after: float = 300.0,
                  pool_size: int = POOL_SIZE, node_id: str | None = None,
@@ -331,34 +333,3 @@ class PostgresStore:
 
     async def shared_retry_after(self) -> dict[str, float]:
         return await self.shared.shared_retry_after()
-
-    # -- the webhook outbox (`postgres_outbox.py`) ----------------------------------
-
-    def set_webhook_route(self, route: WebhookRoute | None) -> None:
-        self.outbox.set_webhook_route(route)
-
-    async def webhook_due(self, webhook: str, *, now: float, limit: int,
-                          skip: Collection[int] = (), lease_s: float = 60.0
-                          ) -> list[Delivery]:
-        return await self.outbox.webhook_due(webhook, now=now, limit=limit, skip=skip,
-                                             lease_s=lease_s)
-
-    async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
-                             next_at: float, error: str | None, now: float) -> None:
-        await self.outbox.webhook_settle(webhook, seq, state=state, attempts=attempts,
-                                         next_at=next_at, error=error, now=now)
-
-    async def webhook_release(self) -> None:
-        await self.outbox.webhook_release()
-
-    async def webhook_give_up(self, webhook: str, *, count: int, error: str,
-                              now: float) -> int:
-        return await self.outbox.webhook_give_up(webhook, count=count, error=error, now=now)
-
-    async def webhook_backlog(self) -> dict[str, Backlog]:
-        return await self.outbox.webhook_backlog()
-
-    async def webhook_prune(self, *, delivered_before: float, failed_before: float,
-                            limit: int = 1000) -> int:
-        return await self.outbox.webhook_prune(delivered_before=delivered_before,
-                                               failed_before=failed_before, limit=limit)

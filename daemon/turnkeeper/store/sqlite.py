@@ -28,7 +28,7 @@ is built in `sqlite_statements.py`.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ from turnkeeper.store.base import (
     stored_message,
     stored_record,
 )
-from turnkeeper.store.outbox import Backlog, Delivery, WebhookRoute
+from turnkeeper.store.outbox import OutboxFront
 from turnkeeper.store.sqlite_conn import SQLiteConnection
 from turnkeeper.store.sqlite_outbox import SQLiteOutbox
 from turnkeeper.store.sqlite_queries import (
@@ -81,9 +81,11 @@ def _dumps(value: Any) -> str:
     return jsonwire.dumps_str(value)
 
 
-class SQLiteStore:
+class SQLiteStore(OutboxFront):
     """The `Store` (and `Outbox`) on one SQLite file, made of its parts: `connection`,
     `writer`, `reader` and `outbox`."""
+
+    outbox: SQLiteOutbox
 
     def __init__(self, path: Path, *, clock: Clock | None = None,
                  fatal_after_s: float = DEFAULT_FATAL_AFTER_S) -> None:
@@ -356,34 +358,3 @@ class SQLiteStore:
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         return await self.reader.run(read_dead_letters)
-
-    # -- the webhook outbox (its part: `sqlite_outbox.py`) ------------------------------
-
-    def set_webhook_route(self, route: WebhookRoute | None) -> None:
-        self.outbox.set_webhook_route(route)
-
-    async def webhook_due(self, webhook: str, *, now: float, limit: int,
-                          skip: Collection[int] = (), lease_s: float = 60.0
-                          ) -> list[Delivery]:
-        return await self.outbox.webhook_due(webhook, now=now, limit=limit, skip=skip,
-                                             lease_s=lease_s)
-
-    async def webhook_settle(self, webhook: str, seq: int, *, state: str, attempts: int,
-                             next_at: float, error: str | None, now: float) -> None:
-        await self.outbox.webhook_settle(webhook, seq, state=state, attempts=attempts,
-                                         next_at=next_at, error=error, now=now)
-
-    async def webhook_release(self) -> None:
-        await self.outbox.webhook_release()
-
-    async def webhook_give_up(self, webhook: str, *, count: int, error: str,
-                              now: float) -> int:
-        return await self.outbox.webhook_give_up(webhook, count=count, error=error, now=now)
-
-    async def webhook_backlog(self) -> dict[str, Backlog]:
-        return await self.outbox.webhook_backlog()
-
-    async def webhook_prune(self, *, delivered_before: float, failed_before: float,
-                            limit: int = 1000) -> int:
-        return await self.outbox.webhook_prune(delivered_before=delivered_before,
-                                               failed_before=failed_before, limit=limit)
