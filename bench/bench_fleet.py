@@ -47,7 +47,6 @@ import statistics
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from bench.bench_fleet_link import (
     count_finished,
     over_slow_link,
     report,
+    submit_all,
 )
 from bench.bytecode import use_bytecode_cache
 from bench.fake_model import daemon_config, start_model, wait_port
@@ -114,23 +114,6 @@ def model_config(port: int, slots: int, *, db: str | None, node: str, lease: flo
         max_queued_turns = 10000
         log_level = "warning"
         """) + daemon_config(port, timeout=60.0) + fleet_section(db, node, lease)
-
-
-def submit_all(daemons: list[Daemon], turns: int, *, batch: int = 25) -> None:
-    """Every turn submitted in batches (`POST /v1/turns` of a list), one client thread
-    per node at once, so intake is not what the round measures."""
-    def client(i: int) -> None:
-        mine = list(range(i, turns, len(daemons)))
-        for at in range(0, len(mine), batch):
-            status, data = daemons[i].post(
-                "/v1/turns", [{"message": f"work {n}"} for n in mine[at:at + batch]])
-            assert status == 202, (status, data)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(daemons))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
 
 
 @dataclass

@@ -143,10 +143,25 @@ def concurrent_submits(daemons: list[Daemon], clients: int = 10, each: int = 2
     return took
 
 
+def submit_all(daemons: list[Daemon], turns: int, *, batch: int = 25) -> None:
+    """Every turn submitted in batches (`POST /v1/turns` of a list), one client thread
+    per node at once, so intake is not what the round measures."""
+    def client(i: int) -> None:
+        mine = list(range(i, turns, len(daemons)))
+        for at in range(0, len(mine), batch):
+            status, data = daemons[i].post(
+                "/v1/turns", [{"message": f"work {n}"} for n in mine[at:at + batch]])
+            assert status == 202, (status, data)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(daemons))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def one_link(configure: Configure, counter: CountingProxy, *, delay: float, turns: int,
              steps: int, env: dict[str, str]) -> Link:
-    from bench.bench_fleet import submit_all
-
     db = asyncio.run(create_database())
     link = CuttableProxy(counter.url(db), delay=delay).start()
     try:
