@@ -10,7 +10,9 @@ differently (`p1`, then `p2`), so every model call says which policy made it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
+import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -184,3 +186,28 @@ def test_a_reload_that_shortens_the_clarify_timeout_ends_a_wait_it_would_outlast
     assert done["result"]["stopped_because"]["code"] == "clarify.timeout"
     assert done["result"]["stopped_because"]["limit"] == 0.5
     assert done["policy_version"] == 2
+
+
+def test_a_stop_during_a_reload_suspends_a_held_turn_once(start: Any, tmp_path: Path) -> None:
+    """A SIGTERM that comes while a reload's drain holds a parked turn takes the drain
+    over: the held turn, announced `suspended` already, is not announced twice."""
+    d = start(config(tmp_path, "p1", DOWN))
+    asking = d.submit("ASK f")["id"]
+    d.wait_state(asking, "waiting")
+    slow = d.submit("SLOW holds the drain open")["id"]
+    d.wait_state(slow, "running")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reload = pool.submit(reload_to, d, config(tmp_path, "p2", UP))
+        d.wait_state(asking, "suspended")  # held by the reload's drain
+        d.signal(signal.SIGTERM)
+        assert d.proc is not None
+        assert d.proc.wait(30) == 0
+        with contextlib.suppress(Exception):  # the stop may answer it or close the socket
+            reload.result()
+    d.start()
+    d.wait_state(asking, "waiting")  # resumed in its wait at the next start
+    code, _ = d.post(f"/v1/turns/{asking}/messages", {"kind": "answer", "text": "green"})
+    assert code == 202
+    assert d.wait(asking)["result"]["answer"] == "green from p2"
+    types = [e["type"] for e in d.events(asking)]
+    assert types.count("turn.suspended") == 1, types

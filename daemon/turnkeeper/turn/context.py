@@ -287,9 +287,12 @@ class TurnContext:
         """Stop here; the supervisor requeues the turn. A parked turn (waiting, recovering)
         was checkpointed when it parked and has not moved since: that checkpoint is what a
         resume needs, so only its state changes, in memory (after a crash the stored row
-        resumes it the same way). A thousand parked turns then cost a reload no writes."""
+        resumes it the same way). A thousand parked turns then cost a reload no writes.
+        One a reload's drain held is `suspended` and announced already."""
         self.stop_active()
         if parked:
+            if self.record.state == TurnState.SUSPENDED.value:
+                raise Suspended  # held by a reload's drain, announced then: not twice
             self.move(TurnState.SUSPENDED)
         else:
             await self.checkpoint(TurnState.SUSPENDED)
