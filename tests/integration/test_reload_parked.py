@@ -171,6 +171,10 @@ def test_parked_turns_wait_on_through_a_reload_and_wake_under_the_new_policy(
         types = [(e["type"], e.get("policy_version")) for e in events]
         i = types.index(("turn.suspended", None))
         assert next(x for x in types[i:] if x[0] == "turn.resumed") == ("turn.resumed", 2)
+        # ... once each, and a wait is announced again only while it still waits.
+        after = [x[0] for x in types[i:]]
+        assert after.count("turn.suspended") == after.count("turn.resumed") == 1, after
+        assert after.count("turn.waiting") == (t == asking), after
 
 
 def test_a_reload_that_shortens_the_clarify_timeout_ends_a_wait_it_would_outlast(

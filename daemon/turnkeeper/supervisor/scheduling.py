@@ -294,7 +294,7 @@ class Scheduling:
             record = live.record
             record.policy_version = version
             record.set_state(moved(record.state, parked_in))
-            live.control.policy_changed = True
+            live.control.policy_changed = live.control.resume_announced = True
             core.bus.publish(ev.TurnResumed(state=TurnState.SUSPENDED,
                                             step=record.counters.steps,
                                             policy_version=version), turn=turn_id)
@@ -354,10 +354,12 @@ class Scheduling:
 def _announced_again(live: LiveTurn, parked_in: TurnState, now: float) -> ev.EventBody | None:
     """The event that announced the turn's wait, as its resumed runner would say it again:
     a question as it was asked, a recovery wait with the time left of it. None when the
-    last announcement is not of this wait (an approval's)."""
+    last announcement is not of this wait (an approval's), or when the answer to a question
+    came while the turn was held (that wait is over)."""
     said, record = live.announced, live.record
     if (parked_in is TurnState.WAITING and isinstance(said, ev.TurnWaiting)
-            and said.question == record.question):
+            and said.question == record.question
+            and not any(m["kind"] == "answer" for m in record.inbox)):
         return said
     if (parked_in is TurnState.RECOVERING and isinstance(said, ev.TurnRecovering)
             and said.next_attempt_at == record.next_attempt_at

@@ -66,15 +66,20 @@ class Builtins:
         answer (or the clarify timeout, the deadline or the wall clock), and give the
         agent the answer. None: the turn goes on."""
         ctx = self.ctx
+        resumed = ctx.waiting_since is not None  # a wait that goes on after a resume
         if question is None:
             question = ctx.record.question or ""
         timeout = ctx.settings.clarify_timeout_s
         began = ctx.begin_wait()
         ctx.record.question = question
-        ctx.emit(TurnWaiting(question=question, timeout_at=began + timeout))
 
         def first_answer() -> dict[str, Any] | None:
             return next((m for m in ctx.record.inbox if m["kind"] == "answer"), None)
+
+        # A resumed wait whose answer came meanwhile (while suspended, or held through a
+        # reload) is over: it was announced, and there is nothing left of it to announce.
+        if first_answer() is None or not resumed:
+            ctx.emit(TurnWaiting(question=question, timeout_at=began + timeout))
 
         # A suspend keeps an answer that came in the inbox, for the resumed wait.
         await ctx.park(TurnState.WAITING, until=began + timeout,

@@ -41,6 +41,9 @@ class TurnControl:
     # awake (its slot taken again) it goes on under the new policy, its runner built
     # again from its state by the supervisor, not under the one it parked with.
     policy_changed: bool = False
+    # ... and the swap announced its resume (`turn.resumed` under the new version): the
+    # runner built again does not announce it a second time.
+    resume_announced: bool = False
     # A parked turn (recovering, waiting) gives its slot of max_concurrent_turns back and
     # takes one again when it wakes: a thousand turns waiting for answers must not block new
     # work. Set by the supervisor; None: no slot accounting.

@@ -180,7 +180,9 @@ class TurnRunner:
     def _begin(self) -> None:
         """`turn.started` (or `turn.resumed`), a removed agent said, the turn running."""
         ctx = self.ctx
-        if ctx.resumed:
+        if ctx.control.resume_announced:  # by the reload that let its wait go on
+            ctx.control.resume_announced = False
+        elif ctx.resumed:
             self._publish(ev.TurnResumed(state=ctx.record.state,
                                          step=ctx.record.counters.steps,
                                          policy_version=ctx.record.policy_version))
