@@ -34,7 +34,7 @@ once, so intake does not decide the result. Every daemon runs with a bytecode ca
     python bench/bench_fleet.py [--turns 200] [--steps 5] [--rounds 2] [--lease 5]
                                 [--model-turns 150] [--slots 25] [--latency 0.2]
                                 [--delays 0,0.001,0.005,0.02] [--before DIR]
-                                [--only 1,2,3,4]
+                                [--only 1,2,3,4] [--top N]
 
 Needs a PostgreSQL server: TURNKEEPER_TEST_PG or postgresql://postgres@127.0.0.1:5432/postgres.
 """
@@ -122,6 +122,8 @@ class Round:
     node_cpu: float  # the daemons' CPU seconds
     db_cpu: float  # the database backends' CPU seconds (0 for SQLite)
     counts: Counts | None = None  # on the wire, in a counting round
+    new_backends: float = 0.0  # the backends started during the round
+    new_backends_cpu: float = 0.0  # their CPU seconds (in db_cpu)
 
 
 Configure = Callable[[Path, str | None, str], str]  # (tmp, db, node) -> config
@@ -156,7 +158,9 @@ def run_round(configure: Configure, *, turns: int, nodes: int, pg: bool,
             counts = proxy.snapshot() - counts0 if proxy is not None and counts0 else None
             if db_cpu is not None:
                 db_cpu.sample()
-            return Round(wall, node_cpu, db_cpu.spent if db_cpu else 0.0, counts)
+            born, born_cpu = db_cpu.new if db_cpu is not None else (0, 0.0)
+            return Round(wall, node_cpu, db_cpu.spent if db_cpu else 0.0, counts, born,
+                         born_cpu)
         finally:
             for d in daemons:
                 d.kill()
@@ -186,7 +190,9 @@ def measure(setups: dict[str, tuple[int, bool]], configure: Configure, *, turns:
             proxy.stop()
     return {name: Round(statistics.median(r.wall for r in rs),
                         statistics.median(r.node_cpu for r in rs),
-                        statistics.median(r.db_cpu for r in rs), counted.get(name))
+                        statistics.median(r.db_cpu for r in rs), counted.get(name),
+                        statistics.median(r.new_backends for r in rs),
+                        statistics.median(r.new_backends_cpu for r in rs))
             for name, rs in runs.items()}
 
 
@@ -239,13 +245,60 @@ def takeover(server: ToolServer, *, steps: int, lease: float) -> tuple[float, in
         asyncio.run(drop_database(db))
 
 
+# What a statement is for, by the start of its text (the first that matches).
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("renew", ("WITH n AS (UPDATE nodes SET heartbeat_at",)),
+    ("claim", ("WITH c AS (SELECT t.id FROM turns t", "SELECT turn, data FROM messages",
+               "SELECT turn, data FROM trail")),
+    ("backlog poll", ("SELECT count(*) FROM turns",)),
+    ("nodes poll", ("SELECT node_id, pid, host",)),
+    ("budgets", ("WITH u AS (UPDATE nodes SET budgets",)),
+    ("breakers", ("SELECT name, failures", "INSERT INTO breakers", "WITH b AS (INSERT INTO "
+                  "breakers", "UPDATE breakers")),
+    ("retry-after", ("SELECT name, extract(epoch FROM until", "WITH w AS (INSERT INTO "
+                     "retry_after")),
+    ("mail", ("SELECT id, turn, kind, body FROM mail", "INSERT INTO mail", "DELETE FROM mail")),
+    ("notify", ("SELECT pg_notify",)),
+    ("events read", ("SELECT tx::text", "SELECT pg_snapshot_xmin")),
+    ("intake", ("INSERT INTO turns",)),
+    ("begin/commit", ("BEGIN", "COMMIT", "ROLLBACK")),
+)
+
+
+def kind_of(text: str) -> str:
+    for kind, starts in KINDS:
+        if text.startswith(starts):
+            return kind
+    return "step writes and other"
+
+
+def statement_lines(counts: Counts, steps: int, top: int) -> list[str]:
+    """The statements of a counted round by what they are for: each kind's statements
+    and milliseconds (send to completion) a step; then the `top` texts by time."""
+    by: dict[str, list[float]] = {}
+    for text, n in counts.queries.items():
+        row = by.setdefault(kind_of(text), [0.0, 0.0])
+        row[0] += n
+        row[1] += counts.query_s.get(text, 0.0)
+    lines = ["      " + "  ".join(
+        f"{kind} {n / steps:.3f}/{s / steps * 1e3:.3f}"
+        for kind, (n, s) in sorted(by.items(), key=lambda kv: -kv[1][1]))
+        + "  (statements/ms a step)"]
+    for text, s in sorted(counts.query_s.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"      {counts.queries[text] / steps:7.3f} {s / steps * 1e3:7.3f} ms  "
+                     f"{text[:100]}")
+    return lines
+
+
 def per_step_line(name: str, r: Round, base: Round, steps: int) -> str:
     line = (f"  {name:<22} {r.wall:6.2f} s  {r.wall / steps * 1e3:5.2f} ms/step"
             f" (x{r.wall / base.wall:.2f})  node CPU {r.node_cpu / steps * 1e3:5.2f} ms/step"
             f" (x{r.node_cpu / base.node_cpu:.2f})")
     if r.db_cpu:
         line += (f"  DB CPU {r.db_cpu / steps * 1e3:5.2f} ms/step (ceiling"
-                 f" {steps / r.db_cpu:,.0f} steps/s a database core)")
+                 f" {steps / r.db_cpu:,.0f} steps/s a database core; of it"
+                 f" {r.new_backends_cpu / steps * 1e3:.2f} ms by {r.new_backends:g}"
+                 " backends started during the round)")
     if r.counts is not None:
         c = r.counts
         line += (f"  {c.statements / steps:5.1f} statements, {c.round_trips / steps:5.1f}"
@@ -269,6 +322,8 @@ def main() -> None:
     ap.add_argument("--before", type=Path, default=None,
                     help="part 4 again with this daemon source tree (its daemon/ directory)")
     ap.add_argument("--only", default="1,2,3,4", help="the parts to run")
+    ap.add_argument("--top", type=int, default=0,
+                    help="part 2: also the N statements that took longest, by text")
     args = ap.parse_args()
     lease = args.lease
     parts = set(args.only.split(","))
@@ -316,6 +371,8 @@ def main() -> None:
             base = got["sqlite, 1 daemon"]
             for name, r in got.items():
                 print(per_step_line(name, r, base, steps))
+                if r.counts is not None:
+                    print("\n".join(statement_lines(r.counts, steps, args.top)))
         if "3" in parts:
             took, n = takeover(server, steps=args.steps, lease=lease)
             ratio = f" (lease {lease:g} s: x{took / lease:.2f} of the lease)" if n else (

@@ -71,6 +71,7 @@ class BackendCpu:
         self.db = db
         self.first: dict[int, float] = {pid: cpu_s(pid) for pid in backends(db)}
         self.last = dict(self.first)
+        self.old = set(self.first)  # the backends there at the start
 
     def sample(self) -> None:
         for pid in backends(self.db):
@@ -82,6 +83,13 @@ class BackendCpu:
     @property
     def spent(self) -> float:
         return sum(self.last[p] - self.first.get(p, 0.0) for p in self.last)
+
+    @property
+    def new(self) -> tuple[int, float]:
+        """The backends started during the round (connections the daemons opened) and
+        the CPU they spent, counted in `spent`."""
+        born = [p for p in self.last if p not in self.old]
+        return len(born), sum(self.last[p] for p in born)
 
 
 def wait_all(db: str, n: int) -> None:

@@ -14,7 +14,10 @@ The proxy runs its own event loop in a thread of the test's or benchmark's proce
 a daemon's: its CPU is not counted with theirs). It adds a hop to every round trip:
 benchmarks count through it in a round of their own and time the other rounds without
 it. `tags` counts the statements by their command tag's first word (`COMMIT`, `RESET`,
-`INSERT`...).
+`INSERT`...); `queries` by their text (whitespace folded, cut at 120 characters), and
+`query_s` the seconds each text's statements took, from when the client sent one (or
+the one before it completed, pipelined behind it) to its CommandComplete: on a loopback
+server not otherwise busy, about the time it ran.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import asyncio
 import collections
 import struct
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -37,11 +41,25 @@ class Counts:
     round_trips: int = 0
     connections: int = 0
     tags: collections.Counter[str] = field(default_factory=collections.Counter)
+    queries: collections.Counter[str] = field(default_factory=collections.Counter)
+    query_s: dict[str, float] = field(default_factory=dict)
 
     def __sub__(self, other: Counts) -> Counts:
         return Counts(self.statements - other.statements, self.commits - other.commits,
                       self.round_trips - other.round_trips,
-                      self.connections - other.connections, self.tags - other.tags)
+                      self.connections - other.connections, self.tags - other.tags,
+                      self.queries - other.queries,
+                      {q: s - other.query_s.get(q, 0.0) for q, s in self.query_s.items()
+                       if q in self.queries - other.queries})
+
+    def copy(self) -> Counts:
+        return Counts(self.statements, self.commits, self.round_trips, self.connections,
+                      collections.Counter(self.tags), collections.Counter(self.queries),
+                      dict(self.query_s))
+
+
+def _text(raw: bytes) -> str:
+    return " ".join(raw.decode("utf-8", "replace").split())[:120]
 
 
 class _Conn:
@@ -55,6 +73,13 @@ class _Conn:
         self.raw_bytes = 0  # single-byte answers to SSL/GSS requests still to come
         self.opaque = False  # TLS: nothing more can be read
         self.outstanding = 0  # Syncs and Queries sent, not yet answered
+        self.prepared: dict[bytes, str] = {}  # statement name -> its text
+        self.portals: dict[bytes, str] = {}  # portal -> the text bound to it
+        # The statements sent and not yet completed, by Sync (or simple Query): the
+        # server answers them in order, and skips the rest of a group after an error.
+        self.groups: collections.deque[collections.deque[tuple[str, float]]] = (
+            collections.deque([collections.deque()]))
+        self.done_at = 0.0  # when the last statement completed
 
     def client(self, data: bytes) -> None:
         if self.opaque:
@@ -86,8 +111,29 @@ class _Conn:
                 break
             if kind in (b"S", b"Q"):
                 self.outstanding += 1
+            self._statement(kind, bytes(buf[at + 5:at + 1 + n]))
             at += n + 1
         self.up = buf[at:]
+
+    def _statement(self, kind: bytes, body: bytes) -> None:
+        now = time.perf_counter()
+        if kind == b"P":
+            name, _, rest = body.partition(b"\0")
+            self.prepared[name] = _text(rest.partition(b"\0")[0])
+        elif kind == b"B":
+            portal, _, rest = body.partition(b"\0")
+            self.portals[portal] = self.prepared.get(rest.partition(b"\0")[0], "?")
+        elif kind == b"E":
+            portal = body.partition(b"\0")[0]
+            self.groups[-1].append((self.portals.get(portal, "?"), now))
+        elif kind == b"Q":
+            text = body.rstrip(b"\0")
+            for part in text.split(b";"):
+                if part.strip():
+                    self.groups[-1].append((_text(part), now))
+            self.groups.append(collections.deque())
+        elif kind == b"S":
+            self.groups.append(collections.deque())
 
     def server(self, data: bytes) -> None:
         if self.opaque:
@@ -107,6 +153,7 @@ class _Conn:
             if len(buf) - at < n + 1:
                 break
             if kind == b"C":
+                self._completed()
                 self.counts.statements += 1
                 tag = bytes(buf[at + 5:at + 1 + n]).split(b" ", 1)[0].rstrip(b"\0")
                 self.counts.tags[tag.decode("ascii", "replace")] += 1
@@ -114,8 +161,21 @@ class _Conn:
                     self.counts.commits += 1
             elif kind == b"Z":
                 self.outstanding = max(0, self.outstanding - 1)
+                if len(self.groups) > 1:
+                    self.groups.popleft()
             at += n + 1
         self.down = buf[at:]
+
+    def _completed(self) -> None:
+        group = self.groups[0]
+        if not group:
+            return
+        text, sent = group.popleft()
+        now = time.perf_counter()
+        self.counts.queries[text] += 1
+        self.counts.query_s[text] = (self.counts.query_s.get(text, 0.0)
+                                     + now - max(sent, self.done_at))
+        self.done_at = now
 
 
 class CountingProxy:
@@ -137,9 +197,7 @@ class CountingProxy:
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
 
     def snapshot(self) -> Counts:
-        c = self.counts
-        return Counts(c.statements, c.commits, c.round_trips, c.connections,
-                      collections.Counter(c.tags))
+        return self.counts.copy()
 
     def start(self) -> CountingProxy:
         self._thread.start()
