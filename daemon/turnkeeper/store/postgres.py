@@ -37,14 +37,15 @@ from turnkeeper.store.base import MessageRows, StoreError
 from turnkeeper.store.fleet import Claimed, EventCursor
 from turnkeeper.store.outbox import OutboxFront
 from turnkeeper.store.postgres_conn import DB_ERRORS, POOL_SIZE, Dedicated, PgConnection
-from turnkeeper.store.postgres_fleet import PgFleet
-from turnkeeper.store.postgres_intake import IntakeWriter
+from turnkeeper.store.postgres_fleet import RENEW, PgFleet
+from turnkeeper.store.postgres_fused import FUSED
+from turnkeeper.store.postgres_intake import TURNS_INSERT, IntakeWriter
 from turnkeeper.store.postgres_outbox import PgOutbox
 from turnkeeper.store.postgres_reads import PgReads
 from turnkeeper.store.postgres_schema import MIGRATIONS as MIGRATIONS
 from turnkeeper.store.postgres_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from turnkeeper.store.postgres_schema import prepare
-from turnkeeper.store.postgres_shared import PgShared
+from turnkeeper.store.postgres_shared import SHARE_BUDGETS, PgShared
 from turnkeeper.store.postgres_writer import StepWriter
 from turnkeeper.store.postgres_writes import PgWrites
 
@@ -62,7 +63,11 @@ class PostgresStore(OutboxFront):
                                pool_size=pool_size, node_id=node_id)
         self.writer = StepWriter(self.db)
         # Submits: a group commit of their own, apart from the steps' writer.
-        self.intake = IntakeWriter(self.db.clock, Dedicated(self.db.connect_one),
+        for conn in self.db.writer_conns:
+            conn.warm = (FUSED,)
+        self.db.lease_conn.warm = (RENEW, SHARE_BUDGETS)
+        self.intake = IntakeWriter(self.db.clock, Dedicated(self.db.connect_one,
+                                                            warm=(TURNS_INSERT,)),
                                    self.db.outage, self.db.where,
                                    lambda: self.db.pool is not None)
         self.fleet = PgFleet(self.db, self.writer, lease_s)
@@ -145,7 +150,9 @@ class PostgresStore(OutboxFront):
             async with pool.acquire() as conn:
                 await prepare(conn, self.where)
                 await self.fleet.register(conn)
+            await self.db.open_dedicated(self.intake.connection)
         except BaseException as exc:
+            await self.intake.connection.close()
             await self.db.close()
             if isinstance(exc, StoreError):
                 raise

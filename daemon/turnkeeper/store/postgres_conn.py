@@ -29,7 +29,7 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -123,13 +123,35 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+async def _reset(conn: asyncpg.Connection) -> None:
+    """A pooled connection handed back: a transaction left open (a read cut short) is
+    rolled back. asyncpg's own reset sends four statements (advisory locks, cursors,
+    LISTEN, settings) at every release, one round trip each read or claim waits for, and
+    statements on the database's CPU, at the pace of every node's claims: the store
+    leaves none of those on a pooled connection (its advisory lock is a transaction's,
+    LISTEN has a connection of its own, no session setting is changed)."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
 class Dedicated:
     """A connection of one task's own (the writer's, the lease renewal's), outside the
-    pool: made when first needed and again after it was lost, never reset between
-    uses. `lock` keeps two uses from overlapping."""
+    pool: made when the store opens (`PgConnection.open_dedicated`) and again when
+    next needed after it was lost, never reset between uses. `lock` keeps two uses from
+    overlapping.
 
-    def __init__(self, connect: Callable[[], Awaitable[asyncpg.Connection]]) -> None:
+    `warm`: the statements the connection will run, prepared (parsed and described)
+    once it is made. A new server session reads the tables' and types' catalog entries
+    the first time a statement names them, and asyncpg looks up the array types a
+    statement's parameters use (a recursive query of the type catalog, ~25 ms on a new
+    session): a node's connections made while its first turns run would put that on
+    their steps, and on the database's CPU during them, once for every connection of
+    every node."""
+
+    def __init__(self, connect: Callable[[], Awaitable[asyncpg.Connection]],
+                 warm: Sequence[str] = ()) -> None:
         self._connect = connect
+        self.warm = tuple(warm)
         self.conn: asyncpg.Connection | None = None
         self.lock = anyio.Lock()
         self.connects = 0
@@ -137,7 +159,14 @@ class Dedicated:
     async def get(self) -> asyncpg.Connection:
         if self.conn is None or self.conn.is_closed():
             self.conn = None
-            self.conn = await self._connect()
+            conn = await self._connect()
+            try:
+                for sql in self.warm:
+                    await conn.prepare(sql)
+            except BaseException:
+                conn.terminate()
+                raise
+            self.conn = conn
             self.connects += 1
         return self.conn
 
@@ -186,6 +215,7 @@ class PgConnection:
         self.writer_conns = [Dedicated(self.connect_one) for _ in range(WRITERS)]
         self.writer_conn = self.writer_conns[0]
         self.lease_conn = Dedicated(self.connect_one)
+        self.dedicated = [*self.writer_conns, self.lease_conn]
         # Whether writes go through; while the server cannot be reached they wait, and
         # past `fatal_after` they fail (policy/store_outage.py, as for the SQLite file).
         self.outage = StoreOutage(fatal_after_s=fatal_after)
@@ -209,8 +239,15 @@ class PgConnection:
         self._settings = settings
         self.pool = await asyncpg.create_pool(
             self.url, min_size=1, max_size=self.pool_size, timeout=CONNECT_TIMEOUT,
-            command_timeout=COMMAND_TIMEOUT, server_settings=settings)
+            command_timeout=COMMAND_TIMEOUT, server_settings=settings, reset=_reset)
         return self.pool
+
+    async def open_dedicated(self, *more: Dedicated) -> None:
+        """Make the dedicated connections (these and `more`) at once, before the node
+        takes work: none is made on the path of a step."""
+        async with anyio.create_task_group() as tg:
+            for conn in (*self.dedicated, *more):
+                tg.start_soon(conn.get)
 
     async def connect_one(self) -> asyncpg.Connection:
         """A connection outside the pool (`Dedicated`), with the pool's settings."""

@@ -13,6 +13,7 @@ call's intent is written only while the lease holds at the database's clock (see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -54,6 +55,45 @@ EVENT_BLOCK = 2**32
 # committed or rolled back, so its rows are all there is ever going to be.
 _SETTLED = "pg_snapshot_xmin(pg_current_snapshot())"
 EVENT_BLOCK_LOCK = 0x746B_6576_7473  # "tk" "evts": one block taken at a time
+
+
+# A renewal: the node's heartbeat, and the lease of every turn it holds under the epoch
+# it holds (see `PgFleet.renew`).
+RENEW = (
+    "WITH n AS (UPDATE nodes SET heartbeat_at = now(), turns = $5"
+    " WHERE node_id = $1 RETURNING 1),"
+    " l AS MATERIALIZED (SELECT t.id FROM (SELECT count(*) FROM n) AS c,"
+    " turns t JOIN unnest($2::text[], $3::bigint[]) AS h(id, epoch) ON t.id = h.id"
+    " WHERE t.epoch = h.epoch AND t.owner = $1 ORDER BY t.id FOR UPDATE OF t)"
+    " UPDATE turns t SET lease_until = now() + make_interval(secs => $4)"
+    " FROM unnest($2::text[], $3::bigint[]) AS h(id, epoch)"
+    " WHERE t.id = h.id AND t.id IN (SELECT id FROM l) AND t.epoch = h.epoch"
+    " AND t.owner = $1 RETURNING t.id, t.epoch")
+
+
+CLAIM = (
+    "WITH c AS (SELECT t.id FROM turns t WHERE t.state NOT IN"
+    f" {TERMINAL_SQL} AND (t.owner IS NULL OR t.lease_until < now())"
+    " AND NOT t.id = ANY($4::text[])"
+    " AND NOT EXISTS (SELECT 1 FROM turns e WHERE e.session = t.session"
+    f" AND e.seq < t.seq AND e.state NOT IN {TERMINAL_SQL}"
+    " AND e.owner IS DISTINCT FROM $1)"
+    " ORDER BY t.seq LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    " UPDATE turns t SET owner = $1, epoch = t.epoch + 1,"
+    " lease_until = now() + make_interval(secs => $3) FROM c"
+    " WHERE t.id = c.id RETURNING t.id, t.seq, t.epoch, t.record,"
+    " t.message, t.checkpoint")
+# The claimed turns' messages (k 0) and trail (k 1) rows, each turn's in index order.
+CLAIMED_ROWS = (
+    f"SELECT 0 AS k, turn, idx, data FROM {MESSAGES} WHERE turn = ANY($1::text[])"
+    f" UNION ALL SELECT 1, turn, idx, data FROM {TRAIL} WHERE turn = ANY($1::text[])"
+    " ORDER BY k, turn, idx")
+# Claimed turns handed back under the epoch of the claim (their rows could not be read).
+HAND_BACK = (
+    "WITH l AS MATERIALIZED (SELECT t.id FROM turns t JOIN unnest($2::text[],"
+    " $3::bigint[]) AS h(id, epoch) ON t.id = h.id WHERE t.owner = $1"
+    " AND t.epoch = h.epoch ORDER BY t.id FOR UPDATE OF t)"
+    " UPDATE turns t SET owner = NULL, lease_until = NULL FROM l WHERE t.id = l.id")
 
 
 def process_alive(pid: int) -> bool:
@@ -173,37 +213,35 @@ class PgFleet:
         held at all (this node's local scheduler orders the ones it holds). A turn this
         node holds is never taken again, even with its lease expired at the database:
         that claim is the renewal's to re-take, under the epoch the node's writes carry.
-        Each claimed turn comes with its checkpoint, its messages and trail rows put
-        back from rows read in the claim's transaction."""
+
+        The claim is one statement, its own transaction: a claim that finds nothing (the
+        turns another node's submit announced, taken by that node) costs one round trip
+        and no row. The turns it took come with their checkpoints, and their messages
+        and trail rows are read by one more statement once it committed: from then on no
+        other node's write of them can commit (their epoch is this claim's), so the
+        rows read are the ones the checkpoint was written with. Should that read fail,
+        the turns are handed back (or, the connection lost, left to their lease)."""
         if limit <= 0:
             return []
         held = list(self.claims)
 
-        async def take(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record],
-                                            list[asyncpg.Record]]:
-            async with conn.transaction():
-                turns = await conn.fetch(
-                    "WITH c AS (SELECT t.id FROM turns t WHERE t.state NOT IN"
-                    f" {TERMINAL_SQL} AND (t.owner IS NULL OR t.lease_until < now())"
-                    " AND NOT t.id = ANY($4::text[])"
-                    " AND NOT EXISTS (SELECT 1 FROM turns e WHERE e.session = t.session"
-                    f" AND e.seq < t.seq AND e.state NOT IN {TERMINAL_SQL}"
-                    " AND e.owner IS DISTINCT FROM $1)"
-                    " ORDER BY t.seq LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                    " UPDATE turns t SET owner = $1, epoch = t.epoch + 1,"
-                    " lease_until = now() + make_interval(secs => $3) FROM c"
-                    " WHERE t.id = c.id RETURNING t.id, t.seq, t.epoch, t.record,"
-                    " t.message, t.checkpoint", self.node_id, limit, self.lease_s, held)
-                if not turns:
-                    return [], [], []
-                ids = [t["id"] for t in turns]
-                messages, trail = [await conn.fetch(
-                    f"SELECT turn, data FROM {table} WHERE turn = ANY($1::text[])"
-                    " ORDER BY turn, idx", ids) for table in (MESSAGES, TRAIL)]
-                return turns, messages, trail
+        async def take(conn: Conn) -> tuple[list[asyncpg.Record], list[asyncpg.Record]]:
+            turns = await conn.fetch(CLAIM, self.node_id, limit, self.lease_s, held)
+            if not turns:
+                return [], []
+            ids = [t["id"] for t in turns]
+            try:
+                return turns, await conn.fetch(CLAIMED_ROWS, ids)
+            except BaseException:
+                with anyio.CancelScope(shield=True), contextlib.suppress(*DB_ERRORS):
+                    with anyio.fail_after(CONNECT_TIMEOUT):
+                        await conn.execute(HAND_BACK, self.node_id, ids,
+                                           [t["epoch"] for t in turns])
+                raise
 
-        turns, messages, trail = await self.db.read(take)
-        rows, lines = rows_by_turn(messages), rows_by_turn(trail)
+        turns, both = await self.db.read(take)
+        rows = rows_by_turn((r["turn"], r["data"]) for r in both if r["k"] == 0)
+        lines = rows_by_turn((r["turn"], r["data"]) for r in both if r["k"] == 1)
         claimed = []
         for t in sorted(turns, key=lambda t: t["seq"]):
             self.claims[t["id"]] = t["epoch"]
@@ -237,17 +275,8 @@ class PgFleet:
             # before it locks), as a release locks it; then the turns, locked in id order
             # as the writer's batched update locks them (`postgres_batch.TURN_UPDATE`):
             # none of them ever waits for another's rows in the opposite order.
-            return await conn.fetch(
-                "WITH n AS (UPDATE nodes SET heartbeat_at = now(), turns = $5"
-                " WHERE node_id = $1 RETURNING 1),"
-                " l AS MATERIALIZED (SELECT t.id FROM (SELECT count(*) FROM n) AS c,"
-                " turns t JOIN unnest($2::text[], $3::bigint[]) AS h(id, epoch) ON t.id = h.id"
-                " WHERE t.epoch = h.epoch AND t.owner = $1 ORDER BY t.id FOR UPDATE OF t)"
-                " UPDATE turns t SET lease_until = now() + make_interval(secs => $4)"
-                " FROM unnest($2::text[], $3::bigint[]) AS h(id, epoch)"
-                " WHERE t.id = h.id AND t.id IN (SELECT id FROM l) AND t.epoch = h.epoch"
-                " AND t.owner = $1 RETURNING t.id, t.epoch",
-                self.node_id, list(held), list(held.values()), self.lease_s, len(held))
+            return await conn.fetch(RENEW, self.node_id, list(held), list(held.values()),
+                                    self.lease_s, len(held))
 
         return {r["id"]: r["epoch"] for r in await self.db.read(beat, on=self.db.lease_conn)}
 

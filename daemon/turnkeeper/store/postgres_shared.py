@@ -18,6 +18,12 @@ OPEN_LEFT_S = ("CASE WHEN open_until > now() THEN extract(epoch FROM open_until 
                " END")
 
 
+SHARE_BUDGETS = (
+    "WITH u AS (UPDATE nodes SET budgets = $2 WHERE node_id = $1)"
+    " SELECT budgets FROM nodes WHERE node_id <> $1 AND stopped_at IS NULL"
+    " AND heartbeat_at > now() - make_interval(secs => $3)")
+
+
 class PgShared:
     """The fleet's shared budgets, breakers and Retry-After windows, through `db`."""
 
@@ -33,11 +39,7 @@ class PgShared:
         async def share(conn: Conn) -> list[asyncpg.Record]:
             # One statement (the other nodes' rows are read as they were before it, which
             # is all it reads), on the heartbeat's own connection, after the renewal.
-            return await conn.fetch(
-                "WITH u AS (UPDATE nodes SET budgets = $2 WHERE node_id = $1)"
-                " SELECT budgets FROM nodes WHERE node_id <> $1 AND stopped_at IS NULL"
-                " AND heartbeat_at > now() - make_interval(secs => $3)",
-                self.node_id, dumps(budgets), self.lease_s)
+            return await conn.fetch(SHARE_BUDGETS, self.node_id, dumps(budgets), self.lease_s)
 
         totals: dict[str, tuple[int, int]] = {}
         for row in await self.db.read(share, on=self.db.lease_conn):
