@@ -2,8 +2,10 @@
 
 A node runs only the turns it claimed. The claim loop takes runnable turns up to the
 node's free slots (oldest first; the store keeps a session's turns in order across the
-fleet) when a turn is submitted here, when a slot frees, and every second, so a turn
-submitted on another node, or handed back by one, is picked up within a second. Each
+fleet) when a turn is submitted here or another node announces some (NOTIFY), when a
+slot frees while more may be waiting, and every second when the fleet's queue holds
+any (`policy/claims.py`), so a turn submitted on another node, handed back by one or
+left by a dead one is picked up within a second. Each
 claim is a lease the heartbeat renews every third of `lease_seconds`. When renewals fail
 for too long (`policy/lease.py` says when, a margin before the lease can expire at the
 database), the lease has lapsed: the node's turns go on, but a non-idempotent call waits
@@ -26,6 +28,7 @@ from typing import Any
 import anyio
 import structlog
 
+from turnkeeper.policy.claims import ClaimPacer
 from turnkeeper.policy.daemon_state import DaemonState
 from turnkeeper.policy.lease import Lease, LeaseTiming
 from turnkeeper.policy.turn_state import TurnState
@@ -60,6 +63,7 @@ class Fleet:
         self.timing = LeaseTiming(store.lease_s)
         self._wake = anyio.Event()
         self._claim_lock = anyio.Lock()
+        self.pacer = ClaimPacer()
         self._stopping = False
         self._mail_due = False
         self.mail = FleetMail(core, store)
@@ -93,6 +97,8 @@ class Fleet:
     def wake(self, *, submitted: int = 0) -> None:
         """Claim now: `submitted` turns were submitted here, or a slot was freed."""
         self._submitted += submitted
+        if submitted:
+            self.pacer.heard()
         self._wake.set()
 
     def waiting(self) -> int:
@@ -101,13 +107,15 @@ class Fleet:
         against, so `max_queued_turns` bounds the fleet's queue, not each node's."""
         return self._backlog + self._submitted
 
-    async def read_backlog(self) -> None:
+    async def read_backlog(self) -> int | None:
+        """The fleet's queue now (None: not read)."""
         try:
             backlog = await self.store.backlog()
         except StoreError as exc:  # the last figure stands until the next tick
             log.debug("fleet.backlog_read_failed", node=self.node_id, error=str(exc))
-            return
+            return None
         self._backlog, self._submitted = backlog, 0
+        return backlog
 
     def status(self) -> dict[str, Any]:
         """This node, and every node as last read (`nodes_read_s_ago`): a node's
@@ -177,15 +185,18 @@ class Fleet:
                 await self.breakers.read()
             if not core.stopping and (tick.cancelled_caught or self.waits.due):
                 await self.waits.read()
+            backlog = None
             if tick.cancelled_caught:
-                await self.read_backlog()
+                backlog = await self.read_backlog()
             if (core.state is not DaemonState.READY or not core.intake_open
                     or core.scheduler.paused):
                 continue
             # Parked turns (waiting, recovering) give their slot back, as on one daemon.
             free = core.config.daemon.max_concurrent_turns - core.active - len(core.queue)
-            if free > 0:
-                await self.claim(free)
+            limit = self.pacer.limit(free=free, ticked=tick.cancelled_caught,
+                                     backlog=backlog)
+            if limit > 0:
+                await self.claim(limit)
 
     async def claim(self, limit: int) -> int:
         core = self.core
@@ -193,11 +204,13 @@ class Fleet:
             if self._stopping:
                 return 0
             sent_at = core.clock.monotonic()
+            token = self.pacer.sent()
             try:
                 claimed = await self.store.claim(limit)
             except StoreError as exc:
                 log.warning("fleet.claim_failed", node=self.node_id, error=str(exc))
                 return 0
+            self.pacer.claimed(token=token, asked=limit, got=len(claimed))
             if claimed and not self.store.claims.keys() - {c.record["id"] for c in claimed}:
                 # The only claims held are these: their leases count from now.
                 self.lease.after_claim(sent_at)
@@ -239,6 +252,8 @@ class Fleet:
             if payload not in self.store.claims:
                 return
             self._mail_due = True
+        else:  # turns to claim: submitted, handed back or requeued elsewhere
+            self.pacer.heard()
         self.wake()
 
     # -- leases ---------------------------------------------------------------------
