@@ -1,14 +1,18 @@
 """What a policy version runs with: its providers and tools (`Runtime`), and the
 daemon-wide protection shared by every turn and every policy version (`Shared`: circuit
 breakers, retry budgets, in-flight gates and the Retry-After windows peers asked for,
-which survive a reload for unchanged providers and tools)."""
+which survive a reload for unchanged providers and tools; the event loop's share for
+turn work, `LoopGate`)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import monotonic
 
 from turnkeeper.concurrency import ProviderGates
 from turnkeeper.config import (
@@ -20,6 +24,7 @@ from turnkeeper.config import (
     ToolConfig,
 )
 from turnkeeper.policy.breaker import BreakerChange, CircuitBreaker
+from turnkeeper.policy.loop_share import LoopShare
 from turnkeeper.policy.retry_after import RetryAfterMemory
 from turnkeeper.policy.retry_budget import RetryBudget
 from turnkeeper.policy.stall import StallWatch
@@ -121,6 +126,70 @@ class Runtime:
         return [p for p in self.providers.values() if id(p) not in keep]
 
 
+class LoopGate:
+    """Turn work's share of each turn of the event loop, as `policy/loop_share.py`
+    decides: every step awaits `through()` before it starts, which returns at once while
+    the current turn of the loop has share left (nothing awaited: no extra turn of the
+    loop), and otherwise holds the step for a later turn, first come first through. A
+    callback at the start of the next turn (one per turn of the loop in which a step
+    asked) ends the turn for the rule and lets the held steps out."""
+
+    __slots__ = ("_again", "_held", "_marked", "held", "rule")
+
+    def __init__(self, rule: LoopShare | None = None) -> None:
+        self.rule = rule if rule is not None else LoopShare()
+        self._held: deque[asyncio.Future[None]] = deque()
+        # Steps let out whose turn was spent before they ran: first out the next time.
+        self._again: list[asyncio.Future[None]] = []
+        self._marked = False  # the next turn's callback is scheduled
+        self.held = 0  # steps held for a later turn, ever (`turnkeeper_loop_held_total`)
+
+    @property
+    def waiting(self) -> int:
+        """Steps held now (one cancelled while held counts until it would be let out)."""
+        return len(self._held) + len(self._again)
+
+    async def through(self) -> None:
+        """Return when this step's work may run: at once, or in a later turn."""
+        if not self._held and self.rule.ask(monotonic()):
+            if not self._marked:
+                self._marked = True
+                asyncio.get_running_loop().call_soon(self._next_turn)
+            return
+        queue: Callable[[asyncio.Future[None]], None] = self._held.append
+        loop = asyncio.get_running_loop()
+        while True:
+            waiter: asyncio.Future[None] = loop.create_future()
+            queue(waiter)
+            self.held += 1
+            if not self._marked:
+                self._marked = True
+                loop.call_soon(self._next_turn)
+            await waiter
+            if self.rule.ask(monotonic()):
+                return
+            queue = self._again.append
+
+    def _next_turn(self) -> None:
+        self._marked = False
+        rule = self.rule
+        rule.next_turn()
+        held = self._held
+        if self._again:
+            held.extendleft(reversed(self._again))
+            self._again.clear()
+        let_out = rule.to_let_out(len(held))
+        woken = 0
+        while woken < let_out and held:
+            waiter = held.popleft()
+            if not waiter.done():  # else cancelled while held: gone
+                waiter.set_result(None)
+                woken += 1
+        if held or woken:  # they ask again when they run: the rule hears that turn end
+            self._marked = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+
 @dataclass(slots=True)
 class Shared:
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
@@ -140,6 +209,8 @@ class Shared:
     # Where the turns' spans go: nowhere (`NOOP`) unless `[tracing] enabled`, when the
     # daemon puts the OpenTelemetry tracer here at boot.
     tracer: Tracer = NOOP
+    # Turn work's share of each turn of the event loop (`policy/loop_share.py`).
+    loop_gate: LoopGate = field(default_factory=LoopGate)
 
     def observe_breakers(self, observer: Callable[[BreakerChange], None] | None) -> None:
         self.breaker_observer = observer
