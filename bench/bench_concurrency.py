@@ -6,10 +6,12 @@ Figures: wall time of each and their ratio, the time the submits took, the daemo
 per step against the bare loop's per call, control-socket latency under load (a
 `GET /v1/status` every 50 ms: p50/p99), the daemon's event-loop lag during the run
 (p50/p99 from its /metrics histogram, read before and after) against the bare loop's own
-lag (the daemon's probe, run on the bare loop and put in the same buckets), peak RSS per
-turn (VmHWM over the idle RSS), and the CPU the model server and this client used (a run
-slowed by a starved machine shows there, not in the daemon's CPU), and the machine's load
-average at the start and the end of the daemon's run.
+lag (the daemon's probe, run on the bare loop and put in the same buckets), how many
+times steps were held for a later turn of the daemon's event loop (its share for turn
+work: `turnkeeper_loop_held_total`), peak RSS per turn (VmHWM over the idle RSS), and
+the CPU the model server and this client used (a run slowed by a starved machine shows
+there, not in the daemon's CPU), and the machine's load average at the start and the
+end of the daemon's run.
 
 `--profile FILE` runs the daemon under cProfile (TURNKEEPER_PROFILE): read it with
 `python -m pstats FILE` (the profiler slows the daemon: its figures are not comparable).
@@ -169,10 +171,11 @@ async def through_daemon(d: Daemon, turns: int, batch: int) -> dict[str, Any]:
         await prober
         watcher.cancel()
         lag = lag_quantiles(lag_before, await lag_buckets(session))
+        held = await metric_value(session, "turnkeeper_loop_held_total")
         q = statistics.quantiles(status_lat, n=100) if len(status_lat) > 2 else [0.0] * 99
         return {"wall": wall, "submitted": submitted, "completed": statuses.count("completed"),
                 "status_p50_ms": q[49] * 1000, "status_p99_ms": q[98] * 1000,
-                "status_n": len(status_lat), "lag": lag,
+                "status_n": len(status_lat), "lag": lag, "held": held,
                 "refused": refused}
 
 
@@ -189,6 +192,18 @@ async def lag_buckets(session: aiohttp.ClientSession) -> dict[float, float]:
             buckets[float("inf") if le == "+Inf" else float(le)] = float(
                 line.rsplit(" ", 1)[1])
     return buckets
+
+
+async def metric_value(session: aiohttp.ClientSession, name: str) -> float | None:
+    """An unlabelled metric's value from the daemon's /metrics now (None: not exported)."""
+    async with session.get("http://turnkeeper/metrics") as resp:
+        if resp.status != 200:
+            return None
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def lag_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
@@ -283,6 +298,10 @@ max_seconds = 600.0
         print(f"  status latency under load p50 {res['status_p50_ms']:.1f} ms, p99 "
               f"{res['status_p99_ms']:.1f} ms ({res['status_n']} requests)")
         print(f"  event-loop lag, daemon   {res['lag']}")
+        held = res["held"]
+        print("  steps held for the event loop's share: " + (
+            "not exported" if held is None else
+            f"{held:.0f} ({held / calls:.2f} a step; a step may be held more than once)"))
         print(f"  event-loop lag, bare     {lag_quantiles({}, bucketed(bare_lags))} (the same "
               f"{LAG_INTERVAL_S * 1e3:g} ms probe on the bare loop; worst "
               f"{max(bare_lags, default=0.0) * 1e3:.0f} ms)")

@@ -159,6 +159,14 @@ class Metrics:
             "turnkeeper_event_loop_lag_observed_seconds",
             "Every event-loop lag measurement",
             buckets=LAG_BUCKETS_S, registry=r)
+        self.loop_held = Counter(
+            "turnkeeper_loop_held",
+            "Steps held for a later turn of the event loop because that turn's share for "
+            "turn work was spent (a step may be held more than once)", registry=r)
+        self.loop_waiting = Gauge(
+            "turnkeeper_loop_waiting",
+            "Steps waiting for a share of the event loop, at the last lag measurement",
+            registry=r)
         self.overloaded = Gauge(
             "turnkeeper_overloaded",
             "1 while new submits are refused because the event loop's lag is over "
@@ -310,13 +318,16 @@ class Metrics:
     # -- event-loop lag ------------------------------------------------------------
 
     async def watch_loop_lag(self, interval_s: float = LAG_INTERVAL_S) -> None:
-        """Forever: sleep `interval_s` on the loop and record how late the wake-up was.
+        """Forever: sleep `interval_s` on the loop and record how late the wake-up was
+        (and the steps held for the event loop's share: `runtime.LoopGate`).
         Each sample also feeds the intake's overload guard, which refuses new submits
         while the lag stays high, and the stall watch (`policy/stall.py`): a wake-up
         seconds late means the process did not run, and calls that failed across that
         time count against no peer."""
         intake = self.supervisor.intake
         stalls = self.supervisor.shared.stalls
+        gate = self.supervisor.shared.loop_gate
+        held = gate.held
         while True:
             start = self.clock.monotonic()
             stalled = stalls.tick(start, tick_s=interval_s)
@@ -328,6 +339,10 @@ class Metrics:
             self.loop_lag_observed.observe(lag)
             intake.observe_loop_lag(lag)
             self.overloaded.set(1 if intake.overload.shedding else 0)
+            if gate.held != held:
+                self.loop_held.inc(gate.held - held)
+                held = gate.held
+            self.loop_waiting.set(gate.waiting)
 
     # -- exposition ----------------------------------------------------------------
 

@@ -140,6 +140,7 @@ class TurnRunner:
             return outcome
         tools_ran = False
         while True:
+            await ctx.shared.loop_gate.through()  # the loop's share: `policy/loop_share.py`
             ended = await self._boundary(tools_ran)
             if ended is not None:
                 return ended
