@@ -132,22 +132,20 @@ class LoopGate:
     the current turn of the loop has share left (nothing awaited: no extra turn of the
     loop), and otherwise holds the step for a later turn, first come first through. A
     callback at the start of the next turn (one per turn of the loop in which a step
-    asked) ends the turn for the rule and lets the held steps out."""
+    asked) ends the turn for the rule and lets held steps out."""
 
-    __slots__ = ("_again", "_held", "_marked", "held", "rule")
+    __slots__ = ("_held", "_marked", "held", "rule")
 
     def __init__(self, rule: LoopShare | None = None) -> None:
         self.rule = rule if rule is not None else LoopShare()
         self._held: deque[asyncio.Future[None]] = deque()
-        # Steps let out whose turn was spent before they ran: first out the next time.
-        self._again: list[asyncio.Future[None]] = []
         self._marked = False  # the next turn's callback is scheduled
         self.held = 0  # steps held for a later turn, ever (`turnkeeper_loop_held_total`)
 
     @property
     def waiting(self) -> int:
         """Steps held now (one cancelled while held counts until it would be let out)."""
-        return len(self._held) + len(self._again)
+        return len(self._held)
 
     async def through(self) -> None:
         """Return when this step's work may run: at once, or in a later turn."""
@@ -156,28 +154,21 @@ class LoopGate:
                 self._marked = True
                 asyncio.get_running_loop().call_soon(self._next_turn)
             return
-        queue: Callable[[asyncio.Future[None]], None] = self._held.append
         loop = asyncio.get_running_loop()
-        while True:
-            waiter: asyncio.Future[None] = loop.create_future()
-            queue(waiter)
-            self.held += 1
-            if not self._marked:
-                self._marked = True
-                loop.call_soon(self._next_turn)
-            await waiter
-            if self.rule.ask(monotonic()):
-                return
-            queue = self._again.append
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._held.append(waiter)
+        self.held += 1
+        if not self._marked:
+            self._marked = True
+            loop.call_soon(self._next_turn)
+        await waiter
+        self.rule.let_in(monotonic())
 
     def _next_turn(self) -> None:
         self._marked = False
         rule = self.rule
         rule.next_turn()
         held = self._held
-        if self._again:
-            held.extendleft(reversed(self._again))
-            self._again.clear()
         let_out = rule.to_let_out(len(held))
         woken = 0
         while woken < let_out and held:
@@ -185,7 +176,7 @@ class LoopGate:
             if not waiter.done():  # else cancelled while held: gone
                 waiter.set_result(None)
                 woken += 1
-        if held or woken:  # they ask again when they run: the rule hears that turn end
+        if held or woken:  # those let out run in the next turn: the rule hears it end
             self._marked = True
             asyncio.get_running_loop().call_soon(self._next_turn)
 

@@ -66,6 +66,19 @@ def test_a_turn_that_ran_out_does_not_grow() -> None:
     assert share.fits == 2
 
 
+def test_a_piece_let_out_runs_and_the_rule_learns_from_it() -> None:
+    share = LoopShare(slice_s=0.005)
+    share.fits = 8
+    share.let_in(1.000)
+    share.let_in(1.003)
+    share.let_in(1.006)  # past the slice: it runs all the same (it was let out)
+    share.let_in(1.008)
+    assert share.fits == 2  # what the slice held
+    assert not share.ask(1.009)  # a new piece in this turn is held
+    share.next_turn()
+    assert share.to_let_out(10) == 2
+
+
 def test_the_slice_must_be_positive() -> None:
     with pytest.raises(ValueError):
         LoopShare(slice_s=0)
