@@ -134,10 +134,12 @@ class LoopGate:
     callback at the start of the next turn (one per turn of the loop in which a step
     asked) ends the turn for the rule and lets held steps out."""
 
-    __slots__ = ("_held", "_marked", "held", "rule")
+    __slots__ = ("_held", "_marked", "_now", "held", "rule")
 
-    def __init__(self, rule: LoopShare | None = None) -> None:
+    def __init__(self, rule: LoopShare | None = None, *,
+                 now: Callable[[], float] = monotonic) -> None:
         self.rule = rule if rule is not None else LoopShare()
+        self._now = now  # the loop's own time: what a turn of the loop spends
         self._held: deque[asyncio.Future[None]] = deque()
         self._marked = False  # the next turn's callback is scheduled
         self.held = 0  # steps held for a later turn, ever (`turnkeeper_loop_held_total`)
@@ -149,7 +151,7 @@ class LoopGate:
 
     async def through(self) -> None:
         """Return when this step's work may run: at once, or in a later turn."""
-        if not self._held and self.rule.ask(monotonic()):
+        if not self._held and self.rule.ask(self._now()):
             if not self._marked:
                 self._marked = True
                 asyncio.get_running_loop().call_soon(self._next_turn)
@@ -162,7 +164,7 @@ class LoopGate:
             self._marked = True
             loop.call_soon(self._next_turn)
         await waiter
-        self.rule.let_in(monotonic())
+        self.rule.let_in(self._now())
 
     def _next_turn(self) -> None:
         self._marked = False
