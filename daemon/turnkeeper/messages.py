@@ -14,10 +14,12 @@ from typing import Any, Literal
 
 import orjson
 
+from turnkeeper.values import value_class
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class ToolCall:
     """A tool call the model asked for. `arguments` is the raw JSON text the model sent:
     malformed arguments are the model's failure and are classified, not repaired.
@@ -43,7 +45,7 @@ class ToolCall:
                    cut_at=None if cut is None else int(cut))
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Message:
     """One conversation message in a provider-neutral form.
 

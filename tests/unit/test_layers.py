@@ -31,7 +31,7 @@ PACKAGE_DIR = Path(turnkeeper.__file__).parent
 # (relative to the package) wins, so `control.client` is not `control`.
 ROOM_OF: dict[str, str] = {
     "": "kit",  # the package itself: __version__
-    "errors": "base", "exits": "base",
+    "errors": "base", "exits": "base", "values": "base",
     "clock": "kit", "paths": "kit", "logging": "kit", "jsonwire": "kit", "durations": "kit",
     "messages": "messages", "event_types": "messages",
     "policy": "policy",

@@ -16,8 +16,9 @@ import turnkeeper.policy
 FORBIDDEN = frozenset({"anyio", "aiohttp", "sqlite3", "time", "random", "logging", "asyncio"})
 PACKAGE = "turnkeeper.policy"
 POLICY_DIR = Path(turnkeeper.policy.__file__).parent
-# The bottom of the house: the base exception and the exit codes import nothing else.
-BELOW_POLICY = frozenset({"turnkeeper.errors", "turnkeeper.exits"})
+# The bottom of the house: the base exception, the exit codes and the value classes'
+# decorator import nothing else.
+BELOW_POLICY = frozenset({"turnkeeper.errors", "turnkeeper.exits", "turnkeeper.values"})
 
 
 def _is_type_checking(test: ast.expr) -> bool:

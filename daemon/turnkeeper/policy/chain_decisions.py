@@ -11,6 +11,7 @@ from typing import Literal, get_args
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop
+from turnkeeper.values import value_class
 
 FailOverReason = Literal["deterministic", "attempts_spent", "retry_after_too_long",
                          "retry_budget", "breaker_open", "retry_after", "no_time"]
@@ -22,7 +23,7 @@ WaitsFor = Literal["schedule", "retry_after", "breaker"]
 
 # -- decisions out ---------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Attempt:
     """Call `provider` now. `attempt` is provider_attempts counting this one (1-based)."""
 

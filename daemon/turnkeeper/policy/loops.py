@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from turnkeeper.policy.classify import FailureClass
 from turnkeeper.policy.outcome import Stop, StopCode
+from turnkeeper.values import value_class
 
 
 class LoopSettings(Protocol):
@@ -127,7 +128,7 @@ def _times(n: int) -> str:
     return "1 time" if n == 1 else f"{n} times"
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Action:
     """One tool call as loop detection sees it. `polling` comes from the tool's config:
     a status poll legitimately repeats itself."""

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
 from turnkeeper import jsonwire
 from turnkeeper.errors import TurnkeeperError
 from turnkeeper.messages import Message, ToolCall, ToolSpec
 from turnkeeper.policy.classify import CallFailure
+from turnkeeper.values import value_class
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Usage:
     """Tokens of one reply, the same for every wire format. `input_tokens` counts all of
     the input, cached or not (it is what the token budget is charged); the cache counts
@@ -86,7 +87,7 @@ class MessageCache:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class ModelRequest:
     """Everything one model call needs. `timeout_s` is the per-request and per-chunk
     timeout already bounded by the turn's remaining time; `max_output_tokens` is already
@@ -110,7 +111,7 @@ class ModelRequest:
     output_schema: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class ModelReply:
     """One reply. `finish_reason` is "stop", "tool_calls", "length" (the output cap cut
     it), "refusal" or "content_filter" (the model or its provider declined), or the

@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -51,6 +50,7 @@ from turnkeeper.policy.outcome import DEAD_LETTER_CODES
 from turnkeeper.policy.store_outage import StoreOutage
 from turnkeeper.policy.turn_state import TERMINAL_STATES
 from turnkeeper.store.outbox import Outbox
+from turnkeeper.values import value_class
 
 
 def sql_set(values: Iterable[str]) -> str:
@@ -141,7 +141,7 @@ def usage_of(profile: str, state: str, code: str, tokens: Any, seconds: Any, ste
                      extensions=int(extensions or 0))
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class MessageRows:
     """The rows of one of a turn's lists (its conversation, or its trail) a checkpoint
     writes. After the write the turn holds exactly `start + len(rows)` rows of that list:

@@ -33,6 +33,7 @@ import anyio
 
 from turnkeeper.clock import Clock
 from turnkeeper.store.base import MessageRows, StoreError
+from turnkeeper.values import value_class
 
 # Writes in one transaction at most: a burst past it commits in several.
 MAX_BATCH = 1000
@@ -64,7 +65,7 @@ MESSAGES = "messages"
 TRAIL = "trail"
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class MessageWrite:
     """A turn's rows of one list (`table`: MESSAGES or TRAIL) from index `start`: after
     it the turn holds exactly `start + len(rows)` rows in that table. `trims` as in

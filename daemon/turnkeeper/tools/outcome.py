@@ -4,16 +4,17 @@ journal, which stores it as JSON."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from turnkeeper.policy.classify import CallFailure, Redactor
 from turnkeeper.policy.effects import EffectOutcome
+from turnkeeper.values import value_class
 
 MAX_RESULT_CHARS = 32_768
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class ToolOutcome:
     """One attempt's outcome. `state` is the tool's own declared state value (a JSON
     object's top-level "state" key), used by loop detection. `attempted` is False when
