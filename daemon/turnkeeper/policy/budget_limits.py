@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, NamedTuple, Protocol
+
+from turnkeeper.values import value_class
 
 
 class BudgetSettings(Protocol):
@@ -32,7 +34,7 @@ OVERRIDABLE = ("max_tokens", "max_seconds", "max_steps", "max_cost_usd", "max_wa
 UNBOUNDED_TOKENS = 2**62
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class BudgetLimits:
     """The limits of one turn: the policy's `[budget]`, adjusted by the submit.
 

@@ -6,9 +6,11 @@ The set of codes is closed: a stop that does not fit one of these is a bug, repo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import StrEnum
 from typing import Any
+
+from turnkeeper.values import value_class
 
 
 class Status(StrEnum):
@@ -126,7 +128,7 @@ def status_of(code: StopCode) -> Status:
     return Status.PARTIAL
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Stop:
     """A decision to end the turn: which code, which counter, its value and its limit.
     `last_error` (for the provider stops) is each provider's last failure, one line, so
@@ -163,7 +165,7 @@ class Stop:
                    base_limit=data.get("base_limit"))
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class TurnResult:
     """The one result a turn ends with. Never an exception."""
 

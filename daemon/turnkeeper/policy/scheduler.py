@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from turnkeeper.values import value_class
+
 MAX_RETRY_AFTER_S = 60
 
 
@@ -45,7 +47,7 @@ def queue_full(depth: int, *, max_queued: int, running: int) -> Refusal | None:
                    retry_after_s=max(1, min(MAX_RETRY_AFTER_S, per_runner)))
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Dispatch:
     """What to do now: wake these parked turns (they have their slot), start these."""
 

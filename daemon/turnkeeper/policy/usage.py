@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import NamedTuple
+
+from turnkeeper.values import value_class
 
 # The most tokens one call may report, input and output together. The largest context
 # windows on offer hold a few million tokens; a figure above this is a broken counter.
@@ -51,7 +52,7 @@ def estimate_tokens(items: Iterable[Iterable[str]]) -> int:
     return REQUEST_TOKENS + sum(map(item_tokens, items))
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Prices:
     """USD per million tokens, as providers publish them. A cache price None is the
     input price."""

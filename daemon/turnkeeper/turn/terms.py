@@ -8,7 +8,6 @@ agent. The turn goes on, and says so (a log line; for the agent, an event too).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -21,6 +20,7 @@ from turnkeeper.policy.budget import BudgetLimits
 from turnkeeper.runtime import Runtime
 from turnkeeper.settings import ChainSettings
 from turnkeeper.turn.record import TurnRecord
+from turnkeeper.values import value_class
 
 log = structlog.get_logger("turnkeeper.turn")
 
@@ -31,7 +31,7 @@ def turn_log(record: TurnRecord) -> Any:
                     policy_version=record.policy_version)
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class Terms:
     """What the policy in force sets a turn: its guards (its profile's), their modes,
     its provider chain, its base budget limits and its agent (`agent_removed`: the event
