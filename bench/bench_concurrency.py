@@ -4,7 +4,9 @@ same N x S calls in the same run.
 
 Figures: wall time of each and their ratio, the time the submits took, the daemon's CPU
 per step against the bare loop's per call, control-socket latency under load (a
-`GET /v1/status` every 50 ms: p50/p99), the daemon's event-loop lag during the run
+`GET /v1/status` every 50 ms on a new connection, from a process of its own as an
+operator's `turnkeeper status` would be, so this client's loop, busy with the submits
+and the event stream, is not what is timed: p50/p99), the daemon's event-loop lag during the run
 (p50/p99 from its /metrics histogram, read before and after) against the bare loop's own
 lag (the daemon's probe, run on the bare loop and put in the same buckets), how many
 times steps were held for a later turn of the daemon's event loop (its share for turn
@@ -50,6 +52,24 @@ from tests.integration.harness import Daemon
 from turnkeeper.metrics import LAG_BUCKETS_S, LAG_INTERVAL_S
 
 CONNECTIONS = 1000
+
+# `GET /v1/status` every 50 ms, each on a new connection, until a line on stdin; then the
+# latencies (seconds) as a JSON list on stdout. Run as a process of its own.
+STATUS_PROBE = """
+import json, socket, sys, threading, time
+path, lat, stop = sys.argv[1], [], threading.Event()
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+while not stop.is_set():
+    t = time.perf_counter()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        s.sendall(b"GET /v1/status HTTP/1.1\\r\\nHost: t\\r\\nConnection: close\\r\\n\\r\\n")
+        while s.recv(65536):
+            pass
+    lat.append(time.perf_counter() - t)
+    stop.wait(0.05)
+print(json.dumps(lat))
+"""
 
 
 async def lag_probe(samples: list[float], stop: asyncio.Event) -> None:
@@ -131,16 +151,6 @@ async def through_daemon(d: Daemon, turns: int, batch: int) -> dict[str, Any]:
                             all_done.set()
                             return
 
-        status_lat: list[float] = []
-
-        async def probe() -> None:
-            while not all_done.is_set():
-                t = time.perf_counter()
-                async with session.get("http://turnkeeper/v1/status") as resp:
-                    await resp.read()
-                status_lat.append(time.perf_counter() - t)
-                await asyncio.sleep(0.05)
-
         watcher = asyncio.create_task(watch())
         await subscribed.wait()
         sem = asyncio.Semaphore(100 if batch == 1 else 10)
@@ -162,13 +172,16 @@ async def through_daemon(d: Daemon, turns: int, batch: int) -> dict[str, Any]:
                 await asyncio.sleep(retry_after)
 
         lag_before = await lag_buckets(session)
-        prober = asyncio.create_task(probe())
+        prober = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", STATUS_PROBE, str(d.socket),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         t0 = time.perf_counter()
         await asyncio.gather(*(submit(i) for i in range(0, turns, batch)))
         submitted = time.perf_counter() - t0
         await asyncio.wait_for(all_done.wait(), timeout=600)
         wall = time.perf_counter() - t0
-        await prober
+        out, _ = await prober.communicate(b"stop\n")
+        status_lat = json.loads(out)
         watcher.cancel()
         lag = lag_quantiles(lag_before, await lag_buckets(session))
         held = await metric_value(session, "turnkeeper_loop_held_total")
