@@ -6,6 +6,7 @@ the ones a walk over its turns finds, through a real run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from tests.unit.test_supervisor import GatedModel, write_config
 from turnkeeper.clock import FakeClock
 from turnkeeper.config import PolicyVersion, load_config
 from turnkeeper.lifecycle.systemd import Notifier
+from turnkeeper.runtime import LoopGate
 from turnkeeper.store.sqlite import SQLiteStore
 from turnkeeper.supervisor import Supervisor
 from turnkeeper.supervisor.intake import SubmitRequest
@@ -37,10 +39,14 @@ class H:
     model: GatedModel
 
 
-@pytest.fixture
-async def h(tmp_path: Path) -> AsyncIterator[H]:
+@contextlib.asynccontextmanager
+async def supervised(tmp_path: Path, turns: int,
+                     gate: LoopGate | None = None) -> AsyncIterator[H]:
+    """A supervisor on a real SQLite store and a model that holds each call until the
+    test opens it (`turns` slots and twice that queued); at the end every call is opened
+    and the supervisor stopped."""
     config_path = tmp_path / "turnkeeper.toml"
-    write_config(config_path, max_concurrent=TURNS, max_queued=2 * TURNS)
+    write_config(config_path, max_concurrent=turns, max_queued=2 * turns)
     config, digest = load_config(config_path)
     policy = PolicyVersion(version=1, config=config, source_path=str(config_path),
                            content_hash=digest)
@@ -50,15 +56,23 @@ async def h(tmp_path: Path) -> AsyncIterator[H]:
     sup = Supervisor(policy=policy, store=store, clock=FakeClock(), notifier=Notifier(None),
                      config_path=str(config_path))
     sup.runtime.providers["m"] = model
+    if gate is not None:
+        sup.shared.loop_gate = gate
     async with anyio.create_task_group() as tg:
         await tg.start(store.run)
         await sup.start(tg)
         yield H(sup, model)
-        for i in range(TURNS):
+        for i in range(turns):
             model.open(f"slow {i}")
         await sup.stop()
         await store.close()
         tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[H]:
+    async with supervised(tmp_path, TURNS) as harness:
+        yield harness
 
 
 async def until(condition: Callable[[], bool]) -> None:

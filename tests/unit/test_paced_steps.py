@@ -10,18 +10,11 @@ import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import anyio
 import pytest
-from tests.unit.test_dispatch_chunks import H, until
-from tests.unit.test_supervisor import GatedModel, write_config
+from tests.unit.test_dispatch_chunks import H, supervised, until
 
-from turnkeeper.clock import FakeClock
-from turnkeeper.config import PolicyVersion, load_config
-from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.policy.loop_share import LoopShare
 from turnkeeper.runtime import LoopGate
-from turnkeeper.store.sqlite import SQLiteStore
-from turnkeeper.supervisor import Supervisor
 from turnkeeper.supervisor.intake import SubmitRequest
 from turnkeeper.supervisor.scheduling import START_CHUNK
 
@@ -36,29 +29,10 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def h(tmp_path: Path) -> AsyncIterator[H]:
-    config_path = tmp_path / "turnkeeper.toml"
-    write_config(config_path, max_concurrent=TURNS, max_queued=2 * TURNS)
-    config, digest = load_config(config_path)
-    policy = PolicyVersion(version=1, config=config, source_path=str(config_path),
-                           content_hash=digest)
-    model = GatedModel()
-    store = SQLiteStore(tmp_path / "state.sqlite3")
-    await store.open()
-    sup = Supervisor(policy=policy, store=store, clock=FakeClock(), notifier=Notifier(None),
-                     config_path=str(config_path))
-    sup.runtime.providers["m"] = model
     # A slice any second step overruns: what goes through a turn of the loop does not
     # depend on this machine's speed.
-    sup.shared.loop_gate = LoopGate(LoopShare(slice_s=1e-12))
-    async with anyio.create_task_group() as tg:
-        await tg.start(store.run)
-        await sup.start(tg)
-        yield H(sup, model)
-        for i in range(TURNS):
-            model.open(f"slow {i}")
-        await sup.stop()
-        await store.close()
-        tg.cancel_scope.cancel()
+    async with supervised(tmp_path, TURNS, LoopGate(LoopShare(slice_s=1e-12))) as harness:
+        yield harness
 
 
 @pytest.mark.anyio
