@@ -10,7 +10,6 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
-from tests.pg import fresh_database
 
 from turnkeeper.events import Event
 from turnkeeper.store import postgres_fleet
@@ -30,12 +29,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-async def db() -> AsyncIterator[str]:
-    async with fresh_database() as url:
-        yield url
 
 
 async def listening(url: str) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
-from tests.pg import fresh_database
 
 from turnkeeper.store.postgres import PostgresStore
 
@@ -30,12 +29,6 @@ TURNS = 200
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-async def db() -> AsyncIterator[str]:
-    async with fresh_database() as url:
-        yield url
 
 
 @pytest.fixture

@@ -6,14 +6,13 @@ on a fresh database of a real server."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import asyncpg
 import pytest
-from tests.pg import CuttableProxy, fresh_database
+from tests.pg import CuttableProxy
 
 from turnkeeper.config import ConfigError, load_config, redact_url
 from turnkeeper.events import Event
@@ -29,12 +28,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-async def db() -> AsyncIterator[str]:
-    async with fresh_database() as url:
-        yield url
 
 
 class Running:

@@ -6,12 +6,9 @@ flight."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import anyio
 import asyncpg
 import pytest
-from tests.pg import fresh_database
 from tests.unit.test_postgres_lock_order import running, waiting_for_locks
 
 from turnkeeper.store import postgres_batch as pb
@@ -74,12 +71,6 @@ def test_a_write_that_may_touch_anything_goes_alone_after_everything_before_it()
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-async def db() -> AsyncIterator[str]:
-    async with fresh_database() as url:
-        yield url
 
 
 @pytest.mark.anyio
