@@ -79,9 +79,9 @@ log = structlog.get_logger("turnkeeper.daemon")
 # 221, `status` p99 193-221 ms instead of 298-341 and the loop's lag p99 <= 200-250 ms
 # instead of <= 250-400 (five pairs alternated), daemon CPU 8.3-9.0 s against 7.9-9.1;
 # with submits one at a time, lag p99 <= 75-150 ms instead of <= 200. While serving, the
-# collector is paced by the clock (`pace_collector`, `policy/collector.py`): what the
-# young generation holds is frozen every 50 ms, so the thresholds are only a floor for a
-# burst that makes 100,000 objects within that time.
+# collector is paced by the clock (`pace_collector`, `policy/collector.py`): under load
+# what the young generation holds is frozen every 50 ms, so the thresholds are only a
+# floor for a burst that makes 100,000 objects within that time; while quiet they rule.
 GC_THRESHOLD = (100_000, 20, 100)
 
 
@@ -108,8 +108,8 @@ def tune_gc() -> None:
 
 async def pace_collector(sup: Supervisor, clock: Clock) -> None:
     """Forever: every `every_s`, the cyclic collector's pass `policy/collector.py` says
-    (the young generation frozen; collected first; or the whole heap thawed, collected
-    and frozen again)."""
+    (the young generation frozen, or the whole heap thawed, collected and frozen again,
+    or nothing)."""
     pace = CollectorPace(clock.monotonic())
     while True:
         await clock.sleep(pace.every_s)
@@ -117,9 +117,9 @@ async def pace_collector(sup: Supervisor, clock: Clock) -> None:
         if what is Pass.FULL:
             gc.unfreeze()
             gc.collect()
-        elif what is Pass.YOUNG:
-            gc.collect(0)
-        gc.freeze()
+            gc.freeze()
+        elif what is Pass.FREEZE:
+            gc.freeze()
 
 
 class BootError(TurnkeeperError):
