@@ -274,9 +274,12 @@ class BoundedSite(web.SockSite):
         self.lane.start()
 
     def _take(self, sock: socket.socket) -> None:
-        """On the event loop: a connection the control lane handed over."""
-        if self.lane is not None:
-            self.lane.took()
+        """On the event loop: a connection the control lane handed over (closed when
+        the site has stopped since)."""
+        if self.lane is None:
+            sock.close()
+            return
+        self.lane.took()
         task = asyncio.get_running_loop().create_task(self._adopt(sock))
         self._adopting.add(task)
         task.add_done_callback(self._adopting.discard)
