@@ -58,8 +58,10 @@ class _Lane:
         self.state: dict[str, Any] = {"turns": 0}
         self.handed: list[socket.socket] = []
         self.two_handed = asyncio.Event()
+        self.key = 1  # the daemon's state, policy version...
         self.lane = StatusLane(self.listener, loop=loop, status=lambda: dict(self.state),
-                               hand_over=self._hand_over, allowed=lambda sock: True)
+                               hand_over=self._hand_over, allowed=lambda sock: True,
+                               key=lambda: self.key)
 
     def _hand_over(self, sock: socket.socket) -> None:
         self.lane.took()
@@ -138,3 +140,16 @@ async def test_a_change_through_the_loop_shows_in_the_next_answer(
         asker.start()
         asker.join(timeout=30)  # the loop held: the answer is the one `changed` took
         assert json.loads(answers[0].split(b"\r\n\r\n", 1)[1]) == {"turns": 1}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_answer_taken_before_a_reload_does_not_serve_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str) -> None:
+    monkeypatch.setattr(lane_module, "MAX_AGE_S", 3600.0)
+    with _Lane(tmp_path, asyncio.get_running_loop()) as t:
+        await _in_thread(_ask, t.path, STATUS)
+        t.state["turns"] = 1  # a reload, say: no request through the loop
+        t.key = 2
+        got = await _in_thread(_ask, t.path, STATUS)
+        assert json.loads(got.split(b"\r\n\r\n", 1)[1]) == {"turns": 1}

@@ -217,9 +217,11 @@ class BoundedSite(web.SockSite):
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, *,
                  limits: ControlLimits, peers: PeerCheck,
-                 status: Callable[[], dict[str, Any] | None] | None = None) -> None:
+                 status: Callable[[], dict[str, Any] | None] | None = None,
+                 status_key: Callable[[], object] = lambda: None) -> None:
         super().__init__(runner, sock)
         self._tk_status = status
+        self._tk_status_key = status_key
         self.lane: StatusLane | None = None
         self._tk_runner = runner
         self._tk_sock = sock
@@ -270,7 +272,8 @@ class BoundedSite(web.SockSite):
                                                     backlog=128)
             return
         self.lane = StatusLane(self._tk_sock, loop=loop, status=self._tk_status,
-                               hand_over=self._take, allowed=self.peers.allows)
+                               hand_over=self._take, allowed=self.peers.allows,
+                               key=self._tk_status_key)
         self.lane.start()
 
     def _take(self, sock: socket.socket) -> None:

@@ -7,11 +7,13 @@ own accepts every connection to the control socket and peeks at its request head
 
 A `GET /v1/status` that asks for its connection to be closed (as `turnkeeper status`
 does), from a peer the gate lets in, is answered there, from what the event loop last
-said when that is at most `MAX_AGE_S` old (the loop is asked again for the next one);
-else the thread waits for the loop's answer. A request through the loop that may change
-what status shows (any but a GET) takes the answer again before its own is sent, while
-someone asks often (else the old one is dropped): a client sees its change in its next
-status. One that keeps its connection goes to the loop, where it holds one of
+said when that is at most `MAX_AGE_S` old and the daemon's state, policy version,
+reload counts and pause are still what they were then (the loop is asked again for the
+next one); else the thread waits for the loop's answer. Any request through the loop
+takes the answer again before its own is sent, while someone asks often (else the old
+one is dropped): a client sees its change, or what it was shown, in its next status.
+What changes without a request (turns that start and end) shows at most `MAX_AGE_S`
+late. One that keeps its connection goes to the loop, where it holds one of
 `max_connections` as before.
 
 Every other connection (another request, a status the loop does not answer within
@@ -89,16 +91,21 @@ class StatusLane:
                  status: Callable[[], dict[str, Any] | None],
                  hand_over: Callable[[socket.socket], None],
                  allowed: Callable[[socket.socket], bool],
+                 key: Callable[[], object] = lambda: None,
                  now: Callable[[], float] = time.monotonic) -> None:
         self._listener = listener
         self._loop = loop
         self._status = status  # on the event loop: the answer (None: not started)
         self._hand_over = hand_over  # on the event loop: take this connection
         self._allowed = allowed  # in this thread: the peer may be answered here
+        # In this thread too: what of the daemon an answer must match to serve (its
+        # state, policy version...: immutable values, read without the loop).
+        self._key = key
         self._now = now
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
-        self._last: tuple[float, dict[str, Any]] | None = None  # the loop's last answer
+        # The loop's last answer: (when, `key` then, the answer).
+        self._last: tuple[float, object, dict[str, Any]] | None = None
         self.answered = 0  # status requests answered here
         self.handed = 0  # connections handed to the event loop (counted here)
         self.taken = 0  # of them, those the event loop took (counted there: `took`)
@@ -128,7 +135,8 @@ class StatusLane:
 
     def changed(self) -> None:
         """A request through the loop may have changed what `status` shows (a submit,
-        a cancel, a reload...); called before its answer is sent. While the lane has a
+        a cancel, a reload...), or shown the client something newer than the last
+        answer (a turn's state); called before its answer is sent. While the lane has a
         young answer (someone asks often) the loop answers again now, so a client that
         has its answer sees the change in its next status; else the old one serves no
         more."""
@@ -144,8 +152,9 @@ class StatusLane:
 
     def refresh(self) -> None:
         """Ask the status now, on the event loop, and keep its answer."""
+        key = self._key()
         out = self._status()
-        self._last = None if out is None else (self._now(), out)
+        self._last = None if out is None else (self._now(), key, out)
 
     # -- in the thread -----------------------------------------------------------
 
@@ -157,13 +166,15 @@ class StatusLane:
             sock.close()
 
     def _fresh(self) -> bytes | None:
-        """The status's body: the last answer the loop gave, if within `MAX_AGE_S` (the
-        loop is asked again, for the next); else the loop's answer when it comes, within
-        `SLOW_WAIT_S` (None: not even then, or the daemon has not started, or the answer
-        is not plain JSON: the request goes to the event loop). Encoded here, in one call
-        that holds the GIL: the loop changes nothing of it meanwhile."""
+        """The status's body: the last answer the loop gave, if within `MAX_AGE_S` and
+        the daemon's `key` is still what it was (the loop is asked again, for the next);
+        else the loop's answer when it comes, within `SLOW_WAIT_S` (None: not even then,
+        or the daemon has not started, or the answer is not plain JSON: the request goes
+        to the event loop). Encoded here, in one call that holds the GIL: the loop
+        changes nothing of it meanwhile."""
         last = self._last
-        if last is not None and self._now() - last[0] <= MAX_AGE_S:
+        if (last is not None and self._now() - last[0] <= MAX_AGE_S
+                and last[1] == self._key()):
             try:
                 self._loop.call_soon_threadsafe(self.refresh)
             except RuntimeError:
@@ -187,7 +198,7 @@ class StatusLane:
             if last is None:
                 return None
         try:
-            return jsonwire.dumps_plain(last[1])
+            return jsonwire.dumps_plain(last[2])
         except TypeError:
             return None
 

@@ -139,8 +139,6 @@ class ControlServer:
             # The socket listens (or systemd's did) before the turns are resumed: a request
             # that comes that early waits for the daemon instead of failing.
             await supervisor.wait_started()
-            if request.method == "GET":
-                return await handler(request)
             try:
                 return await handler(request)
             finally:  # what the control lane last answered `status` with may be old now
@@ -185,7 +183,7 @@ class ControlServer:
         self._runner = runner
         sock = self.inherited if self.inherited is not None else self._bind()
         self._site = site = BoundedSite(runner, sock, limits=limits, peers=self.peers,
-                                        status=self._status)
+                                        status=self._status, status_key=self._status_key)
         await site.start()
         log.info("control.listening",
                  socket=str(self.path) if self.inherited is None
@@ -196,6 +194,13 @@ class ControlServer:
         lane = self._site.lane if self._site is not None else None
         if lane is not None:
             lane.changed()
+
+    def _status_key(self) -> object:
+        """What of the daemon a status answer must match to serve: immutable values,
+        read by the control lane's thread without the event loop."""
+        sup = self.supervisor
+        return (sup.state, sup.policy.version, sup.reload_count, sup.reload_failures,
+                sup.scheduler.paused, sup.last_reload_error)
 
     def _status(self) -> dict[str, Any] | None:
         """`GET /v1/status`'s answer as its route gives it (None until the daemon has
