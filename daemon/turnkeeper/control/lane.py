@@ -6,15 +6,17 @@ answer): `status` took 20-30 ms at best and over 100 ms at the tail. So a thread
 own accepts every connection to the control socket and peeks at its request head.
 
 A `GET /v1/status` that asks for its connection to be closed (as `turnkeeper status`
-does), from a peer the gate lets in, is answered there, from what the event loop last
-said when that is at most `MAX_AGE_S` old and the daemon's state, policy version,
-reload counts and pause are still what they were then (the loop is asked again for the
-next one); else the thread waits for the loop's answer. Any request through the loop
-takes the answer again before its own is sent, while someone asks often (else the old
-one is dropped): a client sees its change, or what it was shown, in its next status.
-What changes without a request (turns that start and end) shows at most `MAX_AGE_S`
-late. One that keeps its connection goes to the loop, where it holds one of
-`max_connections` as before.
+does), from a peer the gate lets in, is answered there. The event loop is asked for the
+answer each time; while it answers quickly (within `BUSY_S`) the thread waits for it,
+and the answer is the daemon's now. While the loop is busy (its last answer to the lane
+took longer), the thread answers at once with the loop's last answer, when that is at
+most `MAX_AGE_S` old and the daemon's state, policy version, reload counts and pause
+are still what they were then; else it waits for the loop's. So under load what changes
+without a request (turns that start and end) may show up to `MAX_AGE_S` late; but any
+request through the loop takes the answer again before its own is sent (while someone
+asks often; else the old one is dropped): a client sees its change, or what it was
+shown, in its next status. A status that keeps its connection goes to the loop, where
+it holds one of `max_connections` as before.
 
 Every other connection (another request, a status the loop does not answer within
 `SLOW_WAIT_S`, a peer the gate refuses, one that sent no whole head within `HOLD_S`,
@@ -26,8 +28,8 @@ socket's backlog, as they would for the loop.
 
 The thread holds the GIL only to accept, peek at a head and write an answer: it runs
 while the event loop's thread is in Python, at the interpreter's next switch, not after
-the loop's turn. It reads nothing of the supervisor: the loop makes the answer, the
-thread encodes it in one call that holds the GIL throughout.
+the loop's turn. Of the supervisor it reads only the `key`'s immutable values; the loop
+makes the answer, the thread encodes it in one call that holds the GIL throughout.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ MAX_HEAD = 8192  # a request head longer than this is handed over
 MAX_IN_TRANSIT = 64  # connections handed over and not yet taken: no accepting past it
 PAUSE_S = 0.05  # no accepting this long when out of descriptors
 RECHECK_S = 0.005  # a head come in part looked at again this often
-MAX_AGE_S = 0.1  # an answer the loop gave this long ago serves
+BUSY_S = 0.005  # a loop that takes longer to answer is busy: the last answer serves
+MAX_AGE_S = 0.1  # an answer the loop gave this long ago serves while it is busy
 SLOW_WAIT_S = 1.0  # with none that young, how long to wait for the loop's answer
 STATUS_LINES = (b"GET /v1/status HTTP/1.1", b"GET /v1/status HTTP/1.0")
 
@@ -106,6 +109,7 @@ class StatusLane:
         self._thread: threading.Thread | None = None
         # The loop's last answer: (when, `key` then, the answer).
         self._last: tuple[float, object, dict[str, Any]] | None = None
+        self._delay = 0.0  # how long the loop took to answer the lane's last ask
         self.answered = 0  # status requests answered here
         self.handed = 0  # connections handed to the event loop (counted here)
         self.taken = 0  # of them, those the event loop took (counted there: `took`)
@@ -166,32 +170,30 @@ class StatusLane:
             sock.close()
 
     def _fresh(self) -> bytes | None:
-        """The status's body: the last answer the loop gave, if within `MAX_AGE_S` and
-        the daemon's `key` is still what it was (the loop is asked again, for the next);
-        else the loop's answer when it comes, within `SLOW_WAIT_S` (None: not even then,
-        or the daemon has not started, or the answer is not plain JSON: the request goes
-        to the event loop). Encoded here, in one call that holds the GIL: the loop
-        changes nothing of it meanwhile."""
+        """The status's body. The loop is asked for it at once. While the loop is busy
+        (it took over `BUSY_S` to answer the last time it was asked), the last answer
+        serves if it is within `MAX_AGE_S` and the daemon's `key` is still what it was
+        (the loop's answer to this ask is for the next); else the loop's answer, when it
+        comes within `SLOW_WAIT_S` (None: not even then, or the daemon has not started,
+        or the answer is not plain JSON: the request goes to the event loop). Encoded
+        here, in one call that holds the GIL: the loop changes nothing of it meanwhile."""
+        done = threading.Event()
+        asked = self._now()
+
+        def answer() -> None:  # on the loop
+            try:
+                self._delay = self._now() - asked
+                self.refresh()
+            finally:
+                done.set()
+
         last = self._last
-        if (last is not None and self._now() - last[0] <= MAX_AGE_S
-                and last[1] == self._key()):
-            try:
-                self._loop.call_soon_threadsafe(self.refresh)
-            except RuntimeError:
-                return None
-        else:
-            done = threading.Event()
-
-            def ask() -> None:
-                try:
-                    self.refresh()
-                finally:
-                    done.set()
-
-            try:
-                self._loop.call_soon_threadsafe(ask)
-            except RuntimeError:
-                return None
+        try:
+            self._loop.call_soon_threadsafe(answer)
+        except RuntimeError:
+            return None
+        if not (self._delay > BUSY_S and last is not None
+                and asked - last[0] <= MAX_AGE_S and last[1] == self._key()):
             if not done.wait(SLOW_WAIT_S):
                 return None
             last = self._last
