@@ -8,15 +8,15 @@ own accepts every connection to the control socket and peeks at its request head
 A `GET /v1/status` that asks for its connection to be closed (as `turnkeeper status`
 does), from a peer the gate lets in, is answered there. The event loop is asked for the
 answer each time; while it answers quickly (within `BUSY_S`) the thread waits for it,
-and the answer is the daemon's now. While the loop is busy (its last answer to the lane
-took longer), the thread answers at once with the loop's last answer, when that is at
-most `MAX_AGE_S` old and the daemon's state, policy version, reload counts and pause
-are still what they were then; else it waits for the loop's. So under load what changes
-without a request (turns that start and end) may show up to `MAX_AGE_S` late; but any
-request through the loop takes the answer again before its own is sent (while someone
-asks often; else the old one is dropped): a client sees its change, or what it was
-shown, in its next status. A status that keeps its connection goes to the loop, where
-it holds one of `max_connections` as before.
+and the answer is the daemon's now. While the loop is busy (an answer to the lane took
+longer, within the last `BUSY_FOR_S`), the thread answers at once with the loop's last
+answer, when that is at most `MAX_AGE_S` old and the daemon's state, policy version,
+reload counts and pause are still what they were then; else it waits for the loop's.
+So under load what changes without a request (turns that start and end) may show up
+to `MAX_AGE_S` late; but any request through the loop takes the answer again before
+its own is sent (while someone asks often; else the old one is dropped): a client sees
+its change, or what it was shown, in its next status. A status that keeps its
+connection goes to the loop, where it holds one of `max_connections` as before.
 
 Every other connection (another request, a status the loop does not answer within
 `SLOW_WAIT_S`, a peer the gate refuses, one that sent no whole head within `HOLD_S`,
@@ -57,6 +57,7 @@ MAX_IN_TRANSIT = 64  # connections handed over and not yet taken: no accepting p
 PAUSE_S = 0.05  # no accepting this long when out of descriptors
 RECHECK_S = 0.005  # a head come in part looked at again this often
 BUSY_S = 0.005  # a loop that takes longer to answer is busy: the last answer serves
+BUSY_FOR_S = 1.0  # ... for this long after it answered that late
 MAX_AGE_S = 0.1  # an answer the loop gave this long ago serves while it is busy
 SLOW_WAIT_S = 1.0  # with none that young, how long to wait for the loop's answer
 STATUS_LINES = (b"GET /v1/status HTTP/1.1", b"GET /v1/status HTTP/1.0")
@@ -109,7 +110,7 @@ class StatusLane:
         self._thread: threading.Thread | None = None
         # The loop's last answer: (when, `key` then, the answer).
         self._last: tuple[float, object, dict[str, Any]] | None = None
-        self._delay = 0.0  # how long the loop took to answer the lane's last ask
+        self._busy_until = 0.0  # the loop answered late: busy until then
         self.answered = 0  # status requests answered here
         self.handed = 0  # connections handed to the event loop (counted here)
         self.taken = 0  # of them, those the event loop took (counted there: `took`)
@@ -171,7 +172,7 @@ class StatusLane:
 
     def _fresh(self) -> bytes | None:
         """The status's body. The loop is asked for it at once. While the loop is busy
-        (it took over `BUSY_S` to answer the last time it was asked), the last answer
+        (it took over `BUSY_S` to answer an ask within `BUSY_FOR_S`), the last answer
         serves if it is within `MAX_AGE_S` and the daemon's `key` is still what it was
         (the loop's answer to this ask is for the next); else the loop's answer, when it
         comes within `SLOW_WAIT_S` (None: not even then, or the daemon has not started,
@@ -182,7 +183,9 @@ class StatusLane:
 
         def answer() -> None:  # on the loop
             try:
-                self._delay = self._now() - asked
+                now = self._now()
+                if now - asked > BUSY_S:
+                    self._busy_until = now + BUSY_FOR_S
                 self.refresh()
             finally:
                 done.set()
@@ -192,7 +195,7 @@ class StatusLane:
             self._loop.call_soon_threadsafe(answer)
         except RuntimeError:
             return None
-        if not (self._delay > BUSY_S and last is not None
+        if not (asked < self._busy_until and last is not None
                 and asked - last[0] <= MAX_AGE_S and last[1] == self._key()):
             if not done.wait(SLOW_WAIT_S):
                 return None
