@@ -45,6 +45,7 @@ from turnkeeper.paths import (
     UnsafeStateDir,
     prepare_state_dir,
 )
+from turnkeeper.policy.collector import CollectorPace, Pass
 from turnkeeper.store import open_store
 from turnkeeper.store.base import Store, StoreError
 from turnkeeper.supervisor import Supervisor
@@ -77,8 +78,22 @@ log = structlog.get_logger("turnkeeper.daemon")
 # each generation-0 pass for about the same total: the longest pause 132 ms instead of
 # 221, `status` p99 193-221 ms instead of 298-341 and the loop's lag p99 <= 200-250 ms
 # instead of <= 250-400 (five pairs alternated), daemon CPU 8.3-9.0 s against 7.9-9.1;
-# with submits one at a time, lag p99 <= 75-150 ms instead of <= 200.
+# with submits one at a time, lag p99 <= 75-150 ms instead of <= 200. While serving, the
+# collector is paced by the clock (`pace_collector`, `policy/collector.py`): under load
+# what the young generation holds is frozen every 50 ms, so the thresholds are only a
+# floor for a burst that makes 100,000 objects within that time; while quiet they rule.
 GC_THRESHOLD = (100_000, 20, 100)
+
+
+# The interpreter's switch interval while serving (CPython's default: 5 ms): how long a
+# thread that wants the GIL waits before it asks the one holding it to let go. The
+# control lane's thread (`control/lane.py`) answers a status in one hold of the GIL, got
+# from the event loop's thread busy with turns. Measured with bench/bench_concurrency.py
+# (5,000 turns x 3 steps, 200 ms model, with the lane; rounds alternated, 2 busy shared
+# cores): `status` p99 12-19 ms at 1 ms against 26-41 ms at 5 ms (p50 3.2-3.7 against
+# 5.0-6.0), daemon CPU within 2-4% (6.85-6.97 s against 6.42-6.77 in batches, 7.98-8.42
+# against 8.04-8.08 one submit at a time).
+SWITCH_INTERVAL_S = 0.001
 
 
 def tune_gc() -> None:
@@ -89,6 +104,22 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
+
+
+async def pace_collector(sup: Supervisor, clock: Clock) -> None:
+    """Forever: every `every_s`, the cyclic collector's pass `policy/collector.py` says
+    (the young generation frozen, or the whole heap thawed, collected and frozen again,
+    or nothing)."""
+    pace = CollectorPace(clock.monotonic())
+    while True:
+        await clock.sleep(pace.every_s)
+        what = pace.look(clock.monotonic(), len(sup.live))
+        if what is Pass.FULL:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+        elif what is Pass.FREEZE:
+            gc.freeze()
 
 
 class BootError(TurnkeeperError):
@@ -142,6 +173,7 @@ async def _serve(policy: PolicyVersion, config_path: str | None, control: Path) 
     async with anyio.create_task_group() as tg:
         await tg.start(store.run, name="store writer")
         tg.start_soon(metrics.watch_loop_lag, name="event-loop lag")
+        tg.start_soon(pace_collector, sup, clock, name="collector pace")
         tg.start_soon(_watch_store, store, sup, clock, fatal, name="store outage watch")
         try:
             await sup.start(tg)
@@ -294,6 +326,7 @@ def serve(config_option: str | None, socket_option: str | None = None) -> int:
     _warn_of_blocked_mcp_servers(config)
     policy = PolicyVersion(version=1, config=config, source_path=config_path, content_hash=digest)
     tune_gc()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         _run(policy, config_path, socket_path(config, socket_option))
     except BootError as exc:

@@ -20,12 +20,14 @@ import os
 import socket
 import struct
 import weakref
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
 
 from turnkeeper.config import Config
+from turnkeeper.control.lane import StatusLane
 from turnkeeper.policy.admission import ControlLimits
 
 log = structlog.get_logger("turnkeeper.control")
@@ -90,6 +92,16 @@ class PeerCheck:
                 return None
             creds = self._peers[transport] = peer_credentials(sock)
         return creds
+
+    def allows(self, sock: socket.socket) -> bool:
+        """Whether the peer of an accepted AF_UNIX socket may use it, as `refusal` says
+        but silent and keeping nothing: asked from the control lane's thread."""
+        try:
+            pid, uid, gid = peer_credentials(sock)
+        except OSError:
+            return False
+        return (uid in self.allowed_uids or gid in self.allowed_gids
+                or bool(self.allowed_gids and self.allowed_gids & peer_groups(sock, pid)))
 
     def refusal(self, transport: asyncio.BaseTransport) -> str | None:
         """Why this peer may not use the socket, with the setting that would admit it;
@@ -198,11 +210,19 @@ class _Gate(asyncio.Protocol):
 
 class BoundedSite(web.SockSite):
     """A listening socket whose connections pass `_Gate`: the peer check, then
-    `max_connections` (with a share per uid)."""
+    `max_connections` (with a share per uid). With `status` (the status answer, asked
+    on the event loop; None before the daemon has started) the socket is the
+    control lane's (`control/lane.py`): a thread of its own accepts, answers
+    `GET /v1/status`, and hands every other connection to the gate."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, *,
-                 limits: ControlLimits, peers: PeerCheck) -> None:
+                 limits: ControlLimits, peers: PeerCheck,
+                 status: Callable[[], dict[str, Any] | None] | None = None,
+                 status_key: Callable[[], object] = lambda: None) -> None:
         super().__init__(runner, sock)
+        self._tk_status = status
+        self._tk_status_key = status_key
+        self.lane: StatusLane | None = None
         self._tk_runner = runner
         self._tk_sock = sock
         self._tk_limits = limits
@@ -213,6 +233,7 @@ class BoundedSite(web.SockSite):
         # may be served at once, so a flood of them costs at most that many descriptors.
         self.lingering = [0]
         self.max_lingering = limits.max_connections
+        self._adopting: set[asyncio.Task[None]] = set()  # handed-over connections
 
     @property
     def server(self) -> web.Server:
@@ -246,5 +267,36 @@ class BoundedSite(web.SockSite):
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Gate(self), sock=self._tk_sock,
-                                                backlog=128)
+        if self._tk_status is None:
+            self._server = await loop.create_server(lambda: _Gate(self), sock=self._tk_sock,
+                                                    backlog=128)
+            return
+        self.lane = StatusLane(self._tk_sock, loop=loop, status=self._tk_status,
+                               hand_over=self._take, allowed=self.peers.allows,
+                               key=self._tk_status_key)
+        self.lane.start()
+
+    def _take(self, sock: socket.socket) -> None:
+        """On the event loop: a connection the control lane handed over (closed when
+        the site has stopped since)."""
+        if self.lane is None:
+            sock.close()
+            return
+        self.lane.took()
+        task = asyncio.get_running_loop().create_task(self._adopt(sock))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, sock: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: _Gate(self), sock)
+        except OSError:
+            sock.close()
+
+    async def stop(self) -> None:
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            lane.close()
+            self._tk_sock.close()
+        await super().stop()

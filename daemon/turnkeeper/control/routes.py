@@ -42,7 +42,7 @@ from turnkeeper.errors import Refused
 from turnkeeper.policy.idempotency import key_problem
 from turnkeeper.policy.turn_state import TurnState
 from turnkeeper.store.base import StoreError
-from turnkeeper.supervisor import IdempotencyConflict
+from turnkeeper.supervisor import IdempotencyConflict, Supervisor
 from turnkeeper.supervisor.intake import SubmitRequest
 from turnkeeper.supervisor.keyed import Existing
 from turnkeeper.tracecontext import traceparent_problem
@@ -56,11 +56,15 @@ STATE_NAMES = tuple(s.value for s in TurnState)
 __all__ = ["PEER_UID", "SUPERVISOR", "add_routes", "control_limits", "error", "refusals"]
 
 
-async def status(request: web.Request) -> web.Response:
-    sup = request.app[SUPERVISOR]
+def status_of(sup: Supervisor) -> dict[str, Any]:
+    """`GET /v1/status`'s answer (also the control lane's: `control/lane.py`)."""
     out = sup.status()
     out["overload"] = sup.intake.overload.snapshot()
-    return json_response(out)
+    return out
+
+
+async def status(request: web.Request) -> web.Response:
+    return json_response(status_of(request.app[SUPERVISOR]))
 
 
 async def health(request: web.Request) -> web.Response:

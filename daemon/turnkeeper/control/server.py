@@ -20,6 +20,7 @@ import socket
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -122,6 +123,7 @@ class ControlServer:
         self.inherited = inherited
         self.peers = PeerCheck(supervisor.config)
         self._runner: web.AppRunner | None = None
+        self._site: BoundedSite | None = None
         self._bound: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
 
     def __repr__(self) -> str:
@@ -137,7 +139,10 @@ class ControlServer:
             # The socket listens (or systemd's did) before the turns are resumed: a request
             # that comes that early waits for the daemon instead of failing.
             await supervisor.wait_started()
-            return await handler(request)
+            try:
+                return await handler(request)
+            finally:  # what the control lane last answered `status` with may be old now
+                self._status_changed()
 
         app = web.Application(client_max_size=MAX_BODY,
                               middlewares=[make_access_middleware(self.peers), started,
@@ -177,12 +182,33 @@ class ControlServer:
         await runner.setup()
         self._runner = runner
         sock = self.inherited if self.inherited is not None else self._bind()
-        site = BoundedSite(runner, sock, limits=limits, peers=self.peers)
+        self._site = site = BoundedSite(runner, sock, limits=limits, peers=self.peers,
+                                        status=self._status, status_key=self._status_key)
         await site.start()
         log.info("control.listening",
                  socket=str(self.path) if self.inherited is None
                  else "(systemd socket activation)",
                  mode=oct(self.mode), max_connections=limits.max_connections)
+
+    def _status_changed(self) -> None:
+        lane = self._site.lane if self._site is not None else None
+        if lane is not None:
+            lane.changed()
+
+    def _status_key(self) -> object:
+        """What of the daemon a status answer must match to serve: immutable values,
+        read by the control lane's thread without the event loop."""
+        sup = self.supervisor
+        return (sup.state, sup.policy.version, sup.reload_count, sup.reload_failures,
+                sup.scheduler.paused, sup.last_reload_error)
+
+    def _status(self) -> dict[str, Any] | None:
+        """`GET /v1/status`'s answer as its route gives it (None until the daemon has
+        started: until then the route waits)."""
+        sup = self.supervisor
+        if not sup.started_event.is_set():
+            return None
+        return routes.status_of(sup)
 
     async def stop(self) -> None:
         if self._runner is not None:
