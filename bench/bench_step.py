@@ -39,8 +39,9 @@ at once, so what is measured is the runtime around it.
   pydantic-ai  Agent(FunctionModel(...)) with an async echo tool. It has no built-in
                checkpointer, so its figure carries no persistence at all.
 
-The process runs with the cyclic collector's thresholds the daemon serves with
-(`turnkeeper.daemon.GC_THRESHOLD`), every system and the baseline alike.
+The process runs with the cyclic collector's thresholds and the interpreter's switch
+interval the daemon serves with (`turnkeeper.daemon.GC_THRESHOLD`, `SWITCH_INTERVAL_S`),
+every system and the baseline alike.
 
 All turns of a round run concurrently on one uvloop event loop; CPU is
 `time.process_time()` (every thread of the process: SQLite writer threads included)
@@ -85,7 +86,7 @@ import orjson
 from turnkeeper import logging as tk_logging
 from turnkeeper.clock import SystemClock
 from turnkeeper.config import PolicyVersion, build_config
-from turnkeeper.daemon import GC_THRESHOLD
+from turnkeeper.daemon import GC_THRESHOLD, SWITCH_INTERVAL_S
 from turnkeeper.lifecycle.systemd import Notifier
 from turnkeeper.messages import ToolCall, dumps_arguments
 from turnkeeper.policy.outcome import StopCode, TurnResult
@@ -704,8 +705,10 @@ def main() -> None:
     args = ap.parse_args()
     with open(os.devnull, "w") as devnull:  # the daemon's default level, output discarded
         tk_logging.configure(log_format="json", log_level="info", stream=devnull)
-        # The collector's thresholds as the daemon sets them, for every system alike.
+        # The collector's thresholds and the switch interval as the daemon sets them, for
+        # every system alike.
         gc.set_threshold(*GC_THRESHOLD)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         model: subprocess.Popen[str] | None = None
         port: int | None = None
         try:
