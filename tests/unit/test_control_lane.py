@@ -172,3 +172,33 @@ async def test_while_the_loop_answers_quickly_the_answer_is_the_daemon_s_now(
         t.state["turns"] = 1  # a turn started: no request, the key the same
         got = await _in_thread(_ask, t.path, STATUS)
         assert json.loads(got.split(b"\r\n\r\n", 1)[1]) == {"turns": 1}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_lane_that_fails_gives_the_socket_back_to_the_event_loop(
+        tmp_path: Path, anyio_backend: str) -> None:
+    loop = asyncio.get_running_loop()
+    path = tmp_path / "c.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(16)
+    failed = asyncio.Event()
+
+    def allowed(sock: socket.socket) -> bool:
+        raise RuntimeError("a bug in the lane")
+
+    lane = StatusLane(listener, loop=loop, status=lambda: {}, hand_over=lambda s: None,
+                      allowed=allowed, failed=failed.set)
+    lane.start()
+    client = socket.socket(socket.AF_UNIX)
+    try:
+        client.connect(str(path))
+        await asyncio.wait_for(failed.wait(), 10)  # called on the event loop
+        # The listener is whole and still listening: the loop can serve it.
+        server = await loop.create_server(asyncio.Protocol, sock=listener)
+        server.close()
+    finally:
+        client.close()
+        lane.close()
+        listener.close()

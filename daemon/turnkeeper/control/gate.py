@@ -268,13 +268,29 @@ class BoundedSite(web.SockSite):
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         if self._tk_status is None:
-            self._server = await loop.create_server(lambda: _Gate(self), sock=self._tk_sock,
-                                                    backlog=128)
+            await self._listen()
             return
         self.lane = StatusLane(self._tk_sock, loop=loop, status=self._tk_status,
                                hand_over=self._take, allowed=self.peers.allows,
-                               key=self._tk_status_key)
+                               key=self._tk_status_key, failed=self._lane_failed)
         self.lane.start()
+
+    async def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Gate(self), sock=self._tk_sock,
+                                                backlog=128)
+
+    def _lane_failed(self) -> None:
+        """On the event loop: the control lane's thread ended on a bug (logged as
+        `control.lane_failed`). The loop accepts on the socket from now on, as it does
+        without a lane; the connections the lane handed over before are served."""
+        lane, self.lane = self.lane, None
+        if lane is None:  # the site stopped meanwhile
+            return
+        lane.close()
+        task = asyncio.get_running_loop().create_task(self._listen())
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
 
     def _take(self, sock: socket.socket) -> None:
         """On the event loop: a connection the control lane handed over (closed when

@@ -96,6 +96,7 @@ class StatusLane:
                  hand_over: Callable[[socket.socket], None],
                  allowed: Callable[[socket.socket], bool],
                  key: Callable[[], object] = lambda: None,
+                 failed: Callable[[], None] = lambda: None,
                  now: Callable[[], float] = time.monotonic) -> None:
         self._listener = listener
         self._loop = loop
@@ -105,6 +106,8 @@ class StatusLane:
         # In this thread too: what of the daemon an answer must match to serve (its
         # state, policy version...: immutable values, read without the loop).
         self._key = key
+        # On the event loop: the thread ended on a bug, the listener is the loop's again.
+        self._failed = failed
         self._now = now
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
@@ -259,12 +262,18 @@ class StatusLane:
                             sel.unregister(sock)
                         del waiting[sock]
                         self._hand(sock)
-        except Exception:  # a bug here must not take the socket with it silently
+        except Exception:  # a bug here must not take the control socket with it
             log.exception("control.lane_failed")
+            failed = True
+        else:
+            failed = False
         finally:
             for sock in waiting:
                 sock.close()
             sel.close()
+        if failed:  # the event loop accepts on the socket from now on, as without a lane
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to serve
+                self._loop.call_soon_threadsafe(self._failed)
 
     def _accept(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, float]
                 ) -> bool:
