@@ -84,13 +84,19 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
+@pytest.fixture
+def loop_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop taken as busy throughout, and no answer grows too old: the lane serves
+    the loop's last answer."""
+    monkeypatch.setattr(lane_module, "MAX_AGE_S", 3600.0)
+    monkeypatch.setattr(lane_module, "BUSY_S", -1.0)
+    monkeypatch.setattr(lane_module, "BUSY_FOR_S", 3600.0)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_status_is_answered_while_the_event_loop_is_busy(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str) -> None:
-    monkeypatch.setattr(lane_module, "MAX_AGE_S", 3600.0)  # no answer grows too old here
-    monkeypatch.setattr(lane_module, "BUSY_S", -1.0)  # the loop taken as busy throughout
-    monkeypatch.setattr(lane_module, "BUSY_FOR_S", 3600.0)
+        tmp_path: Path, loop_busy: None, anyio_backend: str) -> None:
     with _Lane(tmp_path, asyncio.get_running_loop()) as t:
         first = await _in_thread(_ask, t.path, STATUS)  # the loop answers it
         assert first.startswith(b"HTTP/1.1 200 OK\r\n")
@@ -131,10 +137,7 @@ async def test_other_requests_are_handed_over_unread(tmp_path: Path,
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_change_through_the_loop_shows_in_the_next_answer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str) -> None:
-    monkeypatch.setattr(lane_module, "MAX_AGE_S", 3600.0)
-    monkeypatch.setattr(lane_module, "BUSY_S", -1.0)
-    monkeypatch.setattr(lane_module, "BUSY_FOR_S", 3600.0)
+        tmp_path: Path, loop_busy: None, anyio_backend: str) -> None:
     with _Lane(tmp_path, asyncio.get_running_loop()) as t:
         await _in_thread(_ask, t.path, STATUS)
         t.state["turns"] = 1  # a submit, say, then its answer sent
@@ -149,10 +152,7 @@ async def test_a_change_through_the_loop_shows_in_the_next_answer(
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_an_answer_taken_before_a_reload_does_not_serve_after_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str) -> None:
-    monkeypatch.setattr(lane_module, "MAX_AGE_S", 3600.0)
-    monkeypatch.setattr(lane_module, "BUSY_S", -1.0)
-    monkeypatch.setattr(lane_module, "BUSY_FOR_S", 3600.0)
+        tmp_path: Path, loop_busy: None, anyio_backend: str) -> None:
     with _Lane(tmp_path, asyncio.get_running_loop()) as t:
         await _in_thread(_ask, t.path, STATUS)
         t.state["turns"] = 1  # a reload, say: no request through the loop
