@@ -18,6 +18,10 @@ from typing import Protocol
 
 import anyio
 
+# The asyncio backend's own cancel scope: what `anyio.CancelScope()` builds on the
+# daemon's loop once it has found the backend (four Python calls and a getpid a scope).
+from anyio._backends._asyncio import CancelScope as _AsyncioScope
+
 
 def to_micros(seconds: float) -> float:
     """`seconds` to the nearest microsecond, for the wire: `round(seconds * 1e6) / 1e6`,
@@ -60,10 +64,14 @@ class SystemClock:
         await anyio.sleep(seconds)
 
     def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
-        return anyio.move_on_after(seconds)
+        # `anyio.move_on_after` on the asyncio backend (the daemon's), as `scope` and
+        # `set_deadline` are: the same scope, without finding the backend twice.
+        return _AsyncioScope(deadline=asyncio.get_running_loop().time() + seconds)
 
     def scope(self) -> AbstractContextManager[anyio.CancelScope]:
-        return anyio.CancelScope()
+        # `anyio.CancelScope()` on the asyncio backend, built directly: a model call
+        # enters one every step.
+        return _AsyncioScope()
 
     def set_deadline(self, scope: anyio.CancelScope, seconds: float) -> None:
         # `anyio.current_time()` on the asyncio backend (the daemon's), without the three

@@ -56,10 +56,7 @@ class ProviderGate:
             waiter.event.set()
 
     async def _acquire(self, clock: Clock, wait_s: float, on_wait: OnWait | None) -> int:
-        if not self._waiters:  # nobody ahead: no queue to join if a slot is free
-            epoch = self.limit.try_acquire()
-            if epoch is not None:
-                return epoch
+        """Wait in the queue for a slot: `run` found none free, or callers ahead."""
         waiter = _Waiter()
         self._waiters.append(waiter)
         if on_wait is not None:
@@ -82,7 +79,11 @@ class ProviderGate:
 
     async def run(self, call: Callable[[], Awaitable[T]], *, clock: Clock,
                   wait_s: float, on_wait: OnWait | None = None) -> T:
-        epoch = await self._acquire(clock, wait_s, on_wait)
+        # Nobody ahead: a free slot is taken at once, with no queue to join (and no
+        # coroutine of `_acquire` made: a model call runs here every step).
+        epoch = self.limit.try_acquire() if not self._waiters else None
+        if epoch is None:
+            epoch = await self._acquire(clock, wait_s, on_wait)
         success = overload = False
         try:
             result = await call()
@@ -99,7 +100,8 @@ class ProviderGate:
             raise
         finally:
             self.limit.release(epoch, success=success, overload=overload)
-            self.wake()
+            if self._waiters:  # else nobody to wake
+                self.wake()
 
 
 class ProviderGates:

@@ -151,11 +151,22 @@ class LoopGate:
 
     async def through(self) -> None:
         """Return when this step's work may run: at once, or in a later turn."""
+        if not self.passes():
+            await self.held_through()
+
+    def passes(self) -> bool:
+        """Whether this step's work may run at once (counted as let through); if not,
+        it must await `held_through()`. `through()` in two parts: a step that goes
+        through at once (most of them) makes no coroutine."""
         if not self._held and self.rule.ask(self._now()):
             if not self._marked:
                 self._marked = True
                 asyncio.get_running_loop().call_soon(self._next_turn)
-            return
+            return True
+        return False
+
+    async def held_through(self) -> None:
+        """Return when this step, which did not pass, may run: in a later turn."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._held.append(waiter)

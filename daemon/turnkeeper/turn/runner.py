@@ -140,7 +140,11 @@ class TurnRunner:
             return outcome
         tools_ran = False
         while True:
-            await ctx.shared.loop_gate.through()  # the loop's share: `policy/loop_share.py`
+            # The loop's share (`policy/loop_share.py`): `loop_gate.through()`, with no
+            # coroutine made for a step that goes through at once.
+            loop_gate = ctx.shared.loop_gate
+            if not loop_gate.passes():
+                await loop_gate.held_through()
             ended = await self._boundary(tools_ran)
             if ended is not None:
                 return ended
