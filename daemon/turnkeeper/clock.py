@@ -20,7 +20,11 @@ import anyio
 
 # The asyncio backend's own cancel scope: what `anyio.CancelScope()` builds on the
 # daemon's loop once it has found the backend (four Python calls and a getpid a scope).
-from anyio._backends._asyncio import CancelScope as _AsyncioScope
+# It is anyio's private module: should a release move it, the public class serves.
+try:
+    from anyio._backends._asyncio import CancelScope as _AsyncioScope
+except ImportError:  # pragma: no cover - anyio moved its backend's scope
+    _AsyncioScope = anyio.CancelScope  # type: ignore[misc,assignment]
 
 
 def to_micros(seconds: float) -> float:
