@@ -100,6 +100,11 @@ class PeerCheck:
             pid, uid, gid = peer_credentials(sock)
         except OSError:
             return False
+        return self._admits(sock, pid, uid, gid)
+
+    def _admits(self, sock: socket.socket, pid: int, uid: int, gid: int) -> bool:
+        """The rule: an allowed uid, or an allowed gid, primary or supplementary (read
+        only when the first two do not decide)."""
         return (uid in self.allowed_uids or gid in self.allowed_gids
                 or bool(self.allowed_gids and self.allowed_gids & peer_groups(sock, pid)))
 
@@ -113,10 +118,7 @@ class PeerCheck:
         if creds is None:
             return None
         pid, uid, gid = creds
-        if uid in self.allowed_uids or gid in self.allowed_gids:
-            return None
-        if self.allowed_gids and self.allowed_gids & peer_groups(
-                transport.get_extra_info("socket"), pid):
+        if self._admits(transport.get_extra_info("socket"), pid, uid, gid):
             return None
         log.warning("control.forbidden", uid=uid, gid=gid)
         return (f"uid {uid} is not allowed on this socket: add it to [daemon] allowed_uids,"
