@@ -128,9 +128,11 @@ class Runtime:
 
 class LoopGate:
     """Turn work's share of each turn of the event loop, as `policy/loop_share.py`
-    decides: every step awaits `through()` before it starts, which returns at once while
-    the current turn of the loop has share left (nothing awaited: no extra turn of the
-    loop), and otherwise holds the step for a later turn, first come first through. A
+    decides: every step asks before it starts (`through()`; the runner calls its two
+    parts, `passes()` then, only when it did not pass, `held_through()`, so a step that
+    goes through makes no coroutine). It goes through at once while the current turn of
+    the loop has share left (nothing awaited: no extra turn of the loop), and otherwise
+    is held for a later turn, first come first through. A
     callback at the start of the next turn (one per turn of the loop in which a step
     asked) ends the turn for the rule and lets held steps out."""
 
