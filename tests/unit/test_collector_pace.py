@@ -68,6 +68,10 @@ class _Sup:
 
 @pytest.mark.anyio
 async def test_a_cycle_frozen_under_load_is_freed_by_the_full_pass() -> None:
+    # No automatic pass before the pace's first look freezes the cycle (other tests'
+    # allocations could trigger one within those 50 ms and free it first).
+    was_enabled = gc.isenabled()
+    gc.disable()
     cycle = _Cycle()
     gone = weakref.ref(cycle)
     del cycle
@@ -80,5 +84,7 @@ async def test_a_cycle_frozen_under_load_is_freed_by_the_full_pass() -> None:
         assert gone() is not None  # no pass walks it while frozen
     finally:
         gc.unfreeze()  # what the test froze is the collector's again
+        if was_enabled:
+            gc.enable()
     gc.collect()
     assert gone() is None  # the full pass's thaw and collection free it
