@@ -131,12 +131,14 @@ class LoopGate:
     decides: every step asks before it starts (`through()`; the runner calls its two
     parts, `passes()` then, only when it did not pass, `held_through()`, so a step that
     goes through makes no coroutine). It goes through at once while the current turn of
-    the loop has share left (nothing awaited: no extra turn of the loop), and otherwise
-    is held for a later turn, first come first through. A
-    callback at the start of the next turn (one per turn of the loop in which a step
-    asked) ends the turn for the rule and lets held steps out."""
+    the loop has share left and nobody is held (nothing awaited: no extra turn of the
+    loop), and otherwise is held for a later turn, first come first through; a turn that
+    went through in this same turn of the loop goes on past held ones while the share
+    lasts (`passes(last)`). A callback at the start of the next turn (one per turn of
+    the loop in which a step asked) ends the turn for the rule, counts it (`turn`) and
+    lets held steps out."""
 
-    __slots__ = ("_held", "_marked", "_now", "held", "rule")
+    __slots__ = ("_held", "_marked", "_now", "held", "rule", "turn")
 
     def __init__(self, rule: LoopShare | None = None, *,
                  now: Callable[[], float] = monotonic) -> None:
@@ -145,6 +147,7 @@ class LoopGate:
         self._held: deque[asyncio.Future[None]] = deque()
         self._marked = False  # the next turn's callback is scheduled
         self.held = 0  # steps held for a later turn, ever (`turnkeeper_loop_held_total`)
+        self.turn = 0  # the turns of the loop the rule has seen end
 
     @property
     def waiting(self) -> int:
@@ -156,11 +159,16 @@ class LoopGate:
         if not self.passes():
             await self.held_through()
 
-    def passes(self) -> bool:
+    def passes(self, last: int = -1) -> bool:
         """Whether this step's work may run at once (counted as let through); if not,
         it must await `held_through()`. `through()` in two parts: a step that goes
-        through at once (most of them) makes no coroutine."""
-        if not self._held and self.rule.ask(self._now()):
+        through at once (most of them) makes no coroutine. `last`: the gate's `turn`
+        when the asker last went through. In that same turn of the loop it asks again
+        (its step awaited nothing that suspended it), and goes on while the share lasts
+        even with others held: it was let through in this turn, and holding it would
+        only let one more out in its place."""
+        again = last == self.turn
+        if (again or not self._held) and self.rule.ask(self._now(), again=again):
             if not self._marked:
                 self._marked = True
                 asyncio.get_running_loop().call_soon(self._next_turn)
@@ -181,6 +189,7 @@ class LoopGate:
 
     def _next_turn(self) -> None:
         self._marked = False
+        self.turn += 1
         rule = self.rule
         rule.next_turn()
         held = self._held

@@ -79,6 +79,18 @@ def test_a_piece_let_out_runs_and_the_rule_learns_from_it() -> None:
     assert share.to_let_out(10) == 2
 
 
+def test_a_piece_asking_again_uses_the_share_but_is_not_one_more_to_let_out() -> None:
+    share = LoopShare(slice_s=0.005)
+    assert share.ask(1.000)
+    assert share.ask(1.002, again=True)  # the same turn's next step: it goes on
+    assert share.ask(1.004, again=True)
+    assert share.ask(1.0045)
+    assert not share.ask(1.006, again=True)  # the share is spent, for it too
+    assert share.fits == 2  # two turns went through, not four steps
+    share.next_turn()
+    assert share.to_let_out(10) == 2
+
+
 def test_the_slice_must_be_positive() -> None:
     with pytest.raises(ValueError):
         LoopShare(slice_s=0)
@@ -136,3 +148,30 @@ async def test_an_idle_loop_lets_every_piece_through_at_once() -> None:
     for _ in range(3):
         await gate.through()
     assert gate.held == 0
+
+
+@pytest.mark.anyio
+async def test_a_piece_let_out_goes_on_past_held_ones_while_the_share_lasts() -> None:
+    """A turn whose step suspended on nothing asks again in the same turn of the loop:
+    it goes on while the share lasts, even with others held (holding it would let one
+    more out in its place), and the one still held comes next."""
+    clock = [0.0]
+    gate = LoopGate(LoopShare(slice_s=0.005), now=lambda: clock[0])
+    order: list[str] = []
+
+    async def piece(name: str, steps: int, cost_s: float) -> None:
+        last = -1
+        for k in range(steps):
+            if not gate.passes(last):
+                await gate.held_through()
+            last = gate.turn
+            order.append(f"{name}{k}")
+            clock[0] += cost_s
+
+    tasks = [asyncio.create_task(piece("x", 1, 0.006)),  # spends the first share
+             asyncio.create_task(piece("a", 3, 0.001)),  # held, then let out alone
+             asyncio.create_task(piece("b", 1, 0.001))]  # held behind a
+    await asyncio.gather(*tasks)
+    # a, let out, runs its three steps in one share; b waited for a later turn.
+    assert order == ["x0", "a0", "a1", "a2", "b0"]
+    assert gate.held == 2

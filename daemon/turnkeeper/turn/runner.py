@@ -139,12 +139,14 @@ class TurnRunner:
         if outcome is not None:
             return outcome
         tools_ran = False
+        passed = -1  # the loop gate's turn when this turn's last step went through
         while True:
             # The loop's share (`policy/loop_share.py`): `loop_gate.through()`, with no
             # coroutine made for a step that goes through at once.
             loop_gate = ctx.shared.loop_gate
-            if not loop_gate.passes():
+            if not loop_gate.passes(passed):
                 await loop_gate.held_through()
+            passed = loop_gate.turn
             ended = await self._boundary(tools_ran)
             if ended is not None:
                 return ended
