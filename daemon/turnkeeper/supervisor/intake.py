@@ -170,6 +170,8 @@ class Intake:
         submit wins), checked then like the submit's own. The agent must be known."""
         agent = self.core.runtime.settings.agent(req.agent)
         assert agent is not None
+        if agent.model is None and agent.profile is None:
+            return req  # the usual agent names neither: the submit as it is, no copy
         return replace(req, model=turn_choice(req.model, agent.model),
                        profile=turn_choice(req.profile, agent.profile))
 
@@ -244,19 +246,16 @@ class Intake:
                      traceparent: str | None = None,
                      output_schema: dict[str, Any] | None = None) -> TurnRecord:
         core = self.core
-        unknown = self._check_agent(agent)
-        if unknown is not None:
+        if (unknown := self._check_agent(agent)) is not None:
             raise UnknownAgent(f"agent: {unknown}")
         req = self._resolved(SubmitRequest(message=message, session=session, budget=budget,
                                            deadline=deadline, profile=profile, model=model,
                                            agent=agent, traceparent=traceparent,
                                            output_schema=output_schema))
         profile, model = req.profile, req.model
-        unknown = self._check_model(model)
-        if unknown is not None:
+        if (unknown := self._check_model(model)) is not None:
             raise UnknownModel(f"model: {unknown}")
-        unknown = self._check_profile(profile)
-        if unknown is not None:
+        if (unknown := self._check_profile(profile)) is not None:
             raise UnknownProfile(f"profile: {unknown}")
         if (unpriced := self._check_cost(budget, model)) is not None:
             raise UnpricedCostLimit(f"budget.max_cost_usd: {unpriced}")
