@@ -4,9 +4,11 @@ log stays JSON from the first line to the last, and journald keeps their level."
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -59,3 +61,15 @@ def test_standard_library_info_lines_stay_out_at_the_info_level() -> None:
     tk_logging.configure(log_format="json", log_level="info", stream=out)
     logging.getLogger("aiohttp.access").info("GET /v1/status")
     assert out.getvalue() == ""
+
+
+def test_a_line_is_stamped_with_the_time_in_utc_to_the_microsecond(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stamp = tk_logging.UtcStamp()
+    for now in (1_764_898_990.774567, 1_764_898_990.0, 1_764_898_991.5, 0.25,
+                1_764_898_990.9999996):
+        monkeypatch.setattr(time, "time", lambda now=now: now)
+        line = stamp(None, "info", {})["timestamp"]
+        expected = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+        assert line == expected.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), now
+        assert datetime.datetime.fromisoformat(line.replace("Z", "+00:00")) == expected
