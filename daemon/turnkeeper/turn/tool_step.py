@@ -103,7 +103,11 @@ class ToolStep:
         # the boundary 8% of the instructions of a step and a write of the turn's row.
         # (The step's approval decisions go with it: that checkpoint holds their results.)
         ctx.decided.clear()
-        ctx.sync_counters()
+        if resuming:
+            # The record shows the chain's counters as restored (a reload may have moved
+            # the chain to a new provider list). A step that follows a model call needs
+            # no copy: nothing in the tools moves the chain, and the call copied them.
+            ctx.sync_counters()
         return None
 
     async def _cut_short(self, call: ToolCall,
