@@ -84,6 +84,9 @@ LEAF_SCHEMAS: list[Any] = [
     {"type": "object", "additionalProperties": False},
     {"type": "object", "properties": {"a": {"type": "integer"}},
      "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"},
+                                      "c": {"type": "array"}, "d": {"type": "object"}}},
+    {"properties": {"a": {"type": "boolean"}}, "required": ["a"]},
 ]
 
 
