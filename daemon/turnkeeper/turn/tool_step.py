@@ -65,9 +65,10 @@ class ToolStep:
         places = [(call, f"{ctx.record.id}.{step}.{position.get(call.id, n)}")
                   for n, call in enumerate(calls)]
         # Calls held for a person's approval: the whole step waits for the decisions.
-        held = await self.approvals.settle(places, resuming=resuming)
-        if held is not None:
-            return held
+        if self.approvals.may_hold():
+            held = await self.approvals.settle(places, resuming=resuming)
+            if held is not None:
+                return held
         for call, key in places:
             # A call the output cap cut is refused like malformed arguments, a built-in
             # too (a cut report_blocked would end the turn with half its reason).
