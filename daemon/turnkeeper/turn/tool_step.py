@@ -60,8 +60,9 @@ class ToolStep:
         states: list[str] = []
         all_polling = True
         # A call's Idempotency-Key names its place in the model's reply, not in `calls`,
-        # which on resume holds only the calls still without a result.
-        position = self._call_positions()
+        # which on resume holds only the calls still without a result. (A step's own
+        # run has the reply's calls themselves, in order: each one's place is its index.)
+        position = self._call_positions() if resuming else {}
         places = [(call, f"{ctx.record.id}.{step}.{position.get(call.id, n)}")
                   for n, call in enumerate(calls)]
         # Calls held for a person's approval: the whole step waits for the decisions.
