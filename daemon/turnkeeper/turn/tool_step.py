@@ -192,9 +192,11 @@ class ToolStep:
             return await self._refused(call, key, problem, resuming=resuming)
         assert args is not None
         action = Action(tool=call.name, key=action_key(call.name, args), polling=tool.polling)
-        stop = self._before_action(call, action)
-        if stop is not None:
-            return stop
+        verdict = ctx.loops.before_action(action)
+        if verdict is not None:  # the usual call: nothing to say, and no call to say it
+            stop = self._before_action(call, verdict)
+            if stop is not None:
+                return stop
         if not tool.idempotent:
             plan = ctx.effects.plan(call.name, args,
                                     dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
@@ -242,21 +244,18 @@ class ToolStep:
         return self.report.failed(call, None, CallFailure(
             exception=("UnknownTool",), message=f"there is no tool named {call.name!r}"))
 
-    def _before_action(self, call: ToolCall, action: Action) -> Stop | None:
-        """The loop guard's word before the call is made: a stop (when its family
-        enforces), or a warning told to the agent (unless observed only)."""
+    def _before_action(self, call: ToolCall, verdict: Stop | LoopWarning) -> Stop | None:
+        """The loop guard's word before the call is made (`verdict`): a stop (when its
+        family enforces), or a warning told to the agent (unless observed only)."""
         ctx = self.ctx
-        verdict = ctx.loops.before_action(action)
         if isinstance(verdict, Stop):
             return ctx.gate(verdict)
-        if isinstance(verdict, LoopWarning):
-            if ctx.modes["loop_detection"] != "observe":
-                ctx.conv.add_note(verdict.message)
-            ctx.emit(ev.LoopWarning(code=verdict.code, count=verdict.count,
-                                    limit=verdict.limit, tool=call.name))
-            ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
-                         repeats=verdict.count, limit=verdict.limit,
-                         **ctx.counter_values())
+        if ctx.modes["loop_detection"] != "observe":
+            ctx.conv.add_note(verdict.message)
+        ctx.emit(ev.LoopWarning(code=verdict.code, count=verdict.count,
+                                limit=verdict.limit, tool=call.name))
+        ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
+                     repeats=verdict.count, limit=verdict.limit, **ctx.counter_values())
         return None
 
     async def _journalled(self, call: ToolCall, args: dict[str, Any], place: str, *,
