@@ -40,11 +40,9 @@ class ToolAttempts:
         while True:
             attempt += 1
             ctx.record.counters.tool_attempts = attempt
-            # Not asked when neither can refuse (most calls: no breaker, no window).
-            if breaker is not None or (attempt == 1 and ctx.shared.retry_after.until):
-                refused = self._refused(name, peer, breaker, first=attempt == 1)
-                if refused is not None:
-                    return refused
+            refused = self._refused(name, peer, breaker, first=attempt == 1)
+            if refused is not None:
+                return refused
             started_at = ctx.clock.monotonic()
             timeout_s = max(0.001, min(tool.timeout, ctx.remaining_s()))
             if tracer.enabled:
