@@ -4,6 +4,7 @@ words the error), and it must accept the ordinary valid call, or it saves nothin
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from turnkeeper.config import build_config
+from turnkeeper.tools.arguments import parse_arguments
 from turnkeeper.tools.registry import ToolBox, plain_check
 
 ECHO = {"type": "object", "properties": {"text": {"type": "string"}}}
@@ -84,6 +86,9 @@ LEAF_SCHEMAS: list[Any] = [
     {"type": "object", "additionalProperties": False},
     {"type": "object", "properties": {"a": {"type": "integer"}},
      "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"},
+                                      "c": {"type": "array"}, "d": {"type": "object"}}},
+    {"properties": {"a": {"type": "boolean"}}, "required": ["a"]},
 ]
 
 
@@ -147,3 +152,60 @@ def test_a_call_the_plain_check_does_not_accept_gets_the_jsonschema_error() -> N
                                        "'3' is not of type 'integer'")
     args, problem = box.check_arguments("t", '{"n": 1, "m": 2}')
     assert problem is not None and "Additional properties" in problem.failure.message
+
+
+# -- the arguments' JSON, read as json reads it -----------------------------------------
+
+_json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-2**70, 2**70),
+              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+              st.sampled_from(["\ud800", "\udfff x", "\x00", "\u00e9", "\U0001f600"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=10)
+
+
+def _as_json_reads(name: str, text: str) -> Any:
+    """What `parse_arguments` answered when it read every text with json."""
+    try:
+        args = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        return ("not valid JSON", f"{exc.msg} at {exc.pos}")
+    return args if isinstance(args, dict) else ("not an object",)
+
+
+def _answer(name: str, text: str) -> Any:
+    args, problem = parse_arguments(name, text)
+    if args is not None:
+        return args
+    assert problem is not None
+    message = problem.failure.message
+    if "not valid JSON" in message:
+        return ("not valid JSON", message.split("not valid JSON: ", 1)[1])
+    return ("not an object",)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types throughout (1 is not 1.0; NaN is NaN)."""
+    return repr(a) == repr(b) and json.dumps(a, sort_keys=False) == json.dumps(b)
+
+
+@settings(max_examples=600, deadline=None)
+@given(value=_json_values, pad=st.sampled_from(["", " ", "\n", "\t ", "\ufeff"]),
+       cut=st.integers(0, 40))
+def test_arguments_read_as_json_reads_them(value: Any, pad: str, cut: int) -> None:
+    text = json.dumps({"v": value, "n": value}, ensure_ascii=bool(cut % 2))
+    for t in (text, pad + text + pad, text[:cut], text.replace(":", ": ", 1),
+              text.replace("}", ",}", 1)):
+        assert _same(_answer("t", t), _as_json_reads("t", t)), t
+
+
+@pytest.mark.parametrize("text", [
+    '{"n": 123456789012345678901234567890}', '{"n": -9223372036854775809}',
+    '{"n": 18446744073709551615}', '{"n": NaN}', '{"n": -Infinity}', '{"n": 1e400}',
+    '{"s": "\\ud800"}', '{"n": 0.1234567890123456789012}', '{"a": 1, "a": 2}', "[1]",
+    '"x"', "", "  ", '{"a": 1', '{"a": 01}', '{"a": 1}x', '{"a": "\t"}', "\ufeff{}",
+])
+def test_the_numbers_and_texts_orjson_reads_otherwise_are_read_as_json_reads_them(
+        text: str) -> None:
+    assert _same(_answer("t", text), _as_json_reads("t", text))

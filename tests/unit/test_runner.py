@@ -333,6 +333,20 @@ async def test_the_echo_tool_runs_and_its_call_is_journalled() -> None:
     assert h.record.counters.steps == 2
 
 
+@pytest.mark.parametrize("ids", [("a", "b", "c"), ("a", "a", "b")])
+async def test_a_steps_calls_are_keyed_by_their_place_in_the_reply(ids: tuple[str, ...]
+                                                                   ) -> None:
+    # Ids the reply repeats too: a call's key is its index.
+    reply = ModelReply(text=None, tool_calls=tuple(
+        ToolCall(id=i, name="echo", arguments=f'{{"text": "{n}"}}')
+        for n, i in enumerate(ids)), usage=Usage(10, 5), finish_reason="tool_calls")
+    h = Harness([reply, answer()])
+    result = await h.run()
+    assert result is not None and result.stopped_because.code is StopCode.COMPLETED
+    assert [c["key"] for c in h.of_type("tool.call")] == ["t1.1.0", "t1.1.1", "t1.1.2"]
+    assert sorted(h.store._journal) == ["t1.1.0", "t1.1.1", "t1.1.2"]
+
+
 # -- budgets as ceilings, the wall clock ---------------------------------------------------
 
 

@@ -10,10 +10,12 @@ text. A schema plain enough is checked without jsonschema first (`plain_schema.p
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
@@ -31,11 +33,27 @@ class ArgumentProblem:
 Checked = tuple[dict[str, Any], None] | tuple[None, ArgumentProblem]
 
 
+# A run of digits as long as 2**63's: a number orjson may read otherwise than json does
+# (an integer past 64 bits comes back a float).
+_LONG_NUMBER = re.compile(r"[0-9]{19}")
+
+
 def parse_arguments(name: str, arguments: str) -> Checked:
     """A call's arguments as the JSON object they must be, whatever tool `name` is
-    (none at all, for a call the journal answers after its tool went)."""
+    (none at all, for a call the journal answers after its tool went). Read by orjson
+    (an eighth of json's cost) where it reads them as json does: not with a long number
+    in them, and not what it refuses (NaN, a lone surrogate, 1e400: json reads those, or
+    raises its own error)."""
     try:
-        args = json.loads(arguments) if arguments.strip() else {}
+        if not arguments.strip():
+            args: Any = {}
+        elif _LONG_NUMBER.search(arguments) is None:
+            try:
+                args = orjson.loads(arguments)
+            except orjson.JSONDecodeError:  # json's word, and its error, on the rest
+                args = json.loads(arguments)
+        else:
+            args = json.loads(arguments)
     except json.JSONDecodeError as exc:
         return None, ArgumentProblem(CallFailure(
             exception=("MalformedArguments",),

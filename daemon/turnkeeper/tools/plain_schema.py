@@ -45,11 +45,15 @@ def plain_check(schema: Any) -> Callable[[Any], bool] | None:
         return None
     tests: list[Callable[[Any], bool]] = []
     kind = schema.get("type")
+    # An object's own type is tested by its object test (below), not by a test of its own.
+    typed_object = False
     if kind is not None:
         kinds = [kind] if isinstance(kind, str) else kind
         if not isinstance(kinds, list) or not kinds or any(k not in _TYPES for k in kinds):
             return None
-        if len(kinds) == 1:
+        if kinds == ["object"]:
+            typed_object = True
+        elif len(kinds) == 1:
             tests.append(_TYPES[kinds[0]])
         else:
             of = tuple(_TYPES[k] for k in kinds)
@@ -71,13 +75,16 @@ def plain_check(schema: Any) -> Callable[[Any], bool] | None:
         if item is None:
             return None
         tests.append(lambda v: not isinstance(v, list) or all(item(x) for x in v))
-    object_test = _plain_object(schema)
+    object_test = _plain_object(schema, typed=typed_object)
     if object_test is None:
         return None
     if object_test is not _ANY:
         tests.append(object_test)
     if len(tests) == 1:
         return tests[0]
+    if len(tests) == 2:  # the usual pair, without a generator
+        first, second = tests
+        return lambda v: first(v) and second(v)
     return lambda v: all(t(v) for t in tests)
 
 
@@ -120,32 +127,53 @@ _BOUNDS: dict[str, Callable[[Any], Callable[[Any], bool] | None]] = {
     "minimum": _minimum, "maximum": _maximum}
 
 
-def _plain_object(schema: dict[str, Any]) -> Callable[[Any], bool] | None:
-    """The object keywords of a plain schema (they apply only to an object)."""
+# The type tests that are an isinstance() alone: a property whose whole test is one of
+# these is tested inline by its object's test.
+_INSTANCE_OF: dict[Callable[[Any], bool], type] = {
+    _TYPES["string"]: str, _TYPES["object"]: dict, _TYPES["array"]: list,
+    _TYPES["boolean"]: bool}
+
+
+def _plain_object(schema: dict[str, Any], *, typed: bool = False
+                  ) -> Callable[[Any], bool] | None:
+    """The object keywords of a plain schema (they apply only to an object); `typed`:
+    the schema's type is "object", and the test tests that too."""
     properties = schema.get("properties", {})
     required = schema.get("required", [])
     extra = schema.get("additionalProperties", True)
     if (not isinstance(properties, dict) or not isinstance(required, list)
             or not all(isinstance(r, str) for r in required) or not isinstance(extra, bool)):
         return None
+    # Each property's test: an isinstance() (`kinds`) or a function (`checks`).
+    kinds: dict[str, type] = {}
     checks: dict[str, Callable[[Any], bool]] = {}
     for key, sub in properties.items():
         check = plain_check(sub)
         if check is None:
             return None
-        checks[key] = check
-    if not checks and not required and extra is True:
-        return _ANY
+        kind = _INSTANCE_OF.get(check)
+        if kind is not None:
+            kinds[key] = kind
+        else:
+            checks[key] = check
+    if not kinds and not checks and not required and extra is True:
+        return _TYPES["object"] if typed else _ANY
     needed = tuple(required)
     closed = extra is False
+    other = not typed  # what the test answers for an instance that is not an object
 
     def test(value: Any) -> bool:
         if not isinstance(value, dict):
-            return True
+            return other
         for key in needed:
             if key not in value:
                 return False
         for key, item in value.items():
+            kind = kinds.get(key)
+            if kind is not None:
+                if not isinstance(item, kind):
+                    return False
+                continue
             check = checks.get(key)
             if check is None:
                 if closed:

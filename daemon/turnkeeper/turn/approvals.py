@@ -41,6 +41,14 @@ class ApprovalRoom:
     def __init__(self, ctx: TurnContext) -> None:
         self.ctx = ctx
 
+    def may_hold(self) -> bool:
+        """Whether a call of the step may be held: calls are pending, or the turn's agent
+        or the tools' settings hold some. The usual step: no, and `settle` is not
+        asked."""
+        ctx = self.ctx
+        return bool(ctx.record.pending_approvals or ctx.agent.approval
+                    or ctx.settings.tools.approval_by_tool)
+
     async def settle(self, calls: list[tuple[ToolCall, str]], *, resuming: bool
                      ) -> TurnResult | None:
         """Hold the step (its calls, each with its place `<turn>.<step>.<index>`) until
@@ -49,8 +57,7 @@ class ApprovalRoom:
         approval timeout with `on_timeout = "stop"`, the deadline, the wall clock)."""
         ctx = self.ctx
         record = ctx.record
-        if (not record.pending_approvals and not ctx.agent.approval
-                and not ctx.settings.tools.approval_by_tool):
+        if not self.may_hold():
             return None  # nothing is held, nor can be (the usual step: no lookups)
         asked = {p["call_id"] for p in record.pending_approvals}
         new = [h for h in await self._held(calls, resuming=resuming)

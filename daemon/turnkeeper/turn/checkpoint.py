@@ -199,22 +199,19 @@ class Checkpointed(Protocol):
 def whole(state: Checkpointed, event_seq: int) -> dict[str, Any]:
     """The whole state, messages and trail lines inline: what a resume from memory
     starts from (`event_seq`: the last event number now)."""
-    return _checkpoint(state.conv.to_json(), state.trail.to_json(), state, event_seq)
+    conversation = state.conv.to_json()
+    return as_stored(state, state.trail.to_json(), event_seq, conversation=conversation)
 
 
-def as_stored(state: Checkpointed, trail: dict[str, Any], event_seq: int
-              ) -> dict[str, Any]:
+def as_stored(state: Checkpointed, trail: dict[str, Any], event_seq: int, *,
+              conversation: dict[str, Any] | None = None) -> dict[str, Any]:
     """The checkpoint as the store keeps it: the conversation's counts, not its
-    messages, and the trail's part (`Trail.save`) (their rows go on their own)."""
-    return _checkpoint(state.conv.stored_json(), trail, state, event_seq)
-
-
-def _checkpoint(conversation: dict[str, Any], trail: dict[str, Any], state: Checkpointed,
-                event_seq: int) -> dict[str, Any]:
+    messages, and the trail's part (`Trail.save`) (their rows go on their own).
+    `whole` gives the conversation's part and the trail's whole instead."""
     # One dict, the conversation and trail parts first: not a dict of the rest merged
     # into another (a checkpoint is written 1.2 times a step).
     return {
-        "conversation": conversation,
+        "conversation": state.conv.stored_json() if conversation is None else conversation,
         "trail": trail,
         "budget": state.guard.snapshot(),
         "budget_watch": state.watch.snapshot() if state.watch is not None else None,

@@ -36,6 +36,7 @@ class ToolAttempts:
         previous: float | None = None
         attempt = 0
         tracer = ctx.shared.tracer
+        toolbox = ctx.runtime.toolbox
         while True:
             attempt += 1
             ctx.record.counters.tool_attempts = attempt
@@ -43,8 +44,19 @@ class ToolAttempts:
             if refused is not None:
                 return refused
             started_at = ctx.clock.monotonic()
-            outcome = await self._attempt(tracer, name, args, key, attempt, call_id,
-                                          timeout_s=tool.timeout, breaker=breaker)
+            timeout_s = max(0.001, min(tool.timeout, ctx.remaining_s()))
+            if tracer.enabled:
+                outcome = await self._traced(tracer, name, args, key, attempt, call_id,
+                                             timeout_s=timeout_s, breaker=breaker)
+            else:  # the turn's span, whose traceparent goes out; no call to the tracer
+                try:
+                    outcome = await toolbox.call(
+                        name, args, idempotency_key=key, timeout_s=timeout_s,
+                        traceparent=ctx.span.traceparent)
+                except BaseException:
+                    if breaker is not None:
+                        breaker.release(ctx.clock.monotonic())
+                    raise
             if outcome.failure is None:
                 if breaker is not None:
                     breaker.record_success(ctx.clock.monotonic())
@@ -65,22 +77,11 @@ class ToolAttempts:
                                            status=outcome.failure.status))
             await self._backoff(delay)
 
-    async def _attempt(self, tracer: Tracer, name: str, args: dict[str, Any], key: str,
-                       attempt: int, call_id: str, *, timeout_s: float,
-                       breaker: CircuitBreaker | None) -> ToolOutcome:
-        """One attempt, in its span when tracing is on (off: the turn's span, whose
-        traceparent goes out, and no call to the tracer at all)."""
+    async def _traced(self, tracer: Tracer, name: str, args: dict[str, Any], key: str,
+                      attempt: int, call_id: str, *, timeout_s: float,
+                      breaker: CircuitBreaker | None) -> ToolOutcome:
+        """One attempt in its span, tracing on (off, `run` makes the attempt itself)."""
         ctx = self.ctx
-        timeout_s = max(0.001, min(timeout_s, ctx.remaining_s()))
-        if not tracer.enabled:
-            try:
-                return await ctx.runtime.toolbox.call(
-                    name, args, idempotency_key=key, timeout_s=timeout_s,
-                    traceparent=ctx.span.traceparent)
-            except BaseException:
-                if breaker is not None:
-                    breaker.release(ctx.clock.monotonic())
-                raise
         span = tracer.tool(ctx.span, tool=name, call_id=call_id, key=key,
                            attempt=attempt, arguments=args)
         try:

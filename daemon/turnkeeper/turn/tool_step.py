@@ -60,14 +60,16 @@ class ToolStep:
         states: list[str] = []
         all_polling = True
         # A call's Idempotency-Key names its place in the model's reply, not in `calls`,
-        # which on resume holds only the calls still without a result.
-        position = self._call_positions()
+        # which on resume holds only the calls still without a result. (A step's own
+        # run has the reply's calls themselves, in order: each one's place is its index.)
+        position = self._call_positions() if resuming else {}
         places = [(call, f"{ctx.record.id}.{step}.{position.get(call.id, n)}")
                   for n, call in enumerate(calls)]
         # Calls held for a person's approval: the whole step waits for the decisions.
-        held = await self.approvals.settle(places, resuming=resuming)
-        if held is not None:
-            return held
+        if self.approvals.may_hold():
+            held = await self.approvals.settle(places, resuming=resuming)
+            if held is not None:
+                return held
         for call, key in places:
             # A call the output cap cut is refused like malformed arguments, a built-in
             # too (a cut report_blocked would end the turn with half its reason).
@@ -103,7 +105,11 @@ class ToolStep:
         # the boundary 8% of the instructions of a step and a write of the turn's row.
         # (The step's approval decisions go with it: that checkpoint holds their results.)
         ctx.decided.clear()
-        ctx.sync_counters()
+        if resuming:
+            # The record shows the chain's counters as restored (a reload may have moved
+            # the chain to a new provider list). A step that follows a model call needs
+            # no copy: nothing in the tools moves the chain, and the call copied them.
+            ctx.sync_counters()
         return None
 
     async def _cut_short(self, call: ToolCall,
@@ -186,9 +192,11 @@ class ToolStep:
             return await self._refused(call, key, problem, resuming=resuming)
         assert args is not None
         action = Action(tool=call.name, key=action_key(call.name, args), polling=tool.polling)
-        stop = self._before_action(call, action)
-        if stop is not None:
-            return stop
+        verdict = ctx.loops.before_action(action)
+        if verdict is not None:  # the usual call: nothing to say, and no call to say it
+            stop = self._before_action(call, verdict)
+            if stop is not None:
+                return stop
         if not tool.idempotent:
             plan = ctx.effects.plan(call.name, args,
                                     dedupes_keys=ctx.settings.tools.dedupes_keys(call.name))
@@ -236,21 +244,18 @@ class ToolStep:
         return self.report.failed(call, None, CallFailure(
             exception=("UnknownTool",), message=f"there is no tool named {call.name!r}"))
 
-    def _before_action(self, call: ToolCall, action: Action) -> Stop | None:
-        """The loop guard's word before the call is made: a stop (when its family
-        enforces), or a warning told to the agent (unless observed only)."""
+    def _before_action(self, call: ToolCall, verdict: Stop | LoopWarning) -> Stop | None:
+        """The loop guard's word before the call is made (`verdict`): a stop (when its
+        family enforces), or a warning told to the agent (unless observed only)."""
         ctx = self.ctx
-        verdict = ctx.loops.before_action(action)
         if isinstance(verdict, Stop):
             return ctx.gate(verdict)
-        if isinstance(verdict, LoopWarning):
-            if ctx.modes["loop_detection"] != "observe":
-                ctx.conv.add_note(verdict.message)
-            ctx.emit(ev.LoopWarning(code=verdict.code, count=verdict.count,
-                                    limit=verdict.limit, tool=call.name))
-            ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
-                         repeats=verdict.count, limit=verdict.limit,
-                         **ctx.counter_values())
+        if ctx.modes["loop_detection"] != "observe":
+            ctx.conv.add_note(verdict.message)
+        ctx.emit(ev.LoopWarning(code=verdict.code, count=verdict.count,
+                                limit=verdict.limit, tool=call.name))
+        ctx.log.info("guard.loop_warning", tool=call.name, code=verdict.code,
+                     repeats=verdict.count, limit=verdict.limit, **ctx.counter_values())
         return None
 
     async def _journalled(self, call: ToolCall, args: dict[str, Any], place: str, *,

@@ -91,8 +91,9 @@ class Trail:
         self._rows = rows
         self._spilled = spilled
         # The lines not in a row, tagged, and their characters; `_taken`: how many lines
-        # of each list are in a row or in the tail. The tail list is replaced, never
-        # changed, so the checkpoints that hold it need no copy of their own.
+        # of each list are in a row or in the tail (moved there by `save`). The tail list
+        # is replaced, never changed, so the checkpoints that hold it need no copy of
+        # their own.
         self._tail: list[str] = []
         self._chars = 0
         self._taken = spilled
@@ -100,22 +101,18 @@ class Trail:
         # that row holds.
         self._spilling: tuple[int, ...] | None = None
 
-    def _take(self) -> None:
-        """Move the lines added to the lists since the last call into the tail."""
-        now = tuple(map(len, self._lists))
-        if now == self._taken:
-            return
-        new = _tagged(self._lists, self._taken)
-        self._tail = self._tail + new  # a new list: a checkpoint may hold the old one
-        self._chars += sum(map(len, new))
-        self._taken = now
-
     def save(self) -> tuple[dict[str, Any], MessageRows | None]:
         """What a checkpoint writes of the trail: its part of the checkpoint (how many
         rows the store holds with it, and the lines not in them) and the row it adds,
         the tail, once the tail has reached `TAIL_CHARS` (None before). Call
         `mark_saved()` once that write has returned."""
-        self._take()
+        # The lines added to the lists since the last save join the tail.
+        now = tuple(map(len, self._lists))
+        if now != self._taken:
+            new = _tagged(self._lists, self._taken)
+            self._tail = self._tail + new  # a new list: a checkpoint may hold the old one
+            self._chars += sum(map(len, new))
+            self._taken = now
         if self._chars < TAIL_CHARS:
             self._spilling = None
             return {"count": self._rows, "tail": self._tail}, None
