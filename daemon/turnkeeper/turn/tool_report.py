@@ -40,10 +40,8 @@ class ToolReport:
             return self.failed(call, args, outcome.failure, key=key)
         ctx.failures.record_success(call.name, args)
         ctx.conv.add_tool_result(call, outcome.content)
-        arguments = call.arguments  # `_short` written out: a step's usual line
-        if len(arguments) > 120:
-            arguments = arguments[:120] + "..."
-        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} {arguments} -> ok")
+        ctx.partial.append(f"step {ctx.record.counters.steps}: {call.name} "
+                           f"{_short(call.arguments)} -> ok")
         ctx.emit(ev.ToolResult(tool=call.name, call_id=call.id, key=key, ok=True,
                                content=outcome.content[:2000], state=outcome.state))
         return (outcome.content, outcome.state)
