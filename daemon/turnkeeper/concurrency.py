@@ -2,22 +2,21 @@
 wait their turn, first come first served, and each call's ending feeds the limit
 (`policy/aimd.py` decides; this module only parks and wakes).
 
-`ProviderGate.run(call, wait_s, bound)` is the whole interface the model call uses (its
-provider's gate, from `ProviderGates.gates`): it waits for a slot (at most `wait_s`, the
-time the turn's budget still allows), starts the call's `bound` there, awaits `call`,
-and tells the limit how it ended. A wait that runs out raises `ProviderError`
-with a local failure, so the breaker learns nothing and the step's time check stops the
-turn with its budget's own code. With adaptation on, a throttling answer (429, 529,
-Retry-After) cuts the limit and is passed on marked local too: retried as before, but not
-counted against the provider's breaker, which would otherwise take a provider that is up
-out of service for its whole cooldown.
+`ProviderGates.run(provider, call, wait_s, bound)` is the whole interface the model call
+uses: it waits for a slot (at most `wait_s`, the time the turn's budget still allows),
+starts the call's `bound` there, awaits `call`, and tells the limit how it ended. A wait
+that runs out raises `ProviderError` with a local failure, so the breaker learns nothing
+and the step's time check stops the turn with its budget's own code. With adaptation
+on, a throttling answer (429, 529, Retry-After) cuts the limit and is passed on marked
+local too: retried as before, but not counted against the provider's breaker, which
+would otherwise take a provider that is up out of service for its whole cooldown.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -139,17 +138,19 @@ class ProviderGates:
         for gone in set(self.gates) - {p.name for p in config.providers}:
             del self.gates[gone]
 
-    async def run(self, provider: str, call: Coroutine[Any, Any, T], *, clock: Clock,
-                  wait_s: float, on_wait: OnWait | None = None,
-                  bound: tuple[anyio.CancelScope, float] | None = None) -> T:
-        """`call` within the provider's limit (`ProviderGate.run`); `on_wait(limit,
-        in_flight, waiting)` is told once when the call has to wait for a slot."""
+    def run(self, provider: str, call: Coroutine[Any, Any, T], *, clock: Clock,
+            wait_s: float, on_wait: OnWait | None = None,
+            bound: tuple[anyio.CancelScope, float] | None = None) -> Awaitable[T]:
+        """`call` within the provider's limit (`ProviderGate.run`), to be awaited;
+        `on_wait(limit, in_flight, waiting)` is told once when the call has to wait for
+        a slot. Not a coroutine itself: what it returns is the gate's (or, for a
+        provider with no gate, the call with its bound set), with no frame around it."""
         gate = self.gates.get(provider)
         if gate is None:
             if bound is not None:
                 clock.set_deadline(*bound)
-            return await call
-        return await gate.run(call, clock=clock, wait_s=wait_s, on_wait=on_wait, bound=bound)
+            return call
+        return gate.run(call, clock=clock, wait_s=wait_s, on_wait=on_wait, bound=bound)
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         return {name: {**gate.limit.snapshot(), "waiting": gate.waiting}
