@@ -6,6 +6,11 @@ shown to people) into them, and every wait of a turn or of the supervisor goes t
 `clock.sleep()` or `clock.move_on_after()`. `SystemClock` is anyio's; `FakeClock` moves
 only when a test says so (or jumps to the next timer once every task is blocked), so a
 15 s recovery wait or a 30 s drain is tested in microseconds with no real sleep.
+
+The deadlines `SystemClock.set_deadline` gives (a model call's bound, every step) share
+one event-loop timer, where anyio's own deadline takes one a scope: a call that ends in
+time has pushed an entry on a heap, where it would have set and cancelled a loop timer
+(`_Deadlines`).
 """
 
 from __future__ import annotations
@@ -14,17 +19,17 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from heapq import heapify, heappop, heappush
+from itertools import count
+from typing import Any, Protocol
 
 import anyio
 
 # The asyncio backend's own cancel scope: what `anyio.CancelScope()` builds on the
 # daemon's loop once it has found the backend (four Python calls and a getpid a scope).
-# It is anyio's private module: should a release move it, the public class serves.
-try:
-    from anyio._backends._asyncio import CancelScope as _AsyncioScope
-except ImportError:  # pragma: no cover - anyio moved its backend's scope
-    _AsyncioScope = anyio.CancelScope  # type: ignore[misc,assignment]
+# It is anyio's private module (a release that moved it would fail this import: the
+# deadlines of `set_deadline` are kept in its scopes' own fields, see `_Deadlines`).
+from anyio._backends._asyncio import CancelScope as _AsyncioScope
 
 
 def to_micros(seconds: float) -> float:
@@ -58,18 +63,76 @@ class Clock(Protocol):
         ...
 
 
+class _Deadlines:
+    """The deadlines `SystemClock.set_deadline` gave the scopes of one event loop, on one
+    loop timer.
+
+    A deadline is the scope's own (`scope.deadline`, as anyio's setter leaves it) and a
+    heap entry `(when, seq, scope)`; the loop timer is set for the earliest entry, or
+    earlier. When it fires, every scope still inside whose deadline has come is
+    cancelled, as anyio's own timer would have done; the entries of scopes left (or
+    given another deadline since) are dropped unread. Nothing is done when a scope is
+    left: its entry goes when its time comes, or when the heap, grown to twice what it
+    held after its last sweep, is swept of them. So a deadline that its call ends long
+    before (a 600 s bound on a call of a second) costs a heap push, neither a loop timer
+    set and cancelled nor a call on the way out."""
+
+    __slots__ = ("heap", "limit", "loop", "seq", "timer", "timer_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, Any]] = []
+        self.limit = SWEEP_AT
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
+        self.seq = count()
+
+    def sweep(self) -> None:
+        """Drop the entries of scopes left, or given another deadline since."""
+        heap = self.heap
+        # `_active` and `_deadline` are the scope's own, as anyio keeps them.
+        heap[:] = [e for e in heap if e[2]._active and e[2]._deadline == e[0]]
+        heapify(heap)
+        self.limit = max(SWEEP_AT, 2 * len(heap))
+
+    def set_timer(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = when
+        self.timer = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        heap = self.heap
+        now = self.loop.time()
+        while heap and heap[0][0] <= now:
+            scope = heappop(heap)[2]
+            if scope._active and scope._deadline <= now:
+                scope.cancel()
+        if heap:
+            self.set_timer(heap[0][0])
+
+
+# The size of the heap of deadlines that is swept first (see `_Deadlines`).
+SWEEP_AT = 64
+
+
 class SystemClock:
     # The C functions themselves, not methods that call them: a turn asks the time about
     # thirty times a step.
     monotonic = staticmethod(time.monotonic)
     time = staticmethod(time.time)
 
+    def __init__(self) -> None:
+        # The deadlines of `set_deadline`, for the loop it was last called on.
+        self._deadlines: _Deadlines | None = None
+
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)
 
     def move_on_after(self, seconds: float) -> AbstractContextManager[anyio.CancelScope]:
-        # `anyio.move_on_after` on the asyncio backend (the daemon's), as `scope` and
-        # `set_deadline` are: the same scope, without finding the backend twice.
+        # `anyio.move_on_after` on the asyncio backend (the daemon's), as `scope` is: the
+        # same scope, without finding the backend.
         return _AsyncioScope(deadline=asyncio.get_running_loop().time() + seconds)
 
     def scope(self) -> AbstractContextManager[anyio.CancelScope]:
@@ -78,9 +141,24 @@ class SystemClock:
         return _AsyncioScope()
 
     def set_deadline(self, scope: anyio.CancelScope, seconds: float) -> None:
-        # `anyio.current_time()` on the asyncio backend (the daemon's), without the three
-        # calls it takes to find the backend: a model call sets one deadline a step.
-        scope.deadline = asyncio.get_running_loop().time() + seconds
+        # What anyio's `scope.deadline = anyio.current_time() + seconds` does, on the
+        # timer every deadline of the loop shares (`_Deadlines`): a model call sets one a
+        # step, and most calls end long before it.
+        loop = asyncio.get_running_loop()
+        when = loop.time() + seconds
+        scope._deadline = when  # type: ignore[attr-defined]
+        if seconds <= 0:  # passed already: cut at once, as anyio does
+            scope.cancel()
+            return
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = _Deadlines(loop)
+        heap = deadlines.heap
+        heappush(heap, (when, next(deadlines.seq), scope))
+        if deadlines.timer is None or when < deadlines.timer_at:
+            deadlines.set_timer(when)
+        elif len(heap) > deadlines.limit:
+            deadlines.sweep()
 
     def __repr__(self) -> str:
         return "SystemClock()"

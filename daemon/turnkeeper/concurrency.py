@@ -2,23 +2,23 @@
 wait their turn, first come first served, and each call's ending feeds the limit
 (`policy/aimd.py` decides; this module only parks and wakes).
 
-`ProviderGates.run(provider, call, wait_s)` is the whole interface the model call uses:
-it waits for a slot (at most `wait_s`, the time the turn's budget still allows), runs
-`call()`, and tells the limit how it ended. A wait that runs out raises `ProviderError`
-with a local failure, so the breaker learns nothing and the step's time check stops the
-turn with its budget's own code. With adaptation on, a throttling answer (429, 529,
-Retry-After) cuts the limit and is passed on marked local too: retried as before, but not
-counted against the provider's breaker, which would otherwise take a provider that is up
-out of service for its whole cooldown.
+`ProviderGates.run(provider, call, wait_s, bound)` is the whole interface the model call
+uses: it waits for a slot (at most `wait_s`, the time the turn's budget still allows),
+starts the call's `bound` there, awaits `call`, and tells the limit how it ended. A wait
+that runs out raises `ProviderError` with a local failure, so the breaker learns nothing
+and the step's time check stops the turn with its budget's own code. With adaptation
+on, a throttling answer (429, 529, Retry-After) cuts the limit and is passed on marked
+local too: retried as before, but not counted against the provider's breaker, which
+would otherwise take a provider that is up out of service for its whole cooldown.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -77,16 +77,26 @@ class ProviderGate:
             message=(f"no in-flight slot for provider {self.name} (limit "
                      f"{self.limit.limit}) within the time the budget allows")))
 
-    async def run(self, call: Callable[[], Awaitable[T]], *, clock: Clock,
-                  wait_s: float, on_wait: OnWait | None = None) -> T:
+    async def run(self, call: Coroutine[Any, Any, T], *, clock: Clock, wait_s: float,
+                  on_wait: OnWait | None = None,
+                  bound: tuple[anyio.CancelScope, float] | None = None) -> T:
+        """Await `call` (a coroutine not yet started: closed unstarted when no slot is
+        had) once a slot is had, and `bound`, (scope, seconds) of the clock's `scope()`,
+        set then: `seconds` from there, the wait for a slot having its own."""
         # Nobody ahead: a free slot is taken at once, with no queue to join (and no
         # coroutine of `_acquire` made: a model call runs here every step).
         epoch = self.limit.try_acquire() if not self._waiters else None
         if epoch is None:
-            epoch = await self._acquire(clock, wait_s, on_wait)
+            try:
+                epoch = await self._acquire(clock, wait_s, on_wait)
+            except BaseException:
+                call.close()
+                raise
         success = overload = False
         try:
-            result = await call()
+            if bound is not None:
+                clock.set_deadline(*bound)
+            result = await call
             success = True
             return result
         except ProviderError as exc:
@@ -128,14 +138,19 @@ class ProviderGates:
         for gone in set(self.gates) - {p.name for p in config.providers}:
             del self.gates[gone]
 
-    async def run(self, provider: str, call: Callable[[], Awaitable[T]], *, clock: Clock,
-                  wait_s: float, on_wait: OnWait | None = None) -> T:
-        """`call()` within the provider's limit; `on_wait(limit, in_flight, waiting)`
-        is told once when the call has to wait for a slot."""
+    def run(self, provider: str, call: Coroutine[Any, Any, T], *, clock: Clock,
+            wait_s: float, on_wait: OnWait | None = None,
+            bound: tuple[anyio.CancelScope, float] | None = None) -> Awaitable[T]:
+        """`call` within the provider's limit (`ProviderGate.run`), to be awaited;
+        `on_wait(limit, in_flight, waiting)` is told once when the call has to wait for
+        a slot. Not a coroutine itself: what it returns is the gate's (or, for a
+        provider with no gate, the call with its bound set), with no frame around it."""
         gate = self.gates.get(provider)
         if gate is None:
-            return await call()
-        return await gate.run(call, clock=clock, wait_s=wait_s, on_wait=on_wait)
+            if bound is not None:
+                clock.set_deadline(*bound)
+            return call
+        return gate.run(call, clock=clock, wait_s=wait_s, on_wait=on_wait, bound=bound)
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         return {name: {**gate.limit.snapshot(), "waiting": gate.waiting}

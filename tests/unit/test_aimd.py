@@ -127,7 +127,7 @@ async def test_calls_over_the_limit_wait_their_turn_in_order() -> None:
     told: list[tuple[int, int, int]] = []
 
     async def run(name: str) -> None:
-        await gate.run(lambda: call(name), clock=clock, wait_s=60.0,
+        await gate.run(call(name), clock=clock, wait_s=60.0,
                        on_wait=lambda *seen: told.append(seen))
 
     async with anyio.create_task_group() as tg:
@@ -161,15 +161,17 @@ async def test_a_wait_longer_than_the_budget_allows_fails_locally() -> None:
     failures: list[CallFailure] = []
 
     async def held() -> None:
-        await gate.run(hold.wait, clock=clock, wait_s=60.0)
+        await gate.run(hold.wait(), clock=clock, wait_s=60.0)
 
     async def late() -> None:
         async def never() -> None:
             raise AssertionError("a call over the limit was sent")
+        call = never()
         try:
-            await gate.run(never, clock=clock, wait_s=5.0)
+            await gate.run(call, clock=clock, wait_s=5.0)
         except ProviderError as exc:
             failures.append(exc.failure)
+        assert call.cr_frame is None  # closed unstarted: never awaited, never sent
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(held)
@@ -193,11 +195,11 @@ async def test_a_429_through_the_gate_cuts_the_adaptive_limit() -> None:
         raise ProviderError(CallFailure(status=429, retry_after_s=1.0))
 
     with pytest.raises(ProviderError) as raised:
-        await gate.run(throttled, clock=clock, wait_s=1.0)
+        await gate.run(throttled(), clock=clock, wait_s=1.0)
     assert gate.limit.limit == 4
     # Throttling is the limit's to answer: the provider's breaker is not told.
     assert raised.value.failure.local and raised.value.failure.status == 429
     fixed = ProviderGate("main", InFlightLimit(ceiling=8, adaptive=False))
     with pytest.raises(ProviderError) as raised:
-        await fixed.run(throttled, clock=clock, wait_s=1.0)
+        await fixed.run(throttled(), clock=clock, wait_s=1.0)
     assert not raised.value.failure.local

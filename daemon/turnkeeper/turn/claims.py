@@ -5,8 +5,6 @@ budget from the retry's sleep to the end of its attempt.
 
 from __future__ import annotations
 
-from types import TracebackType
-
 from turnkeeper.clock import Clock
 from turnkeeper.policy.breaker import CircuitBreaker
 from turnkeeper.policy.classify import FailureClass
@@ -16,8 +14,9 @@ from turnkeeper.runtime import Shared
 class Claims:
     """What one model call holds of the shared protection: at most one breaker slot (an
     attempt on the wire) and at most one retry of a provider's retry budget (from the
-    retry's sleep to the end of its attempt). Leaving the `with` gives back whatever is
-    still held."""
+    retry's sleep to the end of its attempt). `give_back` at the end of the call, however
+    it ends, gives back whatever is still held; the turn's model calls share the one
+    object (`ModelCall`), each starting with nothing held."""
 
     def __init__(self, shared: Shared, clock: Clock) -> None:
         self._shared = shared
@@ -28,16 +27,15 @@ class Claims:
         # doing, and takes nothing from the retry budget.
         self._excused = False
 
-    def __enter__(self) -> Claims:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def give_back(self) -> None:
+        """The call is over: whatever it still holds goes back, and nothing is left of
+        it for the next call."""
         if self._retry_of is not None:  # `end_retry`, without its call when none is held
             self.end_retry()
         if self._breaker is not None:
             self._breaker.release(self._clock.monotonic())
             self._breaker = None
+        self._excused = False
 
     def begin_retry(self, provider: str) -> bool:
         """Take a retry from the provider's budget; False when the budget refuses. The

@@ -33,6 +33,9 @@ class Exchange:
     def _publish(self, body: ev.EventBody) -> None:
         self.ctx.bus.publish(body, turn=self.ctx.record.id)
 
+    async def _on_delta(self, text: str) -> None:
+        self._publish(ev.ModelDelta(text=text))
+
     def request(self, max_output_tokens: int, left_s: float, timeout_s: float,
                 traceparent: str | None) -> ModelRequest:
         """The request of an attempt: the provider's `timeout_s`, bounded by `left_s`,
@@ -66,17 +69,6 @@ class Exchange:
         budget.begin_request()
         failure: CallFailure | None = None
         reply: ModelReply | None = None
-
-        async def on_delta(text: str) -> None:
-            self._publish(ev.ModelDelta(text=text))
-
-        async def bounded() -> ModelReply:
-            # The whole call, however it trickles in: a per-read timeout never ends a
-            # stream that keeps sending something. Its bound starts here, once a slot is
-            # had (the wait for one has its own): the call's scope is cut at it.
-            ctx.clock.set_deadline(call_scope, bound.seconds)
-            return await provider.complete(request, on_delta)
-
         cut = False
         try:
             # One scope for the call: a steer's redirect or a reload's suspend cut it
@@ -85,11 +77,16 @@ class Exchange:
                 ctx.control.call_scope = call_scope
                 if ctx.control.model_call_cut:
                     call_scope.cancel()
+                # The whole call, however it trickles in: a per-read timeout never ends
+                # a stream that keeps sending something. Its bound starts once a slot is
+                # had (the wait for one has its own): the call's scope is cut at it.
+                call = provider.complete(request, self._on_delta)
                 try:
                     reply = await ctx.shared.gates.run(
-                        name, bounded, clock=ctx.clock, wait_s=left_s,
+                        name, call, clock=ctx.clock, wait_s=left_s,
                         on_wait=lambda limit, busy, queued: self._publish(ev.ModelQueued(
-                            provider=name, limit=limit, in_flight=busy, waiting=queued)))
+                            provider=name, limit=limit, in_flight=busy, waiting=queued)),
+                        bound=(call_scope, bound.seconds))
                 except ProviderError as exc:
                     failure = exc.failure
                 if reply is not None:

@@ -47,6 +47,8 @@ class ModelCall:
         self.meter = Meter(ctx)
         # The request of each attempt, and its reply.
         self.exchange = Exchange(ctx, self.meter)
+        # What each model call holds of the shared protection, given back at its end.
+        self._claims = Claims(ctx.shared, ctx.clock)
 
     def _breaker(self, provider: str) -> CircuitBreaker:
         return self.ctx.shared.breakers[f"provider:{provider}"]
@@ -67,53 +69,54 @@ class ModelCall:
         # A chain restored parked in recovery goes on with its wait; any other starts.
         decision: Any = ctx.chain.resume(now=ctx.clock.time(), recover_until=ctx.recover_until)
         first = True  # the step's guards have just checked the time
+        claims = self._claims
         try:
-            with Claims(ctx.shared, ctx.clock) as claims:
-                while True:
-                    # The active time or the deadline ran out during this call: that is
-                    # the budget's stop, not a reason to fail over, park in recovery or
-                    # give up on the providers.
-                    if not first:
-                        spent = ctx.time_spent()
-                        if spent is not None:
-                            return spent
-                    first = False
-                    if isinstance(decision, Attempt):
-                        result = await self._attempt(decision, claims)
-                        if isinstance(result, ModelReply):
-                            return result
-                        if result is None:
-                            return self._rebuild()
-                        decision = result
-                    elif isinstance(decision, RetryIn):
-                        decision = await self._retry(decision, claims)
-                    elif isinstance(decision, FailOver):
-                        self._publish(ev.ModelFailover(from_=decision.from_provider,
-                                                       to=decision.to_provider,
-                                                       reason=decision.reason))
-                        ctx.log.info("model.failover", from_provider=decision.from_provider,
-                                     to=decision.to_provider, reason=decision.reason,
-                                     **ctx.counter_values())
+            while True:
+                # The active time or the deadline ran out during this call: that is
+                # the budget's stop, not a reason to fail over, park in recovery or
+                # give up on the providers.
+                if not first:
+                    spent = ctx.time_spent()
+                    if spent is not None:
+                        return spent
+                first = False
+                if isinstance(decision, Attempt):
+                    result = await self._attempt(decision, claims)
+                    if isinstance(result, ModelReply):
+                        return result
+                    if result is None:
+                        return self._rebuild()
+                    decision = result
+                elif isinstance(decision, RetryIn):
+                    decision = await self._retry(decision, claims)
+                elif isinstance(decision, FailOver):
+                    self._publish(ev.ModelFailover(from_=decision.from_provider,
+                                                   to=decision.to_provider,
+                                                   reason=decision.reason))
+                    ctx.log.info("model.failover", from_provider=decision.from_provider,
+                                 to=decision.to_provider, reason=decision.reason,
+                                 **ctx.counter_values())
+                    decision = ctx.chain.begin_call()
+                elif isinstance(decision, Recover):
+                    outcome = await self._recover(decision)
+                    if isinstance(outcome, Stop):
+                        return outcome
+                    if outcome:  # a steer cut the wait short: a new pass, no cycle
+                        ctx.chain.user_message()
                         decision = ctx.chain.begin_call()
-                    elif isinstance(decision, Recover):
-                        outcome = await self._recover(decision)
-                        if isinstance(outcome, Stop):
-                            return outcome
-                        if outcome:  # a steer cut the wait short: a new pass, no cycle
-                            ctx.chain.user_message()
-                            decision = ctx.chain.begin_call()
-                        else:
-                            decision = ctx.chain.recovery_done()
-                    elif isinstance(decision, Stop):
-                        if "no_time" in ctx.chain.pass_exits and ctx.guard.clock_binds(
-                                ctx.usage(), now=ctx.clock.time()):
-                            # A wait the wall clock or the deadline could not hold: the
-                            # turn stops when it runs out, with its code.
-                            return await self._out_of_time(decision)
-                        return self._gave_up(decision)
-                    else:  # pragma: no cover - the chain's decisions are a closed set
-                        raise AssertionError(f"unexpected chain decision {decision!r}")
+                    else:
+                        decision = ctx.chain.recovery_done()
+                elif isinstance(decision, Stop):
+                    if "no_time" in ctx.chain.pass_exits and ctx.guard.clock_binds(
+                            ctx.usage(), now=ctx.clock.time()):
+                        # A wait the wall clock or the deadline could not hold: the
+                        # turn stops when it runs out, with its code.
+                        return await self._out_of_time(decision)
+                    return self._gave_up(decision)
+                else:  # pragma: no cover - the chain's decisions are a closed set
+                    raise AssertionError(f"unexpected chain decision {decision!r}")
         finally:
+            claims.give_back()
             ctx.sync_counters()
 
     async def _retry(self, decision: RetryIn, claims: Claims) -> Any:
