@@ -27,9 +27,23 @@ import anyio
 
 # The asyncio backend's own cancel scope: what `anyio.CancelScope()` builds on the
 # daemon's loop once it has found the backend (four Python calls and a getpid a scope).
-# It is anyio's private module (a release that moved it would fail this import: the
-# deadlines of `set_deadline` are kept in its scopes' own fields, see `_Deadlines`).
-from anyio._backends._asyncio import CancelScope as _AsyncioScope
+# It is anyio's private module, and `_Deadlines` reads two of its scopes' own fields:
+# should a release move either, the public class and anyio's own deadlines serve (one
+# loop timer a deadline, as before), and tests/unit/test_clock.py says so.
+try:
+    from anyio._backends._asyncio import CancelScope as _AsyncioScope
+except ImportError:  # pragma: no cover - anyio moved its backend's scope
+    _AsyncioScope = anyio.CancelScope  # type: ignore[misc,assignment]
+
+
+def _keeps_deadline_fields() -> bool:
+    if _AsyncioScope is anyio.CancelScope:  # pragma: no cover - the fallback above
+        return False
+    probe = _AsyncioScope()
+    return hasattr(probe, "_deadline") and hasattr(probe, "_active")
+
+
+SHARED_DEADLINES = _keeps_deadline_fields()
 
 
 def to_micros(seconds: float) -> float:
@@ -146,6 +160,9 @@ class SystemClock:
         # step, and most calls end long before it.
         loop = asyncio.get_running_loop()
         when = loop.time() + seconds
+        if not SHARED_DEADLINES:  # pragma: no cover - an anyio without those fields
+            scope.deadline = when
+            return
         scope._deadline = when  # type: ignore[attr-defined]
         if seconds <= 0:  # passed already: cut at once, as anyio does
             scope.cancel()

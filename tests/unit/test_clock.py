@@ -10,6 +10,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from turnkeeper import clock
 from turnkeeper.clock import SWEEP_AT, FakeClock, SystemClock
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +121,9 @@ async def test_a_system_scope_left_in_time_is_not_cut_and_not_kept() -> None:
     deadlines = clock._deadlines
     assert deadlines is not None
     assert len(deadlines.heap) <= 2 * SWEEP_AT  # swept of the scopes left
+
+
+def test_the_installed_anyio_keeps_the_scope_fields_the_shared_deadlines_read() -> None:
+    """Else set_deadline falls back to anyio's own deadline, a loop timer each: correct,
+    but the cost the shared timer saves comes back (a release moved them)."""
+    assert clock.SHARED_DEADLINES
