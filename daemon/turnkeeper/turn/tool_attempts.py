@@ -45,18 +45,18 @@ class ToolAttempts:
                 return refused
             started_at = ctx.clock.monotonic()
             timeout_s = max(0.001, min(tool.timeout, ctx.remaining_s()))
-            if tracer.enabled:
-                outcome = await self._traced(tracer, name, args, key, attempt, call_id,
-                                             timeout_s=timeout_s, breaker=breaker)
-            else:  # the turn's span, whose traceparent goes out; no call to the tracer
-                try:
+            try:
+                if tracer.enabled:
+                    outcome = await self._traced(tracer, name, args, key, attempt, call_id,
+                                                 timeout_s=timeout_s)
+                else:  # the turn's span, whose traceparent goes out; no tracer call
                     outcome = await toolbox.call(
                         name, args, idempotency_key=key, timeout_s=timeout_s,
                         traceparent=ctx.span.traceparent)
-                except BaseException:
-                    if breaker is not None:
-                        breaker.release(ctx.clock.monotonic())
-                    raise
+            except BaseException:
+                if breaker is not None:
+                    breaker.release(ctx.clock.monotonic())
+                raise
             if outcome.failure is None:
                 if breaker is not None:
                     breaker.record_success(ctx.clock.monotonic())
@@ -78,8 +78,7 @@ class ToolAttempts:
             await self._backoff(delay)
 
     async def _traced(self, tracer: Tracer, name: str, args: dict[str, Any], key: str,
-                      attempt: int, call_id: str, *, timeout_s: float,
-                      breaker: CircuitBreaker | None) -> ToolOutcome:
+                      attempt: int, call_id: str, *, timeout_s: float) -> ToolOutcome:
         """One attempt in its span, tracing on (off, `run` makes the attempt itself)."""
         ctx = self.ctx
         span = tracer.tool(ctx.span, tool=name, call_id=call_id, key=key,
@@ -90,8 +89,6 @@ class ToolAttempts:
                 traceparent=span.traceparent)
         except BaseException:
             tracer.tool_ended(span, None)
-            if breaker is not None:
-                breaker.release(ctx.clock.monotonic())
             raise
         tracer.tool_ended(span, outcome)
         return outcome
